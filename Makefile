@@ -1,0 +1,98 @@
+# gosym: build, test, demo and packaging entry points.
+# Every target is idempotent: rerunning it does only the work that is left.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := lib
+
+GO ?= go
+CC ?= cc
+
+# The venv path carries a hash of the requirements, so editing them builds a
+# fresh venv instead of mutating one that other checkouts may share.
+REQS := requirements-dev.txt
+REQS_HASH := $(shell sha256sum $(REQS) | cut -c1-12)
+GOSYM_VENV ?= $(HOME)/.cache/gosym/venv-$(REQS_HASH)
+PY := $(GOSYM_VENV)/bin/python
+# A copy of the requirements it was installed from, written only on success.
+VENV_STAMP := $(GOSYM_VENV)/.gosym-requirements
+# The first of python3.11, python3 that actually runs (pyenv shims may not).
+BOOTSTRAP_PY ?= $(shell for p in python3.11 python3; do \
+	"$$p" -c '' 2>/dev/null && { command -v "$$p"; break; }; done)
+# No progress bars where nobody watches (CI, pipes).
+PIP_FLAGS ?= $(if $(CI),--progress-bar off,)
+
+LIB := python/gosym/libgosym.so
+LIB_SRCS := $(shell find cabi gobackend kernels -type f \( -name '*.go' -o \
+	-name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null) \
+	go.mod $(wildcard go.sum)
+# -buildvcs=false: builds from tarballs and CI checkouts must not need git.
+GO_BUILD_FLAGS := -trimpath -buildvcs=false
+
+CSTRICT := -std=c11 -Wall -Wextra -Werror -pedantic
+CTEST_DIR := build/ctest
+
+PYTEST_FLAGS ?= -q --timeout=900
+RUN_PY := PYTHONPATH=python $(PY)
+
+.PHONY: venv lib gotest ctest pytest test demo bench wheel install clean check-go print-venv
+
+venv:
+	@test -n "$(BOOTSTRAP_PY)" || { echo "error: python3.11 or python3 is needed to create the venv" >&2; exit 1; }
+	@mkdir -p "$(dir $(GOSYM_VENV))"
+	@exec 9>"$(GOSYM_VENV).lock"; flock 9; \
+	if "$(PY)" -c '' 2>/dev/null && cmp -s $(REQS) "$(VENV_STAMP)"; then \
+		echo "venv $(GOSYM_VENV) is up to date"; exit 0; fi; \
+	if ! "$(PY)" -c '' 2>/dev/null; then \
+		echo "creating venv $(GOSYM_VENV) with $(BOOTSTRAP_PY)"; \
+		rm -rf "$(GOSYM_VENV)"; "$(BOOTSTRAP_PY)" -m venv "$(GOSYM_VENV)"; fi; \
+	echo "installing $(REQS) into $(GOSYM_VENV)"; \
+	"$(PY)" -m pip install $(PIP_FLAGS) -r $(REQS); \
+	cp $(REQS) "$(VENV_STAMP)"
+
+check-go:
+	@command -v $(GO) >/dev/null || { echo "error: the Go toolchain is missing: install Go 1.26 (https://go.dev/dl/) and put 'go' on PATH" >&2; exit 1; }
+
+lib: $(LIB)
+
+$(LIB): $(LIB_SRCS) | check-go
+	CGO_ENABLED=1 $(GO) build $(GO_BUILD_FLAGS) -buildmode=c-shared -o $@ ./cabi
+
+gotest: check-go
+	$(GO) vet ./...
+	scripts/gofmt-check.sh
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./...
+
+# The smoke program exercises the hand-written header against the real
+# library; check_abi.py proves the header and the cgo-generated one agree.
+ctest: lib
+	@mkdir -p $(CTEST_DIR)
+	$(CC) $(CSTRICT) -Icabi tests/c/smoke.c -o $(CTEST_DIR)/smoke \
+		-Lpython/gosym -lgosym -Wl,-rpath,'$$ORIGIN/../../python/gosym' -pthread
+	$(CTEST_DIR)/smoke
+	python3 scripts/check_abi.py --cc "$(CC)" --header cabi/gosym.h \
+		--cgo-header python/gosym/libgosym.h --lib $(LIB) --work-dir $(CTEST_DIR)
+
+pytest: venv
+	$(RUN_PY) -m pytest $(PYTEST_FLAGS) tests
+
+test: venv lib gotest ctest pytest
+
+demo: venv lib
+	$(RUN_PY) -m gosym.demo
+
+bench: venv lib
+	$(RUN_PY) -m gosym.bench
+
+wheel: venv
+	$(PY) -m pip wheel $(PIP_FLAGS) --no-deps -w dist .
+
+install: venv
+	$(PY) -m pip install $(PIP_FLAGS) .
+
+print-venv:
+	@echo "$(GOSYM_VENV)"
+
+clean:
+	rm -rf build dist python/gosym.egg-info $(LIB) python/gosym/libgosym.h
+	find python tests scripts -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,153 @@
+/*
+ * gosym.h - the only public header of libgosym.so.
+ *
+ * A stable C ABI over gosym's Go engine. Conventions:
+ *  - every function returns int32_t status (GOSYM_OK == 0, negative on error)
+ *    except gosym_abi_version and gosym_last_error;
+ *  - on error, gosym_last_error() returns a thread-local, NUL-terminated
+ *    message that stays valid until the next gosym call on the same thread;
+ *  - handles are uint64_t, 0 is never a valid handle, every call validates them;
+ *  - memory addresses are uint64_t; buffers are owned by the caller;
+ *  - no callback ever goes from gosym into the caller.
+ *
+ * The ABI version is bumped on every incompatible change; callers must check
+ * gosym_abi_version() == GOSYM_ABI_VERSION after loading the library.
+ */
+#ifndef GOSYM_H
+#define GOSYM_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GOSYM_ABI_VERSION 1u
+
+/* Status codes (mirrored from gobackend's Status const block). */
+#define GOSYM_OK 0
+#define GOSYM_ERR_INVALID_ARG (-1)   /* bad argument: maps to ValueError    */
+#define GOSYM_ERR_INVALID_HANDLE (-2) /* unknown or released handle          */
+#define GOSYM_ERR_TIMEOUT (-3)       /* a peer did not arrive in time       */
+#define GOSYM_ERR_PEER (-4)          /* a peer died or broke the protocol   */
+#define GOSYM_ERR_MISMATCH (-5)      /* ranks disagree on an op's arguments */
+#define GOSYM_ERR_NOT_SUPPORTED (-6) /* op/dtype/device not supported       */
+#define GOSYM_ERR_SYSTEM (-7)        /* a syscall or driver call failed     */
+#define GOSYM_ERR_INTERNAL (-8)      /* a bug: recovered panic              */
+#define GOSYM_ERR_NOT_READY (-9)     /* gosym_work_test: still running      */
+#define GOSYM_ERR_CLOSED (-10)       /* the endpoint was destroyed/aborted  */
+
+/* Element types (values are gosym's own, not torch's). */
+#define GOSYM_DTYPE_FLOAT32 0
+#define GOSYM_DTYPE_FLOAT64 1
+#define GOSYM_DTYPE_FLOAT16 2
+#define GOSYM_DTYPE_BFLOAT16 3
+#define GOSYM_DTYPE_INT8 4
+#define GOSYM_DTYPE_UINT8 5
+#define GOSYM_DTYPE_INT16 6
+#define GOSYM_DTYPE_INT32 7
+#define GOSYM_DTYPE_INT64 8
+#define GOSYM_DTYPE_BOOL 9
+
+/* Reduction operators. */
+#define GOSYM_RED_SUM 0
+#define GOSYM_RED_AVG 1
+#define GOSYM_RED_PRODUCT 2
+#define GOSYM_RED_MIN 3
+#define GOSYM_RED_MAX 4
+#define GOSYM_RED_PREMUL_SUM 5
+#define GOSYM_RED_BAND 6
+#define GOSYM_RED_BOR 7
+#define GOSYM_RED_BXOR 8
+
+/* Operations a gosym_op_desc can describe. */
+#define GOSYM_OP_BARRIER 0
+#define GOSYM_OP_ALLREDUCE 1
+#define GOSYM_OP_REDUCE 2
+#define GOSYM_OP_BROADCAST 3
+#define GOSYM_OP_ALLGATHER 4
+#define GOSYM_OP_REDUCE_SCATTER 5
+#define GOSYM_OP_ALLTOALL 6
+#define GOSYM_OP_GATHER 7
+#define GOSYM_OP_SCATTER 8
+#define GOSYM_OP_SEND 9
+#define GOSYM_OP_RECV 10
+
+/* One contiguous piece of memory: address and element count. */
+typedef struct gosym_piece {
+  uint64_t addr;
+  uint64_t count;
+} gosym_piece;
+
+/*
+ * An operation. Which fields are read depends on op:
+ *  ALLREDUCE/REDUCE/BROADCAST: in_addr, out_addr, count (in-place when equal).
+ *  ALLGATHER:      in_addr+count; out_pieces[world] (one per source rank).
+ *  REDUCE_SCATTER: in_pieces[world] (piece r is reduced into rank r);
+ *                  out_addr+count.
+ *  ALLTOALL:       in_pieces[world] (sent to rank r), out_pieces[world]
+ *                  (received from rank r); counts may differ and be 0.
+ *  GATHER:         in_addr+count; out_pieces[world] on the root only.
+ *  SCATTER:        in_pieces[world] on the root only; out_addr+count.
+ *  SEND/RECV:      in_addr (send) or out_addr (recv), count, peer, tag.
+ * Element size comes from dtype; counts are in elements.
+ */
+typedef struct gosym_op_desc {
+  uint32_t struct_size; /* sizeof(gosym_op_desc), for forward compatibility */
+  int32_t op;
+  int32_t dtype;
+  int32_t red_op;
+  double scale; /* PREMUL_SUM factor */
+  int32_t root;
+  int32_t peer;
+  int64_t tag;
+  uint64_t count;
+  uint64_t in_addr;
+  uint64_t out_addr;
+  const gosym_piece *in_pieces;
+  const gosym_piece *out_pieces;
+  int32_t n_in;
+  int32_t n_out;
+} gosym_op_desc;
+
+/* Library. */
+uint32_t gosym_abi_version(void);
+const char *gosym_last_error(void);
+/* Version string of the engine, copied into buf (NUL-terminated). */
+int32_t gosym_version(char *buf, uint64_t cap);
+
+/*
+ * Endpoint: one per process group. Bootstrap is three steps driven by the
+ * caller: create (local only), exchange the local blobs of all ranks through
+ * an out-of-band allgather, connect (authenticates peers, shares memory).
+ */
+int32_t gosym_endpoint_create(int32_t rank, int32_t size, int64_t timeout_ms,
+                              const char *name, uint64_t *out_endpoint);
+/* The local bootstrap blob; *len receives its size even if cap is short. */
+int32_t gosym_endpoint_blob(uint64_t endpoint, uint8_t *buf, uint64_t cap,
+                            uint64_t *len);
+/* blobs: concatenation of all ranks' blobs in rank order; lens[size]. */
+int32_t gosym_endpoint_connect(uint64_t endpoint, const uint8_t *blobs,
+                               const uint64_t *lens, int32_t n);
+/* Releases everything the endpoint owns; outstanding work fails. */
+int32_t gosym_endpoint_destroy(uint64_t endpoint);
+/* Counters and settings as a JSON object, copied into buf. */
+int32_t gosym_endpoint_stats(uint64_t endpoint, char *buf, uint64_t cap,
+                             uint64_t *len);
+
+/* Work: one posted operation. */
+int32_t gosym_op_post(uint64_t endpoint, const gosym_op_desc *desc,
+                      uint64_t *out_work);
+/* Blocks up to timeout_ms (<0: the endpoint's timeout). */
+int32_t gosym_work_wait(uint64_t work, int64_t timeout_ms);
+/* GOSYM_OK when done without error, GOSYM_ERR_NOT_READY while running. */
+int32_t gosym_work_test(uint64_t work);
+int32_t gosym_work_release(uint64_t work);
+
+/* Process-wide counters (live handles, fds, mappings) as JSON. */
+int32_t gosym_stats(char *buf, uint64_t cap, uint64_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GOSYM_H */

@@ -1,0 +1,281 @@
+// Command cabi is built with -buildmode=c-shared into libgosym.so. It holds
+// only forwarders: handle tables, status codes, last-error text and panic
+// recovery. All logic is in gobackend.
+package main
+
+/*
+#include <stdint.h>
+#include <string.h>
+#include "gosym.h"
+#include "lasterr.h"
+
+// const-qualified aliases, so that the cgo-generated prototypes match the
+// const-correct ones in gosym.h exactly.
+typedef const char gosym_cchar;
+typedef const uint8_t gosym_cu8;
+typedef const uint64_t gosym_cu64;
+typedef const gosym_op_desc gosym_cdesc;
+typedef const gosym_piece gosym_cpiece;
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"fmt"
+	"runtime/debug"
+	"time"
+	"unsafe"
+
+	"github.com/gosym/gosym/gobackend"
+)
+
+func main() {}
+
+// abiVersion must equal GOSYM_ABI_VERSION in gosym.h.
+const abiVersion = 1
+
+func init() {
+	if C.GOSYM_ABI_VERSION != abiVersion {
+		panic("gosym.h and cabi disagree on the ABI version")
+	}
+}
+
+// ret records err as the thread's last error and returns its status code.
+func ret(err error) C.int32_t {
+	if err == nil {
+		return C.GOSYM_OK
+	}
+	setLastError(err.Error())
+	return C.int32_t(gobackend.CodeOf(err))
+}
+
+func setLastError(msg string) {
+	b := []byte(msg)
+	if len(b) == 0 {
+		b = []byte("gosym: unknown error")
+	}
+	C.gosym_set_last_error((*C.char)(unsafe.Pointer(&b[0])), C.size_t(len(b)))
+}
+
+// guard turns a panic into GOSYM_ERR_INTERNAL; every export defers it.
+func guard(rc *C.int32_t) {
+	if r := recover(); r != nil {
+		setLastError(fmt.Sprintf("gosym: internal error: %v\n%s", r, debug.Stack()))
+		*rc = C.int32_t(gobackend.CodeInternal)
+	}
+}
+
+func errArg(format string, args ...any) error {
+	return gobackend.Errorf(gobackend.CodeInvalidArg, "gosym: "+format, args...)
+}
+
+//export gosym_abi_version
+func gosym_abi_version() C.uint32_t { return abiVersion }
+
+//export gosym_last_error
+func gosym_last_error() *C.gosym_cchar { return (*C.gosym_cchar)(C.gosym_get_last_error()) }
+
+// copyOut copies b into a caller-owned buffer, NUL-terminated when it fits
+// a string, and reports the length needed.
+func copyOut(b []byte, buf unsafe.Pointer, capacity C.uint64_t, length *C.uint64_t, nul bool) error {
+	need := len(b)
+	if nul {
+		need++
+	}
+	if length != nil {
+		*length = C.uint64_t(len(b))
+	}
+	if buf == nil || int(capacity) < need {
+		return errArg("buffer of %d bytes is too small, need %d", uint64(capacity), need)
+	}
+	dst := unsafe.Slice((*byte)(buf), need)
+	copy(dst, b)
+	if nul {
+		dst[len(b)] = 0
+	}
+	return nil
+}
+
+//export gosym_version
+func gosym_version(buf *C.char, capacity C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	return ret(copyOut([]byte(gobackend.Version), unsafe.Pointer(buf), capacity, nil, true))
+}
+
+//export gosym_endpoint_create
+func gosym_endpoint_create(rank, size C.int32_t, timeoutMs C.int64_t, name *C.gosym_cchar, out *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if out == nil {
+		return ret(errArg("endpoint_create: null output pointer"))
+	}
+	n := ""
+	if name != nil {
+		n = C.GoString((*C.char)(name))
+	}
+	ep, err := gobackend.NewEndpoint(int(rank), int(size), time.Duration(timeoutMs)*time.Millisecond, n)
+	if err != nil {
+		return ret(err)
+	}
+	*out = C.uint64_t(handles.add(ep))
+	return C.GOSYM_OK
+}
+
+//export gosym_endpoint_blob
+func gosym_endpoint_blob(h C.uint64_t, buf *C.uint8_t, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	ep, err := getEndpoint(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	return ret(copyOut(ep.Blob(), unsafe.Pointer(buf), capacity, length, false))
+}
+
+//export gosym_endpoint_connect
+func gosym_endpoint_connect(h C.uint64_t, blobs *C.gosym_cu8, lens *C.gosym_cu64, n C.int32_t) (rc C.int32_t) {
+	defer guard(&rc)
+	ep, err := getEndpoint(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	if int(n) != ep.Size || blobs == nil || lens == nil {
+		return ret(errArg("endpoint_connect: need %d blobs, got %d", ep.Size, int(n)))
+	}
+	ls := unsafe.Slice(lens, int(n))
+	total := 0
+	for _, l := range ls {
+		if l > 1<<16 {
+			return ret(errArg("endpoint_connect: blob of %d bytes", uint64(l)))
+		}
+		total += int(l)
+	}
+	all := C.GoBytes(unsafe.Pointer(blobs), C.int(total))
+	parts := make([][]byte, n)
+	off := 0
+	for i, l := range ls {
+		parts[i] = all[off : off+int(l)]
+		off += int(l)
+	}
+	return ret(ep.Connect(parts))
+}
+
+//export gosym_endpoint_destroy
+func gosym_endpoint_destroy(h C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	ep, err := getEndpoint(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	handles.remove(uint64(h))
+	return ret(ep.Destroy())
+}
+
+//export gosym_endpoint_stats
+func gosym_endpoint_stats(h C.uint64_t, buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	ep, err := getEndpoint(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	b, _ := json.Marshal(ep.StatsMap())
+	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
+}
+
+//export gosym_stats
+func gosym_stats(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	m := gobackend.ProcessStats()
+	m["handles"] = handles.len()
+	b, _ := json.Marshal(m)
+	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
+}
+
+func pieces(p *C.gosym_cpiece, n C.int32_t) ([]gobackend.Piece, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if p == nil || n < 0 || n > 1<<20 {
+		return nil, errArg("bad piece array (%d pieces)", int(n))
+	}
+	cs := unsafe.Slice(p, int(n))
+	out := make([]gobackend.Piece, n)
+	for i, c := range cs {
+		if uint64(c.count) > 1<<62 {
+			return nil, errArg("piece %d has %d elements", i, uint64(c.count))
+		}
+		out[i] = gobackend.Piece{Addr: uintptr(c.addr), Count: int(c.count)}
+	}
+	return out, nil
+}
+
+//export gosym_op_post
+func gosym_op_post(h C.uint64_t, d *C.gosym_cdesc, out *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	ep, err := getEndpoint(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	if d == nil || out == nil {
+		return ret(errArg("op_post: null descriptor or output"))
+	}
+	if uintptr(d.struct_size) < unsafe.Sizeof(*d) {
+		return ret(errArg("op_post: descriptor of %d bytes, this library needs %d", uint32(d.struct_size), unsafe.Sizeof(*d)))
+	}
+	if uint64(d.count) > 1<<62 {
+		return ret(errArg("op_post: count %d", uint64(d.count)))
+	}
+	op := &gobackend.Op{
+		Kind: gobackend.Kind(d.op), DType: gobackend.DType(d.dtype), RedOp: gobackend.RedOp(d.red_op),
+		Scale: float64(d.scale), Root: int(d.root), Peer: int(d.peer), Tag: int64(d.tag),
+		Count: int(d.count), In: uintptr(d.in_addr), Out: uintptr(d.out_addr),
+	}
+	if op.InPieces, err = pieces(d.in_pieces, d.n_in); err != nil {
+		return ret(err)
+	}
+	if op.OutPieces, err = pieces(d.out_pieces, d.n_out); err != nil {
+		return ret(err)
+	}
+	w, err := ep.Post(op)
+	if err != nil {
+		return ret(err)
+	}
+	*out = C.uint64_t(handles.add(w))
+	return C.GOSYM_OK
+}
+
+//export gosym_work_wait
+func gosym_work_wait(h C.uint64_t, timeoutMs C.int64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	w, err := getWork(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	t := time.Duration(timeoutMs) * time.Millisecond
+	if timeoutMs < 0 {
+		t = -1
+	}
+	return ret(w.Wait(t))
+}
+
+//export gosym_work_test
+func gosym_work_test(h C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	w, err := getWork(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	done, err := w.Done()
+	if !done {
+		return C.int32_t(gobackend.CodeNotReady)
+	}
+	return ret(err)
+}
+
+//export gosym_work_release
+func gosym_work_release(h C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if _, err := getWork(uint64(h)); err != nil {
+		return ret(err)
+	}
+	handles.remove(uint64(h))
+	return C.GOSYM_OK
+}

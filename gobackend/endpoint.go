@@ -1,0 +1,257 @@
+// Package gobackend is gosym's engine: the public Go API that the C ABI
+// (cabi/) exports. An Endpoint is one process group's communicator on this
+// rank: it bootstraps the peer links, shares symmetric memory with the
+// peers, and runs posted operations in order on worker goroutines.
+package gobackend
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/comm"
+	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/gosym/gosym/gobackend/internal/symm"
+)
+
+// Version is the engine version.
+const Version = "0.1.0"
+
+// Op re-exports the operation description.
+type Op = coll.Op
+
+// Piece re-exports a (address, count) piece.
+type Piece = coll.Piece
+
+// Config holds the tunables read from the environment at creation.
+type Config struct {
+	StageBytes int           // one staging half (GOSYM_STAGE_BYTES)
+	BoxBytes   int           // one mailbox half per peer (GOSYM_BOX_BYTES)
+	Threads    int           // goroutines per large copy/reduce (GOSYM_THREADS)
+	Spin       time.Duration // poll before sleeping (GOSYM_SPIN_US)
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// DefaultConfig reads the GOSYM_* tunables for a group of world ranks.
+func DefaultConfig(world int) Config {
+	return Config{
+		StageBytes: envInt("GOSYM_STAGE_BYTES", 4<<20),
+		BoxBytes:   envInt("GOSYM_BOX_BYTES", 1<<20),
+		Threads:    envInt("GOSYM_THREADS", max(1, min(8, runtime.NumCPU()/world))),
+		Spin:       time.Duration(envInt("GOSYM_SPIN_US", 20)) * time.Microsecond,
+	}
+}
+
+// Endpoint is one process group on this rank.
+type Endpoint struct {
+	Rank, Size int
+	Name       string
+	Timeout    time.Duration
+	cfg        Config
+
+	boot *comm.Bootstrap
+	mesh *comm.Mesh
+	team *symm.Team
+	exec *coll.Exec
+
+	mu      sync.Mutex
+	closed  bool
+	broken  error // first failure that left the peers out of step
+	seq     uint64
+	p2pSeq  []uint64
+	coll    *queue
+	sends   []*queue
+	recvs   []*queue
+	workers sync.WaitGroup
+
+	stats Stats
+}
+
+// Stats are the endpoint's counters.
+type Stats struct {
+	Posted, Completed, Failed atomic.Int64
+	Barriers                  atomic.Int64
+	BytesIn                   atomic.Int64
+}
+
+var liveEndpoints atomic.Int64
+
+// NewEndpoint creates the local half of a group: its listener and blob.
+func NewEndpoint(rank, size int, timeout time.Duration, name string) (*Endpoint, error) {
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, status.Errorf(status.InvalidArg, "gosym: rank %d is not in a group of %d", rank, size)
+	}
+	if timeout <= 0 {
+		timeout = 30 * time.Minute
+	}
+	boot, err := comm.Listen(rank, size)
+	if err != nil {
+		return nil, status.Wrap(status.System, err, "gosym: create endpoint")
+	}
+	liveEndpoints.Add(1)
+	return &Endpoint{Rank: rank, Size: size, Name: name, Timeout: timeout, cfg: DefaultConfig(size), boot: boot}, nil
+}
+
+// Blob is this rank's bootstrap blob, to be allgathered out of band.
+func (e *Endpoint) Blob() []byte { return e.boot.Self.Encode() }
+
+// Connect takes every rank's blob (in rank order), authenticates the peers,
+// shares the symmetric regions and starts the workers.
+func (e *Endpoint) Connect(blobs [][]byte) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return status.Errorf(status.Closed, "gosym: endpoint destroyed")
+	}
+	if e.team != nil {
+		return status.Errorf(status.InvalidArg, "gosym: endpoint already connected")
+	}
+	deadline := time.Now().Add(e.Timeout)
+	mesh, err := e.boot.Connect(blobs, deadline)
+	if err != nil {
+		return status.Wrap(status.Peer, err, "gosym: group %q rank %d", e.Name, e.Rank)
+	}
+	e.boot.Close()
+	layout := symm.NewLayout(e.Size, e.cfg.StageBytes, e.cfg.BoxBytes)
+	team, err := symm.NewTeam(mesh, layout, fmt.Sprintf("%s:%d", e.Name, e.Rank), deadline)
+	if err != nil {
+		mesh.Close()
+		return err
+	}
+	team.Spin = e.cfg.Spin
+	e.mesh, e.team = mesh, team
+	e.exec = coll.NewExec(team, host.Plane{}, e.Rank, e.cfg.Threads)
+	e.p2pSeq = make([]uint64, 2*e.Size)
+	e.coll = e.startQueue(e.runColl)
+	e.sends = make([]*queue, e.Size)
+	e.recvs = make([]*queue, e.Size)
+	return nil
+}
+
+// Post validates op and queues it; the returned Work completes when it ran.
+// Collectives run in post order; sends to one peer run in post order, as do
+// receives from one peer, independently of the collectives.
+func (e *Endpoint) Post(op *Op) (*Work, error) {
+	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.closed:
+		return nil, status.Errorf(status.Closed, "gosym: %s on a destroyed group", op.Kind)
+	case e.team == nil:
+		return nil, status.Errorf(status.InvalidArg, "gosym: %s before the endpoint was connected", op.Kind)
+	case e.broken != nil:
+		return nil, status.Wrap(status.CodeOf(e.broken), e.broken, "gosym: %s on a group broken by an earlier failure", op.Kind)
+	}
+	w := &Work{op: *op, done: make(chan struct{})}
+	var q *queue
+	switch op.Kind {
+	case coll.Send:
+		q = e.peerQueue(e.sends, op.Peer, e.runSend)
+		e.p2pSeq[op.Peer]++
+		w.op.Seq = e.p2pSeq[op.Peer]
+	case coll.Recv:
+		q = e.peerQueue(e.recvs, op.Peer, e.runRecv)
+		e.p2pSeq[e.Size+op.Peer]++
+		w.op.Seq = e.p2pSeq[e.Size+op.Peer]
+	default:
+		e.seq++
+		w.op.Seq = e.seq
+		q = e.coll
+	}
+	e.stats.Posted.Add(1)
+	q.push(w)
+	return w, nil
+}
+
+func (e *Endpoint) peerQueue(qs []*queue, peer int, run func(*Work) error) *queue {
+	if qs[peer] == nil {
+		qs[peer] = e.startQueue(run)
+	}
+	return qs[peer]
+}
+
+func (e *Endpoint) runColl(w *Work) error {
+	e.stats.Barriers.Add(1)
+	return e.exec.Run(&w.op, time.Now().Add(e.Timeout))
+}
+
+func (e *Endpoint) runSend(w *Work) error { return e.exec.SendMsg(&w.op, time.Now().Add(e.Timeout)) }
+func (e *Endpoint) runRecv(w *Work) error { return e.exec.RecvMsg(&w.op, time.Now().Add(e.Timeout)) }
+
+// fail records a failure; errors other than a cross-rank mismatch leave the
+// peers out of step, so the group is unusable afterwards.
+func (e *Endpoint) fail(err error) {
+	e.stats.Failed.Add(1)
+	if c := status.CodeOf(err); c == status.Mismatch || c == status.InvalidArg || c == status.NotSupported {
+		return
+	}
+	e.mu.Lock()
+	if e.broken == nil {
+		e.broken = err
+	}
+	e.mu.Unlock()
+}
+
+// Destroy stops the workers (failing queued work), tells the peers and
+// releases everything. It is idempotent.
+func (e *Endpoint) Destroy() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	queues := append([]*queue{e.coll}, append(e.sends, e.recvs...)...)
+	e.mu.Unlock()
+	if e.team != nil {
+		e.team.Abort()
+	}
+	for _, q := range queues {
+		if q != nil {
+			q.close()
+		}
+	}
+	e.workers.Wait()
+	if e.team != nil {
+		e.team.Close()
+	}
+	if e.mesh != nil {
+		e.mesh.Close()
+	}
+	e.boot.Close()
+	liveEndpoints.Add(-1)
+	return nil
+}
+
+// StatsMap reports counters and settings.
+func (e *Endpoint) StatsMap() map[string]any {
+	return map[string]any{
+		"rank": e.Rank, "size": e.Size, "name": e.Name,
+		"posted": e.stats.Posted.Load(), "completed": e.stats.Completed.Load(), "failed": e.stats.Failed.Load(),
+		"stage_bytes": e.cfg.StageBytes, "box_bytes": e.cfg.BoxBytes, "threads": e.cfg.Threads,
+		"spin_us": e.cfg.Spin.Microseconds(), "timeout_ms": e.Timeout.Milliseconds(),
+	}
+}
+
+// ProcessStats reports process-wide live resources (for leak tests).
+func ProcessStats() map[string]any {
+	return map[string]any{
+		"endpoints": liveEndpoints.Load(), "regions": host.LiveRegions(), "memfds": host.LiveFDs(),
+		"auth_rejected": comm.Rejected.Load(), "goroutines": runtime.NumGoroutine(),
+	}
+}

@@ -1,0 +1,129 @@
+package gobackend
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+)
+
+// group connects world endpoints inside this process, as one rank each.
+func group(t *testing.T, world int, timeout time.Duration) []*Endpoint {
+	t.Helper()
+	eps := make([]*Endpoint, world)
+	blobs := make([][]byte, world)
+	for r := range eps {
+		ep, err := NewEndpoint(r, world, timeout, fmt.Sprintf("test%d", world))
+		require.NoError(t, err)
+		eps[r] = ep
+		blobs[r] = ep.Blob()
+	}
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r, ep := range eps {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[r] = ep.Connect(blobs) }()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		for _, ep := range eps {
+			ep.Destroy()
+		}
+	})
+	return eps
+}
+
+func addr(b []float32) uintptr {
+	if len(b) == 0 {
+		return 0
+	}
+	return uintptr(unsafe.Pointer(&b[0]))
+}
+
+// postAll posts one op per rank (built by mk) and waits for all of them.
+func postAll(t *testing.T, eps []*Endpoint, mk func(r int) *Op) []error {
+	works := make([]*Work, len(eps))
+	for r, ep := range eps {
+		w, err := ep.Post(mk(r))
+		require.NoError(t, err)
+		works[r] = w
+	}
+	errs := make([]error, len(eps))
+	for r, w := range works {
+		errs[r] = w.Wait(-1)
+	}
+	return errs
+}
+
+func TestAllReduceSumFloat32(t *testing.T) {
+	for _, world := range []int{1, 2, 3, 4} {
+		for _, n := range []int{0, 1, 3, 1025, 3<<20 + 7} {
+			t.Run(fmt.Sprintf("w%d/n%d", world, n), func(t *testing.T) {
+				eps := group(t, world, 20*time.Second)
+				in := make([][]float32, world)
+				out := make([][]float32, world)
+				want := make([]float32, n)
+				for r := range in {
+					in[r] = make([]float32, n)
+					out[r] = make([]float32, n)
+					for i := range in[r] {
+						in[r][i] = rand.Float32()
+						out[r][i] = float32(-1e30)
+					}
+				}
+				for i := range want {
+					var s float32
+					for r := range in {
+						s += in[r][i]
+					}
+					want[i] = s
+				}
+				errs := postAll(t, eps, func(r int) *Op {
+					return &Op{Kind: coll.AllReduce, DType: dtype.Float32, RedOp: dtype.Sum, Count: n, In: addr(in[r]), Out: addr(out[r])}
+				})
+				for r := range eps {
+					require.NoError(t, errs[r])
+					require.Equal(t, want, out[r], "rank %d", r)
+				}
+			})
+		}
+	}
+}
+
+func TestMismatchedCountsFailOnEveryRank(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	bufs := [][]float32{make([]float32, 10), make([]float32, 12)}
+	errs := postAll(t, eps, func(r int) *Op {
+		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: len(bufs[r]), In: addr(bufs[r]), Out: addr(bufs[r])}
+	})
+	for _, err := range errs {
+		require.ErrorContains(t, err, "disagree on the element count")
+	}
+	// The group stays usable after a mismatch.
+	errs = postAll(t, eps, func(r int) *Op {
+		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 10, In: addr(bufs[r]), Out: addr(bufs[r])}
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+func TestMissingRankTimesOutNamingIt(t *testing.T) {
+	eps := group(t, 3, 300*time.Millisecond)
+	w, err := eps[0].Post(&Op{Kind: coll.Barrier})
+	require.NoError(t, err)
+	_, err = eps[1].Post(&Op{Kind: coll.Barrier})
+	require.NoError(t, err)
+	err = w.Wait(-1)
+	require.ErrorContains(t, err, "barrier (seq 1) timed out waiting for ranks [2]")
+}

@@ -1,0 +1,263 @@
+package coll
+
+import (
+	"sync"
+	"time"
+
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// Exec runs collectives for one rank. Every collective is a sequence of
+// rounds; in round k each rank writes ("puts") what it contributes into its
+// own staging half, all ranks meet at a barrier, then each rank reads
+// ("gets") what it needs from the peers' staging halves. Staging is double
+// buffered by barrier parity: a rank writes half h only after the barrier
+// that proves every peer finished reading it, so one barrier per round
+// suffices, within an op and across ops.
+type Exec struct {
+	T       Team
+	P       Plane
+	Rank    int
+	Threads int // goroutines used for one large copy or reduction
+
+	// point-to-point chunk counters, per peer; each is touched only by that
+	// peer's send (or receive) worker.
+	sentK, recvK []uint32
+}
+
+// NewExec prepares an executor for rank of t.
+func NewExec(t Team, p Plane, rank, threads int) *Exec {
+	w := t.World()
+	return &Exec{T: t, P: p, Rank: rank, Threads: max(1, threads), sentK: make([]uint32, w), recvK: make([]uint32, w)}
+}
+
+// parMin is the smallest share worth a goroutine of its own.
+const parMin = 256 << 10
+
+// par splits [0, n) bytes into aligned shares run concurrently.
+func (x *Exec) par(n, align int, fn func(lo, hi int)) {
+	t := min(x.Threads, n/parMin)
+	if t <= 1 {
+		fn(0, n)
+		return
+	}
+	share := (n/t + align - 1) / align * align
+	var wg sync.WaitGroup
+	for lo := share; lo < n; lo += share {
+		wg.Add(1)
+		go func(lo int) {
+			defer wg.Done()
+			fn(lo, min(lo+share, n))
+		}(lo)
+	}
+	fn(0, min(share, n))
+	wg.Wait()
+}
+
+func (x *Exec) copy(dst, src uintptr, n int) {
+	if n <= 0 || dst == src {
+		return
+	}
+	x.par(n, 64, func(lo, hi int) { x.P.Copy(dst+uintptr(lo), src+uintptr(lo), hi-lo) })
+}
+
+func (x *Exec) reduce(o *Op, dst uintptr, srcs []uintptr, n int) error {
+	es := o.DType.Size()
+	var err error
+	var mu sync.Mutex
+	x.par(n, 64, func(lo, hi int) {
+		s := make([]uintptr, len(srcs))
+		for i, a := range srcs {
+			s[i] = a + uintptr(lo)
+		}
+		if e := x.P.Reduce(dst+uintptr(lo), s, (hi-lo)/es, o.DType, o.RedOp, o.Scale); e != nil {
+			mu.Lock()
+			err = e
+			mu.Unlock()
+		}
+	})
+	return err
+}
+
+// round is one step of a collective: put before the barrier, get after.
+type round struct {
+	put func(k, h int)
+	get func(k, h int) error
+}
+
+// run drives rounds. The first barrier carries the op's metadata; once all
+// ranks agree, rounds(metas) says how many rounds the op takes (at least
+// one, which carries the metadata even for empty ops).
+func (x *Exec) run(o *Op, deadline time.Time, rounds func(ms []meta) int, r round) error {
+	world := x.T.World()
+	n := 1
+	for k := 0; k < n; k++ {
+		h := x.T.NextHalf()
+		if r.put != nil {
+			r.put(k, h)
+		}
+		var m []byte
+		if k == 0 {
+			m = encodeMeta(o, world)
+		}
+		raw, err := x.T.Barrier(m, o.Who(), deadline)
+		if err != nil {
+			return err
+		}
+		if k == 0 {
+			ms, err := agree(o, raw)
+			if err != nil {
+				return err
+			}
+			n = max(1, rounds(ms))
+		}
+		if r.get != nil {
+			if err := r.get(k, h); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// Run executes collective o (not send/recv) to completion.
+func (x *Exec) Run(o *Op, deadline time.Time) error {
+	world, me := x.T.World(), x.Rank
+	es := o.DType.Size()
+	nb := o.Count * es
+	whole := x.T.StageBytes() / 64 * 64 // one rank's share of a round: all of a half
+	part := x.T.StageBytes() / world / 64 * 64
+	fixed := func(total, per int) func([]meta) int {
+		return func([]meta) int { return ceilDiv(total, per) }
+	}
+	span := func(k, per, total int) (int, int) { // byte range of round k
+		off := k * per
+		return off, max(0, min(per, total-off))
+	}
+	stages := func(h int, off uintptr) []uintptr {
+		s := make([]uintptr, world)
+		for r := range s {
+			s[r] = x.T.Stage(r, h) + off
+		}
+		return s
+	}
+	isRoot := me == o.Root
+
+	switch o.Kind {
+	case Barrier:
+		return x.run(o, deadline, fixed(0, 1), round{})
+
+	case AllReduce, Reduce:
+		return x.run(o, deadline, fixed(nb, whole), round{
+			put: func(k, h int) {
+				off, c := span(k, whole, nb)
+				x.copy(x.T.Stage(me, h), o.In+uintptr(off), c)
+			},
+			get: func(k, h int) error {
+				off, c := span(k, whole, nb)
+				if c == 0 || (o.Kind == Reduce && !isRoot) {
+					return nil
+				}
+				return x.reduce(o, o.Out+uintptr(off), stages(h, 0), c)
+			},
+		})
+
+	case Broadcast:
+		return x.run(o, deadline, fixed(nb, whole), round{
+			put: func(k, h int) {
+				if isRoot {
+					off, c := span(k, whole, nb)
+					x.copy(x.T.Stage(me, h), o.In+uintptr(off), c)
+					x.copy(o.Out+uintptr(off), o.In+uintptr(off), c)
+				}
+			},
+			get: func(k, h int) error {
+				if !isRoot {
+					off, c := span(k, whole, nb)
+					x.copy(o.Out+uintptr(off), x.T.Stage(o.Root, h), c)
+				}
+				return nil
+			},
+		})
+
+	case AllGather, Gather:
+		return x.run(o, deadline, fixed(nb, whole), round{
+			put: func(k, h int) {
+				off, c := span(k, whole, nb)
+				x.copy(x.T.Stage(me, h), o.In+uintptr(off), c)
+			},
+			get: func(k, h int) error {
+				if o.Kind == Gather && !isRoot {
+					return nil
+				}
+				off, c := span(k, whole, nb)
+				for r, p := range o.OutPieces {
+					x.copy(p.Addr+uintptr(off), x.T.Stage(r, h), c)
+				}
+				return nil
+			},
+		})
+
+	case ReduceScatter:
+		return x.run(o, deadline, fixed(nb, part), round{
+			put: func(k, h int) {
+				off, c := span(k, part, nb)
+				for r, p := range o.InPieces {
+					x.copy(x.T.Stage(me, h)+uintptr(r*part), p.Addr+uintptr(off), c)
+				}
+			},
+			get: func(k, h int) error {
+				off, c := span(k, part, nb)
+				if c == 0 {
+					return nil
+				}
+				return x.reduce(o, o.Out+uintptr(off), stages(h, uintptr(me*part)), c)
+			},
+		})
+
+	case Scatter:
+		return x.run(o, deadline, fixed(nb, part), round{
+			put: func(k, h int) {
+				if isRoot {
+					off, c := span(k, part, nb)
+					for r, p := range o.InPieces {
+						x.copy(x.T.Stage(me, h)+uintptr(r*part), p.Addr+uintptr(off), c)
+					}
+				}
+			},
+			get: func(k, h int) error {
+				off, c := span(k, part, nb)
+				x.copy(o.Out+uintptr(off), x.T.Stage(o.Root, h)+uintptr(me*part), c)
+				return nil
+			},
+		})
+
+	case AllToAll:
+		return x.run(o, deadline, func(ms []meta) int {
+			most := 0
+			for _, m := range ms {
+				for _, c := range m.in {
+					most = max(most, int(c)*es)
+				}
+			}
+			return ceilDiv(most, part)
+		}, round{
+			put: func(k, h int) {
+				for r, p := range o.InPieces {
+					off, c := span(k, part, p.Count*es)
+					x.copy(x.T.Stage(me, h)+uintptr(r*part), p.Addr+uintptr(off), c)
+				}
+			},
+			get: func(k, h int) error {
+				for r, p := range o.OutPieces {
+					off, c := span(k, part, p.Count*es)
+					x.copy(p.Addr+uintptr(off), x.T.Stage(r, h)+uintptr(me*part), c)
+				}
+				return nil
+			},
+		})
+	}
+	return status.Errorf(status.InvalidArg, "gosym: %s is not a collective", o.Kind)
+}

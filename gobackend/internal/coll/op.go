@@ -1,0 +1,176 @@
+// Package coll implements gosym's collectives once, against two small
+// interfaces: a Team (symmetric staging memory, barrier, mailboxes) and a
+// Plane (how bytes are copied and reduced). The host and CUDA data planes
+// differ only in those.
+package coll
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/gosym/gosym/gobackend/internal/symm"
+)
+
+// Kind is an operation; values are mirrored in cabi/gosym.h (GOSYM_OP_*).
+type Kind int32
+
+// Operations.
+const (
+	Barrier Kind = iota
+	AllReduce
+	Reduce
+	Broadcast
+	AllGather
+	ReduceScatter
+	AllToAll
+	Gather
+	Scatter
+	Send
+	Recv
+	numKinds
+)
+
+var kindNames = [numKinds]string{"barrier", "all_reduce", "reduce", "broadcast", "all_gather",
+	"reduce_scatter", "all_to_all", "gather", "scatter", "send", "recv"}
+
+func (k Kind) String() string {
+	if k < 0 || k >= numKinds {
+		return fmt.Sprintf("op(%d)", int32(k))
+	}
+	return kindNames[k]
+}
+
+// IsP2P reports whether k is a point-to-point operation.
+func (k Kind) IsP2P() bool { return k == Send || k == Recv }
+
+// Piece is a contiguous run of Count elements at Addr.
+type Piece struct {
+	Addr  uintptr
+	Count int
+}
+
+// Op is one posted operation (see gosym_op_desc in cabi/gosym.h).
+type Op struct {
+	Kind      Kind
+	DType     dtype.DType
+	RedOp     dtype.RedOp
+	Scale     float64
+	Root      int
+	Peer      int
+	Tag       int64
+	Count     int
+	In, Out   uintptr
+	InPieces  []Piece
+	OutPieces []Piece
+	Seq       uint64 // per-endpoint collective (or per-pair message) number
+}
+
+// Who names the op in errors.
+func (o *Op) Who() symm.Who { return symm.Who{Op: o.Kind.String(), Seq: o.Seq} }
+
+// Team is the symmetric memory and synchronisation a collective runs on.
+type Team interface {
+	World() int
+	StageBytes() int
+	NextHalf() int
+	Stage(rank, half int) uintptr
+	Barrier(meta []byte, who symm.Who, deadline time.Time) ([][]byte, error)
+
+	BoxBytes() int
+	Box(src, dst, half int) uintptr
+	WaitBoxFree(dst int, k uint32, who symm.Who, deadline time.Time) error
+	PostChunk(dst int, k uint32, h symm.ChunkHeader)
+	WaitChunk(src int, k uint32, who symm.Who, deadline time.Time) (symm.ChunkHeader, error)
+	AckChunk(src int, k uint32)
+}
+
+// Plane moves and reduces bytes.
+type Plane interface {
+	Copy(dst, src uintptr, n int)
+	Reduce(dst uintptr, srcs []uintptr, n int, dt dtype.DType, op dtype.RedOp, scale float64) error
+}
+
+// Check validates an op against this rank's view of the group before it is
+// queued, so bad input fails at once with InvalidArg and never reaches the
+// peers.
+func Check(o *Op, rank, world int) error {
+	bad := func(format string, args ...any) error {
+		return status.Errorf(status.InvalidArg, "gosym: %s: "+format, append([]any{o.Kind}, args...)...)
+	}
+	if o.Kind < 0 || o.Kind >= numKinds {
+		return status.Errorf(status.InvalidArg, "gosym: unknown op %d", int32(o.Kind))
+	}
+	if !o.DType.Valid() {
+		return bad("unknown dtype %d", int32(o.DType))
+	}
+	if o.Count < 0 {
+		return bad("negative count %d", o.Count)
+	}
+	if o.Kind == AllReduce || o.Kind == Reduce || o.Kind == ReduceScatter {
+		if err := dtype.Supports(o.DType, o.RedOp); err != nil {
+			return status.Errorf(status.NotSupported, "gosym: %s: %v", o.Kind, err)
+		}
+	}
+	needRoot := o.Kind == Reduce || o.Kind == Broadcast || o.Kind == Gather || o.Kind == Scatter
+	if needRoot && (o.Root < 0 || o.Root >= world) {
+		return bad("root %d is not a rank of a group of %d", o.Root, world)
+	}
+	if o.Kind.IsP2P() && (o.Peer < 0 || o.Peer >= world || o.Peer == rank) {
+		return bad("peer %d is not another rank of a group of %d (this is rank %d)", o.Peer, world, rank)
+	}
+	pieces := func(name string, p []Piece, want bool) error {
+		if !want {
+			return nil
+		}
+		if len(p) != world {
+			return bad("%s has %d pieces, want one per rank (%d)", name, len(p), world)
+		}
+		for r, pc := range p {
+			if pc.Count < 0 || (pc.Count > 0 && pc.Addr == 0) {
+				return bad("%s piece %d is invalid (count %d)", name, r, pc.Count)
+			}
+		}
+		return nil
+	}
+	isRoot := rank == o.Root
+	if err := pieces("input", o.InPieces, o.Kind == ReduceScatter || o.Kind == AllToAll || (o.Kind == Scatter && isRoot)); err != nil {
+		return err
+	}
+	if err := pieces("output", o.OutPieces, o.Kind == AllGather || o.Kind == AllToAll || (o.Kind == Gather && isRoot)); err != nil {
+		return err
+	}
+	for _, ps := range [][]Piece{o.InPieces, o.OutPieces} {
+		for r, pc := range ps {
+			if (o.Kind == ReduceScatter || o.Kind == AllGather || o.Kind == Gather || o.Kind == Scatter) && pc.Count != o.Count {
+				return bad("piece %d has %d elements, the op has %d per rank", r, pc.Count, o.Count)
+			}
+		}
+	}
+	if o.Count > 0 {
+		needIn, needOut := buffers(o.Kind, isRoot)
+		if (needIn && o.In == 0) || (needOut && o.Out == 0) {
+			return bad("null buffer address for %d elements", o.Count)
+		}
+	}
+	return nil
+}
+
+// buffers says which single-buffer addresses (In, Out) an op reads on
+// this rank; pieces are checked separately.
+func buffers(k Kind, isRoot bool) (in, out bool) {
+	switch k {
+	case AllReduce:
+		return true, true
+	case Reduce:
+		return true, isRoot
+	case Broadcast:
+		return isRoot, true
+	case AllGather, Gather, Send:
+		return true, false
+	case ReduceScatter, Scatter, Recv:
+		return false, true
+	}
+	return false, false
+}

@@ -1,0 +1,42 @@
+"""gosym: a torch.distributed backend for the processes of one host, engine in Go.
+
+``import gosym`` loads libgosym.so (GOSYM_LIBRARY overrides the path), checks its
+ABI version and registers the backend, after which
+``torch.distributed.init_process_group(backend="gosym")`` works.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch.distributed as dist
+
+if not dist.is_available():
+    raise ImportError("gosym: this torch build has no torch.distributed")
+
+from . import _lib  # noqa: E402 - raises ImportError when the library is missing or mismatched
+from .backend import ProcessGroupGosym, register  # noqa: E402
+from .work import Work  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["ProcessGroupGosym", "Work", "engine_version", "process_stats", "stats"]
+
+register()
+
+
+def engine_version() -> str:
+    """The version string of the loaded engine library."""
+    return _lib.version()
+
+
+def stats(group=None) -> dict:
+    """Counters and settings of a gosym group's endpoint (None: the default group)."""
+    pg = dist.distributed_c10d._get_default_group() if group is None else group
+    if not isinstance(pg, ProcessGroupGosym):
+        raise ValueError(f"gosym: {pg!r} is not a gosym process group")
+    return json.loads(pg._stats_json())
+
+
+def process_stats() -> dict:
+    """Process-wide counters of the engine (live handles, fds, mappings)."""
+    return json.loads(_lib.process_stats_json())

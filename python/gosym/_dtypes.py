@@ -1,0 +1,69 @@
+"""torch dtypes and ReduceOps -> gosym's ABI codes."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+
+# dtype -> GOSYM_DTYPE_*; the engine reduces exactly these.
+DTYPES = {
+    torch.float32: _lib.DTYPE_FLOAT32,
+    torch.float64: _lib.DTYPE_FLOAT64,
+    torch.float16: _lib.DTYPE_FLOAT16,
+    torch.bfloat16: _lib.DTYPE_BFLOAT16,
+    torch.int8: _lib.DTYPE_INT8,
+    torch.uint8: _lib.DTYPE_UINT8,
+    torch.int16: _lib.DTYPE_INT16,
+    torch.int32: _lib.DTYPE_INT32,
+    torch.int64: _lib.DTYPE_INT64,
+    torch.bool: _lib.DTYPE_BOOL,
+}
+
+
+def reduce_dtype(t: torch.Tensor) -> int:
+    """The GOSYM_DTYPE_* a reduction over t uses; TypeError for others (complex, float8, ...)."""
+    code = DTYPES.get(t.dtype)
+    if code is None:
+        raise TypeError(f"gosym: reductions do not support dtype {t.dtype}; supported: "
+                        + ", ".join(str(d).removeprefix("torch.") for d in DTYPES))
+    return code
+
+
+def move_dtype(t: torch.Tensor) -> tuple[int, int]:
+    """(GOSYM_DTYPE_*, elements per torch element) for an op that only moves data.
+
+    Types the engine does not know (complex, float8, uint16, ...) travel as bytes:
+    the count is multiplied by the element size and the type becomes UINT8.
+    """
+    code = DTYPES.get(t.dtype)
+    if code is not None:
+        return code, 1
+    if t.is_quantized:
+        raise TypeError(f"gosym: quantized tensors ({t.dtype}) are not supported")
+    return _lib.DTYPE_UINT8, t.element_size()
+
+
+# int(RedOpType) -> GOSYM_RED_*, built from the names so torch's numbering does not matter.
+_REDS = {int(v): _lib.RED[name] for name, v in dist.ReduceOp.RedOpType.__members__.items()
+         if name in _lib.RED}
+_PREMUL = _lib.RED["PREMUL_SUM"]
+
+
+def reduce_op(op) -> tuple[int, float]:
+    """(GOSYM_RED_*, scale) for opts.reduceOp; scale is PREMUL_SUM's factor, else 1.0."""
+    code = _REDS.get(int(op.op))
+    if code is None:
+        raise NotImplementedError(f"gosym: reduce op {op.op} is not supported")
+    if code != _PREMUL:
+        return code, 1.0
+    # ReduceOp pickles PREMUL_SUM as (RedOpType, factor); the factor is a float or a
+    # one-element tensor (dist._make_nccl_premul_sum). It is not exposed otherwise.
+    factor = op.__getstate__()[1]
+    if isinstance(factor, torch.Tensor):
+        if factor.numel() != 1:
+            raise ValueError(f"gosym: PREMUL_SUM factor must have one element, got shape "
+                             f"{tuple(factor.shape)}")
+        factor = factor.item()
+    return code, float(factor)

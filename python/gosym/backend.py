@@ -1,0 +1,600 @@
+"""ProcessGroupGosym: the torch.distributed process group backed by gosym's engine.
+
+Thin by design: each method validates what is visible locally, turns tensors into
+(address, element count, dtype), packs one gosym_op_desc and posts it. Collective
+algorithms, cross-rank checks and deadlines live in the engine.
+
+Non-contiguous inputs are read through a contiguous copy; non-contiguous outputs
+are written into a contiguous temporary that is copied back when the operation
+completes (in Work.wait() or on the completer thread), so results appear at the
+same moment as for contiguous outputs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import sys
+import weakref
+from array import array
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+
+from . import _lib
+from ._dtypes import move_dtype, reduce_dtype, reduce_op
+from .work import Completer, Work, _Op
+
+_pack = _lib.pack_desc
+_post = _lib.post
+_strided = torch.strided
+_DEBUG = os.environ.get("GOSYM_DEBUG") == "1"
+_CUDA_MSG = "gosym: CUDA tensors need the CUDA data plane, not built in this version"
+
+
+def _debug(msg: str) -> None:
+    if _DEBUG:
+        print(f"[gosym pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
+
+
+def _check(t) -> None:
+    """The one place that decides whether gosym can address a tensor's memory.
+    (The CUDA data plane will branch here.)"""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"gosym: expected a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cpu:
+        if t.is_cuda:
+            raise NotImplementedError(_CUDA_MSG)
+        raise NotImplementedError(f"gosym: tensors on device {t.device} are not supported")
+    if t.layout is not _strided:
+        raise TypeError(f"gosym: only strided (dense) tensors are supported, got {t.layout}")
+
+
+def _src(t):
+    """A contiguous tensor holding t's data, for the engine to read."""
+    _check(t)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _dst(t, cb, init):
+    """A contiguous tensor for the engine to write t's result into. For a
+    non-contiguous t that is a temporary (holding t's data when init is set) and
+    (t, temporary) is appended to the copy-back list cb."""
+    _check(t)
+    if t.is_contiguous():
+        return t
+    tmp = t.contiguous() if init else torch.empty_like(t, memory_format=torch.contiguous_format)
+    cb.append((t, tmp))
+    return tmp
+
+
+def _one(seq, what):
+    """The single element of a per-process tensor list (one device per process)."""
+    if len(seq) != 1:
+        raise ValueError(f"gosym: {what} takes exactly one tensor (list) per process, got "
+                         f"{len(seq)}")
+    return seq[0]
+
+
+def _same_dtype(a, b, what):
+    if a.dtype != b.dtype:
+        raise TypeError(f"gosym: {what}: dtype mismatch, {a.dtype} vs {b.dtype}")
+
+
+def _pieces(pairs):
+    """A flat uint64 (addr, count) array and its address, for in_pieces/out_pieces."""
+    arr = array("Q", pairs)
+    return arr, arr.buffer_info()[0]
+
+
+def _even_pieces(base, step_bytes, count, world):
+    return _pieces([v for r in range(world) for v in (base + r * step_bytes, count)])
+
+
+def _destroy(handle: int, completer: Completer, name: str) -> None:
+    """Endpoint finalizer: explicit shutdown, garbage collection or interpreter exit."""
+    st = _lib.endpoint_destroy(handle)
+    completer.close()
+    _debug(f"endpoint {name} destroyed (status {st})")
+
+
+def _bootstrap(store, rank, size, timeout, name) -> int:
+    """create -> allgather the blobs through the store -> connect; returns the endpoint."""
+    timeout_ms = max(1, int(timeout.total_seconds() * 1000))
+    out = ctypes.c_uint64()
+    _lib.check(_lib.endpoint_create(rank, size, timeout_ms, name.encode(), ctypes.byref(out)),
+               f"creating the endpoint of group {name!r}")
+    handle = out.value
+    try:
+        blob = _lib.read_bytes(_lib.endpoint_blob, handle)
+        # A store prefix outlives a group (destroy_process_group + init again on the
+        # agent's store), so every creation uses fresh keys. Each rank counts its own
+        # creations on this prefix; all ranks of a group create the same sequence.
+        gen = store.add(f"gosym/gen/{rank}", 1)
+        prefix = f"gosym/{gen}/blob/"
+        keys = [f"{prefix}{r}" for r in range(size)]
+        store.set(keys[rank], blob)
+        try:
+            store.wait(keys, timeout)
+        except Exception as e:  # noqa: BLE001 - re-raised with the missing ranks
+            missing = [r for r in range(size) if not store.check([keys[r]])]
+            raise dist.DistBackendError(
+                f"gosym: group {name!r} (rank {rank} of {size}): ranks {missing} did not "
+                f"publish their bootstrap blob within {timeout} ({e})") from e
+        blobs = store.multi_get(keys)
+        lens = (ctypes.c_uint64 * size)(*[len(b) for b in blobs])
+        _debug(f"group {name!r} rank {rank}/{size}: connecting (blobs {list(lens)})")
+        _lib.check(_lib.endpoint_connect(handle, b"".join(blobs), lens, size),
+                   f"connecting group {name!r} (rank {rank} of {size})")
+    except BaseException:
+        _lib.endpoint_destroy(handle)
+        raise
+    # connect returned, so every peer has read every blob: drop ours to keep the store small.
+    try:
+        store.delete_key(keys[rank])
+    except Exception:  # noqa: BLE001 - a store without delete_key just keeps it
+        pass
+    _debug(f"group {name!r} rank {rank}/{size}: connected, endpoint {handle}")
+    return handle
+
+
+_AR = _c10d.AllreduceOptions()
+_ARC = _c10d.AllreduceCoalescedOptions()
+_BC = _c10d.BroadcastOptions()
+_RD = _c10d.ReduceOptions()
+_AG = _c10d.AllgatherOptions()
+_RS = _c10d.ReduceScatterOptions()
+_A2A = _c10d.AllToAllOptions()
+_GA = _c10d.GatherOptions()
+_SC = _c10d.ScatterOptions()
+_BA = _c10d.BarrierOptions()
+
+
+class ProcessGroupGosym(dist.ProcessGroup):
+    """A process group whose collectives run on one gosym endpoint.
+
+    Created by torch through the registered "gosym" backend; one endpoint per group.
+    """
+
+    # torch's helpers ask a group for its per-device backend (_get_backend) and read
+    # these flags; a Python group is its own backend and supports none of them.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+    supports_shrinking = False
+
+    def __init__(self, store, rank, size, timeout, name, global_ranks=None):
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._timeout = timeout
+        self._name = name
+        self._desc = "undefined"
+        self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        self._h = _bootstrap(store, rank, size, timeout, name)
+        self._completer = Completer(name)
+        self._finalizer = weakref.finalize(self, _destroy, self._h, self._completer, name)
+
+    # ---- identity, lifetime -------------------------------------------------
+
+    def getBackendName(self):
+        return "gosym"
+
+    # The C++ base keeps a group's name and description in its per-device backends,
+    # which a Python group does not have ("ProcessGroup name not set"); torch sets
+    # and reads them through these (pg.group_name, functional collectives' lookup).
+    def getGroupName(self):
+        return self._name
+
+    def setGroupName(self, name):
+        self._name = name
+
+    def getGroupDesc(self):
+        return self._desc
+
+    def setGroupDesc(self, desc):
+        self._desc = desc
+
+    def __repr__(self):
+        state = "" if self._h else ", shut down"
+        return (f"ProcessGroupGosym(name={self._name!r}, rank={self._rank}, size={self._size}, "
+                f"global_ranks={self._global_ranks}{state})")
+
+    def _get_backend(self, device):
+        # torch 2.11 calls pg._get_backend(device_id).supports_splitting after the
+        # creator returns when a device is bound (init_process_group(device_id=...) and
+        # every later new_group); a Python group has no per-device backend registered,
+        # so the base method raises "No backend type associated with device type".
+        return self
+
+    def supports_tensor_alloc(self, device):
+        return False
+
+    def eager_connect_single_device(self, device):
+        pass  # the endpoint is connected at creation
+
+    def shutdown(self):
+        """Destroys the endpoint; outstanding work fails. Idempotent; destroy_process_group calls it."""
+        self._h = 0
+        self._finalizer()
+
+    def abort(self):
+        self.shutdown()
+
+    def _stats_json(self) -> str:
+        if not self._h:
+            raise RuntimeError("gosym: the process group has been shut down")
+        return _lib.read_string(_lib.endpoint_stats, self._h)
+
+    # ---- plumbing -----------------------------------------------------------
+
+    def _work(self, desc, out, keep, cb):
+        h = _post(self._h, desc)
+        return Work(_Op((h,), out, keep, cb or None, self._completer))
+
+    def _works(self, built, out):
+        """Posts several (desc, keep, cb) together as one Work."""
+        handles, keep, cb = [], [], []
+        try:
+            for desc, k, c in built:
+                handles.append(_post(self._h, desc))
+                keep.append(k)
+                cb.extend(c)
+        except BaseException:
+            # Already-posted parts may still touch their tensors: let them finish.
+            self._completer.submit(_Op(tuple(handles), out, keep, None, self._completer))
+            raise
+        return Work(_Op(tuple(handles), out, keep, cb or None, self._completer))
+
+    def _root(self, root, what):
+        if not 0 <= root < self._size:
+            raise ValueError(f"gosym: {what}: root rank {root} is out of range for a group "
+                             f"of size {self._size}")
+        return root
+
+    def _peer(self, peer, what):
+        if not 0 <= peer < self._size:
+            raise ValueError(f"gosym: {what}: peer rank {peer} is out of range for a group "
+                             f"of size {self._size}")
+        if peer == self._rank:
+            raise ValueError(f"gosym: {what}: rank {peer} cannot {what} to/from itself")
+        return peer
+
+    # ---- reductions on one buffer -------------------------------------------
+
+    def _reduce_desc(self, op, t, opts, root):
+        code = reduce_dtype(t)
+        red, scale = reduce_op(opts.reduceOp)
+        cb = []
+        buf = _dst(t, cb, True)
+        a = buf.data_ptr()
+        return _pack(op, code, red, scale, root, 0, 0, buf.numel(), a, a, 0, 0, 0, 0), buf, cb
+
+    def allreduce(self, tensors, opts=_AR):
+        desc, buf, cb = self._reduce_desc(_lib.OP_ALLREDUCE, _one(tensors, "allreduce"), opts, 0)
+        return self._work(desc, tensors, buf, cb)
+
+    def reduce(self, tensors, opts=_RD):
+        root = self._root(opts.rootRank, "reduce")
+        desc, buf, cb = self._reduce_desc(_lib.OP_REDUCE, _one(tensors, "reduce"), opts, root)
+        return self._work(desc, tensors, buf, cb)
+
+    def allreduce_coalesced(self, tensors, opts=_ARC):
+        """One allreduce over the tensors packed into one buffer, unpacked on completion."""
+        if not tensors:
+            return Work(_Op((), tensors, None, None, self._completer))
+        first = tensors[0]
+        for t in tensors:
+            _check(t)
+            _same_dtype(first, t, "allreduce_coalesced")
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        cb, off = [], 0
+        for t in tensors:
+            n = t.numel()
+            cb.append((t, flat[off:off + n].view(t.shape)))
+            off += n
+        desc, buf, _ = self._reduce_desc(_lib.OP_ALLREDUCE, flat, opts, 0)
+        return self._work(desc, tensors, buf, cb)
+
+    def broadcast(self, tensors, opts=_BC):
+        root = self._root(opts.rootRank, "broadcast")
+        if opts.rootTensor != 0:
+            raise ValueError(f"gosym: broadcast: rootTensor must be 0, got {opts.rootTensor}")
+        t = _one(tensors, "broadcast")
+        cb = []
+        buf = _dst(t, cb, True)
+        code, mult = move_dtype(buf)
+        a = buf.data_ptr()
+        desc = _pack(_lib.OP_BROADCAST, code, 0, 1.0, root, 0, 0, buf.numel() * mult, a, a,
+                     0, 0, 0, 0)
+        return self._work(desc, tensors, buf, cb)
+
+    # ---- allgather ------------------------------------------------------------
+
+    def _allgather_desc(self, outs, t):
+        world = self._size
+        if len(outs) != world:
+            raise ValueError(f"gosym: all_gather: output list has {len(outs)} tensors, the "
+                             f"group has {world} ranks")
+        src = _src(t)
+        code, mult = move_dtype(src)
+        n = src.numel()
+        cb, bufs, pairs = [], [], []
+        for o in outs:
+            _same_dtype(t, o, "all_gather")
+            if o.numel() != n:
+                raise ValueError(f"gosym: all_gather: output tensor has {o.numel()} elements, "
+                                 f"the input has {n}")
+            d = _dst(o, cb, False)
+            bufs.append(d)
+            pairs += (d.data_ptr(), n * mult)
+        arr, ap = _pieces(pairs)
+        desc = _pack(_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(), 0,
+                     0, ap, 0, world)
+        return desc, (src, bufs, arr), cb
+
+    def allgather(self, output_tensors, input_tensors, opts=_AG):
+        desc, keep, cb = self._allgather_desc(_one(output_tensors, "all_gather"),
+                                              _one(input_tensors, "all_gather"))
+        return self._work(desc, output_tensors, keep, cb)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=_AG):
+        if len(output_lists) != len(input_list):
+            raise ValueError(f"gosym: all_gather_coalesced: {len(output_lists)} output lists "
+                             f"for {len(input_list)} inputs")
+        built = [self._allgather_desc(o, t) for o, t in zip(output_lists, input_list)]
+        return self._works(built, output_lists)
+
+    def _allgather_base_desc(self, out, inp):
+        world = self._size
+        _same_dtype(inp, out, "all_gather_into_tensor")
+        src = _src(inp)
+        n = src.numel()
+        if out.numel() != n * world:
+            raise ValueError(f"gosym: all_gather_into_tensor: output has {out.numel()} "
+                             f"elements, expected world size {world} x input {n}")
+        cb = []
+        dst = _dst(out, cb, False)
+        code, mult = move_dtype(src)
+        arr, ap = _even_pieces(dst.data_ptr(), n * src.element_size(), n * mult, world)
+        desc = _pack(_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(), 0,
+                     0, ap, 0, world)
+        return desc, (src, dst, arr), cb
+
+    def _allgather_base(self, output, input, opts=_AG):  # noqa: A002 - torch's names
+        desc, keep, cb = self._allgather_base_desc(output, input)
+        return self._work(desc, [output], keep, cb)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=_AG):
+        if len(outputs) != len(inputs):
+            raise ValueError(f"gosym: all_gather_into_tensor_coalesced: {len(outputs)} "
+                             f"outputs for {len(inputs)} inputs")
+        built = [self._allgather_base_desc(o, i) for o, i in zip(outputs, inputs)]
+        return self._works(built, outputs)
+
+    # ---- reduce-scatter ---------------------------------------------------------
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=_RS):
+        world = self._size
+        out = _one(output_tensors, "reduce_scatter")
+        ins = _one(input_lists, "reduce_scatter")
+        if len(ins) != world:
+            raise ValueError(f"gosym: reduce_scatter: input list has {len(ins)} tensors, the "
+                             f"group has {world} ranks")
+        code = reduce_dtype(out)
+        red, scale = reduce_op(opts.reduceOp)
+        n = out.numel()
+        srcs, pairs = [], []
+        for t in ins:
+            _same_dtype(out, t, "reduce_scatter")
+            if t.numel() != n:
+                raise ValueError(f"gosym: reduce_scatter: input tensor has {t.numel()} "
+                                 f"elements, the output has {n}")
+            s = _src(t)
+            srcs.append(s)
+            pairs += (s.data_ptr(), n)
+        arr, ap = _pieces(pairs)
+        cb = []
+        dst = _dst(out, cb, False)
+        desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n, 0, dst.data_ptr(),
+                     ap, 0, world, 0)
+        return self._work(desc, output_tensors, (srcs, dst, arr), cb)
+
+    def _reduce_scatter_base_desc(self, out, inp, opts):
+        world = self._size
+        _same_dtype(out, inp, "reduce_scatter_tensor")
+        code = reduce_dtype(out)
+        red, scale = reduce_op(opts.reduceOp)
+        n = out.numel()
+        if inp.numel() != n * world:
+            raise ValueError(f"gosym: reduce_scatter_tensor: input has {inp.numel()} "
+                             f"elements, expected world size {world} x output {n}")
+        src = _src(inp)
+        cb = []
+        dst = _dst(out, cb, False)
+        arr, ap = _even_pieces(src.data_ptr(), n * src.element_size(), n, world)
+        desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n, 0, dst.data_ptr(),
+                     ap, 0, world, 0)
+        return desc, (src, dst, arr), cb
+
+    def _reduce_scatter_base(self, output, input, opts=_RS):  # noqa: A002
+        desc, keep, cb = self._reduce_scatter_base_desc(output, input, opts)
+        return self._work(desc, [output], keep, cb)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=_RS):
+        if len(outputs) != len(inputs):
+            raise ValueError(f"gosym: reduce_scatter_tensor_coalesced: {len(outputs)} "
+                             f"outputs for {len(inputs)} inputs")
+        built = [self._reduce_scatter_base_desc(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._works(built, outputs)
+
+    # ---- all-to-all -------------------------------------------------------------
+
+    def _splits(self, t, splits, what):
+        """Rows per rank along dim 0 (equal when splits is empty)."""
+        world = self._size
+        rows = t.size(0) if t.dim() else 1
+        if not splits:
+            if rows % world:
+                raise ValueError(f"gosym: all_to_all_single: {what} dim 0 ({rows}) is not "
+                                 f"divisible by the world size {world}")
+            return [rows // world] * world
+        if len(splits) != world:
+            raise ValueError(f"gosym: all_to_all_single: {len(splits)} {what} splits for "
+                             f"{world} ranks")
+        if min(splits) < 0 or sum(splits) != rows:
+            raise ValueError(f"gosym: all_to_all_single: {what} splits {list(splits)} do not "
+                             f"sum to dim 0 ({rows})")
+        return splits
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
+                      opts=_A2A):
+        _same_dtype(input, output, "all_to_all_single")
+        src = _src(input)
+        cb = []
+        dst = _dst(output, cb, False)
+        code, mult = move_dtype(src)
+        isz = src.element_size()
+        pairs = []
+        for t, splits, what in ((src, input_split_sizes, "input"),
+                                (dst, output_split_sizes, "output")):
+            rows = self._splits(t, splits, what)
+            row = math.prod(t.shape[1:])
+            addr, part = t.data_ptr(), []
+            for r in rows:
+                part += (addr, r * row * mult)
+                addr += r * row * isz
+            pairs.append(part)
+        in_arr, ip = _pieces(pairs[0])
+        out_arr, op = _pieces(pairs[1])
+        world = self._size
+        desc = _pack(_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world, world)
+        return self._work(desc, [output], (src, dst, in_arr, out_arr), cb)
+
+    def alltoall(self, output_tensors, input_tensors, opts=_A2A):
+        world = self._size
+        if len(output_tensors) != world or len(input_tensors) != world:
+            raise ValueError(f"gosym: all_to_all: {len(output_tensors)} outputs and "
+                             f"{len(input_tensors)} inputs for {world} ranks")
+        first = input_tensors[0]
+        code, mult = move_dtype(first)
+        cb, srcs, dsts, ins, outs = [], [], [], [], []
+        for t in input_tensors:
+            _same_dtype(first, t, "all_to_all")
+            s = _src(t)
+            srcs.append(s)
+            ins += (s.data_ptr(), s.numel() * mult)
+        for t in output_tensors:
+            _same_dtype(first, t, "all_to_all")
+            d = _dst(t, cb, False)
+            dsts.append(d)
+            outs += (d.data_ptr(), d.numel() * mult)
+        in_arr, ip = _pieces(ins)
+        out_arr, op = _pieces(outs)
+        desc = _pack(_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world, world)
+        return self._work(desc, output_tensors, (srcs, dsts, in_arr, out_arr), cb)
+
+    # ---- rooted data movement -------------------------------------------------------
+
+    def gather(self, output_tensors, input_tensors, opts=_GA):
+        world = self._size
+        root = self._root(opts.rootRank, "gather")
+        src = _src(_one(input_tensors, "gather"))
+        code, mult = move_dtype(src)
+        n = src.numel()
+        cb, bufs, arr, ap, n_out = [], [], None, 0, 0
+        if self._rank == root:
+            outs = _one(output_tensors, "gather")
+            if len(outs) != world:
+                raise ValueError(f"gosym: gather: gather list has {len(outs)} tensors, the "
+                                 f"group has {world} ranks")
+            pairs = []
+            for o in outs:
+                _same_dtype(src, o, "gather")
+                if o.numel() != n:
+                    raise ValueError(f"gosym: gather: output tensor has {o.numel()} "
+                                     f"elements, the input has {n}")
+                d = _dst(o, cb, False)
+                bufs.append(d)
+                pairs += (d.data_ptr(), n * mult)
+            arr, ap = _pieces(pairs)
+            n_out = world
+        desc = _pack(_lib.OP_GATHER, code, 0, 1.0, root, 0, 0, n * mult, src.data_ptr(), 0,
+                     0, ap, 0, n_out)
+        return self._work(desc, output_tensors, (src, bufs, arr), cb)
+
+    def scatter(self, output_tensors, input_tensors, opts=_SC):
+        world = self._size
+        root = self._root(opts.rootRank, "scatter")
+        out = _one(output_tensors, "scatter")
+        cb = []
+        dst = _dst(out, cb, False)
+        code, mult = move_dtype(dst)
+        n = dst.numel()
+        srcs, arr, ip, n_in = [], None, 0, 0
+        if self._rank == root:
+            ins = _one(input_tensors, "scatter")
+            if len(ins) != world:
+                raise ValueError(f"gosym: scatter: scatter list has {len(ins)} tensors, the "
+                                 f"group has {world} ranks")
+            pairs = []
+            for t in ins:
+                _same_dtype(out, t, "scatter")
+                if t.numel() != n:
+                    raise ValueError(f"gosym: scatter: input tensor has {t.numel()} "
+                                     f"elements, the output has {n}")
+                s = _src(t)
+                srcs.append(s)
+                pairs += (s.data_ptr(), n * mult)
+            arr, ip = _pieces(pairs)
+            n_in = world
+        desc = _pack(_lib.OP_SCATTER, code, 0, 1.0, root, 0, 0, n * mult, 0, dst.data_ptr(),
+                     ip, 0, n_in, 0)
+        return self._work(desc, output_tensors, (srcs, dst, arr), cb)
+
+    # ---- point to point, barrier ------------------------------------------------------
+
+    def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names
+        peer = self._peer(dstRank, "send")
+        src = _src(_one(tensors, "send"))
+        code, mult = move_dtype(src)
+        desc = _pack(_lib.OP_SEND, code, 0, 1.0, 0, peer, tag, src.numel() * mult,
+                     src.data_ptr(), 0, 0, 0, 0, 0)
+        return self._work(desc, tensors, src, None)
+
+    def recv(self, tensors, srcRank, tag):  # noqa: N803
+        peer = self._peer(srcRank, "recv")
+        cb = []
+        dst = _dst(_one(tensors, "recv"), cb, False)
+        code, mult = move_dtype(dst)
+        desc = _pack(_lib.OP_RECV, code, 0, 1.0, 0, peer, tag, dst.numel() * mult, 0,
+                     dst.data_ptr(), 0, 0, 0, 0)
+        return self._work(desc, tensors, dst, cb)
+
+    def recv_anysource(self, tensors, tag):
+        raise NotImplementedError("gosym: recv from any source is not supported; pass src")
+
+    def barrier(self, opts=_BA):
+        desc = _pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        return self._work(desc, [], None, None)
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """A barrier waited with timeout; the engine's timeout error names the missing ranks."""
+        self.barrier().wait(timeout if timeout is not None else timedelta(0))
+
+
+def _create(dist_backend_opts, backend_options=None):
+    """torch's creator for backend "gosym" (register_backend with extended_api=True)."""
+    o = dist_backend_opts
+    return ProcessGroupGosym(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id),
+                             list(o.global_ranks_in_group))
+
+
+def register() -> None:
+    """Registers backend "gosym" with torch.distributed (once per process)."""
+    if "GOSYM" in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend("gosym", _create, extended_api=True, devices=["cpu", "cuda"])

@@ -1,0 +1,222 @@
+"""Shared plumbing for the torchrun workers of the gosym test suites.
+
+Workers run under torchrun (or tests/conftest.py's plain spawner), one process
+per rank. They talk to the pytest side only through files in $GOSYM_TEST_OUT:
+``pid.<rank>`` when they start, ``rank<rank>.json`` with their results, and
+marker files the test creates (``wait_for_marker``). Checks are collected in a
+``Checker`` so one launch reports every failing case at once instead of
+stopping at the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+import zlib
+
+import torch
+import torch.distributed as dist
+
+# Larger than any sane staging buffer (3M+7 elements), so chunking runs.
+LARGE = 3 * 1024 * 1024 + 7
+
+ALL_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
+FLOAT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+# Errors a bad call may raise; anything else (or a hang) is a failure.
+CLEAR_ERRORS = (ValueError, TypeError, RuntimeError)
+
+
+def dname(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def out_dir() -> str:
+    return os.environ["GOSYM_TEST_OUT"]
+
+
+def rank_env() -> int:
+    return int(os.environ["RANK"])
+
+
+def setup(extra=None) -> argparse.Namespace:
+    """Parses the common flags, installs stack dumps, announces our pid.
+
+    SIGUSR1 dumps every thread's Python stack to stderr: the launcher sends it
+    before killing a worker that ran past its deadline, so hangs are readable.
+    """
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", default="gosym")
+    parser.add_argument("--timeout", type=float, default=60.0, help="default group timeout, s")
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args()
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _write_atomic(os.path.join(out_dir(), f"pid.{rank_env()}"), str(os.getpid()))
+    return args
+
+
+def init(backend: str, timeout_s: float) -> tuple[int, int]:
+    """init_process_group from torchrun's env; imports gosym when asked for it."""
+    if backend == "gosym":
+        import gosym  # noqa: F401  (registers the backend)
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_result(obj: dict, rank: int | None = None) -> None:
+    rank = rank_env() if rank is None else rank
+    _write_atomic(os.path.join(out_dir(), f"rank{rank}.json"), json.dumps(obj, indent=1, default=str))
+
+
+def wait_for_marker(name: str, timeout_s: float = 120.0) -> None:
+    """Blocks until the test creates $GOSYM_TEST_OUT/<name>."""
+    path = os.path.join(out_dir(), name)
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"marker {name} never appeared")
+        time.sleep(0.02)
+
+
+def seed_of(*parts) -> int:
+    """Stable seed (unlike hash(), the same in every process)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def digest(t: torch.Tensor) -> str:
+    t = t.detach().contiguous().cpu()
+    return hashlib.sha1(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def memfd_counts() -> dict:
+    """Live memfd file descriptors and mappings of this process."""
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:"):
+                fds += 1
+        except OSError:
+            pass
+    with open("/proc/self/maps") as f:
+        maps = sum(1 for line in f if "/memfd:" in line)
+    return {"memfd_fds": fds, "memfd_maps": maps, "fds": fd_count()}
+
+
+def error_text(e: BaseException) -> str:
+    return f"{type(e).__module__}.{type(e).__name__}: {e}"
+
+
+class Checker:
+    """Collects pass/fail per named case; exceptions become failures."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.failures: list[str] = []
+        self.passed = 0
+        self.info: dict = {}
+
+    def fail(self, case: str, why: str) -> None:
+        self.failures.append(f"[rank {self.rank}] {case}: {why}")
+
+    def check(self, case: str, ok: bool, why: str = "") -> bool:
+        if ok:
+            self.passed += 1
+        else:
+            self.fail(case, why or "check failed")
+        return ok
+
+    def run(self, case: str, fn, *a, **kw):
+        """Runs fn; an exception is recorded as a failure of ``case``."""
+        try:
+            return fn(*a, **kw)
+        except Exception as e:  # noqa: BLE001 - every error is a reported failure
+            tb = traceback.format_exc(limit=4)
+            self.fail(case, f"raised {error_text(e)}\n{tb}")
+            return None
+
+    def expect_error(self, case: str, fn, *a, **kw) -> BaseException | None:
+        """fn must raise a clear error (ValueError/TypeError/RuntimeError) with a reason."""
+        try:
+            fn(*a, **kw)
+        except CLEAR_ERRORS as e:
+            if self.check(case, len(str(e).strip()) >= 8, f"error without a reason: {error_text(e)}"):
+                return e
+            return None
+        except Exception as e:  # noqa: BLE001
+            self.fail(case, f"wrong exception type {error_text(e)}")
+            return e
+        self.fail(case, "did not raise")
+        return None
+
+    def result(self, **extra) -> dict:
+        return {
+            "rank": self.rank,
+            "failures": self.failures,
+            "passed": self.passed,
+            "info": self.info,
+            **extra,
+        }
+
+
+def compare(got: torch.Tensor, exp: torch.Tensor, tol: torch.Tensor | None = None) -> str | None:
+    """None when equal (bitwise, NaN == NaN) or within the elementwise tol; else why not."""
+    if got.dtype != exp.dtype:
+        return f"dtype {got.dtype} != {exp.dtype}"
+    if tuple(got.shape) != tuple(exp.shape):
+        return f"shape {tuple(got.shape)} != {tuple(exp.shape)}"
+    if got.numel() == 0:
+        return None
+    g = got.detach().reshape(-1)
+    e = exp.reshape(-1)
+    if tol is None:
+        if g.dtype.is_floating_point:
+            bad = ~((g == e) | (torch.isnan(g) & torch.isnan(e)))
+        else:
+            bad = g != e
+    else:
+        gd, ed = g.double(), e.double()
+        bad = ~(((gd - ed).abs() <= tol.reshape(-1)) | (torch.isnan(gd) & torch.isnan(ed)))
+    n = int(bad.sum())
+    if n == 0:
+        return None
+    idx = torch.nonzero(bad).reshape(-1)[:4].tolist()
+    sample = ", ".join(f"[{i}] got {g[i].item()!r} want {e[i].item()!r}" for i in idx)
+    return f"{n}/{g.numel()} elements differ: {sample}"
+
+
+def print_summary(ck: Checker, label: str) -> None:
+    print(f"[rank {ck.rank}] {label}: {ck.passed} passed, {len(ck.failures)} failed", file=sys.stderr)
+    for f in ck.failures[:20]:
+        print(f, file=sys.stderr)
