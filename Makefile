@@ -60,7 +60,7 @@ $(LIB): $(LIB_SRCS) | check-go
 
 gotest: check-go
 	$(GO) vet ./...
-	scripts/gofmt-check.sh
+	GO="$(GO)" scripts/gofmt-check.sh
 	CGO_ENABLED=1 $(GO) test -race -count=1 ./...
 
 # The smoke program exercises the hand-written header against the real
@@ -73,7 +73,7 @@ ctest: lib
 	python3 scripts/check_abi.py --cc "$(CC)" --header cabi/gosym.h \
 		--cgo-header python/gosym/libgosym.h --lib $(LIB) --work-dir $(CTEST_DIR)
 
-pytest: venv
+pytest: venv lib
 	$(RUN_PY) -m pytest $(PYTEST_FLAGS) tests
 
 test: venv lib gotest ctest pytest

@@ -174,6 +174,7 @@ func (e *Endpoint) Post(op *Op) (*Work, error) {
 		q = e.coll
 	}
 	e.stats.Posted.Add(1)
+	w.q = q
 	q.push(w)
 	return w, nil
 }

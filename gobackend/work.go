@@ -10,6 +10,7 @@ import (
 // Work is one posted operation.
 type Work struct {
 	op   Op
+	q    *queue
 	done chan struct{}
 	err  error
 }
@@ -17,6 +18,7 @@ type Work struct {
 // Wait blocks until the work completes or timeout passes (timeout < 0:
 // no limit; the op has its own deadline anyway).
 func (w *Work) Wait(timeout time.Duration) error {
+	w.q.help(w)
 	if timeout < 0 {
 		<-w.done
 		return w.err
@@ -46,57 +48,110 @@ func (w *Work) Done() (bool, error) {
 	}
 }
 
-// queue runs works in order on one goroutine.
+// queue runs works in post order, one at a time. Whoever gets there first
+// runs them: a thread waiting for its work runs the queue itself (no
+// thread hand-off on the latency path), and a worker goroutine, woken only if
+// the head of the queue sat unclaimed for kickDelay, guarantees progress for
+// work nobody waits on (async ops, futures).
 type queue struct {
-	mu     sync.Mutex
-	cond   *sync.Cond
-	items  []*Work
-	closed bool
+	mu      sync.Mutex
+	cond    *sync.Cond
+	items   []*Work
+	running bool // someone is executing items
+	closed  bool
+	armed   bool
+	kick    *time.Timer
+	exec    func(*Work)
 }
+
+// kickDelay is how long posted work may wait for a waiter to run it before
+// the worker goroutine takes it.
+const kickDelay = 50 * time.Microsecond
 
 func (e *Endpoint) startQueue(run func(*Work) error) *queue {
 	q := &queue{}
 	q.cond = sync.NewCond(&q.mu)
+	q.exec = func(w *Work) {
+		w.err = run(w)
+		if w.err != nil {
+			e.fail(w.err)
+		} else {
+			e.stats.Completed.Add(1)
+		}
+		close(w.done)
+	}
+	q.kick = time.AfterFunc(time.Hour, func() {
+		q.mu.Lock()
+		q.armed = false
+		q.mu.Unlock()
+		q.cond.Signal()
+	})
+	q.kick.Stop()
 	e.workers.Add(1)
 	go func() {
 		defer e.workers.Done()
+		q.mu.Lock()
+		defer q.mu.Unlock()
 		for {
-			w, ok := q.pop()
-			if !ok {
-				return
+			for (len(q.items) == 0 || q.running) && !q.closed {
+				q.cond.Wait()
 			}
-			w.err = run(w)
-			if w.err != nil {
-				e.fail(w.err)
-			} else {
-				e.stats.Completed.Add(1)
+			if len(q.items) == 0 && !q.running {
+				return // closed and drained
 			}
-			close(w.done)
+			if q.running {
+				q.cond.Wait() // closed while someone else drains
+				continue
+			}
+			q.drain(nil)
 		}
 	}()
 	return q
 }
 
+// drain runs queued work in order until until is done (or, with until nil,
+// until the queue is empty). Called and returns with q.mu held.
+func (q *queue) drain(until *Work) {
+	q.running = true
+	for len(q.items) > 0 {
+		w := q.items[0]
+		q.items[0] = nil
+		q.items = q.items[1:]
+		q.mu.Unlock()
+		q.exec(w)
+		q.mu.Lock()
+		if w == until {
+			break
+		}
+	}
+	q.running = false
+	if len(q.items) > 0 || q.closed {
+		q.cond.Broadcast()
+	}
+}
+
 func (q *queue) push(w *Work) {
 	q.mu.Lock()
 	q.items = append(q.items, w)
+	if !q.running && !q.armed {
+		q.armed = true
+		q.kick.Reset(kickDelay)
+	}
 	q.mu.Unlock()
-	q.cond.Signal()
 }
 
-func (q *queue) pop() (*Work, bool) {
+// help runs the queue on the calling thread up to w, unless someone else is
+// running it already.
+func (q *queue) help(w *Work) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	for len(q.items) == 0 && !q.closed {
-		q.cond.Wait()
+	if !q.running && !q.closed {
+		select {
+		case <-w.done:
+		default:
+			q.drain(w)
+		}
 	}
-	if len(q.items) == 0 {
-		return nil, false
-	}
-	w := q.items[0]
-	q.items[0] = nil
-	q.items = q.items[1:]
-	return w, true
+	q.mu.Unlock()
 }
 
 // close makes the worker finish what is queued (each item fails fast once
@@ -104,6 +159,7 @@ func (q *queue) pop() (*Work, bool) {
 func (q *queue) close() {
 	q.mu.Lock()
 	q.closed = true
+	q.kick.Stop()
 	q.mu.Unlock()
 	q.cond.Broadcast()
 }

@@ -51,9 +51,25 @@ _REDS = {int(v): _lib.RED[name] for name, v in dist.ReduceOp.RedOpType.__members
 _PREMUL = _lib.RED["PREMUL_SUM"]
 
 
+def _hash_is_op() -> bool:
+    """torch 2.11 hashes a ReduceOp as its RedOpType value: hash(op) costs a quarter of
+    int(op.op) (pybind enums convert slowly). Checked here, so a torch that hashes
+    differently falls back to the slow path instead of mapping ops wrongly."""
+    try:
+        ops = [dist.ReduceOp(v) for n, v in dist.ReduceOp.RedOpType.__members__.items()
+               if n in _lib.RED and n != "PREMUL_SUM"]
+        ops.append(dist._make_nccl_premul_sum(2.0))
+        return all(hash(o) == int(o.op) for o in ops)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+_op_key = hash if _hash_is_op() else (lambda op: int(op.op))
+
+
 def reduce_op(op) -> tuple[int, float]:
     """(GOSYM_RED_*, scale) for opts.reduceOp; scale is PREMUL_SUM's factor, else 1.0."""
-    code = _REDS.get(int(op.op))
+    code = _REDS.get(_op_key(op))
     if code is None:
         raise NotImplementedError(f"gosym: reduce op {op.op} is not supported")
     if code != _PREMUL:

@@ -218,6 +218,7 @@ def error(status: int, context: str = "") -> Exception:
     """The exception for a failed call; must run on the failing thread, right after the call."""
     msg = last_error()
     text = msg.decode("utf-8", "replace") if msg else f"status {status}"
+    text = text.removeprefix("gosym: ")
     if context:
         text = f"{context}: {text}"
     return _EXC.get(status, RuntimeError)(f"gosym: {text}")

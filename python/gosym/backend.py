@@ -217,7 +217,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         pass  # the endpoint is connected at creation
 
     def shutdown(self):
-        """Destroys the endpoint; outstanding work fails. Idempotent; destroy_process_group calls it."""
+        """Destroys the endpoint; outstanding work fails. Idempotent.
+        destroy_process_group() calls it; so does garbage collection or exit, via the finalizer."""
         self._h = 0
         self._finalizer()
 

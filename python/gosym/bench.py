@@ -72,6 +72,11 @@ def fmt_size(n):
     return str(n)
 
 
+def fmt_bw(gbps):
+    """GB/s with enough digits for 1 KiB messages and few for HBM-scale numbers."""
+    return f"{gbps:.1f}" if gbps >= 10 else f"{gbps:.3f}"
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m gosym.bench", description=__doc__.split("\n")[0])
     p.add_argument("--nproc", type=int, default=2, help="ranks to launch (default 2)")
@@ -197,7 +202,7 @@ class Case:
 
     def run(self, group, inp=None, out=None):
         """The synchronous collective on `group` (optionally on other buffers, for checks)."""
-        import torch.distributed as dist
+        dist = self.torch.distributed
         inp = self.input if inp is None else inp
         out = self.output if out is None else out
         op = self.op
@@ -233,10 +238,6 @@ class Timer:
 
     def __init__(self, torch, device):
         self.torch, self.cuda = torch, device == "cuda"
-
-    def sync(self):
-        if self.cuda:
-            self.torch.cuda.synchronize()
 
     def series(self, fn, iters, between=None):
         """Return a list of `iters` durations in ns of fn(); between(i) runs untimed before i."""
@@ -343,8 +344,9 @@ class Bench:
             except Exception as e:  # the library may be missing or broken: still run baselines
                 self._err("import", "gosym", e)
         # The default group is gosym (the way users run it); if that fails, gloo is the default
-        # and gosym gets one more try as a sub-group. Failures are symmetric in the normal case
-        # (same library, same host); the control group lets ranks agree before going on.
+        # and gosym gets one more try as a sub-group, which the ranks then agree on. We assume
+        # import and default-group failures are symmetric (same library, same host); a rank
+        # that fails alone leaves the others to the group timeout and the job's hard timeout.
         default = None
         if self.gosym is not None:
             try:
@@ -359,8 +361,7 @@ class Bench:
         self.ctrl = dist.group.WORLD if default == "gloo" else \
             dist.new_group(backend="gloo", timeout=timeout)
         if default == "gosym":
-            if self._all_ok(True):
-                self.groups["gosym"] = dist.group.WORLD
+            self.groups["gosym"] = dist.group.WORLD
         elif self.gosym is not None:
             try:
                 g, ok = dist.new_group(backend="gosym", timeout=timeout), True
@@ -369,8 +370,6 @@ class Bench:
                 g, ok = None, False
             if self._all_ok(ok):
                 self.groups["gosym"] = g
-        else:
-            self._all_ok(False)  # keep the control sequence identical on every rank
         for b in args.backends:
             if b == "gosym":
                 continue
@@ -515,7 +514,7 @@ class Bench:
         if self.rank == 0:
             report = {
                 "machine": machine_info(self.torch, self.world, self.gosym, args.device),
-                "config": {k: v for k, v in vars(args).items()},
+                "config": dict(vars(args)),
                 "default_backend": self.default_backend,
                 "measured_backends": measured,
                 "method": {
@@ -539,6 +538,8 @@ class Bench:
             if args.plot:
                 plot(report, args.plot, main, baselines)
         self.dist.destroy_process_group()
+        # Checks are agreed on by all ranks, so every rank exits alike.
+        return 1 if any(not c["ok"] for c in checks) else 0
 
     def _gather_errors(self):
         """Every rank's error records, for rank 0's JSON."""
@@ -571,16 +572,16 @@ class Table:
             r = row.get(b)
             if not r:
                 return "-"
-            return "ERR" if "error" in r else format(r[key], fmt)
+            return "ERR" if "error" in r else fmt(r[key])
+        us = "{:.1f}".format
         m, b = row.get(self.main), row.get(self.base)
         ratio = "-"
         if m and b and "error" not in m and "error" not in b:
             ratio = f"{b['median_us'] / m['median_us']:.2f}x"
         ok = row.get(self.main + "_ok")
-        cells = [row["op"], fmt_size(row["size"]), val(self.main, "median_us", ".1f"),
-                 val(self.base, "median_us", ".1f"), ratio, val(self.main, "busbw_GBps", ".2f"),
-                 val(self.base, "busbw_GBps", ".2f"),
-                 f"{memcpy['GBps']:.2f}" if memcpy else "-",
+        cells = [row["op"], fmt_size(row["size"]), val(self.main, "median_us", us),
+                 val(self.base, "median_us", us), ratio, val(self.main, "busbw_GBps", fmt_bw),
+                 val(self.base, "busbw_GBps", fmt_bw), fmt_bw(memcpy["GBps"]) if memcpy else "-",
                  "-" if ok is None else ("ok" if ok else "BAD")]
         print(self._fmt(cells), flush=True)
 
@@ -611,6 +612,13 @@ def cpu_model():
     return platform.processor() or platform.machine()
 
 
+def _try(fn):
+    try:
+        return fn()
+    except Exception as e:  # informational only: never fail the report over it
+        return f"unavailable ({type(e).__name__})"
+
+
 def machine_info(torch, world, gosym, device):
     info = {
         "hostname": platform.node(),
@@ -621,6 +629,7 @@ def machine_info(torch, world, gosym, device):
         "torch": torch.__version__,
         "world_size": world,
         "gosym_version": getattr(gosym, "__version__", None) if gosym else None,
+        "gosym_engine": _try(lambda: gosym.engine_version()) if gosym else None,
         "device": device,
     }
     if device == "cuda":
@@ -675,8 +684,7 @@ def main(argv=None):
     args = parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return launch(args, argv)
-    Bench(args).run()
-    return 0
+    return Bench(args).run()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def parse_args(argv=None):
     ap.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=64, help="samples per rank and step")
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--every", type=int, default=10, help="print every N-th step")
     ap.add_argument("--backends", default="gosym,gloo",

@@ -219,8 +219,8 @@ def _quiet_wait(op: _Op) -> None:
 
 def _to_ms(timeout) -> int:
     if isinstance(timeout, timedelta):
-        return int(timeout.total_seconds() * 1000)
-    return int(float(timeout) * 1000)
+        return round(timeout.total_seconds() * 1000)
+    return round(float(timeout) * 1000)
 
 
 class Work(dist._Work):

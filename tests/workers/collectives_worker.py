@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 import wcommon as wc
-from wcommon import LARGE
+from wcommon import LARGE, make_input, poison_like
 
 SIZES = [0, 1, 3, 1025]
 
@@ -45,27 +45,6 @@ def supported(dtype: torch.dtype, opname: str) -> bool:
     if dtype.is_floating_point:
         return opname not in BITWISE
     return opname != "AVG" and premul_factor(opname) is None
-
-
-def make_input(case: str, rank: int, n: int, dtype: torch.dtype, opname: str = "") -> torch.Tensor:
-    """Rank ``rank``'s input for ``case``: deterministic, so any rank can rebuild it."""
-    g = torch.Generator().manual_seed(wc.seed_of(case, rank))
-    if dtype == torch.bool:
-        return torch.randint(0, 2, (n,), generator=g).bool()
-    if not dtype.is_floating_point:
-        info = torch.iinfo(dtype)
-        return torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64).to(dtype)
-    if opname == "PRODUCT":
-        # Products of up to 4 of these need <= 7 mantissa bits: exact even in bf16.
-        vals = torch.tensor([0.5, 0.75, 1.0, 1.5, 2.0], dtype=torch.float64)
-        sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
-        return (vals[torch.randint(0, len(vals), (n,), generator=g)] * sign).to(dtype)
-    if dtype == torch.float16:
-        # k/1024: sums of 4 are exact in fp32, so the once-rounded result is exact.
-        return (torch.randint(-2048, 2049, (n,), generator=g) / 1024).to(dtype)
-    if dtype == torch.bfloat16:
-        return (torch.randint(-256, 257, (n,), generator=g) / 128).to(dtype)
-    return torch.randn(n, generator=g, dtype=dtype) * 4
 
 
 def _fold(fn, xs):
@@ -117,13 +96,6 @@ def reduce_ref(xs: list[torch.Tensor], dtype: torch.dtype, opname: str, world: i
         eps_acc = eps_out
     spread = _fold(torch.add, [t.abs() for t in terms]) / (world if opname == "AVG" else 1)
     return exp, 2 * (eps_out * r.abs() + world * eps_acc * spread)
-
-
-def poison_like(exp: torch.Tensor) -> torch.Tensor:
-    """An output buffer no correct collective leaves as is: NaN, or ~expected."""
-    if exp.dtype.is_floating_point:
-        return torch.full_like(exp, float("nan"))
-    return torch.bitwise_not(exp)
 
 
 class Matrix:
@@ -305,6 +277,19 @@ class Matrix:
         dist.all_gather_into_tensor(out, xs[self.rank].clone(), group=self.group)
         self.expect(case + " all_gather_into_tensor", out, torch.cat(xs))
 
+    def complex_ops(self, case):
+        """torch hands complex tensors over as (real, imag) pairs; results must still be right."""
+        xs = self.inputs(case, 2 * 9, torch.float32)
+        cs = [torch.view_as_complex(x.reshape(9, 2)) for x in xs]
+        t = cs[self.rank].clone()
+        dist.all_reduce(t, group=self.group)
+        exp, tol = reduce_ref(xs, torch.float32, "SUM", self.world)
+        self.expect(case + " all_reduce", torch.view_as_real(t).reshape(-1), exp, tol)
+        src = self.root(case)
+        b = cs[src].clone() if self.rank == src else torch.full_like(cs[src], float("nan"))
+        dist.broadcast(b, src=src, group=self.group)
+        self.expect(case + " broadcast", torch.view_as_real(b).reshape(-1), xs[src])
+
     def non_contiguous(self, case, dtype, n):
         """A strided view: must give the right answer and leave the gaps alone, or raise clearly."""
         xs = self.inputs(case, n, dtype)
@@ -365,6 +350,7 @@ def run_matrix(m: Matrix, large: bool) -> None:
         case = f"shaped/{dn}"
         ck.run(case, m.shaped, case, dtype)
 
+    ck.run("complex64", m.complex_ops, "complex64")
     for i in range(3):
         ck.run(f"barrier/{i}", dist.barrier, group=m.group)
 
@@ -403,12 +389,16 @@ def run_matrix(m: Matrix, large: bool) -> None:
 
 
 def gloo_parity(m: Matrix, gloo) -> None:
-    """Same calls on a gloo group: bitwise equal on <= 2 ranks (a+b is exactly rounded)."""
+    """The same calls on a gloo group give the same answer: bitwise where no rounding
+    order is involved (<= 2 ranks, MAX, data movement), else within fp32 summation error."""
     w, r = m.world, m.rank
+    eps = torch.finfo(torch.float32).eps
 
-    def both(case, fn):
+    def both(case, fn, summands=None):
         a, b = fn(m.group), fn(gloo)
-        tol = None if w <= 2 or not a.dtype.is_floating_point else 1e-6 * b.double().abs() + 1e-30
+        tol = None
+        if summands is not None and w > 2:
+            tol = 2 * w * eps * _fold(torch.add, [x.double().abs() for x in summands])
         m.expect(f"gloo_parity/{case}", a, b, tol)
 
     for n in (1, 1025, LARGE):
@@ -420,19 +410,20 @@ def gloo_parity(m: Matrix, gloo) -> None:
             return t
 
         m.ck.run(f"gloo_parity/all_reduce SUM n={n}", both, f"all_reduce SUM n={n}",
-                 lambda g: ar(g, dist.ReduceOp.SUM))
+                 lambda g: ar(g, dist.ReduceOp.SUM), xs)
         m.ck.run(f"gloo_parity/all_reduce MAX n={n}", both, f"all_reduce MAX n={n}",
                  lambda g: ar(g, dist.ReduceOp.MAX))
 
     k = 1025
-    full = make_input("parity/rs", r, w * k, torch.float32)
+    fulls = m.inputs("parity/rs", w * k, torch.float32)
 
     def rs(g):
         out = torch.empty(k)
-        dist.reduce_scatter_tensor(out, full.clone(), group=g)
+        dist.reduce_scatter_tensor(out, fulls[r].clone(), group=g)
         return out
 
-    m.ck.run("gloo_parity/reduce_scatter_tensor", both, "reduce_scatter_tensor", rs)
+    m.ck.run("gloo_parity/reduce_scatter_tensor", both, "reduce_scatter_tensor", rs,
+             [f[r * k : (r + 1) * k] for f in fulls])
     s = m.splits("parity/a2a", 7)
     inp = make_input("parity/a2a", r, sum(s[r]), torch.float32)
 

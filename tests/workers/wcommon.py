@@ -111,6 +111,34 @@ def seed_of(*parts) -> int:
     return zlib.crc32(repr(parts).encode())
 
 
+def make_input(case: str, rank: int, n: int, dtype: torch.dtype, opname: str = "") -> torch.Tensor:
+    """Rank ``rank``'s input for ``case``: deterministic, so any rank can rebuild it."""
+    g = torch.Generator().manual_seed(seed_of(case, rank))
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        return torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64).to(dtype)
+    if opname == "PRODUCT":
+        # Products of up to 4 of these need <= 7 mantissa bits: exact even in bf16.
+        vals = torch.tensor([0.5, 0.75, 1.0, 1.5, 2.0], dtype=torch.float64)
+        sign = torch.randint(0, 2, (n,), generator=g) * 2 - 1
+        return (vals[torch.randint(0, len(vals), (n,), generator=g)] * sign).to(dtype)
+    if dtype == torch.float16:
+        # k/1024: sums of 4 are exact in fp32, so the once-rounded result is exact.
+        return (torch.randint(-2048, 2049, (n,), generator=g) / 1024).to(dtype)
+    if dtype == torch.bfloat16:
+        return (torch.randint(-256, 257, (n,), generator=g) / 128).to(dtype)
+    return torch.randn(n, generator=g, dtype=dtype) * 4
+
+
+def poison_like(exp: torch.Tensor) -> torch.Tensor:
+    """An output buffer no correct collective leaves as is: NaN, or ~expected."""
+    if exp.dtype.is_floating_point:
+        return torch.full_like(exp, float("nan"))
+    return torch.bitwise_not(exp)
+
+
 def digest(t: torch.Tensor) -> str:
     t = t.detach().contiguous().cpu()
     return hashlib.sha1(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
@@ -159,12 +187,17 @@ class Checker:
 
     def run(self, case: str, fn, *a, **kw):
         """Runs fn; an exception is recorded as a failure of ``case``."""
+        t0 = time.monotonic()
         try:
             return fn(*a, **kw)
         except Exception as e:  # noqa: BLE001 - every error is a reported failure
             tb = traceback.format_exc(limit=4)
             self.fail(case, f"raised {error_text(e)}\n{tb}")
             return None
+        finally:
+            took = time.monotonic() - t0
+            if took > 0.5:  # slow cases are worth a look in the report
+                self.info.setdefault("slow_cases", {})[case] = round(took, 2)
 
     def expect_error(self, case: str, fn, *a, **kw) -> BaseException | None:
         """fn must raise a clear error (ValueError/TypeError/RuntimeError) with a reason."""

@@ -1,0 +1,235 @@
+package memreg
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// Packed memh format, version 1 (all integers little-endian):
+//
+//	u32 magic "GSMH" | u16 version | u16 flags (none defined; must be 0)
+//	u32 exporter pid | i32 device | u64 address | u64 length
+//	entries to the end of the blob, each: name[8] (NUL-padded) | u32 size | payload[size]
+//
+// One entry per transport. Entries of transports this build does not know
+// are skipped; every known entry is parsed strictly. The "memfd" payload is
+//
+//	secret[32] | u64 region offset | u64 region length | u16 n | socket name[n]
+//
+// and must be exactly that long. Unlike UCC's header (a raw struct whose
+// size changed with #1260), the header is fixed per version and carries a
+// magic and a version, and sizes are never trusted past the blob's end.
+const (
+	blobMagic   = 0x484d5347 // "GSMH"
+	blobVersion = 1
+	headerLen   = 4 + 2 + 2 + 4 + 4 + 8 + 8
+	entryHdrLen = nameLen + 4
+
+	nameLen     = 8
+	secretLen   = 32
+	maxBlob     = 1 << 16
+	maxEntry    = 1 << 12
+	maxEntries  = 16
+	maxSockName = 107 // sun_path minus the abstract namespace's leading NUL
+
+	memfdFixed = secretLen + 8 + 8 + 2
+)
+
+// transportMemfd names the host transport entry.
+const transportMemfd = "memfd"
+
+// Errors. Each carries its ABI status code (status.CodeOf finds it through
+// the wrapping).
+var (
+	// ErrBadBlob is wrapped by every parse error of a packed memh.
+	ErrBadBlob = &status.Error{Code: status.InvalidArg, Msg: "bad packed memh"}
+	// ErrNoTransport: the blob is valid but has no entry this build can
+	// import, e.g. a private (not shareable) memh.
+	ErrNoTransport = &status.Error{Code: status.NotSupported,
+		Msg: "packed memh has no transport this build understands (not shareable)"}
+)
+
+// packed is a parsed blob.
+type packed struct {
+	pid     int
+	device  int
+	addr    uint64
+	length  uint64
+	memfd   *memfdEntry // nil when the blob has none
+	skipped int         // entries of transports this build does not know
+}
+
+type memfdEntry struct {
+	secret    [secretLen]byte
+	regionOff uint64
+	regionLen uint64
+	sock      string // abstract socket name, without the leading NUL
+}
+
+func badBlob(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadBlob, fmt.Sprintf(format, args...))
+}
+
+// encode serialises p (its memfd entry, if any; skipped entries are not kept).
+func (p *packed) encode() []byte {
+	le := binary.LittleEndian
+	b := make([]byte, headerLen, headerLen+entryHdrLen+memfdFixed+len(transportMemfd)+maxSockName)
+	le.PutUint32(b[0:], blobMagic)
+	le.PutUint16(b[4:], blobVersion)
+	le.PutUint16(b[6:], 0)
+	le.PutUint32(b[8:], uint32(p.pid))
+	le.PutUint32(b[12:], uint32(int32(p.device)))
+	le.PutUint64(b[16:], p.addr)
+	le.PutUint64(b[24:], p.length)
+	if e := p.memfd; e != nil {
+		pl := make([]byte, memfdFixed+len(e.sock))
+		copy(pl, e.secret[:])
+		le.PutUint64(pl[secretLen:], e.regionOff)
+		le.PutUint64(pl[secretLen+8:], e.regionLen)
+		le.PutUint16(pl[secretLen+16:], uint16(len(e.sock)))
+		copy(pl[memfdFixed:], e.sock)
+		b = appendEntry(b, transportMemfd, pl)
+	}
+	return b
+}
+
+func appendEntry(b []byte, name string, payload []byte) []byte {
+	var n [entryHdrLen]byte
+	copy(n[:nameLen], name)
+	binary.LittleEndian.PutUint32(n[nameLen:], uint32(len(payload)))
+	return append(append(b, n[:]...), payload...)
+}
+
+// parse decodes a blob made by encode, checking every bound; it never reads
+// past b and never trusts a size it has not checked against what remains.
+func parse(b []byte) (*packed, error) {
+	le := binary.LittleEndian
+	switch {
+	case len(b) == 0:
+		return nil, badBlob("empty")
+	case len(b) < headerLen:
+		return nil, badBlob("truncated: %d bytes, the header alone is %d", len(b), headerLen)
+	case len(b) > maxBlob:
+		return nil, badBlob("%d bytes exceeds the limit of %d", len(b), maxBlob)
+	}
+	if m := le.Uint32(b); m != blobMagic {
+		return nil, badBlob("magic %#08x, want %#08x", m, blobMagic)
+	}
+	if v := le.Uint16(b[4:]); v != blobVersion {
+		return nil, badBlob("format version %d, this build understands %d", v, blobVersion)
+	}
+	if f := le.Uint16(b[6:]); f != 0 {
+		return nil, badBlob("unknown flags %#x", f)
+	}
+	p := &packed{
+		pid:    int(le.Uint32(b[8:])),
+		device: int(int32(le.Uint32(b[12:]))),
+		addr:   le.Uint64(b[16:]),
+		length: le.Uint64(b[24:]),
+	}
+	switch {
+	case p.pid <= 0 || p.pid > math.MaxInt32:
+		return nil, badBlob("exporter pid %d", p.pid)
+	case p.device < HostDevice:
+		return nil, badBlob("device %d", p.device)
+	case p.addr == 0:
+		return nil, badBlob("null address")
+	case p.length == 0:
+		return nil, badBlob("zero length")
+	case p.length > math.MaxInt64:
+		return nil, badBlob("length %d too large", p.length)
+	case p.addr+p.length < p.addr:
+		return nil, badBlob("address %#x + length %d wraps around", p.addr, p.length)
+	}
+	rest := b[headerLen:]
+	seen := map[string]bool{}
+	for n := 0; len(rest) > 0; n++ {
+		if n == maxEntries {
+			return nil, badBlob("more than %d entries", maxEntries)
+		}
+		if len(rest) < entryHdrLen {
+			return nil, badBlob("entry %d truncated: %d bytes left, its header is %d", n, len(rest), entryHdrLen)
+		}
+		name, err := entryName(rest[:nameLen])
+		if err != nil {
+			return nil, badBlob("entry %d: %v", n, err)
+		}
+		size := uint64(le.Uint32(rest[nameLen:]))
+		rest = rest[entryHdrLen:]
+		switch {
+		case size > maxEntry:
+			return nil, badBlob("entry %q of %d bytes exceeds the limit of %d", name, size, maxEntry)
+		case size > uint64(len(rest)):
+			return nil, badBlob("entry %q says %d bytes, %d remain", name, size, len(rest))
+		case seen[name]:
+			return nil, badBlob("entry %q appears twice", name)
+		}
+		seen[name] = true
+		payload := rest[:size]
+		rest = rest[size:]
+		if name != transportMemfd {
+			p.skipped++
+			continue
+		}
+		if p.memfd, err = parseMemfd(payload, p); err != nil {
+			return nil, badBlob("entry %q: %v", name, err)
+		}
+	}
+	return p, nil
+}
+
+// entryName decodes a NUL-padded name: printable ASCII, then only NULs.
+func entryName(raw []byte) (string, error) {
+	n := 0
+	for n < len(raw) && raw[n] != 0 {
+		if raw[n] <= ' ' || raw[n] > '~' {
+			return "", fmt.Errorf("name byte %#x at %d", raw[n], n)
+		}
+		n++
+	}
+	if n == 0 {
+		return "", fmt.Errorf("empty name")
+	}
+	for _, c := range raw[n:] {
+		if c != 0 {
+			return "", fmt.Errorf("name %q is not NUL-padded", raw)
+		}
+	}
+	return string(raw[:n]), nil
+}
+
+func parseMemfd(pl []byte, p *packed) (*memfdEntry, error) {
+	le := binary.LittleEndian
+	if len(pl) < memfdFixed {
+		return nil, fmt.Errorf("%d bytes, need at least %d", len(pl), memfdFixed)
+	}
+	e := &memfdEntry{
+		regionOff: le.Uint64(pl[secretLen:]),
+		regionLen: le.Uint64(pl[secretLen+8:]),
+	}
+	copy(e.secret[:], pl)
+	n := int(le.Uint16(pl[secretLen+16:]))
+	sock := pl[memfdFixed:]
+	switch {
+	case n != len(sock):
+		return nil, fmt.Errorf("socket name of %d bytes, payload holds %d", n, len(sock))
+	case n == 0 || n > maxSockName:
+		return nil, fmt.Errorf("socket name of %d bytes", n)
+	case p.device != HostDevice:
+		return nil, fmt.Errorf("host memory transport on device %d", p.device)
+	case e.regionLen == 0 || e.regionLen > math.MaxInt64:
+		return nil, fmt.Errorf("region length %d", e.regionLen)
+	case e.regionOff >= e.regionLen || p.length > e.regionLen-e.regionOff:
+		return nil, fmt.Errorf("range [%d, +%d) lies outside the region of %d bytes", e.regionOff, p.length, e.regionLen)
+	}
+	for _, c := range sock {
+		if c <= ' ' || c > '~' {
+			return nil, fmt.Errorf("socket name byte %#x", c)
+		}
+	}
+	e.sock = string(sock)
+	return e, nil
+}

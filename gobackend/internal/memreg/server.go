@@ -1,0 +1,314 @@
+package memreg
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/gosym/gosym/gobackend/internal/status"
+	"golang.org/x/sys/unix"
+)
+
+// The fd server hands a shareable memh's memfd to an importer that proves
+// it was given the blob. One SOCK_SEQPACKET exchange per import:
+//
+//	importer -> exporter: u32 reqMagic | secret[32]
+//	exporter -> importer: u32 repMagic | u32 code | u64 region length | error text (code != 0)
+//	                      with the memfd as SCM_RIGHTS when code == 0
+//
+// Both sides check SO_PEERCRED: the importer that the server is the pid the
+// blob names and runs as its uid, the server that the importer runs as its
+// uid. A client with another uid, a malformed request or a secret that
+// names no mapped shareable memh gets nothing: the connection is closed and
+// the refusal counted.
+const (
+	reqMagic     = 0x51525347 // "GSRQ"
+	repMagic     = 0x50525347 // "GSRP"
+	reqLen       = 4 + secretLen
+	repFixed     = 4 + 4 + 8
+	maxRep       = repFixed + 512
+	serveTimeout = 5 * time.Second
+	repOK        = 0
+	repFailed    = 1
+)
+
+type server struct {
+	ln     *net.UnixListener
+	name   string
+	wg     sync.WaitGroup // the accept loop and each connection
+	mu     sync.Mutex
+	closed bool
+	conns  map[*net.UnixConn]struct{}
+}
+
+// ensureServer starts the fd server once and returns its abstract name.
+func (d *Domain) ensureServer() (string, error) {
+	d.srvMu.Lock()
+	defer d.srvMu.Unlock()
+	if d.srvClosed {
+		return "", ErrClosed
+	}
+	if d.srv != nil {
+		return d.srv.name, nil
+	}
+	if err := d.fault("server.listen"); err != nil {
+		return "", err
+	}
+	var nonce [8]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return "", status.Wrap(status.System, err, "memreg: random socket name")
+	}
+	name := fmt.Sprintf("gosym-memreg-%d-%x", os.Getpid(), nonce)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + name, Net: "unixpacket"})
+	if err != nil {
+		return "", status.Wrap(status.System, err, "memreg: listen on @%s", name)
+	}
+	if err := d.fault("server.start"); err != nil {
+		ln.Close()
+		return "", err
+	}
+	s := &server{ln: ln, name: name, conns: map[*net.UnixConn]struct{}{}}
+	s.wg.Add(1)
+	go d.acceptLoop(s)
+	d.srv = s
+	return name, nil
+}
+
+// stopServer closes the listener and every open connection and waits for
+// their goroutines; no server starts afterwards.
+func (d *Domain) stopServer() {
+	d.srvMu.Lock()
+	s := d.srv
+	d.srv, d.srvClosed = nil, true
+	d.srvMu.Unlock()
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.closed = true
+	s.ln.Close()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+func (d *Domain) acceptLoop(s *server) {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // EMFILE and the like: let it pass
+			continue
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			d.serve(c)
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+			c.Close()
+		}()
+	}
+}
+
+// serve answers one import request (see the protocol above).
+func (d *Domain) serve(c *net.UnixConn) {
+	c.SetDeadline(time.Now().Add(serveTimeout))
+	cred, err := peerCred(c)
+	if err != nil || int(cred.Uid) != d.uid {
+		d.refused()
+		return
+	}
+	req := make([]byte, reqLen+1) // one spare byte shows an oversized request
+	n, err := c.Read(req)
+	if err != nil || n != reqLen || binary.LittleEndian.Uint32(req) != reqMagic {
+		d.refused()
+		return
+	}
+	a, ok := d.lend(req[4:reqLen])
+	if !ok {
+		d.refused()
+		return
+	}
+	defer d.unlend(a)
+	rep := make([]byte, repFixed, maxRep)
+	binary.LittleEndian.PutUint32(rep, repMagic)
+	binary.LittleEndian.PutUint64(rep[8:], uint64(a.region.Size))
+	if err := d.fault("serve.lend"); err != nil {
+		binary.LittleEndian.PutUint32(rep[4:], repFailed)
+		rep = append(rep, truncate(err.Error(), maxRep-repFixed)...)
+		c.Write(rep)
+		return
+	}
+	if _, _, err := c.WriteMsgUnix(rep, unix.UnixRights(a.region.FD()), nil); err == nil {
+		d.mu.Lock()
+		d.st.served++
+		d.mu.Unlock()
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+func (d *Domain) refused() {
+	d.mu.Lock()
+	d.st.refusals++
+	d.mu.Unlock()
+}
+
+// lend finds the mapped shareable memh with this secret and takes a
+// reference on its region, so its fd stays open (and is not reused for
+// another file) while it is being sent.
+func (d *Domain) lend(secret []byte) (*allocation, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, m := range d.live {
+		if m.alloc != nil && subtle.ConstantTimeCompare(m.secret[:], secret) == 1 {
+			m.alloc.refs++
+			return m.alloc, true
+		}
+	}
+	return nil, false
+}
+
+func (d *Domain) unlend(a *allocation) {
+	d.mu.Lock()
+	free := d.dropAlloc(a)
+	d.mu.Unlock()
+	free()
+}
+
+// fetchFD asks the exporter named by p for its region's memfd. The caller
+// owns the returned fd.
+func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
+	e := p.memfd
+	who := fmt.Sprintf("exporter pid %d (@%s)", p.pid, e.sock)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	var dialer net.Dialer
+	nc, err := dialer.DialContext(ctx, "unixpacket", "@"+e.sock)
+	if err != nil {
+		return -1, status.Wrap(status.Peer, err, "memreg: import: connect to %s (exited, or its domain is closed?)", who)
+	}
+	c := nc.(*net.UnixConn)
+	defer c.Close()
+	if err := d.fault("import.connect"); err != nil {
+		return -1, err
+	}
+	cred, err := peerCred(c)
+	if err != nil {
+		return -1, status.Wrap(status.System, err, "memreg: import: credentials of %s", who)
+	}
+	if int(cred.Pid) != p.pid || int(cred.Uid) != d.uid {
+		return -1, status.Errorf(status.Peer, "memreg: import: the socket of %s is served by pid %d uid %d, want pid %d uid %d",
+			who, cred.Pid, cred.Uid, p.pid, d.uid)
+	}
+	if err := d.fault("import.peercred"); err != nil {
+		return -1, err
+	}
+	c.SetDeadline(deadline)
+	req := make([]byte, reqLen)
+	binary.LittleEndian.PutUint32(req, reqMagic)
+	copy(req[4:], e.secret[:])
+	if _, err := c.Write(req); err != nil {
+		return -1, status.Wrap(status.Peer, err, "memreg: import: request to %s", who)
+	}
+	if err := d.fault("import.request"); err != nil {
+		return -1, err
+	}
+	rep, fds, err := recvFDs(c)
+	defer func() {
+		for _, f := range fds {
+			if f != fd || err != nil {
+				closeFD(f)
+			}
+		}
+	}()
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return -1, status.Wrap(status.Timeout, err, "memreg: import: no answer from %s by the deadline", who)
+	case err != nil || len(rep) == 0:
+		return -1, status.Errorf(status.Peer, "memreg: import: %s refused the request (memh unmapped, or secret or uid wrong)", who)
+	case len(rep) < repFixed || binary.LittleEndian.Uint32(rep) != repMagic:
+		return -1, status.Errorf(status.Peer, "memreg: import: %s sent a malformed reply of %d bytes", who, len(rep))
+	case binary.LittleEndian.Uint32(rep[4:]) != repOK:
+		return -1, status.Errorf(status.Peer, "memreg: import: %s failed: %q", who, rep[repFixed:])
+	case len(fds) != 1:
+		return -1, status.Errorf(status.Peer, "memreg: import: %s sent %d fds, want 1", who, len(fds))
+	case binary.LittleEndian.Uint64(rep[8:]) != e.regionLen:
+		return -1, status.Errorf(status.Peer, "memreg: import: %s has a region of %d bytes, the blob says %d",
+			who, binary.LittleEndian.Uint64(rep[8:]), e.regionLen)
+	}
+	fd = fds[0]
+	if err = d.fault("import.recv"); err != nil {
+		return -1, err
+	}
+	return fd, nil
+}
+
+// recvFDs reads one message and the fds that came with it; the caller
+// closes the fds, also on error.
+func recvFDs(c *net.UnixConn) ([]byte, []int, error) {
+	buf := make([]byte, maxRep)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	var fds []int
+	if oobn > 0 {
+		if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+			for i := range msgs {
+				if got, rerr := unix.ParseUnixRights(&msgs[i]); rerr == nil {
+					fds = append(fds, got...)
+				}
+			}
+		}
+	}
+	if err == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		err = errors.New("truncated message")
+	}
+	return buf[:n], fds, err
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+func closeFD(fd int) { unix.Close(fd) }

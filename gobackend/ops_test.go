@@ -1,0 +1,212 @@
+package gobackend
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+)
+
+// A case builds every rank's op over fresh random inputs and says what
+// every rank's outputs must hold. Outputs start poisoned so that unwritten
+// elements show.
+type opCase struct {
+	kind coll.Kind
+	// build returns rank r's op and the buffers it writes, with the
+	// expected contents of those buffers.
+	build func(world, r, n int, in [][]float32) (op *Op, out [][]float32, want [][]float32)
+}
+
+const poison = float32(-7.5e33)
+
+func poisoned(n int) []float32 {
+	b := make([]float32, n)
+	for i := range b {
+		b[i] = poison
+	}
+	return b
+}
+
+func sumAt(in [][]float32, off, n int) []float32 {
+	s := make([]float32, n)
+	for _, b := range in {
+		for i := range s {
+			s[i] += b[off+i]
+		}
+	}
+	return s
+}
+
+var opCases = []opCase{
+	{coll.AllReduce, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		out := poisoned(n)
+		return &Op{Kind: coll.AllReduce, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, 0, n)}
+	}},
+	{coll.Reduce, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		root := w - 1
+		if r != root {
+			return &Op{Kind: coll.Reduce, Root: root, Count: n, In: addr(in[r])}, nil, nil
+		}
+		out := poisoned(n)
+		return &Op{Kind: coll.Reduce, Root: root, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, 0, n)}
+	}},
+	{coll.Broadcast, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		out := poisoned(n)
+		return &Op{Kind: coll.Broadcast, Root: w / 2, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{in[w/2][:n]}
+	}},
+	{coll.AllGather, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		op := &Op{Kind: coll.AllGather, Count: n, In: addr(in[r])}
+		var outs, wants [][]float32
+		for s := 0; s < w; s++ {
+			o := poisoned(n)
+			op.OutPieces = append(op.OutPieces, Piece{Addr: addr(o), Count: n})
+			outs, wants = append(outs, o), append(wants, in[s][:n])
+		}
+		return op, outs, wants
+	}},
+	{coll.ReduceScatter, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		op := &Op{Kind: coll.ReduceScatter, Count: n}
+		for d := 0; d < w; d++ {
+			op.InPieces = append(op.InPieces, Piece{Addr: addr(in[r][d*n:]), Count: n})
+		}
+		out := poisoned(n)
+		op.Out = addr(out)
+		return op, [][]float32{out}, [][]float32{sumAt(in, r*n, n)}
+	}},
+	{coll.AllToAll, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		// rank s sends (s+d)%3 * n/2 elements to rank d, from offset d*n.
+		cnt := func(s, d int) int { return (s + d) % 3 * n / 2 }
+		op := &Op{Kind: coll.AllToAll}
+		var outs, wants [][]float32
+		for d := 0; d < w; d++ {
+			op.InPieces = append(op.InPieces, Piece{Addr: addr(in[r][d*n:]), Count: cnt(r, d)})
+			o := poisoned(cnt(d, r))
+			op.OutPieces = append(op.OutPieces, Piece{Addr: addr(o), Count: len(o)})
+			outs, wants = append(outs, o), append(wants, in[d][r*n:r*n+cnt(d, r)])
+		}
+		return op, outs, wants
+	}},
+	{coll.Gather, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		op := &Op{Kind: coll.Gather, Root: 0, Count: n, In: addr(in[r])}
+		if r != 0 {
+			return op, nil, nil
+		}
+		var outs, wants [][]float32
+		for s := 0; s < w; s++ {
+			o := poisoned(n)
+			op.OutPieces = append(op.OutPieces, Piece{Addr: addr(o), Count: n})
+			outs, wants = append(outs, o), append(wants, in[s][:n])
+		}
+		return op, outs, wants
+	}},
+	{coll.Scatter, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		root := w - 1
+		op := &Op{Kind: coll.Scatter, Root: root, Count: n}
+		if r == root {
+			for d := 0; d < w; d++ {
+				op.InPieces = append(op.InPieces, Piece{Addr: addr(in[r][d*n:]), Count: n})
+			}
+		}
+		out := poisoned(n)
+		op.Out = addr(out)
+		return op, [][]float32{out}, [][]float32{in[root][r*n : r*n+n]}
+	}},
+}
+
+func TestCollectives(t *testing.T) {
+	for _, world := range []int{1, 2, 3} {
+		eps := group(t, world, 20*time.Second)
+		for _, c := range opCases {
+			// 1<<21+5 floats exceed one 4 MiB staging half: several rounds.
+			for _, n := range []int{0, 1, 3, 1025, 1<<21 + 5} {
+				t.Run(fmt.Sprintf("%s/w%d/n%d", c.kind, world, n), func(t *testing.T) {
+					in := make([][]float32, world)
+					for r := range in {
+						in[r] = make([]float32, world*n+1)
+						for i := range in[r] {
+							in[r][i] = rand.Float32()
+						}
+					}
+					outs := make([][][]float32, world)
+					wants := make([][][]float32, world)
+					errs := postAll(t, eps, func(r int) *Op {
+						op, o, w := c.build(world, r, n, in)
+						op.DType, op.RedOp = dtype.Float32, dtype.Sum
+						outs[r], wants[r] = o, w
+						return op
+					})
+					for r := range eps {
+						require.NoError(t, errs[r], "rank %d", r)
+						for i := range outs[r] {
+							require.Equal(t, wants[r][i], outs[r][i], "rank %d buffer %d", r, i)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestSendRecvBothOrders(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	for _, n := range []int{0, 5, 1<<19 + 3} { // the last spans several mailbox chunks
+		a, b := make([]float32, n), make([]float32, n)
+		for i := range a {
+			a[i], b[i] = rand.Float32(), rand.Float32()
+		}
+		ga, gb := poisoned(n), poisoned(n)
+		// Both ranks post their receive first: sends must not depend on it.
+		r0, err := eps[0].Post(&Op{Kind: coll.Recv, Peer: 1, Count: n, Out: addr(ga), Tag: 7})
+		require.NoError(t, err)
+		r1, err := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: n, Out: addr(gb), Tag: 7})
+		require.NoError(t, err)
+		s0, err := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: n, In: addr(a), Tag: 7})
+		require.NoError(t, err)
+		s1, err := eps[1].Post(&Op{Kind: coll.Send, Peer: 0, Count: n, In: addr(b), Tag: 7})
+		require.NoError(t, err)
+		for _, w := range []*Work{r0, r1, s0, s1} {
+			require.NoError(t, w.Wait(-1))
+		}
+		require.Equal(t, b, ga)
+		require.Equal(t, a, gb)
+	}
+}
+
+func TestRecvSizeMismatchIsReportedAndDrained(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	a, got := make([]float32, 10), poisoned(12)
+	s, _ := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 10, In: addr(a)})
+	r, _ := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 12, Out: addr(got)})
+	require.NoError(t, s.Wait(-1))
+	require.ErrorContains(t, r.Wait(-1), "expected 48 bytes with tag 0, the message has 40 bytes")
+	// The next message on the pair is received intact.
+	a[3] = 42
+	got = poisoned(10)
+	s, _ = eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 10, In: addr(a)})
+	r, _ = eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 10, Out: addr(got)})
+	require.NoError(t, s.Wait(-1))
+	require.NoError(t, r.Wait(-1))
+	require.Equal(t, a, got)
+}
+
+func TestBadInputRejectedBeforeQueueing(t *testing.T) {
+	eps := group(t, 2, 5*time.Second)
+	buf := make([]float32, 4)
+	for name, op := range map[string]*Op{
+		"root out of range": {Kind: coll.Broadcast, Root: 2, Count: 4, In: addr(buf), Out: addr(buf)},
+		"AVG on int":        {Kind: coll.AllReduce, DType: dtype.Int32, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
+		"null buffer":       {Kind: coll.AllReduce, Count: 4},
+		"send to self":      {Kind: coll.Send, Peer: 0, Count: 4, In: addr(buf)},
+		"pieces per rank":   {Kind: coll.AllGather, Count: 4, In: addr(buf), OutPieces: []Piece{{Addr: addr(buf), Count: 4}}},
+		"unknown dtype":     {Kind: coll.AllReduce, DType: 99, Count: 4, In: addr(buf), Out: addr(buf)},
+	} {
+		_, err := eps[0].Post(op)
+		require.Error(t, err, name)
+		require.Contains(t, []Code{CodeInvalidArg, -6}, CodeOf(err), name)
+	}
+}
