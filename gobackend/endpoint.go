@@ -73,7 +73,7 @@ type Endpoint struct {
 	p2pSeq  []uint64
 	coll    *queue
 	sends   []*queue
-	recvs   []*queue
+	recvs   []*inbox
 	workers sync.WaitGroup
 
 	stats Stats
@@ -136,7 +136,7 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 	e.p2pSeq = make([]uint64, 2*e.Size)
 	e.coll = e.startQueue(e.runColl)
 	e.sends = make([]*queue, e.Size)
-	e.recvs = make([]*queue, e.Size)
+	e.recvs = make([]*inbox, e.Size)
 	return nil
 }
 
@@ -165,9 +165,14 @@ func (e *Endpoint) Post(op *Op) (*Work, error) {
 		e.p2pSeq[op.Peer]++
 		w.op.Seq = e.p2pSeq[op.Peer]
 	case coll.Recv:
-		q = e.peerQueue(e.recvs, op.Peer, e.runRecv)
 		e.p2pSeq[e.Size+op.Peer]++
 		w.op.Seq = e.p2pSeq[e.Size+op.Peer]
+		if e.recvs[op.Peer] == nil {
+			e.recvs[op.Peer] = e.startInbox(op.Peer)
+		}
+		e.stats.Posted.Add(1)
+		e.recvs[op.Peer].post(w)
+		return w, nil
 	default:
 		e.seq++
 		w.op.Seq = e.seq
@@ -192,7 +197,6 @@ func (e *Endpoint) runColl(w *Work) error {
 }
 
 func (e *Endpoint) runSend(w *Work) error { return e.exec.SendMsg(&w.op, time.Now().Add(e.Timeout)) }
-func (e *Endpoint) runRecv(w *Work) error { return e.exec.RecvMsg(&w.op, time.Now().Add(e.Timeout)) }
 
 // fail records a failure; errors other than a cross-rank mismatch leave the
 // peers out of step, so the group is unusable afterwards.
@@ -217,7 +221,8 @@ func (e *Endpoint) Destroy() error {
 		return nil
 	}
 	e.closed = true
-	queues := append([]*queue{e.coll}, append(e.sends, e.recvs...)...)
+	queues := append([]*queue{e.coll}, e.sends...)
+	inboxes := e.recvs
 	e.mu.Unlock()
 	if e.team != nil {
 		e.team.Abort()
@@ -225,6 +230,11 @@ func (e *Endpoint) Destroy() error {
 	for _, q := range queues {
 		if q != nil {
 			q.close()
+		}
+	}
+	for _, b := range inboxes {
+		if b != nil {
+			b.close()
 		}
 	}
 	e.workers.Wait()

@@ -183,7 +183,7 @@ func TestRecvSizeMismatchIsReportedAndDrained(t *testing.T) {
 	s, _ := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 10, In: addr(a)})
 	r, _ := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 12, Out: addr(got)})
 	require.NoError(t, s.Wait(-1))
-	require.ErrorContains(t, r.Wait(-1), "expected 48 bytes with tag 0, the message has 40 bytes")
+	require.ErrorContains(t, r.Wait(-1), "expected 48 bytes with tag 0, the message with that tag has 40 bytes")
 	// The next message on the pair is received intact.
 	a[3] = 42
 	got = poisoned(10)
@@ -209,4 +209,21 @@ func TestBadInputRejectedBeforeQueueing(t *testing.T) {
 		require.Error(t, err, name)
 		require.Contains(t, []Code{CodeInvalidArg, -6}, CodeOf(err), name)
 	}
+}
+
+func TestRecvMatchesByTag(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	a, b := []float32{1, 2, 3}, []float32{4, 5, 6, 7, 8}
+	s1, _ := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 3, In: addr(a), Tag: 3})
+	s2, _ := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 5, In: addr(b), Tag: 1})
+	gb, ga := poisoned(5), poisoned(3)
+	// Received in the other order: the tag-3 message is stashed until asked for.
+	r1, _ := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 5, Out: addr(gb), Tag: 1})
+	require.NoError(t, r1.Wait(-1))
+	r2, _ := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 3, Out: addr(ga), Tag: 3})
+	for _, w := range []*Work{s1, s2, r2} {
+		require.NoError(t, w.Wait(-1))
+	}
+	require.Equal(t, a, ga)
+	require.Equal(t, b, gb)
 }

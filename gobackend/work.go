@@ -18,7 +18,9 @@ type Work struct {
 // Wait blocks until the work completes or timeout passes (timeout < 0:
 // no limit; the op has its own deadline anyway).
 func (w *Work) Wait(timeout time.Duration) error {
-	w.q.help(w)
+	if w.q != nil {
+		w.q.help(w)
+	}
 	if timeout < 0 {
 		<-w.done
 		return w.err

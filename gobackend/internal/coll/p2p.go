@@ -3,13 +3,13 @@ package coll
 import (
 	"time"
 
-	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
 // Point-to-point messages travel through the sender's mailbox for the
 // receiver, a chunk at a time (see symm's mailbox). Messages between one
-// ordered pair arrive in the order they were sent. A send completes when
+// ordered pair arrive in the order they were sent; the receiver matches them
+// to posted receives by tag (see the endpoint's inbox). A send completes when
 // its last chunk is in the mailbox, so small sends complete without the
 // receiver (eager); a large one waits for the receiver to drain.
 
@@ -29,31 +29,29 @@ func (x *Exec) SendMsg(o *Op, deadline time.Time) error {
 	return nil
 }
 
-// RecvMsg receives the next message from o.Peer into o (Kind Recv). A
-// message whose size or tag differs is drained (so the pair stays in
-// step) and reported. Only the peer's receive worker calls it.
-func (x *Exec) RecvMsg(o *Op, deadline time.Time) error {
-	s, nb := o.Peer, o.Count*o.DType.Size()
-	var bad error
+// NextMessage waits for the first chunk of the next message from peer s
+// and returns its header without consuming it. Messages from one peer are
+// read in send order; the caller matches them to receives by tag.
+func (x *Exec) NextMessage(s int, who symm.Who, deadline time.Time) (symm.ChunkHeader, error) {
+	return x.T.WaitChunk(s, x.recvK[s]+1, who, deadline)
+}
+
+// TakeMessage consumes the message whose first chunk NextMessage returned,
+// copying it to dst (dst == 0 drops it), and acknowledges its chunks.
+func (x *Exec) TakeMessage(s int, h symm.ChunkHeader, dst uintptr, who symm.Who, deadline time.Time) error {
 	for {
 		k := x.recvK[s] + 1
-		h, err := x.T.WaitChunk(s, k, o.Who(), deadline)
-		if err != nil {
-			return err
-		}
-		if h.Total != uint64(nb) || h.Tag != o.Tag {
-			if bad == nil {
-				bad = status.Errorf(status.Mismatch,
-					"gosym: recv (seq %d) from rank %d: expected %d bytes with tag %d, the message has %d bytes with tag %d",
-					o.Seq, s, nb, o.Tag, h.Total, h.Tag)
-			}
-		} else {
-			x.copy(o.Out+uintptr(h.Off), x.T.Box(s, x.Rank, int(k&1)), int(h.Len))
+		if dst != 0 {
+			x.copy(dst+uintptr(h.Off), x.T.Box(s, x.Rank, int(k&1)), int(h.Len))
 		}
 		x.T.AckChunk(s, k)
 		x.recvK[s] = k
 		if h.Off+h.Len >= h.Total {
-			return bad
+			return nil
+		}
+		var err error
+		if h, err = x.T.WaitChunk(s, k+1, who, deadline); err != nil {
+			return err
 		}
 	}
 }

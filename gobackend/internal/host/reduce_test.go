@@ -24,17 +24,28 @@ var (
 	testSizes = []int{0, 1, 3, 7, 8, 15, 16, 17, 31, 33, 1023, 1025, 4099}
 )
 
-// forEachISA runs f once per kernel set this machine can run.
+// isas lists the kernel sets this machine can run, best first, and makes
+// sure the best one is selected again when the test ends.
+func isas(tb testing.TB) []string {
+	tb.Helper()
+	best := reduceSelectISA(false)
+	tb.Cleanup(func() { reduceSelectISA(false) })
+	if best == "generic" {
+		return []string{best}
+	}
+	return []string{best, "generic"}
+}
+
+func selectISA(tb testing.TB, name string) {
+	tb.Helper()
+	require.Equal(tb, name, reduceSelectISA(name == "generic"))
+}
+
+// forEachISA runs f once per kernel set, as a subtest named after it.
 func forEachISA(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
-	best := reduceSelectISA(false)
-	t.Cleanup(func() { reduceSelectISA(false) })
-	names := []string{best}
-	if best != "generic" {
-		names = append(names, "generic")
-	}
-	for _, name := range names {
-		require.Equal(t, name, reduceSelectISA(name == "generic"))
+	for _, name := range isas(t) {
+		selectISA(t, name)
 		t.Run(name, f)
 	}
 }
@@ -149,14 +160,16 @@ func TestConvertersAllHalfPatterns(t *testing.T) {
 			toF(wide, src)
 			fromF(back, wide)
 			for i, h := range src {
-				want := math.Float32bits(refTo(h))
-				require.Equalf(t, want, math.Float32bits(wide[i]), "%s %#04x to float32", dt, h)
-				if isNaN16(h, dt) {
-					require.Equalf(t, h|quiet, back[i], "%s NaN %#04x round trip", dt, h)
-				} else {
-					require.Equalf(t, h, back[i], "%s %#04x round trip", dt, h)
+				if want := math.Float32bits(refTo(h)); want != math.Float32bits(wide[i]) {
+					require.Failf(t, "widening", "%s %#04x: got %#08x, want %#08x", dt, h, math.Float32bits(wide[i]), want)
 				}
-				require.Equalf(t, refFrom(wide[i]), back[i], "%s %#04x reference round trip", dt, h)
+				want := h
+				if isNaN16(h, dt) {
+					want |= quiet
+				}
+				if back[i] != want || refFrom(wide[i]) != want {
+					require.Failf(t, "round trip", "%s %#04x: got %#04x, reference %#04x, want %#04x", dt, h, back[i], refFrom(wide[i]), want)
+				}
 			}
 		}
 	})
@@ -196,14 +209,21 @@ func TestConvertersRounding(t *testing.T) {
 		0x80000001, 0x33000000, 0x33000001, 0x337fffff, 0x387fe000} {
 		in = append(in, math.Float32frombits(u))
 	}
+	wantH := make([]uint16, len(in))
+	wantB := make([]uint16, len(in))
+	for i, f := range in {
+		wantH[i], wantB[i] = refF2H(f), refF2B(f)
+	}
 	forEachISA(t, func(t *testing.T) {
 		h := make([]uint16, len(in))
 		b := make([]uint16, len(in))
 		cF32ToF16(h, in)
 		cF32ToBF16(b, in)
 		for i, f := range in {
-			require.Equalf(t, refF2H(f), h[i], "float16(%#08x)", math.Float32bits(f))
-			require.Equalf(t, refF2B(f), b[i], "bfloat16(%#08x)", math.Float32bits(f))
+			if h[i] != wantH[i] || b[i] != wantB[i] {
+				require.Failf(t, "rounding", "%#08x: float16 %#04x (want %#04x), bfloat16 %#04x (want %#04x)",
+					math.Float32bits(f), h[i], wantH[i], b[i], wantB[i])
+			}
 		}
 	})
 }
@@ -341,8 +361,10 @@ func refBool(op dtype.RedOp, xs []uint64) uint64 {
 	return 0
 }
 
-// refElem reduces the raw bits of one element from every source.
-func refElem(dt dtype.DType, op dtype.RedOp, xs []uint64, scale float64) uint64 {
+// reference reduces vals[j][i] over j for every i, as Reduce should.
+func reference(dt dtype.DType, op dtype.RedOp, vals [][]uint64, scale float64) []uint64 {
+	n, k := len(vals[0]), len(vals)
+	out := make([]uint64, n)
 	switch dt {
 	case dtype.Float32, dtype.Float16, dtype.BFloat16:
 		widen := func(x uint64) float32 { return math.Float32frombits(uint32(x)) }
@@ -354,21 +376,35 @@ func refElem(dt dtype.DType, op dtype.RedOp, xs []uint64, scale float64) uint64 
 			widen = func(x uint64) float32 { return refB2F(uint16(x)) }
 			narrow = func(f float32) uint64 { return uint64(refF2B(f)) }
 		}
-		fs := make([]float32, len(xs))
-		for i, x := range xs {
-			fs[i] = widen(x)
+		fs := make([]float32, k)
+		for i := range out {
+			for j := range fs {
+				fs[j] = widen(vals[j][i])
+			}
+			out[i] = narrow(ref32(op, fs, scale))
 		}
-		return narrow(ref32(op, fs, scale))
 	case dtype.Float64:
-		fs := make([]float64, len(xs))
-		for i, x := range xs {
-			fs[i] = math.Float64frombits(x)
+		fs := make([]float64, k)
+		for i := range out {
+			for j := range fs {
+				fs[j] = math.Float64frombits(vals[j][i])
+			}
+			out[i] = math.Float64bits(ref64(op, fs, scale))
 		}
-		return math.Float64bits(ref64(op, fs, scale))
-	case dtype.Bool:
-		return refBool(op, xs)
+	default:
+		xs := make([]uint64, k)
+		for i := range out {
+			for j := range xs {
+				xs[j] = vals[j][i]
+			}
+			if dt == dtype.Bool {
+				out[i] = refBool(op, xs)
+			} else {
+				out[i] = refInt(op, xs, dt.Size(), dt != dtype.Uint8)
+			}
+		}
 	}
-	return refInt(op, xs, dt.Size(), dt != dtype.Uint8)
+	return out
 }
 
 // toFloat64 decodes a float element for the tolerance check.
@@ -539,9 +575,9 @@ func (p placement) String() string {
 	return [...]string{"separate", "dst=srcs[0]", "dst=srcs[k-1]", "srcs[1]=srcs[0]"}[p]
 }
 
-// runCase reduces fresh random data and checks it against the reference;
-// it reports the first wrong element only.
-func runCase(t *testing.T, dt dtype.DType, op dtype.RedOp, k, n int, where placement, seed int64) {
+// runCase reduces fresh random data with every kernel set and checks the
+// result against the reference; it reports the first wrong element only.
+func runCase(t *testing.T, isaNames []string, dt dtype.DType, op dtype.RedOp, k, n int, where placement, seed int64) {
 	t.Helper()
 	name := fmt.Sprintf("%s %s k=%d n=%d %s", dt, op, k, n, where)
 	rng := rand.New(rand.NewSource(seed))
@@ -556,10 +592,6 @@ func runCase(t *testing.T, dt dtype.DType, op dtype.RedOp, k, n int, where place
 	if where == dupSource {
 		srcs[1] = srcs[0]
 	}
-	want := make([][]uint64, k)
-	for j := range srcs {
-		want[j] = srcs[j].values()
-	}
 	var dst *testBuf
 	switch where {
 	case inFirst:
@@ -573,33 +605,50 @@ func runCase(t *testing.T, dt dtype.DType, op dtype.RedOp, k, n int, where place
 	if op == dtype.PremulSum {
 		scale = 0.1 + rng.Float64() // rarely exact in float32
 	}
-
+	vals := make([][]uint64, k)
+	pristine := make([][]byte, k)
 	addrs := make([]uintptr, k)
 	for j, s := range srcs {
+		vals[j] = s.values()
+		pristine[j] = append([]byte(nil), s.mem...)
 		addrs[j] = s.addr()
 	}
-	require.NoError(t, Reduce(dst.addr(), addrs, n, dt, op, scale), name)
-	runtime.KeepAlive(srcs)
-	runtime.KeepAlive(dst)
+	want := reference(dt, op, vals, scale)
 
-	xs := make([]uint64, k)
-	for i := range n {
-		for j := range xs {
-			xs[j] = want[j][i]
+	for _, isa := range isaNames {
+		selectISA(t, isa)
+		for j, s := range srcs {
+			copy(s.mem, pristine[j]) // undo the previous in-place run
 		}
-		exp := refElem(dt, op, xs, scale)
-		if got := dst.get(i); !sameElem(dt, exp, got) {
-			require.Failf(t, "wrong element", "%s: element %d of %v: got %#x, want %#x", name, i, xs, got, exp)
+		what := name + " on " + isa
+		require.NoError(t, Reduce(dst.addr(), addrs, n, dt, op, scale), what)
+		runtime.KeepAlive(srcs)
+		runtime.KeepAlive(dst)
+
+		for i, w := range want {
+			if got := dst.get(i); !sameElem(dt, w, got) {
+				xs := make([]uint64, k)
+				for j := range xs {
+					xs[j] = vals[j][i]
+				}
+				require.Failf(t, "wrong element", "%s: element %d of %#x: got %#x, want %#x", what, i, xs, got, w)
+			}
 		}
 		if dt.IsFloat() && (op == dtype.Sum || op == dtype.Avg || op == dtype.PremulSum) {
-			checkTolerance(t, name, i, dt, op, xs, scale, dst.get(i))
+			xs := make([]uint64, k)
+			for i := range n {
+				for j := range xs {
+					xs[j] = vals[j][i]
+				}
+				checkTolerance(t, what, i, dt, op, xs, scale, dst.get(i))
+			}
 		}
-	}
-	dst.checkGuards(t, name+" dst")
-	for j, s := range srcs {
-		s.checkGuards(t, fmt.Sprintf("%s src %d", name, j))
-		if s != dst {
-			require.Equalf(t, want[j], s.values(), "%s: source %d modified", name, j)
+		dst.checkGuards(t, what+" dst")
+		for j, s := range srcs {
+			s.checkGuards(t, fmt.Sprintf("%s src %d", what, j))
+			if s != dst {
+				require.Equalf(t, vals[j], s.values(), "%s: source %d modified", what, j)
+			}
 		}
 	}
 }
@@ -648,40 +697,38 @@ func checkTolerance(t *testing.T, name string, i int, dt dtype.DType, op dtype.R
 }
 
 func TestReduceTable(t *testing.T) {
-	forEachISA(t, func(t *testing.T) {
-		for _, dt := range allDTypes {
-			for _, op := range allOps {
-				if dtype.Supports(dt, op) != nil {
-					continue
-				}
-				t.Run(fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
-					seed := int64(dt)*1000 + int64(op)*100
-					for _, k := range testKs {
-						for _, n := range testSizes {
-							for where := separate; where <= dupSource; where++ {
-								if where == dupSource && k < 2 {
-									continue
-								}
-								seed++
-								runCase(t, dt, op, k, n, where, seed)
+	names := isas(t)
+	for _, dt := range allDTypes {
+		for _, op := range allOps {
+			if dtype.Supports(dt, op) != nil {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
+				seed := int64(dt)*1000 + int64(op)*100
+				for _, k := range testKs {
+					for _, n := range testSizes {
+						for where := separate; where <= dupSource; where++ {
+							if where == dupSource && k < 2 {
+								continue
 							}
+							seed++
+							runCase(t, names, dt, op, k, n, where, seed)
 						}
 					}
-				})
-			}
+				}
+			})
 		}
-	})
+	}
 }
 
-// TestReduceLargeK covers more sources than the chunked loops' usual
-// cases, across several chunks.
+// TestReduceLargeK covers more sources than the table, over several of the
+// kernels' chunks.
 func TestReduceLargeK(t *testing.T) {
-	forEachISA(t, func(t *testing.T) {
-		for i, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Int32, dtype.Bool} {
-			runCase(t, dt, dtype.Sum, 9, 3*1024+5, inLast, int64(i))
-			runCase(t, dt, dtype.Max, 8, 2049, inFirst, int64(i))
-		}
-	})
+	names := isas(t)
+	for i, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Int32, dtype.Bool} {
+		runCase(t, names, dt, dtype.Sum, 9, 3*1024+5, inLast, int64(i))
+		runCase(t, names, dt, dtype.Max, 8, 2049, inFirst, int64(i))
+	}
 }
 
 func TestReduceKnownValues(t *testing.T) {

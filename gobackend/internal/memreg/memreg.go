@@ -91,7 +91,7 @@ type Domain struct {
 	live   []*Memh // mapped memhs, oldest first
 	closed bool
 	st     counters
-	uid    int // the uid peers must run as; tests change it to fake another user
+	uid    atomic.Int64 // the uid peers must run as; tests change it to fake another user
 
 	hooks atomic.Pointer[Hooks]
 
@@ -106,7 +106,11 @@ type counters struct {
 
 // NewDomain returns an empty domain; it starts nothing until a shareable
 // memh is packed.
-func NewDomain() *Domain { return &Domain{uid: os.Getuid()} }
+func NewDomain() *Domain {
+	d := &Domain{}
+	d.uid.Store(int64(os.Getuid()))
+	return d
+}
 
 // Default is the process's domain.
 var Default = NewDomain()

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -139,7 +140,7 @@ func (d *Domain) acceptLoop(s *server) {
 func (d *Domain) serve(c *net.UnixConn) {
 	c.SetDeadline(time.Now().Add(serveTimeout))
 	cred, err := peerCred(c)
-	if err != nil || int(cred.Uid) != d.uid {
+	if err != nil || int64(cred.Uid) != d.uid.Load() {
 		d.refused()
 		return
 	}
@@ -227,9 +228,9 @@ func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
 	if err != nil {
 		return -1, status.Wrap(status.System, err, "memreg: import: credentials of %s", who)
 	}
-	if int(cred.Pid) != p.pid || int(cred.Uid) != d.uid {
+	if int(cred.Pid) != p.pid || int64(cred.Uid) != d.uid.Load() {
 		return -1, status.Errorf(status.Peer, "memreg: import: the socket of %s is served by pid %d uid %d, want pid %d uid %d",
-			who, cred.Pid, cred.Uid, p.pid, d.uid)
+			who, cred.Pid, cred.Uid, p.pid, d.uid.Load())
 	}
 	if err := d.fault("import.peercred"); err != nil {
 		return -1, err
@@ -238,11 +239,11 @@ func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
 	req := make([]byte, reqLen)
 	binary.LittleEndian.PutUint32(req, reqMagic)
 	copy(req[4:], e.secret[:])
-	if _, err := c.Write(req); err != nil {
-		return -1, status.Wrap(status.Peer, err, "memreg: import: request to %s", who)
-	}
 	if err := d.fault("import.request"); err != nil {
 		return -1, err
+	}
+	if _, err := c.Write(req); err != nil {
+		return -1, status.Wrap(status.Peer, err, "memreg: import: request to %s", who)
 	}
 	rep, fds, err := recvFDs(c)
 	defer func() {
@@ -267,6 +268,15 @@ func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
 		return -1, status.Errorf(status.Peer, "memreg: import: %s has a region of %d bytes, the blob says %d",
 			who, binary.LittleEndian.Uint64(rep[8:]), e.regionLen)
 	}
+	// The server hangs up once it has dropped its hold on the region and
+	// counted the hand-out, so when Import returns the exporter's state is
+	// settled (tests and leak checks rely on it).
+	if n, rerr := c.Read(make([]byte, 1)); n != 0 || rerr != io.EOF {
+		if errors.Is(rerr, os.ErrDeadlineExceeded) {
+			return -1, status.Wrap(status.Timeout, rerr, "memreg: import: %s did not end the exchange by the deadline", who)
+		}
+		return -1, status.Errorf(status.Peer, "memreg: import: %s did not end the exchange (%d bytes, %v)", who, n, rerr)
+	}
 	fd = fds[0]
 	if err = d.fault("import.recv"); err != nil {
 		return -1, err
@@ -280,6 +290,7 @@ func recvFDs(c *net.UnixConn) ([]byte, []int, error) {
 	buf := make([]byte, maxRep)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	n, oobn = max(n, 0), max(oobn, 0)
 	var fds []int
 	if oobn > 0 {
 		if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
