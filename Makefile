@@ -94,5 +94,5 @@ print-venv:
 	@echo "$(GOSYM_VENV)"
 
 clean:
-	rm -rf build dist python/gosym.egg-info $(LIB) python/gosym/libgosym.h
+	rm -rf build dist .pytest_cache python/gosym.egg-info $(LIB) python/gosym/libgosym.h
 	find python tests scripts -name __pycache__ -type d -prune -exec rm -rf {} +
