@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -70,13 +71,16 @@ func TestParseRoundTrip(t *testing.T) {
 	assert.NotNil(t, p.memfd)
 }
 
-func TestParseBadBlobs(t *testing.T) {
+type badCase struct {
+	name string
+	blob []byte
+	want string // in the error
+}
+
+// badBlobs are the blobs parse must refuse, one per check.
+func badBlobs() []badCase {
 	le := binary.LittleEndian
-	tests := []struct {
-		name string
-		blob []byte
-		want string
-	}{
+	return []badCase{
 		{"empty", nil, "empty"},
 		{"truncated header", mutate(func(b []byte) []byte { return b[:headerLen-1] }), "truncated"},
 		{"too large", make([]byte, maxBlob+1), "exceeds the limit"},
@@ -128,7 +132,10 @@ func TestParseBadBlobs(t *testing.T) {
 		{"region length past int64", withPacked(func(p *packed) { p.memfd.regionOff, p.memfd.regionLen = 1<<64-1, 1<<63 }), "region length"},
 		{"memfd on a CUDA device", withPacked(func(p *packed) { p.device = 0 }), "device 0"},
 	}
-	for _, tt := range tests {
+}
+
+func TestParseBadBlobs(t *testing.T) {
+	for _, tt := range badBlobs() {
 		t.Run(tt.name, func(t *testing.T) {
 			// A slice with no spare capacity: any read past the blob panics.
 			b := tt.blob[:len(tt.blob):len(tt.blob)]
@@ -216,7 +223,7 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// TestWriteFuzzSeeds regenerates testdata/fuzz/FuzzParse/seed-* when
+// TestWriteFuzzSeeds regenerates testdata/fuzz/FuzzParse/{seed,bad}-* when
 // GOSYM_WRITE_FUZZ_SEEDS=1 (after a format change).
 func TestWriteFuzzSeeds(t *testing.T) {
 	if os.Getenv("GOSYM_WRITE_FUZZ_SEEDS") != "1" {
@@ -224,8 +231,16 @@ func TestWriteFuzzSeeds(t *testing.T) {
 	}
 	dir := filepath.Join("testdata", "fuzz", "FuzzParse")
 	require.NoError(t, os.MkdirAll(dir, 0o755))
-	for name, b := range seedBlobs() {
+	write := func(name string, b []byte) {
 		body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "seed-"+name), []byte(body), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644))
+	}
+	for name, b := range seedBlobs() {
+		write("seed-"+name, b)
+	}
+	for _, bb := range badBlobs() {
+		if len(bb.blob) <= 4096 {
+			write("bad-"+strings.ReplaceAll(bb.name, " ", "-"), bb.blob)
+		}
 	}
 }

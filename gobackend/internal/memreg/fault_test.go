@@ -2,6 +2,7 @@ package memreg
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
@@ -16,29 +17,30 @@ import (
 var errInjected = errors.New("injected fault")
 
 // faultScenario exercises every acquisition step once: alloc, map inside
-// the region, pack (starting the fd server), import in another domain.
-func faultScenario(exp, imp *Domain) error {
+// the region, pack (starting the fd server), import in another domain. It
+// returns how many memhs it got.
+func faultScenario(exp, imp *Domain) (int, error) {
 	a, err := exp.Alloc(8192)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	sub, err := exp.Map(a.Address()+4096, 100, HostDevice)
 	if err != nil {
-		return err
+		return 1, err
 	}
 	blob, err := sub.Pack()
 	if err != nil {
-		return err
+		return 2, err
 	}
 	m, err := imp.Import(blob)
 	if err != nil {
-		return err
+		return 2, err
 	}
 	m.Bytes()[0] = 1
 	if a.Bytes()[4096] != 1 {
-		return errors.New("import does not share the exporter's memory")
+		return 3, errors.New("import does not share the exporter's memory")
 	}
-	return nil
+	return 3, nil
 }
 
 // faultRecorder fails the n-th acquisition step (counting from 0) of both
@@ -64,7 +66,10 @@ func runFaultScenario(n int) ([]string, error) {
 	exp, imp := NewDomain(), NewDomain()
 	exp.SetHooks(&Hooks{Fault: f.hook})
 	imp.SetHooks(&Hooks{Fault: f.hook})
-	err := faultScenario(exp, imp)
+	made, err := faultScenario(exp, imp)
+	if live := exp.Stats()["live"] + imp.Stats()["live"]; live != int64(made) {
+		err = fmt.Errorf("%d memhs returned, %d live (%v)", made, live, err)
+	}
 	exp.Close()
 	imp.Close()
 	f.mu.Lock()
@@ -103,8 +108,12 @@ func TestFaultInjection(t *testing.T) {
 		require.Equal(t, memfds, host.LiveFDs(), "step %s", steps[n])
 	}
 	assert.Equal(t, fds, openFDs())
-	if !assert.Eventually(t, func() bool { return runtime.NumGoroutine() <= gs }, 5*time.Second, 5*time.Millisecond) {
+	// Polled by hand: assert.Eventually runs its condition on a goroutine.
+	for end := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > gs && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > gs {
 		buf := make([]byte, 1<<20)
-		t.Logf("goroutines %d -> %d:\n%s", gs, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+		t.Errorf("goroutines %d -> %d:\n%s", gs, n, buf[:runtime.Stack(buf, true)])
 	}
 }

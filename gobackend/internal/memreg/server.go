@@ -243,7 +243,8 @@ func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
 		return -1, err
 	}
 	if _, err := c.Write(req); err != nil {
-		return -1, status.Wrap(status.Peer, err, "memreg: import: request to %s", who)
+		// A server that refuses by uid hangs up before reading: EPIPE.
+		return -1, status.Wrap(status.Peer, err, "memreg: import: %s refused the request (uid wrong?)", who)
 	}
 	rep, fds, err := recvFDs(c)
 	defer func() {
