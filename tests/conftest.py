@@ -180,7 +180,7 @@ class Job:
 
     def __init__(self, worker: str, nproc: int, args=(), *, outdir: Path, timeout: float = 300,
                  env: dict | None = None, launcher: str = "torchrun"):
-        self.nproc, self.timeout, self.outdir = nproc, timeout, Path(outdir)
+        self.nproc, self.timeout, self.outdir, self.launcher = nproc, timeout, Path(outdir), launcher
         self.outdir.mkdir(parents=True, exist_ok=True)
         script = WORKERS / (worker if worker.endswith(".py") else f"{worker}.py")
         args = ["--backend", BACKEND, *map(str, args)]
@@ -197,7 +197,7 @@ class Job:
             for r in range(nproc):
                 renv = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc),
                             LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="gosym-test")
+                            MASTER_PORT=str(port))
                 self._popen([sys.executable, str(script), *args], renv, self.outdir / f"rank{r}.log")
         else:
             raise ValueError(f"unknown launcher {launcher!r}")
@@ -211,16 +211,20 @@ class Job:
     def remaining(self) -> float:
         return self.timeout - (time.monotonic() - self.start)
 
-    def pid_of(self, rank: int, timeout: float = 120) -> int:
-        """The pid a worker announced at startup."""
-        path = self.outdir / f"pid.{rank}"
+    def wait_for(self, name: str, timeout: float = 120) -> Path:
+        """Waits until a worker creates $GOSYM_TEST_OUT/<name>; fails if all exit first."""
+        path = self.outdir / name
         deadline = time.monotonic() + min(timeout, max(self.remaining(), 0))
         while not path.exists():
             if time.monotonic() > deadline or self.poll_all_exited():
-                self.kill()
-                pytest.fail(f"rank {rank} never announced its pid\n{self.output()[-6000:]}", pytrace=False)
+                self.kill(dump_stacks=True)
+                pytest.fail(f"{name} never appeared\n{self.output()[-6000:]}", pytrace=False)
             time.sleep(0.05)
-        return int(path.read_text())
+        return path
+
+    def pid_of(self, rank: int, timeout: float = 120) -> int:
+        """The pid a worker announced at startup."""
+        return int(self.wait_for(f"pid.{rank}", timeout).read_text())
 
     def marker(self, name: str) -> None:
         """Creates $GOSYM_TEST_OUT/<name>, which workers wait for (wcommon.wait_for_marker)."""
@@ -253,7 +257,8 @@ class Job:
         pids = [p.pid for p in self.procs]
         tree = pids + [d for p in pids for d in descendants(p)]
         if dump_stacks:
-            workers = [p for p in tree if p not in pids] if len(self.procs) == 1 and self.nproc > 1 else tree
+            # Workers print their stacks on SIGUSR1; torchrun's agent would just die of it.
+            workers = [p for p in tree if p not in pids] if self.launcher == "torchrun" else tree
             _signal(workers, signal.SIGUSR1)
             time.sleep(1.0)
             tree = list(dict.fromkeys(tree + [d for p in pids for d in descendants(p)]))

@@ -47,7 +47,7 @@ def timeout_problems(err: dict | None, op: str, missing: int) -> list[str]:
     return [f"{p}: {msg[:400]!r}" for p in probs]
 
 
-@pytest.mark.parametrize("scenario", ["skip", "die-sigkill", "die-exit", "die-during"])
+@pytest.mark.parametrize("scenario", ["skip", "skip-recv", "die-sigkill", "die-exit", "die-during"])
 def test_missing_rank_raises_on_survivors(scenario, outdir):
     world, victim = 3, 2
     res = run_torchrun("errors_worker", world, ["--scenario", scenario, "--op-timeout", OP_TIMEOUT],
@@ -61,9 +61,10 @@ def test_missing_rank_raises_on_survivors(scenario, outdir):
         if not x.get("warmup_ok"):
             problems.append(f"rank {r}: the all_reduce before the failure was wrong")
         err = x.get("error")
-        problems += [f"rank {r}: {p}" for p in timeout_problems(err, "all_reduce", victim)]
+        op = "recv" if scenario == "skip-recv" else "all_reduce"
+        problems += [f"rank {r}: {p}" for p in timeout_problems(err, op, victim)]
         if err is not None:
-            lo = OP_TIMEOUT * 0.5 if scenario == "skip" else 0.0
+            lo = OP_TIMEOUT * 0.5 if scenario.startswith("skip") else 0.0
             if not lo <= err["elapsed"] <= OP_TIMEOUT + SLACK:
                 problems.append(f"rank {r}: raised after {err['elapsed']}s, expected {lo}..{OP_TIMEOUT + SLACK}s")
         for step in ("destroy_group", "destroy_default"):
@@ -74,7 +75,7 @@ def test_missing_rank_raises_on_survivors(scenario, outdir):
                 problems.append(f"rank {r}: {step} raised {done['error']['type']}: {done['error']['message'][:300]}")
         if res.rank_returncodes[r] != 0:
             problems.append(f"rank {r}: exit status {res.rank_returncodes[r]}")
-    want_rc = {"skip": 0, "die-sigkill": -9, "die-exit": 7, "die-during": -9}[scenario]
+    want_rc = {"skip": 0, "skip-recv": 0, "die-sigkill": -9, "die-exit": 7, "die-during": -9}[scenario]
     if res.rank_returncodes[victim] != want_rc:
         problems.append(f"victim exit status {res.rank_returncodes[victim]}, wanted {want_rc}")
     assert not problems, "\n".join(problems) + f"\n--- output ---\n{res.tail(6000)}"
@@ -128,13 +129,15 @@ def local_error_problems(res) -> list[str]:
 def test_invalid_calls_raise_and_group_survives(outdir):
     """Unsupported dtypes/ops and inconsistent local arguments raise at once;
     the group stays usable afterwards."""
-    res = run_torchrun("errors_worker", 2, ["--scenario", "local", "--timeout", 20], timeout=180, outdir=outdir, launcher="spawn")
+    res = run_torchrun("errors_worker", 2, ["--scenario", "local", "--timeout", 20], timeout=180,
+                       outdir=outdir, launcher="spawn")
     problems = local_error_problems(res)
     assert not problems, "\n".join(problems) + f"\n--- output ---\n{res.tail(4000)}"
 
 
 @pytest.mark.gpu
 def test_mixed_devices_raise(outdir):
-    res = run_torchrun("errors_worker", 2, ["--scenario", "devices", "--timeout", 20], timeout=180, outdir=outdir, launcher="spawn")
+    res = run_torchrun("errors_worker", 2, ["--scenario", "devices", "--timeout", 20], timeout=180,
+                       outdir=outdir, launcher="spawn")
     problems = local_error_problems(res)
     assert not problems, "\n".join(problems) + f"\n--- output ---\n{res.tail(4000)}"

@@ -4,6 +4,7 @@ saw (exception type, message, how long it took); the test judges.
 
 Scenarios (--scenario):
   skip         the last rank stays alive but skips an all_reduce
+  skip-recv    the others recv from the last rank, which stays alive and never sends
   die-sigkill  the last rank SIGKILLs itself instead of joining an all_reduce
   die-exit     the last rank os._exit()s instead of joining
   die-during   the last rank is SIGKILLed while every rank loops on large all_reduces
@@ -68,7 +69,7 @@ def teardown(res: dict, group) -> None:
 
 
 def missing_rank(args, rank, world) -> None:
-    """skip / die-*: the last rank does not take part in an all_reduce."""
+    """skip* / die-*: the last rank does not take part in an all_reduce (or send)."""
     victim = world - 1
     g = subgroup(args.op_timeout)
     t = torch.ones(1025)
@@ -76,7 +77,7 @@ def missing_rank(args, rank, world) -> None:
     res = {"rank": rank, "victim": victim, "warmup_ok": bool((t == world).all())}
     wc.write_result(res)
     if rank == victim:
-        if args.scenario == "skip":
+        if args.scenario.startswith("skip"):
             time.sleep(args.op_timeout + 8)  # alive, silent, until the others gave up
             res["skipped"] = True
             wc.write_result(res)
@@ -91,6 +92,9 @@ def missing_rank(args, rank, world) -> None:
     big = torch.ones(wc.LARGE)
 
     def loop():
+        if args.scenario == "skip-recv":
+            dist.recv(t, src=victim, group=g)
+            return
         if args.scenario != "die-during":
             dist.all_reduce(t, group=g)
             return
@@ -199,7 +203,7 @@ def main():
 
     args = wc.setup(extra)
     rank, world = wc.init(args.backend, args.timeout)
-    if args.scenario in ("skip", "die-sigkill", "die-exit", "die-during"):
+    if args.scenario in ("skip", "skip-recv", "die-sigkill", "die-exit", "die-during"):
         missing_rank(args, rank, world)
     elif args.scenario == "mismatch":
         mismatch(args, rank, world)

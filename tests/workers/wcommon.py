@@ -96,6 +96,11 @@ def write_result(obj: dict, rank: int | None = None) -> None:
     _write_atomic(os.path.join(out_dir(), f"rank{rank}.json"), json.dumps(obj, indent=1, default=str))
 
 
+def announce(name: str) -> None:
+    """Creates $GOSYM_TEST_OUT/<name>.<rank>, which the test may wait for (Job.wait_for)."""
+    _write_atomic(os.path.join(out_dir(), f"{name}.{rank_env()}"), str(os.getpid()))
+
+
 def wait_for_marker(name: str, timeout_s: float = 120.0) -> None:
     """Blocks until the test creates $GOSYM_TEST_OUT/<name>."""
     path = os.path.join(out_dir(), name)
@@ -140,7 +145,7 @@ def poison_like(exp: torch.Tensor) -> torch.Tensor:
 
 
 def digest(t: torch.Tensor) -> str:
-    t = t.detach().contiguous().cpu()
+    t = t.detach().reshape(-1).contiguous().cpu()
     return hashlib.sha1(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
 
 

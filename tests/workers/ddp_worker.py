@@ -1,0 +1,68 @@
+"""DDP training: the same 50 steps on a gosym group and on a gloo group.
+
+One launch trains the model twice from the same seed: once with DDP over the
+default (gosym) group, once over a gloo group created next to it. Each rank
+reports its per-step losses and a digest of the final parameters; the test
+compares them. Small buckets make DDP issue several async all_reduces per
+step; BatchNorm makes it broadcast buffers every forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import wcommon as wc
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+STEPS = 50
+
+
+def build_model() -> nn.Module:
+    torch.manual_seed(1234)  # identical start on every rank and in both runs
+    return nn.Sequential(
+        nn.Linear(32, 256), nn.BatchNorm1d(256), nn.Tanh(),
+        nn.Linear(256, 256), nn.ReLU(),
+        nn.Linear(256, 4),
+    )
+
+
+def train(group, rank: int) -> tuple[list[float], str, list[str]]:
+    """Returns per-step losses, a digest of all final parameters, per-parameter digests."""
+    ddp = DDP(build_model(), process_group=group, bucket_cap_mb=0.05)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    teacher = torch.randn(32, 4, generator=torch.Generator().manual_seed(7))  # a learnable target
+    losses = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(wc.seed_of("ddp", step, rank))
+        x = torch.randn(16, 32, generator=g)
+        y = x @ teacher + 0.01 * torch.randn(16, 4, generator=g)
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    params = [wc.digest(p) for p in ddp.module.state_dict().values()]
+    whole = torch.cat([p.detach().reshape(-1).double() for p in ddp.module.parameters()])
+    return losses, wc.digest(whole), params
+
+
+def main():
+    args = wc.setup()
+    rank, world = wc.init(args.backend, args.timeout)
+    torch.set_num_threads(1)
+    gloo = dist.new_group(backend="gloo")
+    losses_main, digest_main, params_main = train(None, rank)
+    losses_gloo, digest_gloo, params_gloo = train(gloo, rank)
+    wc.write_result({
+        "rank": rank,
+        "failures": [],
+        "losses": {"main": losses_main, "gloo": losses_gloo},
+        "digest": {"main": digest_main, "gloo": digest_gloo},
+        "params": {"main": params_main, "gloo": params_gloo},
+    })
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
