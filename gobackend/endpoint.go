@@ -65,6 +65,7 @@ type Endpoint struct {
 	mesh *comm.Mesh
 	team *symm.Team
 	exec *coll.Exec
+	bind *binder
 
 	mu      sync.Mutex
 	closed  bool
@@ -133,6 +134,10 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 	team.Spin = e.cfg.Spin
 	e.mesh, e.team = mesh, team
 	e.exec = coll.NewExec(team, host.Plane{}, e.Rank, e.cfg.Threads)
+	if ubrMode() != "no" {
+		e.bind = newBinder(e)
+		e.exec.D = e.bind
+	}
 	e.p2pSeq = make([]uint64, 2*e.Size)
 	e.coll = e.startQueue(e.runColl)
 	e.sends = make([]*queue, e.Size)
@@ -145,6 +150,9 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 // receives from one peer, independently of the collectives.
 func (e *Endpoint) Post(op *Op) (*Work, error) {
 	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+		return nil, err
+	}
+	if err := checkUBR(op); err != nil {
 		return nil, err
 	}
 	e.mu.Lock()
@@ -238,6 +246,9 @@ func (e *Endpoint) Destroy() error {
 		}
 	}
 	e.workers.Wait()
+	if e.bind != nil {
+		e.bind.close()
+	}
 	if e.team != nil {
 		e.team.Close()
 	}
@@ -251,12 +262,18 @@ func (e *Endpoint) Destroy() error {
 
 // StatsMap reports counters and settings.
 func (e *Endpoint) StatsMap() map[string]any {
-	return map[string]any{
+	m := map[string]any{
 		"rank": e.Rank, "size": e.Size, "name": e.Name,
 		"posted": e.stats.Posted.Load(), "completed": e.stats.Completed.Load(), "failed": e.stats.Failed.Load(),
 		"stage_bytes": e.cfg.StageBytes, "box_bytes": e.cfg.BoxBytes, "threads": e.cfg.Threads,
 		"spin_us": e.cfg.Spin.Microseconds(), "timeout_ms": e.Timeout.Milliseconds(),
 	}
+	if e.bind != nil {
+		for k, v := range e.bind.stats() {
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // ProcessStats reports process-wide live resources (for leak tests).

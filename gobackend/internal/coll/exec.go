@@ -18,7 +18,8 @@ type Exec struct {
 	T       Team
 	P       Plane
 	Rank    int
-	Threads int // goroutines used for one large copy or reduction
+	Threads int    // goroutines used for one large copy or reduction
+	D       Direct // zero-copy access to shareable inputs; nil: always stage
 
 	// point-to-point chunk counters, per peer; each is touched only by that
 	// peer's send (or receive) worker.
@@ -85,31 +86,54 @@ type round struct {
 	get func(k, h int) error
 }
 
-// run drives rounds. The first barrier carries the op's metadata; once all
-// ranks agree, rounds(metas) says how many rounds the op takes (at least
-// one, which carries the metadata even for empty ops).
+// run drives rounds. The first barrier carries the op's metadata (and
+// this rank's first round, unless its input is shareable and may be read
+// in place); once all ranks agree, rounds(metas) says how many rounds the
+// op takes (at least one, which carries the metadata even for empty ops).
 func (x *Exec) run(o *Op, deadline time.Time, rounds func(ms []meta) int, r round) error {
-	world := x.T.World()
-	n := 1
-	for k := 0; k < n; k++ {
+	z := x.view(o)
+	h := x.T.NextHalf()
+	if r.put != nil && (z == nil || z.id == 0) {
+		r.put(0, h)
+	}
+	raw, err := x.T.Barrier(encodeMeta(o, x.T.World(), z), o.Who(), deadline)
+	if err != nil {
+		return err
+	}
+	if x.D != nil {
+		for q, b := range raw {
+			if m := decodeMeta(b, len(raw)); q != x.Rank && len(m.retired) > 0 {
+				x.D.Forget(q, m.retired)
+			}
+		}
+	}
+	ms, err := agree(o, raw)
+	if err != nil {
+		return err
+	}
+	direct, restage, err := x.settle(o, ms, deadline)
+	if err != nil {
+		return err
+	}
+	if direct {
+		return x.runDirect(o, ms, deadline)
+	}
+	n, k := max(1, rounds(ms)), 0
+	if !restage {
+		if r.get != nil {
+			if err := r.get(0, h); err != nil {
+				return err
+			}
+		}
+		k = 1
+	}
+	for ; k < n; k++ {
 		h := x.T.NextHalf()
 		if r.put != nil {
 			r.put(k, h)
 		}
-		var m []byte
-		if k == 0 {
-			m = encodeMeta(o, world)
-		}
-		raw, err := x.T.Barrier(m, o.Who(), deadline)
-		if err != nil {
+		if _, err := x.T.Barrier(nil, o.Who(), deadline); err != nil {
 			return err
-		}
-		if k == 0 {
-			ms, err := agree(o, raw)
-			if err != nil {
-				return err
-			}
-			n = max(1, rounds(ms))
 		}
 		if r.get != nil {
 			if err := r.get(k, h); err != nil {

@@ -26,10 +26,27 @@ type meta struct {
 	seq     uint64
 	scale   float64
 	in, out []uint64
+
+	// zero-copy: the region holding this rank's input (0: none), the
+	// input's offset in it, flags, piece displacements from the input
+	// start, and region ids this rank stopped sharing.
+	inID, inOff uint64
+	flags       uint32
+	displ       []uint64
+	retired     []uint64
 }
 
-func encodeMeta(o *Op, world int) []byte {
-	b := make([]byte, symm.SlotHeaderBytes+16*world)
+// meta flags
+const (
+	flagFresh  = 1 << iota // inID is not bound to this group yet
+	flagBindOK             // (bind agreement) this rank mapped every fresh region
+	maxRetired = 4
+	offDirect  = 40
+	offRetired = 64
+)
+
+func encodeMeta(o *Op, world int, z *zc) []byte {
+	b := make([]byte, symm.SlotHeaderBytes+24*world)
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], uint32(o.Kind))
 	le.PutUint32(b[4:], uint32(o.DType))
@@ -46,6 +63,18 @@ func encodeMeta(o *Op, world int) []byte {
 			le.PutUint64(b[symm.SlotHeaderBytes+8*(world+r):], uint64(o.OutPieces[r].Count))
 		}
 	}
+	if z != nil {
+		le.PutUint64(b[offDirect:], z.id)
+		le.PutUint64(b[offDirect+8:], z.off)
+		le.PutUint32(b[offDirect+16:], z.flags)
+		le.PutUint32(b[offDirect+20:], uint32(len(z.retired)))
+		for i, id := range z.retired {
+			le.PutUint64(b[offRetired+8*i:], id)
+		}
+		for r, d := range z.displ {
+			le.PutUint64(b[symm.SlotHeaderBytes+8*(2*world+r):], d)
+		}
+	}
 	return b
 }
 
@@ -57,9 +86,16 @@ func decodeMeta(b []byte, world int) meta {
 		scale: math.Float64frombits(le.Uint64(b[32:])),
 		in:    make([]uint64, world), out: make([]uint64, world),
 	}
+	m.displ = make([]uint64, world)
 	for r := 0; r < world; r++ {
 		m.in[r] = le.Uint64(b[symm.SlotHeaderBytes+8*r:])
 		m.out[r] = le.Uint64(b[symm.SlotHeaderBytes+8*(world+r):])
+		m.displ[r] = le.Uint64(b[symm.SlotHeaderBytes+8*(2*world+r):])
+	}
+	m.inID, m.inOff = le.Uint64(b[offDirect:]), le.Uint64(b[offDirect+8:])
+	m.flags = le.Uint32(b[offDirect+16:])
+	for i := 0; i < int(min(le.Uint32(b[offDirect+20:]), maxRetired)); i++ {
+		m.retired = append(m.retired, le.Uint64(b[offRetired+8*i:]))
 	}
 	return m
 }

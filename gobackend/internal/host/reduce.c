@@ -4,6 +4,10 @@
 
 #include "reduce.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 /* Flags that change what the kernels compute, set here because cgo does not
  * accept them in #cgo CFLAGS. fp-contract=off: never fuse a*b+c into an FMA
  * (one rounding instead of two), so every build, ISA copy and rank gets the
@@ -60,57 +64,71 @@ struct gshost_isa {
 #include "reduce_kernels.h"
 #undef ISA
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
 #define GSHOST_HAVE_AVX2 1
+#define GSHOST_F16C 1
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,f16c")
+#endif
 #define ISA avx2
 #include "reduce_kernels.h"
 #undef ISA
-#pragma GCC pop_options
-#elif defined(__x86_64__) && defined(__clang__)
-#define GSHOST_HAVE_AVX2 1
-#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
-#define ISA avx2
-#include "reduce_kernels.h"
-#undef ISA
+#if defined(__clang__)
 #pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#undef GSHOST_F16C
 #endif
 
 static const struct gshost_isa *gshost_best(void) {
 #ifdef GSHOST_HAVE_AVX2
 	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx2"))
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
 		return &isa_avx2;
 #endif
 	return &isa_generic;
 }
 
-/* NULL until first use; set again only by gshost_reduce_select. A racing
- * first use stores the same pointer twice, which is harmless. */
-static const struct gshost_isa *volatile gshost_cur;
+/* The kernel set in use: chosen when the library loads, changed only by
+ * gshost_reduce_select (tests). */
+static const struct gshost_isa *gshost_cur = &isa_generic;
+
+__attribute__((constructor)) static void gshost_reduce_init(void) {
+	__atomic_store_n(&gshost_cur, gshost_best(), __ATOMIC_RELAXED);
+}
 
 static const struct gshost_isa *gshost_isa_now(void) {
-	const struct gshost_isa *isa = gshost_cur;
-	if (!isa)
-		gshost_cur = isa = gshost_best();
-	return isa;
+	return __atomic_load_n(&gshost_cur, __ATOMIC_RELAXED);
 }
 
 const char *gshost_reduce_select(int force_generic) {
-	gshost_cur = force_generic ? &isa_generic : gshost_best();
-	return gshost_cur->name;
+	const struct gshost_isa *isa = force_generic ? &isa_generic : gshost_best();
+	__atomic_store_n(&gshost_cur, isa, __ATOMIC_RELAXED);
+	return isa->name;
 }
 
-__attribute__((visibility("hidden"))) int
-gshost_reduce(uintptr_t dst, const uintptr_t *srcs, int k, size_t n, int dtype,
+int gshost_reduce(uintptr_t dst, const uintptr_t *srcs, int k, size_t n, int dtype,
               int op, double scale) {
 	if (dtype < 0 || dtype >= GSHOST_NDTYPES || op < 0 || op >= GSHOST_NOPS || k < 1)
 		return GSHOST_EUNSUPPORTED;
 	gshost_kernel fn = (*gshost_isa_now()->kernels)[dtype][op];
 	if (!fn)
 		return GSHOST_EUNSUPPORTED;
+#if defined(__x86_64__)
+	/* Default SSE control (round to nearest, no FTZ/DAZ) for the call:
+	 * results must not depend on what the calling thread set, e.g. through
+	 * torch.set_flush_denormal, since ranks compare bits. */
+	unsigned int csr = _mm_getcsr();
+	_mm_setcsr(0x1f80);
 	fn(dst, srcs, k, n, scale);
+	_mm_setcsr(csr);
+#else
+	fn(dst, srcs, k, n, scale);
+#endif
 	return GSHOST_OK;
 }
 

@@ -14,6 +14,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/gosym/gosym/gobackend/internal/dtype"
@@ -46,14 +47,24 @@ import (
 // Combinations that dtype.Supports rejects return its error. n == 0 returns
 // nil without touching memory.
 //
-// The memory behind dst and srcs must stay mapped for the call; Reduce keeps
-// no reference to it or to srcs afterwards.
+// Results depend on nothing but the inputs: the loops run under the default
+// floating-point environment (round to nearest, no flush-to-zero) whatever
+// the calling thread set, never fuse a multiply-add, and the AVX2 and
+// baseline kernels (picked by CPU at load time) agree bit for bit, up to
+// which payload a NaN result carries when NaNs meet.
+//
+// One call is one cgo call on the calling goroutine; callers that want more
+// cores split the element range. The memory behind dst and srcs must stay
+// mapped for the call; Reduce keeps no reference to it or to srcs afterwards.
 func Reduce(dst uintptr, srcs []uintptr, n int, dt dtype.DType, op dtype.RedOp, scale float64) error {
 	if err := dtype.Supports(dt, op); err != nil {
 		return err
 	}
 	if len(srcs) == 0 {
 		return errors.New("reduce: no sources")
+	}
+	if len(srcs) > math.MaxInt32 {
+		return fmt.Errorf("reduce: %d sources", len(srcs))
 	}
 	if n < 0 {
 		return fmt.Errorf("reduce: negative element count %d", n)

@@ -6,6 +6,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Not exported from libgosym.so. */
+#pragma GCC visibility push(hidden)
+
 /* Status codes of gshost_reduce. */
 #define GSHOST_OK 0
 #define GSHOST_EUNSUPPORTED 1 /* (dtype, op) has no kernel */
@@ -25,5 +28,7 @@ void gshost_f32_to_f16(uint16_t *dst, const float *src, size_t n);
 void gshost_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void gshost_f16_to_f32(float *dst, const uint16_t *src, size_t n);
 void gshost_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+
+#pragma GCC visibility pop
 
 #endif

@@ -2,15 +2,15 @@
  *
  * reduce.c includes this file once per instruction set, with ISA defined to a
  * name suffix (generic, avx2) and the matching target pragma in force, so one
- * binary carries a baseline copy and an AVX2 copy of every kernel and picks
- * one at run time. Every name defined here goes through F() to stay distinct
- * between the copies.
+ * binary carries a baseline copy and an AVX2+F16C copy of every kernel and
+ * picks one at run time. Every name defined here goes through F() to stay
+ * distinct between the copies.
  *
  * Kernels never assume alignment (elements are read through aligned(1)
  * types) and never use restrict on dst: dst may equal a source exactly, which
  * gcc's run-time alias check accepts for the fused loops (it only rejects a
  * partial overlap), and which the chunked loops make safe by construction:
- * element i of dst is written after every source's element i was read.
+ * a chunk of dst is written after every source's chunk was read.
  */
 
 #define F(name) GSHOST_CAT(name, ISA)
@@ -20,13 +20,13 @@
 static inline uint32_t F(f2u)(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float F(u2f)(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-/* binary16 -> binary32, exact. No float arithmetic touches a subnormal, so
- * the result does not depend on FTZ/DAZ. */
+/* binary16 -> binary32, exact; a NaN keeps its payload and is quietened, as
+ * vcvtph2ps does. */
 static inline float F(h2f)(uint16_t h) {
 	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
 	uint32_t em = h & 0x7fffu;
 	uint32_t nrm = (em << 13) + 0x38000000u; /* rebias exponent 15 -> 127 */
-	uint32_t naninf = (em << 13) | 0x7f800000u; /* keeps the NaN payload */
+	uint32_t naninf = (em << 13) | 0x7f800000u | (em > 0x7c00u ? 0x00400000u : 0);
 	uint32_t sub = F(f2u)((float)(int32_t)em * 0x1p-24f); /* em < 0x400 here */
 	uint32_t r = em >= 0x7c00u ? naninf : (em < 0x0400u ? sub : nrm);
 	return F(u2f)(r | sign);
@@ -51,12 +51,13 @@ static inline uint16_t F(f2h)(float f) {
 
 static inline float F(b2f)(uint16_t h) { return F(u2f)((uint32_t)h << 16); }
 
-/* binary32 -> bfloat16, round to nearest even; NaNs stay NaN. */
+/* binary32 -> bfloat16, round to nearest even; NaNs stay NaN (quietened,
+ * truncated: rounding could carry a NaN into the sign bit). */
 static inline uint16_t F(f2b)(float f) {
 	uint32_t u = F(f2u)(f);
-	uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-	uint32_t nan = (u >> 16) | 0x0040u;
-	return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
+	int nan = (int32_t)(u & 0x7fffffffu) > 0x7f800000;
+	uint32_t r = nan ? u | 0x00400000u : u + 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(r >> 16);
 }
 
 /* ---- combining functions ------------------------------------------------ */
@@ -78,56 +79,56 @@ GSHOST_FMINMAX(float, 32)
 GSHOST_FMINMAX(double, 64)
 #undef GSHOST_FMINMAX
 
-/* ---- the kernel skeleton ------------------------------------------------
+/* ---- kernels on the stored type ------------------------------------------
  *
- * ST: storage type (unaligned), AT: accumulator type. LOAD widens one stored
- * element, PRE applies per-source scaling (PREMUL_SUM), COMB folds the next
- * source into the running value, POST finishes (AVG), STORE narrows. Inside
- * these, sc is the scale and kf the source count, both as AT.
+ * For float32, float64, the integers and bool. ST: storage type (unaligned),
+ * AT: arithmetic type. LOAD reads one element (bool normalises it), PRE
+ * scales each source (PREMUL_SUM), COMB folds the next source into the running
+ * value, POST finishes (AVG). Inside these, sc is the scale and kf the source
+ * count, both as AT.
  *
  * k == 1 and k == 2 are single fused loops. For k > 2 the running value of a
  * chunk lives in a small local array (in L1) while the sources stream past.
  */
 #define GSHOST_CHUNK 1024
 
-#define GSHOST_KERNEL(name, ST, AT, LOAD, PRE, COMB, POST, STORE)                 \
-	static void F(name)(uintptr_t dstp, const uintptr_t *srcs, int k,         \
-	                    size_t n, double scale) {                             \
-		ST *dst = (ST *)dstp;                                             \
-		const AT sc = (AT)scale, kf = (AT)k;                              \
-		(void)sc;                                                         \
-		(void)kf;                                                         \
-		if (k == 1) {                                                     \
-			const ST *a = (const ST *)srcs[0];                        \
-			for (size_t i = 0; i < n; i++)                            \
-				dst[i] = STORE(POST(PRE(LOAD(a[i]))));            \
-			return;                                                   \
-		}                                                                 \
-		if (k == 2) {                                                     \
-			const ST *a = (const ST *)srcs[0];                        \
-			const ST *b = (const ST *)srcs[1];                        \
-			for (size_t i = 0; i < n; i++)                            \
-				dst[i] = STORE(POST(                              \
-				    COMB(PRE(LOAD(a[i])), PRE(LOAD(b[i])))));     \
-			return;                                                   \
-		}                                                                 \
-		AT acc[GSHOST_CHUNK];                                             \
-		for (size_t base = 0; base < n; base += GSHOST_CHUNK) {           \
+#define GSHOST_KERNEL(name, ST, AT, LOAD, PRE, COMB, POST)                          \
+	static void F(name)(uintptr_t dstp, const uintptr_t *srcs, int k, size_t n, \
+	                    double scale) {                                         \
+		ST *dst = (ST *)dstp;                                               \
+		const AT sc = (AT)scale, kf = (AT)k;                                \
+		(void)sc;                                                           \
+		(void)kf;                                                           \
+		if (k == 1) {                                                       \
+			const ST *a = (const ST *)srcs[0];                          \
+			for (size_t i = 0; i < n; i++)                              \
+				dst[i] = POST(PRE(LOAD(a[i])));                     \
+			return;                                                     \
+		}                                                                   \
+		if (k == 2) {                                                       \
+			const ST *a = (const ST *)srcs[0];                          \
+			const ST *b = (const ST *)srcs[1];                          \
+			for (size_t i = 0; i < n; i++)                              \
+				dst[i] = POST(COMB(PRE(LOAD(a[i])), PRE(LOAD(b[i])))); \
+			return;                                                     \
+		}                                                                   \
+		AT acc[GSHOST_CHUNK];                                               \
+		for (size_t base = 0; base < n; base += GSHOST_CHUNK) {             \
 			size_t m = n - base < GSHOST_CHUNK ? n - base : GSHOST_CHUNK; \
-			const ST *a = (const ST *)srcs[0] + base;                 \
-			const ST *b = (const ST *)srcs[1] + base;                 \
-			for (size_t i = 0; i < m; i++)                            \
-				acc[i] = COMB(PRE(LOAD(a[i])), PRE(LOAD(b[i])));  \
-			for (int j = 2; j < k - 1; j++) {                         \
-				const ST *s = (const ST *)srcs[j] + base;         \
-				for (size_t i = 0; i < m; i++)                    \
-					acc[i] = COMB(acc[i], PRE(LOAD(s[i])));   \
-			}                                                         \
-			const ST *s = (const ST *)srcs[k - 1] + base;             \
-			ST *d = dst + base;                                       \
-			for (size_t i = 0; i < m; i++)                            \
-				d[i] = STORE(POST(COMB(acc[i], PRE(LOAD(s[i])))));\
-		}                                                                 \
+			const ST *a = (const ST *)srcs[0] + base;                   \
+			const ST *b = (const ST *)srcs[1] + base;                   \
+			for (size_t i = 0; i < m; i++)                              \
+				acc[i] = COMB(PRE(LOAD(a[i])), PRE(LOAD(b[i])));    \
+			for (int j = 2; j < k - 1; j++) {                           \
+				const ST *s = (const ST *)srcs[j] + base;           \
+				for (size_t i = 0; i < m; i++)                      \
+					acc[i] = COMB(acc[i], PRE(LOAD(s[i])));     \
+			}                                                           \
+			const ST *s = (const ST *)srcs[k - 1] + base;               \
+			ST *d = dst + base;                                         \
+			for (size_t i = 0; i < m; i++)                              \
+				d[i] = POST(COMB(acc[i], PRE(LOAD(s[i]))));         \
+		}                                                                   \
 	}
 
 #define GSHOST_ID(x) (x)
@@ -136,24 +137,99 @@ GSHOST_FMINMAX(double, 64)
 #define GSHOST_ADD(a, b) ((a) + (b))
 #define GSHOST_MUL(a, b) ((a) * (b))
 
-/* Floating kernels: every op for one (storage, accumulator) pair. */
-#define GSHOST_FLOAT_KERNELS(tag, ST, AT, LOAD, STORE, sfx)                                 \
-	GSHOST_KERNEL(tag##_sum, ST, AT, LOAD, GSHOST_ID, GSHOST_ADD, GSHOST_ID, STORE)     \
-	GSHOST_KERNEL(tag##_avg, ST, AT, LOAD, GSHOST_ID, GSHOST_ADD, GSHOST_DIVK, STORE)   \
-	GSHOST_KERNEL(tag##_premul, ST, AT, LOAD, GSHOST_SCALE, GSHOST_ADD, GSHOST_ID, STORE) \
-	GSHOST_KERNEL(tag##_prod, ST, AT, LOAD, GSHOST_ID, GSHOST_MUL, GSHOST_ID, STORE)    \
-	GSHOST_KERNEL(tag##_min, ST, AT, LOAD, GSHOST_ID, F(fmin##sfx), GSHOST_ID, STORE)   \
-	GSHOST_KERNEL(tag##_max, ST, AT, LOAD, GSHOST_ID, F(fmax##sfx), GSHOST_ID, STORE)
+#define GSHOST_FLOAT_KERNELS(tag, ST, AT, sfx)                                        \
+	GSHOST_KERNEL(tag##_sum, ST, AT, GSHOST_ID, GSHOST_ID, GSHOST_ADD, GSHOST_ID)     \
+	GSHOST_KERNEL(tag##_avg, ST, AT, GSHOST_ID, GSHOST_ID, GSHOST_ADD, GSHOST_DIVK)   \
+	GSHOST_KERNEL(tag##_premul, ST, AT, GSHOST_ID, GSHOST_SCALE, GSHOST_ADD, GSHOST_ID) \
+	GSHOST_KERNEL(tag##_prod, ST, AT, GSHOST_ID, GSHOST_ID, GSHOST_MUL, GSHOST_ID)    \
+	GSHOST_KERNEL(tag##_min, ST, AT, GSHOST_ID, GSHOST_ID, F(fmin##sfx), GSHOST_ID)   \
+	GSHOST_KERNEL(tag##_max, ST, AT, GSHOST_ID, GSHOST_ID, F(fmax##sfx), GSHOST_ID)
+GSHOST_FLOAT_KERNELS(f32, gshost_f32u, float, 32)
+GSHOST_FLOAT_KERNELS(f64, gshost_f64u, double, 64)
 
-GSHOST_FLOAT_KERNELS(f32, gshost_f32u, float, GSHOST_ID, GSHOST_ID, 32)
-GSHOST_FLOAT_KERNELS(f64, gshost_f64u, double, GSHOST_ID, GSHOST_ID, 64)
-GSHOST_FLOAT_KERNELS(f16, gshost_uint16_tu, float, F(h2f), F(f2h), 32)
-GSHOST_FLOAT_KERNELS(bf16, gshost_uint16_tu, float, F(b2f), F(f2b), 32)
+/* ---- kernels on fp16 and bf16 -------------------------------------------- */
 
-/* Integer kernels. Sum, product and the bitwise ops do not depend on
- * signedness, so they run on unsigned types: two's-complement wrap, no UB. */
-/* b + 0u is at least unsigned int, so 8/16-bit operands never multiply
- * as (overflowing) int. */
+/* fp16 and bf16 go chunk by chunk through float32 arrays: widen each source
+ * chunk, combine in float32, narrow once. Keeping the conversions in loops of
+ * their own lets them use F16C where there is one, and keeps the vectoriser
+ * from running out of registers on conversion and arithmetic at once. */
+static void F(widen_f16)(float *restrict d, const gshost_uint16_tu *restrict s, size_t m) {
+	size_t i = 0;
+#ifdef GSHOST_F16C
+	for (; i + 8 <= m; i += 8)
+		_mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#endif
+	for (; i < m; i++)
+		d[i] = F(h2f)(s[i]);
+}
+
+static void F(narrow_f16)(gshost_uint16_tu *restrict d, const float *restrict s, size_t m) {
+	size_t i = 0;
+#ifdef GSHOST_F16C
+	for (; i + 8 <= m; i += 8)
+		_mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+	for (; i < m; i++)
+		d[i] = F(f2h)(s[i]);
+}
+
+static void F(widen_bf16)(float *restrict d, const gshost_uint16_tu *restrict s, size_t m) {
+	for (size_t i = 0; i < m; i++)
+		d[i] = F(b2f)(s[i]);
+}
+
+static void F(narrow_bf16)(gshost_uint16_tu *restrict d, const float *restrict s, size_t m) {
+	for (size_t i = 0; i < m; i++)
+		d[i] = F(f2b)(s[i]);
+}
+
+#define GSHOST_KERNEL16(name, fmt, PRE, COMB, POST)                                    \
+	static void F(name)(uintptr_t dstp, const uintptr_t *srcs, int k, size_t n,    \
+	                    double scale) {                                            \
+		const float sc = (float)scale, kf = (float)k;                          \
+		(void)sc;                                                              \
+		(void)kf;                                                              \
+		float acc[GSHOST_CHUNK], tmp[GSHOST_CHUNK];                            \
+		for (size_t base = 0; base < n; base += GSHOST_CHUNK) {                \
+			size_t m = n - base < GSHOST_CHUNK ? n - base : GSHOST_CHUNK;  \
+			F(widen_##fmt)(acc, (const gshost_uint16_tu *)srcs[0] + base, m); \
+			if (k == 1)                                                    \
+				for (size_t i = 0; i < m; i++)                         \
+					acc[i] = POST(PRE(acc[i]));                    \
+			for (int j = 1; j < k; j++) {                                  \
+				F(widen_##fmt)(tmp, (const gshost_uint16_tu *)srcs[j] + base, m); \
+				if (j == 1 && j == k - 1)                              \
+					for (size_t i = 0; i < m; i++)                 \
+						acc[i] = POST(COMB(PRE(acc[i]), PRE(tmp[i]))); \
+				else if (j == 1)                                       \
+					for (size_t i = 0; i < m; i++)                 \
+						acc[i] = COMB(PRE(acc[i]), PRE(tmp[i]));  \
+				else if (j == k - 1)                                   \
+					for (size_t i = 0; i < m; i++)                 \
+						acc[i] = POST(COMB(acc[i], PRE(tmp[i])));  \
+				else                                                   \
+					for (size_t i = 0; i < m; i++)                 \
+						acc[i] = COMB(acc[i], PRE(tmp[i]));        \
+			}                                                              \
+			F(narrow_##fmt)((gshost_uint16_tu *)dstp + base, acc, m);      \
+		}                                                                      \
+	}
+
+#define GSHOST_HALF_KERNELS(fmt)                                                        \
+	GSHOST_KERNEL16(fmt##_sum, fmt, GSHOST_ID, GSHOST_ADD, GSHOST_ID)               \
+	GSHOST_KERNEL16(fmt##_avg, fmt, GSHOST_ID, GSHOST_ADD, GSHOST_DIVK)             \
+	GSHOST_KERNEL16(fmt##_premul, fmt, GSHOST_SCALE, GSHOST_ADD, GSHOST_ID)         \
+	GSHOST_KERNEL16(fmt##_prod, fmt, GSHOST_ID, GSHOST_MUL, GSHOST_ID)              \
+	GSHOST_KERNEL16(fmt##_min, fmt, GSHOST_ID, F(fmin32), GSHOST_ID)                \
+	GSHOST_KERNEL16(fmt##_max, fmt, GSHOST_ID, F(fmax32), GSHOST_ID)
+GSHOST_HALF_KERNELS(f16)
+GSHOST_HALF_KERNELS(bf16)
+
+/* ---- integer and bool kernels --------------------------------------------
+ *
+ * Sum, product and the bitwise ops do not depend on signedness, so they run
+ * on unsigned types: two's-complement wrap, no UB. b + 0u is at least
+ * unsigned int, so 8/16-bit operands never multiply as (overflowing) int. */
 #define GSHOST_UINT_OPS(T)                                                      \
 	static inline T F(add_##T)(T a, T b) { return (T)(a + (b + 0u)); }     \
 	static inline T F(mul_##T)(T a, T b) { return (T)(a * (b + 0u)); }
@@ -169,19 +245,19 @@ GSHOST_UINT_OPS(uint64_t)
 #define GSHOST_IMAX(a, b) ((b) > (a) ? (b) : (a))
 
 #define GSHOST_UINT_KERNELS(tag, T)                                                              \
-	GSHOST_KERNEL(tag##_sum, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, F(add_##T), GSHOST_ID, GSHOST_ID) \
-	GSHOST_KERNEL(tag##_prod, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, F(mul_##T), GSHOST_ID, GSHOST_ID) \
-	GSHOST_KERNEL(tag##_band, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_AND, GSHOST_ID, GSHOST_ID) \
-	GSHOST_KERNEL(tag##_bor, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_OR, GSHOST_ID, GSHOST_ID)   \
-	GSHOST_KERNEL(tag##_bxor, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_XOR, GSHOST_ID, GSHOST_ID)
+	GSHOST_KERNEL(tag##_sum, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, F(add_##T), GSHOST_ID) \
+	GSHOST_KERNEL(tag##_prod, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, F(mul_##T), GSHOST_ID) \
+	GSHOST_KERNEL(tag##_band, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_AND, GSHOST_ID) \
+	GSHOST_KERNEL(tag##_bor, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_OR, GSHOST_ID)   \
+	GSHOST_KERNEL(tag##_bxor, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_XOR, GSHOST_ID)
 GSHOST_UINT_KERNELS(u8, uint8_t)
 GSHOST_UINT_KERNELS(u16, uint16_t)
 GSHOST_UINT_KERNELS(u32, uint32_t)
 GSHOST_UINT_KERNELS(u64, uint64_t)
 
 #define GSHOST_MINMAX_KERNELS(tag, T)                                                            \
-	GSHOST_KERNEL(tag##_min, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_IMIN, GSHOST_ID, GSHOST_ID) \
-	GSHOST_KERNEL(tag##_max, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_IMAX, GSHOST_ID, GSHOST_ID)
+	GSHOST_KERNEL(tag##_min, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_IMIN, GSHOST_ID) \
+	GSHOST_KERNEL(tag##_max, gshost_##T##u, T, GSHOST_ID, GSHOST_ID, GSHOST_IMAX, GSHOST_ID)
 GSHOST_MINMAX_KERNELS(i8, int8_t)
 GSHOST_MINMAX_KERNELS(u8, uint8_t)
 GSHOST_MINMAX_KERNELS(i16, int16_t)
@@ -190,9 +266,9 @@ GSHOST_MINMAX_KERNELS(i64, int64_t)
 
 /* bool: any nonzero byte is true; results are 0 or 1. */
 #define GSHOST_TRUTH(x) ((uint8_t)((x) != 0))
-GSHOST_KERNEL(bool_or, gshost_uint8_tu, uint8_t, GSHOST_TRUTH, GSHOST_ID, GSHOST_OR, GSHOST_ID, GSHOST_ID)
-GSHOST_KERNEL(bool_and, gshost_uint8_tu, uint8_t, GSHOST_TRUTH, GSHOST_ID, GSHOST_AND, GSHOST_ID, GSHOST_ID)
-GSHOST_KERNEL(bool_xor, gshost_uint8_tu, uint8_t, GSHOST_TRUTH, GSHOST_ID, GSHOST_XOR, GSHOST_ID, GSHOST_ID)
+GSHOST_KERNEL(bool_or, gshost_uint8_tu, uint8_t, GSHOST_TRUTH, GSHOST_ID, GSHOST_OR, GSHOST_ID)
+GSHOST_KERNEL(bool_and, gshost_uint8_tu, uint8_t, GSHOST_TRUTH, GSHOST_ID, GSHOST_AND, GSHOST_ID)
+GSHOST_KERNEL(bool_xor, gshost_uint8_tu, uint8_t, GSHOST_TRUTH, GSHOST_ID, GSHOST_XOR, GSHOST_ID)
 
 /* ---- dispatch table ----------------------------------------------------- */
 
@@ -222,11 +298,11 @@ static const gshost_kernel F(kernels)[GSHOST_NDTYPES][GSHOST_NOPS] = {
 	                 [GSHOST_BXOR] = F(bool_xor)},
 };
 
-/* Conversion loops for the tests. */
-static void F(cvt_f32_f16)(uint16_t *d, const float *s, size_t n) { for (size_t i = 0; i < n; i++) d[i] = F(f2h)(s[i]); }
-static void F(cvt_f32_bf16)(uint16_t *d, const float *s, size_t n) { for (size_t i = 0; i < n; i++) d[i] = F(f2b)(s[i]); }
-static void F(cvt_f16_f32)(float *d, const uint16_t *s, size_t n) { for (size_t i = 0; i < n; i++) d[i] = F(h2f)(s[i]); }
-static void F(cvt_bf16_f32)(float *d, const uint16_t *s, size_t n) { for (size_t i = 0; i < n; i++) d[i] = F(b2f)(s[i]); }
+/* The chunk conversions, for the tests. */
+static void F(cvt_f32_f16)(uint16_t *d, const float *s, size_t n) { F(narrow_f16)(d, s, n); }
+static void F(cvt_f32_bf16)(uint16_t *d, const float *s, size_t n) { F(narrow_bf16)(d, s, n); }
+static void F(cvt_f16_f32)(float *d, const uint16_t *s, size_t n) { F(widen_f16)(d, s, n); }
+static void F(cvt_bf16_f32)(float *d, const uint16_t *s, size_t n) { F(widen_bf16)(d, s, n); }
 
 static const struct gshost_isa F(isa) = {
 	GSHOST_STR(ISA), &F(kernels),

@@ -35,7 +35,7 @@ func roundUp(n, a int) int { return (n + a - 1) / a * a }
 // NewLayout computes offsets for a group of world ranks.
 func NewLayout(world, stageBytes, boxBytes int) Layout {
 	l := Layout{World: world, StageBytes: roundUp(stageBytes, 4096), BoxBytes: roundUp(boxBytes, 4096)}
-	l.SlotBytes = roundUp(SlotHeaderBytes+16*world, lineSize)
+	l.SlotBytes = roundUp(SlotHeaderBytes+24*world, lineSize)
 	l.offHdr = offP2P + world*p2pWordsSize
 	l.offSlots = l.offHdr + world*2*p2pHdrSize
 	l.CtrlBytes = roundUp(l.offSlots+2*l.SlotBytes, 4096)
@@ -46,7 +46,7 @@ func NewLayout(world, stageBytes, boxBytes int) Layout {
 
 // SlotHeaderBytes is the fixed part of a sync slot, before the per-rank
 // counts.
-const SlotHeaderBytes = 64
+const SlotHeaderBytes = 128
 
 func (l *Layout) sentOff(peer int) int      { return offP2P + peer*p2pWordsSize }
 func (l *Layout) ackedOff(peer int) int     { return offP2P + peer*p2pWordsSize + lineSize }

@@ -1,0 +1,272 @@
+package gobackend
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// binder is an endpoint's side of lazy registration (coll.Direct): which of
+// this rank's shareable regions are bound to the group, and the peer-mapping
+// cache of the peers' bound regions, keyed by (peer, region id). Region ids
+// are never reused in a process, so a peer that frees and reallocates at
+// the same address shows up as a new id (a miss), never as a stale hit; the
+// old id reaches us in the peer's retired list and its mapping is dropped.
+type binder struct {
+	e   *Endpoint
+	dom *memreg.Domain
+
+	mu      sync.Mutex
+	own     map[uint64]*memreg.Memh // this rank's regions seen by ops, by id
+	peers   map[peerKey]*peerMap
+	retired []uint64 // this rank's ids unbound since the last op
+	closed  bool
+
+	created, reused, released atomic.Int64 // bindings of this rank's regions
+	hits, misses, dropped     atomic.Int64 // the peer-mapping cache
+}
+
+type peerKey struct {
+	peer int
+	id   uint64
+}
+
+// peerMap is this rank's mapping of a peer's bound region.
+type peerMap struct {
+	region *host.Region
+	base   uintptr // where the peer's memh starts in region
+}
+
+// ubrMode is GOSYM_ENABLE_UBR: "try" (default), "yes" or "no".
+func ubrMode() string {
+	switch v := os.Getenv("GOSYM_ENABLE_UBR"); v {
+	case "yes", "no":
+		return v
+	}
+	return "try"
+}
+
+func newBinder(e *Endpoint) *binder {
+	return &binder{e: e, dom: memreg.Default, own: map[uint64]*memreg.Memh{}, peers: map[peerKey]*peerMap{}}
+}
+
+// Locate implements coll.Direct.
+func (b *binder) Locate(addr uintptr, n int) (id, off uint64, fresh bool) {
+	m, ok := b.dom.Find(addr, n)
+	if !ok || !m.Shareable() || m.Mode() != memreg.Export {
+		if ok {
+			debugf("rank %d: registered buffer %#x+%d is not shareable; staging it", b.e.Rank, addr, n)
+		}
+		return 0, 0, false
+	}
+	_, bound := m.Binding(b)
+	b.mu.Lock()
+	b.own[m.ID()] = m
+	b.mu.Unlock()
+	if bound {
+		b.reused.Add(1)
+	}
+	return m.ID(), uint64(addr - m.LocalAddress()), !bound
+}
+
+// Retired implements coll.Direct.
+func (b *binder) Retired(most int) []uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := min(most, len(b.retired))
+	if n == 0 {
+		return nil
+	}
+	out := append([]uint64(nil), b.retired[:n]...)
+	b.retired = b.retired[n:]
+	return out
+}
+
+// Forget implements coll.Direct.
+func (b *binder) Forget(r int, ids []uint64) {
+	var drop []*peerMap
+	b.mu.Lock()
+	for _, id := range ids {
+		if pm, ok := b.peers[peerKey{r, id}]; ok {
+			delete(b.peers, peerKey{r, id})
+			drop = append(drop, pm)
+		}
+	}
+	b.mu.Unlock()
+	for _, pm := range drop {
+		pm.region.Close()
+		b.dropped.Add(1)
+	}
+}
+
+// Exchange implements coll.Direct: this rank sends its fresh region's memfd
+// (a duplicate) to every peer over the authenticated links, then maps each
+// peer's fresh region.
+func (b *binder) Exchange(fresh []uint64, deadline time.Time) error {
+	me := b.e.Rank
+	var firstErr error
+	if id := fresh[me]; id != 0 {
+		b.mu.Lock()
+		m := b.own[id]
+		b.mu.Unlock()
+		if err := b.send(m, id, deadline); err != nil {
+			firstErr = err
+		}
+	}
+	for r, id := range fresh {
+		if r == me || id == 0 {
+			continue
+		}
+		if err := b.receive(r, id, deadline); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+func (b *binder) send(m *memreg.Memh, id uint64, deadline time.Time) error {
+	msg := make([]byte, 32)
+	binary.LittleEndian.PutUint64(msg, id)
+	var fds []int
+	if m != nil {
+		if fd, size, _, off, ok := m.Share(); ok {
+			defer unix.Close(fd)
+			binary.LittleEndian.PutUint64(msg[8:], uint64(size))
+			binary.LittleEndian.PutUint64(msg[16:], uint64(off))
+			binary.LittleEndian.PutUint64(msg[24:], uint64(m.Len()))
+			fds = []int{fd}
+		}
+	}
+	var firstErr error
+	for _, l := range b.e.mesh.Links {
+		if l != nil {
+			if err := l.Send(msg, fds, deadline); err != nil && firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	if fds == nil && firstErr == nil {
+		firstErr = fmt.Errorf("region %d is no longer shareable", id)
+	}
+	return firstErr
+}
+
+func (b *binder) receive(r int, id uint64, deadline time.Time) error {
+	msg, fds, err := b.e.mesh.Links[r].Recv(deadline)
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	le := binary.LittleEndian
+	if len(msg) != 32 || le.Uint64(msg) != id || len(fds) != 1 {
+		return status.Errorf(status.Peer, "gosym: rank %d did not send region %d", r, id)
+	}
+	size, off, n := int(le.Uint64(msg[8:])), int(le.Uint64(msg[16:])), int(le.Uint64(msg[24:]))
+	if size <= 0 || off < 0 || n <= 0 || off+n > size {
+		return status.Errorf(status.Peer, "gosym: rank %d sent region %d with a bad layout", r, id)
+	}
+	region, err := host.MapFD(fds[0], size)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	old := b.peers[peerKey{r, id}]
+	b.peers[peerKey{r, id}] = &peerMap{region: region, base: region.Addr() + uintptr(off)}
+	b.mu.Unlock()
+	b.misses.Add(1)
+	if old != nil {
+		old.region.Close()
+	}
+	return nil
+}
+
+// Bound implements coll.Direct: every rank mapped region id, so bind it to
+// this endpoint; unmapping it (or destroying the endpoint) retires it.
+func (b *binder) Bound(id uint64) {
+	b.mu.Lock()
+	m := b.own[id]
+	b.mu.Unlock()
+	if m == nil {
+		return
+	}
+	_, added, err := m.Bind(b, id, func() {
+		b.mu.Lock()
+		if !b.closed {
+			b.retired = append(b.retired, id)
+		}
+		delete(b.own, id)
+		b.mu.Unlock()
+		b.released.Add(1)
+	})
+	if err == nil && added {
+		b.created.Add(1)
+	}
+}
+
+// Addr implements coll.Direct.
+func (b *binder) Addr(r int, id, off uint64) uintptr {
+	if id == 0 {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r == b.e.Rank {
+		if m := b.own[id]; m != nil {
+			return m.LocalAddress() + uintptr(off)
+		}
+		return 0
+	}
+	pm := b.peers[peerKey{r, id}]
+	if pm == nil {
+		return 0
+	}
+	b.hits.Add(1)
+	return pm.base + uintptr(off)
+}
+
+// close releases every binding of this endpoint and every peer mapping;
+// it runs after the workers stopped and before the links close.
+func (b *binder) close() {
+	b.dom.UnbindAll(b)
+	b.mu.Lock()
+	b.closed = true
+	peers := b.peers
+	b.peers = map[peerKey]*peerMap{}
+	b.own = map[uint64]*memreg.Memh{}
+	b.mu.Unlock()
+	for _, pm := range peers {
+		pm.region.Close()
+	}
+}
+
+func (b *binder) stats() map[string]int64 {
+	b.mu.Lock()
+	n := len(b.peers)
+	b.mu.Unlock()
+	return map[string]int64{
+		"bindings_created": b.created.Load(), "bindings_reused": b.reused.Load(),
+		"bindings_released": b.released.Load(), "peer_maps": int64(n),
+		"peer_map_hits": b.hits.Load(), "peer_map_misses": b.misses.Load(), "peer_map_dropped": b.dropped.Load(),
+	}
+}
+
+var debug = os.Getenv("GOSYM_DEBUG") != ""
+
+func debugf(format string, args ...any) {
+	if debug {
+		fmt.Fprintf(os.Stderr, "gosym: "+format+"\n", args...)
+	}
+}

@@ -1,0 +1,122 @@
+package gobackend
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+)
+
+// shared returns n float32s of shareable memory (gosym.empty's memory).
+func shared(t *testing.T, n int) []float32 {
+	m, err := MemAlloc(max(4, 4*n))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, MemUnmap(m)) })
+	b := m.Bytes()
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
+}
+
+// TestCollectivesZeroCopy runs every collective with inputs in shareable
+// memory, so peers read them in place, and checks results, that the first
+// op binds each region once and that later ops reuse the bindings.
+func TestCollectivesZeroCopy(t *testing.T) {
+	for _, world := range []int{2, 3} {
+		eps := group(t, world, 20*time.Second)
+		for _, c := range opCases {
+			for _, n := range []int{1, 1025, 1<<21 + 5} {
+				t.Run(fmt.Sprintf("%s/w%d/n%d", c.kind, world, n), func(t *testing.T) {
+					in := make([][]float32, world)
+					for r := range in {
+						in[r] = shared(t, world*n+1)
+						for i := range in[r] {
+							in[r][i] = rand.Float32()
+						}
+					}
+					for rep := 0; rep < 2; rep++ {
+						before := eps[0].bind.stats()
+						outs := make([][][]float32, world)
+						wants := make([][][]float32, world)
+						errs := postAll(t, eps, func(r int) *Op {
+							op, o, w := c.build(world, r, n, in)
+							op.DType, op.RedOp = dtype.Float32, dtype.Sum
+							outs[r], wants[r] = o, w
+							return op
+						})
+						for r := range eps {
+							require.NoError(t, errs[r], "rank %d", r)
+							for i := range outs[r] {
+								require.Equal(t, wants[r][i], outs[r][i], "rank %d buffer %d rep %d", r, i, rep)
+							}
+						}
+						after := eps[0].bind.stats()
+						if c.kind != coll.Broadcast && c.kind != coll.Scatter && n > 1 { // rank 0 contributes data
+							created := after["bindings_created"] - before["bindings_created"]
+							if rep == 0 {
+								require.Equal(t, int64(1), created, "first op binds rank 0's input")
+							} else {
+								require.Equal(t, int64(0), created, "second op reuses the binding")
+								require.Equal(t, int64(0), after["peer_map_misses"]-before["peer_map_misses"], "no new peer mappings")
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestAllReduceZeroCopyInPlace checks the two-shot in-place path.
+func TestAllReduceZeroCopyInPlace(t *testing.T) {
+	eps := group(t, 3, 20*time.Second)
+	for _, n := range []int{1, 2, 3, 1025, 1<<21 + 5} {
+		bufs := make([][]float32, 3)
+		for r := range bufs {
+			bufs[r] = shared(t, n)
+			for i := range bufs[r] {
+				bufs[r][i] = rand.Float32()
+			}
+		}
+		want := sumAt(bufs, 0, n)
+		errs := postAll(t, eps, func(r int) *Op {
+			return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: n, In: addr(bufs[r]), Out: addr(bufs[r])}
+		})
+		for r := range eps {
+			require.NoError(t, errs[r])
+			require.Equal(t, want, bufs[r], "n %d rank %d", n, r)
+		}
+	}
+}
+
+// TestUnmapRetiresPeerMappings checks that unmapping a bound region drops
+// the peers' mappings at the next op, and that destroy releases bindings.
+func TestUnmapRetiresPeerMappings(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	m, err := MemAlloc(4096)
+	require.NoError(t, err)
+	b := m.Bytes()
+	buf := unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), 16)
+	other := shared(t, 16)
+	bufs := [][]float32{buf, other}
+	run := func() {
+		errs := postAll(t, eps, func(r int) *Op {
+			return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 16, In: addr(bufs[r]), Out: addr(bufs[r])}
+		})
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+	}
+	run()
+	require.Equal(t, int64(1), eps[1].bind.stats()["peer_maps"])
+	require.Equal(t, 1, m.Bindings())
+	require.NoError(t, MemUnmap(m))
+	bufs[0] = make([]float32, 16) // private now: staged
+	run()
+	require.Equal(t, int64(0), eps[1].bind.stats()["peer_maps"], "rank 1 dropped rank 0's retired region")
+	require.Equal(t, int64(1), eps[1].bind.stats()["peer_map_dropped"])
+}

@@ -1,0 +1,179 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "dispatch.h"
+
+#define GSCU_MAX_PARAMS 8
+#define GSCU_MAX_PARAM_BYTES 4096
+
+// Launches f with its parameters copied out of blob into C storage: the
+// driver gets an array of pointers into this frame, never a Go pointer, and
+// copies the values before cuLaunchKernel returns.
+static inline CUresult gscu_launch(const gscu_driver *t, CUcontext ctx, CUfunction f,
+                                   unsigned int gx, unsigned int gy, unsigned int gz,
+                                   unsigned int bx, unsigned int by, unsigned int bz,
+                                   unsigned int shmem, CUstream s, const void *blob,
+                                   size_t len, const size_t *offsets, int n) {
+	_Alignas(16) char buf[GSCU_MAX_PARAM_BYTES];
+	void *ptrs[GSCU_MAX_PARAMS];
+	if (n < 0 || n > GSCU_MAX_PARAMS || len > sizeof buf)
+		return 1; // CUDA_ERROR_INVALID_VALUE
+	if (len)
+		memcpy(buf, blob, len);
+	for (int i = 0; i < n; i++) {
+		if (offsets[i] >= len)
+			return 1;
+		ptrs[i] = buf + offsets[i];
+	}
+	return gscu_in_cuLaunchKernel(t, ctx, f, gx, gy, gz, bx, by, bz, shmem, s, ptrs, NULL);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+const (
+	maxParams     = C.GSCU_MAX_PARAMS
+	maxParamBytes = C.GSCU_MAX_PARAM_BYTES
+)
+
+// Kernel describes one __global__ function: where its source is and its
+// parameter list. The list is the only description of the arguments: Launch
+// takes its count and every layout from here, so caller and kernel cannot
+// disagree (params.cuh is generated from the same structs).
+type Kernel struct {
+	Name   string    // extern "C" name
+	Source string    // file in package kernels
+	Params []*Struct // one entry per parameter, in order
+}
+
+// Param is a value that can be passed as a kernel parameter: one of the
+// parameter structs of this package (ARParams, CopyParams, BarrierParams).
+type Param interface {
+	kernelParam() (*Struct, unsafe.Pointer)
+}
+
+func (p *ARParams) kernelParam() (*Struct, unsafe.Pointer)   { return arLayout, unsafe.Pointer(p) }
+func (p *CopyParams) kernelParam() (*Struct, unsafe.Pointer) { return copyLayout, unsafe.Pointer(p) }
+func (p *BarrierParams) kernelParam() (*Struct, unsafe.Pointer) {
+	return barrierLayout, unsafe.Pointer(p)
+}
+
+// Module is a loaded CUBIN/PTX image, bound to the context it was loaded in.
+type Module struct {
+	d   *Driver
+	ctx Context
+	h   C.CUmodule
+}
+
+// Function is a kernel of a Module.
+type Function struct {
+	m *Module
+	h C.CUfunction
+	k *Kernel
+}
+
+// Dim3 is a grid or block shape.
+type Dim3 struct{ X, Y, Z uint32 }
+
+// D1 is the one-dimensional shape n x 1 x 1.
+func D1(n uint32) Dim3 { return Dim3{n, 1, 1} }
+
+// LoadModule loads an image (CUBIN, or NUL-terminated PTX) into ctx.
+func (d *Driver) LoadModule(ctx Context, image []byte) (*Module, error) {
+	if len(image) == 0 {
+		return nil, fmt.Errorf("cuda: load module: empty image")
+	}
+	// cuModuleLoadData reads the image during the call only.
+	var h C.CUmodule
+	if err := d.check("cuModuleLoadData",
+		C.gscu_in_cuModuleLoadData(d.t, cCtx(ctx), &h, unsafe.Pointer(&image[0]))); err != nil {
+		return nil, err
+	}
+	return &Module{d: d, ctx: ctx, h: h}, nil
+}
+
+// Unload unloads the module; its Functions must not be used afterwards.
+func (m *Module) Unload() error {
+	if m.h == nil {
+		return nil
+	}
+	err := m.d.check("cuModuleUnload", C.gscu_in_cuModuleUnload(m.d.t, cCtx(m.ctx), m.h))
+	m.h = nil
+	return err
+}
+
+// Function looks up kernel k in the module.
+func (m *Module) Function(k *Kernel) (*Function, error) {
+	if len(k.Params) > maxParams {
+		return nil, fmt.Errorf("cuda: kernel %s has %d parameters, at most %d", k.Name, len(k.Params), maxParams)
+	}
+	name := C.CString(k.Name)
+	defer C.free(unsafe.Pointer(name))
+	var f C.CUfunction
+	if err := m.d.check("cuModuleGetFunction",
+		C.gscu_in_cuModuleGetFunction(m.d.t, cCtx(m.ctx), &f, m.h, name)); err != nil {
+		return nil, fmt.Errorf("%w (kernel %s)", err, k.Name)
+	}
+	return &Function{m: m, h: f, k: k}, nil
+}
+
+// Kernel is the description the function was looked up with.
+func (f *Function) Kernel() *Kernel { return f.k }
+
+// Function attributes (CU_FUNC_ATTRIBUTE_*).
+const (
+	FuncMaxThreadsPerBlock = 0
+	FuncSharedSizeBytes    = 1
+	FuncLocalSizeBytes     = 3
+	FuncNumRegs            = 4
+)
+
+// Attribute reads a function attribute, such as FuncNumRegs.
+func (f *Function) Attribute(attr int) (int, error) {
+	var v C.int
+	r := C.gscu_in_cuFuncGetAttribute(f.m.d.t, cCtx(f.m.ctx), &v, C.CUfunction_attribute(attr), f.h)
+	return int(v), f.m.d.check("cuFuncGetAttribute", r)
+}
+
+// Launch runs f on stream with the given parameters, in the function's
+// context. The arguments must match f's Kernel.Params one for one.
+func (d *Driver) Launch(f *Function, grid, block Dim3, shmem uint32, stream Stream, args ...Param) error {
+	if len(args) != len(f.k.Params) {
+		return fmt.Errorf("cuda: launch %s: %d arguments, the kernel takes %d", f.k.Name, len(args), len(f.k.Params))
+	}
+	var offsets [maxParams]C.size_t
+	var blob unsafe.Pointer
+	var size uintptr
+	var packed [maxParamBytes]byte
+	for i, a := range args {
+		layout, p := a.kernelParam()
+		if layout != f.k.Params[i] {
+			return fmt.Errorf("cuda: launch %s: argument %d is %s, the kernel takes %s", f.k.Name, i,
+				layout.Name, f.k.Params[i].Name)
+		}
+		if len(args) == 1 { // the common case: hand the struct over as it is
+			blob, size = p, layout.Size
+			break
+		}
+		off := alignUp(size, layout.Align)
+		if off+layout.Size > maxParamBytes {
+			return fmt.Errorf("cuda: launch %s: parameters exceed %d bytes", f.k.Name, maxParamBytes)
+		}
+		copy(packed[off:], unsafe.Slice((*byte)(p), layout.Size))
+		offsets[i], size = C.size_t(off), off+layout.Size
+		blob = unsafe.Pointer(&packed[0])
+	}
+	r := C.gscu_launch(d.t, cCtx(f.m.ctx), f.h, C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z),
+		C.uint(block.X), C.uint(block.Y), C.uint(block.Z), C.uint(shmem), cStream(stream),
+		blob, C.size_t(size), &offsets[0], C.int(len(args)))
+	if err := d.check("cuLaunchKernel", r); err != nil {
+		return fmt.Errorf("%w (kernel %s)", err, f.k.Name)
+	}
+	return nil
+}

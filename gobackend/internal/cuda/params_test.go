@@ -1,0 +1,110 @@
+package cuda
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/kernels"
+)
+
+var update = flag.Bool("update", false, "rewrite kernels/params.cuh from the Go tables")
+
+func TestParamsHeader(t *testing.T) {
+	want := ParamsHeader()
+	path := filepath.Join("..", "..", "..", "kernels", paramsHeaderFileName)
+	if *update {
+		require.NoError(t, os.WriteFile(path, []byte(want), 0o644))
+	}
+	got, err := kernels.FS.ReadFile(paramsHeaderFileName)
+	require.NoError(t, err, "kernels/%s is missing: run with -update", paramsHeaderFileName)
+	require.Equal(t, want, string(got), "kernels/%s is stale: run go test ./gobackend/internal/cuda -run TestParamsHeader -update", paramsHeaderFileName)
+}
+
+func TestParamLayouts(t *testing.T) {
+	for _, s := range paramStructs {
+		t.Run(s.Name, func(t *testing.T) {
+			require.Equal(t, s.GoType.Size(), s.Size)
+			for i, f := range s.Fields {
+				require.Equal(t, s.GoType.Field(i).Offset, f.Offset, f.Name)
+			}
+		})
+	}
+	require.Equal(t, uintptr(176), arLayout.Size)
+	off := map[string]uintptr{}
+	for _, f := range arLayout.Fields {
+		off[f.Name] = f.Offset
+	}
+	require.Equal(t, map[string]uintptr{"peers": 0, "pads": 64, "out": 128, "numel": 136,
+		"src_offset": 144, "timeout_ns": 152, "scale": 160, "post": 164, "world": 168, "rank": 172}, off)
+}
+
+func TestLayoutRejectsBadTags(t *testing.T) {
+	type unknownType struct {
+		A uint64 `cuda:"a,size_t"`
+	}
+	type badLen struct {
+		A [4]uintptr `cuda:"a,void *,GS_MAX_RANKS"`
+	}
+	type unknownLen struct {
+		A [4]uintptr `cuda:"a,void *,GS_NOPE"`
+	}
+	type wrongKind struct {
+		A int64 `cuda:"a,unsigned long long"`
+	}
+	type noTag struct {
+		A int32
+	}
+	type goPadsDifferently struct {
+		A int32   `cuda:"a,int"`
+		B float64 `cuda:"b,double"`
+	}
+	cases := []struct {
+		name string
+		v    any
+		want string
+	}{
+		{"unknown C type", unknownType{}, "unknown C type"},
+		{"array length", badLen{}, "is not an array of GS_MAX_RANKS"},
+		{"unknown length", unknownLen{}, "unknown length"},
+		{"kind", wrongKind{}, "cannot carry"},
+		{"no tag", noTag{}, "bad cuda tag"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := layoutOf("x", reflect.TypeOf(c.v))
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+	// Same rules on both sides: accepted.
+	s, err := layoutOf("ok", reflect.TypeOf(goPadsDifferently{}))
+	require.NoError(t, err)
+	require.Equal(t, uintptr(8), s.Fields[1].Offset)
+}
+
+func TestPadLayoutFits(t *testing.T) {
+	require.LessOrEqual(t, 4*padUsedWords, PadBytes)
+	require.Equal(t, 0, PadBytes%16)
+	require.LessOrEqual(t, defaultReduceBlocks, MaxBlocks)
+	require.LessOrEqual(t, defaultCopyBlocks, MaxBlocks)
+}
+
+func TestKernelTable(t *testing.T) {
+	seen := map[string]bool{}
+	sources := kernels.Sources()
+	for _, k := range Kernels() {
+		require.False(t, seen[k.Name], "duplicate %s", k.Name)
+		seen[k.Name] = true
+		require.Contains(t, sources, k.Source, k.Name)
+		require.NotEmpty(t, k.Params, k.Name)
+		require.True(t, strings.HasPrefix(k.Name, "gs_"), k.Name)
+	}
+	for _, src := range sources {
+		require.NotEmpty(t, KernelsIn(src), "%s defines no kernel in the table", src)
+	}
+}

@@ -1,0 +1,51 @@
+package gobackend
+
+import (
+	"time"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// Memh is a registered memory range (see memreg).
+type Memh = memreg.Memh
+
+// MemAlloc allocates size bytes of shareable host memory (gosym.empty).
+func MemAlloc(size int) (*Memh, error) { return memreg.Default.Alloc(size) }
+
+// MemMap registers [addr, addr+n) on device (-1: host). It talks to no
+// peer: groups bind it lazily, on the first collective that uses it.
+func MemMap(addr uintptr, n, device int) (*Memh, error) { return memreg.Default.Map(addr, n, device) }
+
+// MemUnmap unregisters m; bindings are removed and their groups told.
+func MemUnmap(m *Memh) error { return memreg.Default.Unmap(m) }
+
+// MemImport maps a blob packed by another process of this host.
+func MemImport(blob []byte, timeout time.Duration) (*Memh, error) {
+	if timeout <= 0 {
+		timeout = memreg.DefaultTimeout
+	}
+	return memreg.Default.ImportDeadline(blob, time.Now().Add(timeout))
+}
+
+// MemStats reports the domain's registration counters.
+func MemStats() map[string]int64 { return memreg.Default.Stats() }
+
+// checkUBR enforces GOSYM_ENABLE_UBR=yes: a registered input that cannot be
+// shared is an error rather than a silent fallback to staging.
+func checkUBR(op *Op) error {
+	if ubrMode() != "yes" {
+		return nil
+	}
+	start, n, _ := coll.InputSpan(op)
+	if n == 0 {
+		return nil
+	}
+	if m, ok := memreg.Default.Find(start, n); ok && !m.Shareable() {
+		return status.Errorf(status.InvalidArg,
+			"gosym: %s: GOSYM_ENABLE_UBR=yes but the registered buffer %#x+%d is private memory that peers cannot map (allocate it with gosym.empty)",
+			op.Kind, start, n)
+	}
+	return nil
+}
