@@ -144,6 +144,27 @@ int32_t gosym_work_wait(uint64_t work, int64_t timeout_ms);
 int32_t gosym_work_test(uint64_t work);
 int32_t gosym_work_release(uint64_t work);
 
+/*
+ * Memory registration (the domain: one per process). A memh handle names a
+ * registered range. mem_map talks to no peer: a group binds the enclosing
+ * shareable region lazily, on the first collective that uses it.
+ */
+/* Shareable host memory (memfd); *out_addr receives its address. */
+int32_t gosym_mem_alloc(uint64_t nbytes, uint64_t *out_memh, uint64_t *out_addr);
+/* Registers [addr, addr+nbytes) on device (-1: host memory). */
+int32_t gosym_mem_map(uint64_t addr, uint64_t nbytes, int32_t device,
+                      uint64_t *out_memh);
+/* Unregisters and releases the handle; unknown handles are an error. */
+int32_t gosym_mem_unmap(uint64_t memh);
+/* A versioned, bounds-checked blob another process can import. */
+int32_t gosym_mem_pack(uint64_t memh, uint8_t *buf, uint64_t cap,
+                       uint64_t *len);
+/* Maps a blob packed by another process of this host (timeout_ms<=0: default). */
+int32_t gosym_mem_import(const uint8_t *blob, uint64_t len, int64_t timeout_ms,
+                         uint64_t *out_memh);
+/* The memh's fields (exporter's and local address/length, mode, bindings) as JSON. */
+int32_t gosym_mem_info(uint64_t memh, char *buf, uint64_t cap, uint64_t *len);
+
 /* Process-wide counters (live handles, fds, mappings) as JSON. */
 int32_t gosym_stats(char *buf, uint64_t cap, uint64_t *len);
 

@@ -55,3 +55,10 @@ func getWork(h uint64) (*gobackend.Work, error) {
 	}
 	return nil, gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live work handle", h)
 }
+
+func getMemh(h uint64) (*gobackend.Memh, error) {
+	if m, ok := handles.get(h).(*gobackend.Memh); ok {
+		return m, nil
+	}
+	return nil, gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live memory handle", h)
+}

@@ -185,6 +185,9 @@ func gosym_stats(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int
 	defer guard(&rc)
 	m := gobackend.ProcessStats()
 	m["handles"] = handles.len()
+	for k, v := range gobackend.MemStats() {
+		m["mem_"+k] = v
+	}
 	b, _ := json.Marshal(m)
 	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
 }
@@ -278,4 +281,87 @@ func gosym_work_release(h C.uint64_t) (rc C.int32_t) {
 	}
 	handles.remove(uint64(h))
 	return C.GOSYM_OK
+}
+
+//export gosym_mem_alloc
+func gosym_mem_alloc(n C.uint64_t, out *C.uint64_t, outAddr *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if out == nil || outAddr == nil || n == 0 || uint64(n) > 1<<46 {
+		return ret(errArg("mem_alloc: bad size %d or null output", uint64(n)))
+	}
+	m, err := gobackend.MemAlloc(int(n))
+	if err != nil {
+		return ret(err)
+	}
+	*out = C.uint64_t(handles.add(m))
+	*outAddr = C.uint64_t(m.LocalAddress())
+	return C.GOSYM_OK
+}
+
+//export gosym_mem_map
+func gosym_mem_map(addr, n C.uint64_t, device C.int32_t, out *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if out == nil || uint64(n) > 1<<62 {
+		return ret(errArg("mem_map: bad length %d or null output", uint64(n)))
+	}
+	m, err := gobackend.MemMap(uintptr(addr), int(n), int(device))
+	if err != nil {
+		return ret(err)
+	}
+	*out = C.uint64_t(handles.add(m))
+	return C.GOSYM_OK
+}
+
+//export gosym_mem_unmap
+func gosym_mem_unmap(h C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	m, err := getMemh(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	handles.remove(uint64(h))
+	return ret(gobackend.MemUnmap(m))
+}
+
+//export gosym_mem_pack
+func gosym_mem_pack(h C.uint64_t, buf *C.uint8_t, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	m, err := getMemh(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	b, err := m.Pack()
+	if err != nil {
+		return ret(err)
+	}
+	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, false))
+}
+
+//export gosym_mem_import
+func gosym_mem_import(blob *C.gosym_cu8, n C.uint64_t, timeoutMs C.int64_t, out *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if blob == nil || out == nil || n > 1<<20 {
+		return ret(errArg("mem_import: bad blob (%d bytes) or null output", uint64(n)))
+	}
+	m, err := gobackend.MemImport(C.GoBytes(unsafe.Pointer(blob), C.int(n)), time.Duration(timeoutMs)*time.Millisecond)
+	if err != nil {
+		return ret(err)
+	}
+	*out = C.uint64_t(handles.add(m))
+	return C.GOSYM_OK
+}
+
+//export gosym_mem_info
+func gosym_mem_info(h C.uint64_t, buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	m, err := getMemh(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	b, _ := json.Marshal(map[string]any{
+		"id": m.ID(), "mode": m.Mode().String(), "address": uint64(m.Address()), "length": m.Len(),
+		"local_address": uint64(m.LocalAddress()), "local_length": m.LocalLen(), "device": m.Device(),
+		"shareable": m.Shareable(), "bindings": m.Bindings(),
+	})
+	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
 }

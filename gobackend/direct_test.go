@@ -28,6 +28,9 @@ func shared(t *testing.T, n int) []float32 {
 func TestCollectivesZeroCopy(t *testing.T) {
 	for _, world := range []int{2, 3} {
 		eps := group(t, world, 20*time.Second)
+		for _, ep := range eps {
+			ep.exec.DirectMin = 1 // read every shareable input in place
+		}
 		for _, c := range opCases {
 			for _, n := range []int{1, 1025, 1<<21 + 5} {
 				t.Run(fmt.Sprintf("%s/w%d/n%d", c.kind, world, n), func(t *testing.T) {
@@ -74,6 +77,9 @@ func TestCollectivesZeroCopy(t *testing.T) {
 // TestAllReduceZeroCopyInPlace checks the two-shot in-place path.
 func TestAllReduceZeroCopyInPlace(t *testing.T) {
 	eps := group(t, 3, 20*time.Second)
+	for _, ep := range eps {
+		ep.exec.DirectMin = 1
+	}
 	for _, n := range []int{1, 2, 3, 1025, 1<<21 + 5} {
 		bufs := make([][]float32, 3)
 		for r := range bufs {
@@ -97,6 +103,9 @@ func TestAllReduceZeroCopyInPlace(t *testing.T) {
 // the peers' mappings at the next op, and that destroy releases bindings.
 func TestUnmapRetiresPeerMappings(t *testing.T) {
 	eps := group(t, 2, 10*time.Second)
+	for _, ep := range eps {
+		ep.exec.DirectMin = 1
+	}
 	m, err := MemAlloc(4096)
 	require.NoError(t, err)
 	b := m.Bytes()

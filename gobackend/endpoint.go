@@ -35,6 +35,7 @@ type Config struct {
 	BoxBytes   int           // one mailbox half per peer (GOSYM_BOX_BYTES)
 	Threads    int           // goroutines per large copy/reduce (GOSYM_THREADS)
 	Spin       time.Duration // poll before sleeping (GOSYM_SPIN_US)
+	DirectMin  int           // smallest input read in place (GOSYM_DIRECT_MIN)
 }
 
 func envInt(name string, def int) int {
@@ -51,6 +52,7 @@ func DefaultConfig(world int) Config {
 		BoxBytes:   envInt("GOSYM_BOX_BYTES", 1<<20),
 		Threads:    envInt("GOSYM_THREADS", max(1, min(8, runtime.NumCPU()/world))),
 		Spin:       time.Duration(envInt("GOSYM_SPIN_US", 20)) * time.Microsecond,
+		DirectMin:  envInt("GOSYM_DIRECT_MIN", 64<<10),
 	}
 }
 
@@ -137,6 +139,7 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 	if ubrMode() != "no" {
 		e.bind = newBinder(e)
 		e.exec.D = e.bind
+		e.exec.DirectMin = e.cfg.DirectMin
 	}
 	e.p2pSeq = make([]uint64, 2*e.Size)
 	e.coll = e.startQueue(e.runColl)
@@ -266,7 +269,7 @@ func (e *Endpoint) StatsMap() map[string]any {
 		"rank": e.Rank, "size": e.Size, "name": e.Name,
 		"posted": e.stats.Posted.Load(), "completed": e.stats.Completed.Load(), "failed": e.stats.Failed.Load(),
 		"stage_bytes": e.cfg.StageBytes, "box_bytes": e.cfg.BoxBytes, "threads": e.cfg.Threads,
-		"spin_us": e.cfg.Spin.Microseconds(), "timeout_ms": e.Timeout.Milliseconds(),
+		"spin_us": e.cfg.Spin.Microseconds(), "direct_min": e.cfg.DirectMin, "timeout_ms": e.Timeout.Milliseconds(),
 	}
 	if e.bind != nil {
 		for k, v := range e.bind.stats() {

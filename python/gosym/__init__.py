@@ -16,10 +16,23 @@ if not dist.is_available():
 
 from . import _lib  # noqa: E402 - raises ImportError when the library is missing or mismatched
 from .backend import ProcessGroupGosym, register  # noqa: E402
+from .memory import MemHandle, empty, empty_like, mem_import, mem_map, mem_unmap  # noqa: E402
 from .work import Work  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["ProcessGroupGosym", "Work", "engine_version", "process_stats", "stats"]
+__all__ = [
+    "MemHandle",
+    "ProcessGroupGosym",
+    "Work",
+    "empty",
+    "empty_like",
+    "engine_version",
+    "mem_import",
+    "mem_map",
+    "mem_unmap",
+    "process_stats",
+    "stats",
+]
 
 register()
 

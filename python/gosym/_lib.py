@@ -143,6 +143,12 @@ _SIGNATURES = {
     "gosym_work_test": (c_int32, [c_uint64]),
     "gosym_work_release": (c_int32, [c_uint64]),
     "gosym_stats": (c_int32, [c_void_p, c_uint64, _u64p]),
+    "gosym_mem_alloc": (c_int32, [c_uint64, _u64p, _u64p]),
+    "gosym_mem_map": (c_int32, [c_uint64, c_uint64, c_int32, _u64p]),
+    "gosym_mem_unmap": (c_int32, [c_uint64]),
+    "gosym_mem_pack": (c_int32, [c_uint64, c_void_p, c_uint64, _u64p]),
+    "gosym_mem_import": (c_int32, [c_char_p, c_uint64, c_int64, _u64p]),
+    "gosym_mem_info": (c_int32, [c_uint64, c_void_p, c_uint64, _u64p]),
 }
 
 

@@ -83,7 +83,7 @@ func (x *Exec) view(o *Op) *zc {
 	}
 	z := &zc{retired: x.D.Retired(maxRetired)}
 	start, n, displ := inputSpan(o, o.DType.Size())
-	if n > 0 && contributes(o.Kind, x.Rank, o.Root) {
+	if n > 0 && n >= x.DirectMin && contributes(o.Kind, x.Rank, o.Root) {
 		var fresh bool
 		z.id, z.off, fresh = x.D.Locate(start, n)
 		if z.id != 0 {

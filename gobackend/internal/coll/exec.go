@@ -20,6 +20,9 @@ type Exec struct {
 	Rank    int
 	Threads int    // goroutines used for one large copy or reduction
 	D       Direct // zero-copy access to shareable inputs; nil: always stage
+	// DirectMin is the smallest input read in place: below it one staged
+	// round (one barrier) beats zero-copy (two barriers).
+	DirectMin int
 
 	// point-to-point chunk counters, per peer; each is touched only by that
 	// peer's send (or receive) worker.
