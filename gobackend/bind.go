@@ -211,7 +211,13 @@ func (b *binder) Bound(id uint64) {
 		b.mu.Unlock()
 		b.released.Add(1)
 	})
-	if err == nil && added {
+	switch {
+	case err != nil: // unmapped meanwhile: the peers' new mappings must go too
+		b.mu.Lock()
+		b.retired = append(b.retired, id)
+		delete(b.own, id)
+		b.mu.Unlock()
+	case added:
 		b.created.Add(1)
 	}
 }
