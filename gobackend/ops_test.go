@@ -227,3 +227,18 @@ func TestRecvMatchesByTag(t *testing.T) {
 	require.Equal(t, a, ga)
 	require.Equal(t, b, gb)
 }
+
+func TestOverflowingExtentsRejected(t *testing.T) {
+	eps := group(t, 2, 5*time.Second)
+	buf := make([]float32, 4)
+	huge := int(^uint(0)>>1) / 2
+	for name, op := range map[string]*Op{
+		"count overflows":       {Kind: coll.AllReduce, DType: dtype.Int64, Count: huge, In: addr(buf), Out: addr(buf)},
+		"piece extent wraps":    {Kind: coll.AllToAll, InPieces: []Piece{{Addr: ^uintptr(0) - 8, Count: 4}, {Addr: addr(buf), Count: 1}}, OutPieces: []Piece{{Addr: addr(buf), Count: 1}, {Addr: addr(buf), Count: 1}}},
+		"piece count overflows": {Kind: coll.AllToAll, DType: dtype.Float64, InPieces: []Piece{{Addr: addr(buf), Count: huge}, {Addr: addr(buf), Count: 1}}, OutPieces: []Piece{{Addr: addr(buf), Count: 1}, {Addr: addr(buf), Count: 1}}},
+	} {
+		_, err := eps[0].Post(op)
+		require.ErrorContains(t, err, "overflows the address space", name)
+		require.Equal(t, CodeInvalidArg, CodeOf(err), name)
+	}
+}

@@ -103,15 +103,14 @@ func (x *Exec) run(o *Op, deadline time.Time, rounds func(ms []meta) int, r roun
 	if err != nil {
 		return err
 	}
-	if x.D != nil {
-		for q, b := range raw {
-			if m := decodeMeta(b, len(raw)); q != x.Rank && len(m.retired) > 0 {
-				x.D.Forget(q, m.retired)
-			}
+	ms := make([]meta, len(raw))
+	for q, b := range raw {
+		ms[q] = decodeMeta(b, len(raw))
+		if x.D != nil && q != x.Rank && len(ms[q].retired) > 0 {
+			x.D.Forget(q, ms[q].retired)
 		}
 	}
-	ms, err := agree(o, raw)
-	if err != nil {
+	if err := agree(o, ms); err != nil {
 		return err
 	}
 	direct, restage, err := x.settle(o, ms, deadline)

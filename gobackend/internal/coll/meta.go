@@ -100,14 +100,9 @@ func decodeMeta(b []byte, world int) meta {
 	return m
 }
 
-// agree checks every rank's published arguments against rank 0's (and the
-// alltoall matrix for consistency) and returns the decoded metas.
-func agree(o *Op, raw [][]byte) ([]meta, error) {
-	world := len(raw)
-	ms := make([]meta, world)
-	for r := range raw {
-		ms[r] = decodeMeta(raw[r], world)
-	}
+// agree checks every rank's published arguments against rank 0's, and
+// the alltoall matrix for consistency.
+func agree(o *Op, ms []meta) error {
 	differ := func(what string, f func(m meta) string) error {
 		var parts []string
 		for r, m := range ms {
@@ -120,28 +115,28 @@ func agree(o *Op, raw [][]byte) ([]meta, error) {
 		a := ms[0]
 		switch {
 		case m.kind != a.kind || m.seq != a.seq:
-			return nil, differ("the operation", func(m meta) string { return fmt.Sprintf("%s #%d", m.kind, m.seq) })
+			return differ("the operation", func(m meta) string { return fmt.Sprintf("%s #%d", m.kind, m.seq) })
 		case m.dtype != a.dtype:
-			return nil, differ("the dtype", func(m meta) string { return dtype.DType(m.dtype).String() })
+			return differ("the dtype", func(m meta) string { return dtype.DType(m.dtype).String() })
 		case m.root != a.root:
-			return nil, differ("the root", func(m meta) string { return fmt.Sprint(m.root) })
+			return differ("the root", func(m meta) string { return fmt.Sprint(m.root) })
 		case o.Kind != AllToAll && m.count != a.count:
-			return nil, differ("the element count", func(m meta) string { return fmt.Sprint(m.count) })
+			return differ("the element count", func(m meta) string { return fmt.Sprint(m.count) })
 		case (o.Kind == AllReduce || o.Kind == Reduce || o.Kind == ReduceScatter) &&
 			(m.redop != a.redop || math.Float64bits(m.scale) != math.Float64bits(a.scale)):
-			return nil, differ("the reduce op", func(m meta) string { return fmt.Sprintf("%s(%g)", dtype.RedOp(m.redop), m.scale) })
+			return differ("the reduce op", func(m meta) string { return fmt.Sprintf("%s(%g)", dtype.RedOp(m.redop), m.scale) })
 		}
 	}
 	if o.Kind == AllToAll {
 		for i := range ms {
 			for j := range ms {
 				if ms[i].in[j] != ms[j].out[i] {
-					return nil, status.Errorf(status.Mismatch,
+					return status.Errorf(status.Mismatch,
 						"gosym: all_to_all (seq %d): rank %d sends %d elements to rank %d, which expects %d from it",
 						o.Seq, i, ms[i].in[j], j, ms[j].out[i])
 				}
 			}
 		}
 	}
-	return ms, nil
+	return nil
 }

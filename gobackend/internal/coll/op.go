@@ -6,6 +6,7 @@ package coll
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/dtype"
@@ -145,6 +146,23 @@ func Check(o *Op, rank, world int) error {
 		for r, pc := range ps {
 			if (o.Kind == ReduceScatter || o.Kind == AllGather || o.Kind == Gather || o.Kind == Scatter) && pc.Count != o.Count {
 				return bad("piece %d has %d elements, the op has %d per rank", r, pc.Count, o.Count)
+			}
+		}
+	}
+	es := o.DType.Size()
+	span := func(what string, addr uintptr, count int) error {
+		if count > math.MaxInt/es || addr+uintptr(count*es) < addr {
+			return bad("%s of %d %s elements at %#x overflows the address space", what, count, o.DType, addr)
+		}
+		return nil
+	}
+	if err := span("buffer", max(o.In, o.Out), o.Count); err != nil {
+		return err
+	}
+	for _, ps := range [][]Piece{o.InPieces, o.OutPieces} {
+		for r, p := range ps {
+			if err := span(fmt.Sprintf("piece %d", r), p.Addr, p.Count); err != nil {
+				return err
 			}
 		}
 	}
