@@ -1,0 +1,854 @@
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"syscall"
+
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+)
+
+const (
+	big        = 4<<20 + 3 // the "4M+3" size of the brief
+	guardBytes = 64
+	timeoutNs  = 5_000_000_000 // no barrier of a passing case gets near this
+)
+
+func (c *checker) runCases() {
+	g := c.gpus[0]
+	pads := map[int]*padSet{}
+	padsFor := func(world int) (*padSet, error) {
+		if pads[world] == nil {
+			ps, err := c.newPads(g, world)
+			if err != nil {
+				return nil, err
+			}
+			pads[world] = ps
+		}
+		return pads[world], nil
+	}
+	ar := func(k arCase) {
+		record(k.String(), func() error {
+			if c.quick && k.numel > 1<<20 {
+				return errSkip
+			}
+			ps, err := padsFor(k.world)
+			if err != nil {
+				return err
+			}
+			return c.runAR(g, ps, k)
+		})
+	}
+	floats := []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Float16}
+	// The brief's matrix: one-shot sum, world 1 and 2 (simulated), all sizes.
+	for _, dt := range floats {
+		for _, world := range []int{1, 2} {
+			for _, n := range []int{1, 3, 1025, big} {
+				ar(arCase{algo: cuda.OneShot, dt: dt, op: dtype.Sum, world: world, numel: n})
+			}
+		}
+	}
+	for _, dt := range floats {
+		for _, n := range []int{1, 3, 1025, big} {
+			ar(arCase{algo: cuda.TwoShot, dt: dt, op: dtype.Sum, world: 2, numel: n})
+		}
+	}
+	// Operators and integer types.
+	for _, k := range []arCase{
+		{dt: dtype.Float32, op: dtype.Product}, {dt: dtype.Float32, op: dtype.Min},
+		{dt: dtype.Float32, op: dtype.Max}, {dt: dtype.Float32, op: dtype.Avg},
+		{dt: dtype.Float32, op: dtype.PremulSum}, {dt: dtype.BFloat16, op: dtype.Avg},
+		{dt: dtype.BFloat16, op: dtype.Max}, {dt: dtype.Float16, op: dtype.Product},
+		{dt: dtype.Float16, op: dtype.Min}, {dt: dtype.Int32, op: dtype.Sum},
+		{dt: dtype.Int32, op: dtype.Min}, {dt: dtype.Int32, op: dtype.Product},
+		{dt: dtype.Int64, op: dtype.Sum}, {dt: dtype.Int64, op: dtype.Max},
+	} {
+		for _, algo := range []cuda.Algo{cuda.OneShot, cuda.TwoShot} {
+			k.algo, k.world, k.numel = algo, 2, 1025
+			ar(k)
+		}
+	}
+	// Alignment: a common misalignment (scalar head, then vectors), an out
+	// that is misaligned against its inputs (all scalar), odd sizes.
+	ar(arCase{algo: cuda.OneShot, dt: dtype.Float16, op: dtype.Sum, world: 2, numel: 4099, mis: 1, outMis: 1})
+	ar(arCase{algo: cuda.OneShot, dt: dtype.BFloat16, op: dtype.Sum, world: 2, numel: 4099, outMis: 3})
+	ar(arCase{algo: cuda.TwoShot, dt: dtype.Float32, op: dtype.Sum, world: 2, numel: 4099, mis: 1})
+	ar(arCase{algo: cuda.OneShot, dt: dtype.Float32, op: dtype.Sum, world: 2, numel: 0})
+	// Reduce-scatter (one-shot reading at rank * numel), and four ranks.
+	ar(arCase{algo: cuda.OneShot, dt: dtype.Float32, op: dtype.Sum, world: 2, numel: 1025, scatter: true})
+	ar(arCase{algo: cuda.OneShot, dt: dtype.BFloat16, op: dtype.Sum, world: 4, numel: 65539})
+	ar(arCase{algo: cuda.TwoShot, dt: dtype.Float32, op: dtype.Sum, world: 4, numel: 65539})
+
+	record("gs_copy all-to-all, 2 simulated ranks, 1 MiB+7 chunks", func() error {
+		ps, err := padsFor(2)
+		if err != nil {
+			return err
+		}
+		return c.copyCase(g, ps, 2, 1<<20+7)
+	})
+	record("gs_barrier x200, 2 simulated ranks", func() error {
+		ps, err := padsFor(2)
+		if err != nil {
+			return err
+		}
+		return c.barrierCase(g, ps, 2, 200)
+	})
+	record("barrier timeout is reported (rank 1 absent, 5 ms)", func() error { return c.timeoutCase(g) })
+	record("stream memory operations (write/wait value, batch)", func() error { return c.memopsCase(g) })
+	record("pointer attributes, address range, IPC handle", func() error { return c.pointerCase(g) })
+	c.crossGPU()
+}
+
+// ---- all-reduce -------------------------------------------------------------------
+
+type arCase struct {
+	algo    cuda.Algo
+	dt      dtype.DType
+	op      dtype.RedOp
+	world   int
+	numel   int
+	mis     int  // elements by which every input starts past 16-byte alignment
+	outMis  int  // the same for the one-shot outputs
+	scatter bool // one-shot reading rank r's chunk of world*numel inputs
+}
+
+func (k arCase) String() string {
+	s := fmt.Sprintf("%s %s %s world=%d n=%d", k.algo, k.dt, k.op, k.world, k.numel)
+	if k.mis != 0 || k.outMis != 0 {
+		s += fmt.Sprintf(" misalign=%d/%d", k.mis, k.outMis)
+	}
+	if k.scatter {
+		s += " reduce-scatter"
+	}
+	return s
+}
+
+func seedOf(name string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return h.Sum64()
+}
+
+func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
+	kern, post, err := cuda.ReduceKernel(k.algo, k.dt, k.op)
+	if err != nil {
+		return err
+	}
+	fn := g.fns[kern.Name]
+	if fn == nil {
+		return fmt.Errorf("kernel %s not loaded", kern.Name)
+	}
+	es := uintptr(k.dt.Size())
+	total := k.numel
+	if k.scatter {
+		total *= k.world
+	}
+	rng := rand.New(rand.NewPCG(seedOf(k.String()), 7))
+	inputs := make([][]byte, k.world)
+	ins := make([]*dbuf, k.world)
+	outs := make([]*dbuf, k.world)
+	defer func() {
+		for r := range ins {
+			if ins[r] != nil {
+				ins[r].free()
+			}
+			if outs[r] != nil {
+				outs[r].free()
+			}
+		}
+	}()
+	inLen := uintptr(total)*es + uintptr(k.mis)*es + guardBytes
+	outLen := uintptr(k.numel)*es + uintptr(k.outMis)*es + guardBytes
+	ps := make([]cuda.ARParams, k.world)
+	for r := 0; r < k.world; r++ {
+		inputs[r] = genData(rng, k.dt, k.op, total)
+		if ins[r], err = c.alloc(g, inLen); err != nil {
+			return err
+		}
+		if err := ins[r].fill(0xab); err != nil {
+			return err
+		}
+		if err := c.d.MemcpyHtoD(g.ctx, ins[r].ptr+uintptr(k.mis)*es, inputs[r]); err != nil {
+			return err
+		}
+		if k.algo == cuda.OneShot {
+			if outs[r], err = c.alloc(g, outLen); err != nil {
+				return err
+			}
+			if err := outs[r].fill(0xab); err != nil {
+				return err
+			}
+		}
+	}
+	scale := float32(1)
+	switch k.op {
+	case dtype.Avg:
+		scale = float32(k.world)
+	case dtype.PremulSum:
+		scale = 0.375
+	}
+	for r := 0; r < k.world; r++ {
+		p := &ps[r]
+		for q := 0; q < k.world; q++ {
+			p.Peers[q] = ins[q].ptr + uintptr(k.mis)*es
+		}
+		p.Pads = pads.ptrs
+		if k.algo == cuda.OneShot {
+			p.Out = outs[r].ptr + uintptr(k.outMis)*es
+		}
+		p.Numel = uint64(k.numel)
+		if k.scatter {
+			p.SrcOffset = uint64(r * k.numel)
+		}
+		p.TimeoutNs, p.Scale, p.Post = timeoutNs, scale, post
+		p.World, p.Rank = int32(k.world), int32(r)
+	}
+	grid, block := cuda.ReduceGrid(k.algo, uint64(k.numel), int(es), k.world)
+	for r := 0; r < k.world; r++ {
+		if err := c.d.Launch(fn, grid, block, 0, g.streams[r], &ps[r]); err != nil {
+			return err
+		}
+	}
+	if err := c.syncAll(g, k.world); err != nil {
+		return err
+	}
+	if err := pads.errors(); err != nil {
+		return err
+	}
+	// Read every rank's result and its buffer's guards.
+	results := make([][]byte, k.world)
+	for r := 0; r < k.world; r++ {
+		buf, at := ins[r], uintptr(k.mis)*es
+		if k.algo == cuda.OneShot {
+			buf, at = outs[r], uintptr(k.outMis)*es
+		}
+		whole, err := buf.read(0, buf.size)
+		if err != nil {
+			return err
+		}
+		n := uintptr(k.numel) * es
+		if k.algo == cuda.TwoShot {
+			n = uintptr(total) * es
+		}
+		for i, b := range whole {
+			if (uintptr(i) < at || uintptr(i) >= at+n) && b != 0xab {
+				return fmt.Errorf("rank %d: byte %d outside the result was overwritten", r, i)
+			}
+		}
+		results[r] = whole[at : at+uintptr(k.numel)*es]
+		if k.algo == cuda.OneShot {
+			in, err := ins[r].read(uintptr(k.mis)*es, uintptr(total)*es)
+			if err != nil {
+				return err
+			}
+			if string(in) != string(inputs[r]) {
+				return fmt.Errorf("rank %d: one-shot modified its input", r)
+			}
+		}
+	}
+	for r := 1; r < k.world; r++ {
+		if string(results[r]) != string(results[0]) {
+			return fmt.Errorf("ranks 0 and %d got different bits", r)
+		}
+	}
+	for r := 0; r < k.world; r++ {
+		if err := checkResult(k, inputs, r, results[r], float64(scale)); err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return nil
+}
+
+func genData(rng *rand.Rand, dt dtype.DType, op dtype.RedOp, n int) []byte {
+	es := dt.Size()
+	out := make([]byte, n*es)
+	for i := 0; i < n; i++ {
+		e := out[i*es:]
+		switch dt {
+		case dtype.Int32:
+			binary.LittleEndian.PutUint32(e, rng.Uint32())
+			continue
+		case dtype.Int64:
+			binary.LittleEndian.PutUint64(e, rng.Uint64())
+			continue
+		}
+		f := float32(rng.Float64()*2 - 1)
+		if op == dtype.Product {
+			f = float32(0.75 + rng.Float64()/2)
+		}
+		switch dt {
+		case dtype.Float32:
+			binary.LittleEndian.PutUint32(e, math.Float32bits(f))
+		case dtype.Float16:
+			binary.LittleEndian.PutUint16(e, f32ToF16(f))
+		case dtype.BFloat16:
+			binary.LittleEndian.PutUint16(e, f32ToBF16(f))
+		}
+	}
+	return out
+}
+
+func decodeF(dt dtype.DType, b []byte) float64 {
+	switch dt {
+	case dtype.Float32:
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
+	case dtype.Float16:
+		return float64(f16ToF32(binary.LittleEndian.Uint16(b)))
+	default:
+		return float64(bf16ToF32(binary.LittleEndian.Uint16(b)))
+	}
+}
+
+func decodeI(dt dtype.DType, b []byte) int64 {
+	if dt == dtype.Int32 {
+		return int64(int32(binary.LittleEndian.Uint32(b)))
+	}
+	return int64(binary.LittleEndian.Uint64(b))
+}
+
+// checkResult compares with a float64 reference (integers: exactly, with
+// two's-complement wrap-around). The tolerance allows the fp32 accumulation
+// (world-1 roundings) plus the final rounding to the stored type.
+func checkResult(k arCase, inputs [][]byte, rank int, got []byte, scale float64) error {
+	es := k.dt.Size()
+	base := 0
+	if k.scatter {
+		base = rank * k.numel
+	}
+	outEps := map[dtype.DType]float64{dtype.Float32: 0x1p-24, dtype.Float16: 0x1p-11, dtype.BFloat16: 0x1p-8}[k.dt]
+	tiny := map[dtype.DType]float64{dtype.Float32: 0x1p-149, dtype.Float16: 0x1p-24, dtype.BFloat16: 0x1p-133}[k.dt]
+	bad, first := 0, ""
+	for i := 0; i < k.numel; i++ {
+		off := (base + i) * es
+		if k.dt == dtype.Int32 || k.dt == dtype.Int64 {
+			acc := decodeI(k.dt, inputs[0][off:])
+			for r := 1; r < k.world; r++ {
+				x := decodeI(k.dt, inputs[r][off:])
+				switch k.op {
+				case dtype.Sum:
+					acc += x
+				case dtype.Product:
+					acc *= x
+				case dtype.Min:
+					acc = min(acc, x)
+				case dtype.Max:
+					acc = max(acc, x)
+				}
+				if k.dt == dtype.Int32 {
+					acc = int64(int32(acc))
+				}
+			}
+			if g := decodeI(k.dt, got[i*es:]); g != acc {
+				bad++
+				if first == "" {
+					first = fmt.Sprintf("element %d: got %d, want %d", i, g, acc)
+				}
+			}
+			continue
+		}
+		acc := decodeF(k.dt, inputs[0][off:])
+		mag := math.Abs(acc)
+		for r := 1; r < k.world; r++ {
+			x := decodeF(k.dt, inputs[r][off:])
+			mag += math.Abs(x)
+			switch k.op {
+			case dtype.Sum, dtype.Avg, dtype.PremulSum:
+				acc += x
+			case dtype.Product:
+				acc *= x
+			case dtype.Min:
+				acc = math.Min(acc, x)
+			case dtype.Max:
+				acc = math.Max(acc, x)
+			}
+		}
+		switch k.op {
+		case dtype.Avg:
+			acc, mag = acc/scale, mag/scale
+		case dtype.PremulSum:
+			acc, mag = acc*scale, mag*scale
+		case dtype.Product, dtype.Min, dtype.Max:
+			mag = math.Abs(acc)
+		}
+		tol := outEps*math.Abs(acc) + float64(k.world+1)*0x1p-24*mag + tiny
+		if k.op == dtype.Min || k.op == dtype.Max {
+			tol = 0 // the answer is one of the inputs
+		}
+		g := decodeF(k.dt, got[i*es:])
+		if math.IsNaN(g) || math.Abs(g-acc) > tol {
+			bad++
+			if first == "" {
+				first = fmt.Sprintf("element %d: got %g, want %g (tolerance %g)", i, g, acc, tol)
+			}
+		}
+	}
+	if bad > 0 {
+		return fmt.Errorf("%d of %d elements wrong; first %s", bad, k.numel, first)
+	}
+	return nil
+}
+
+// ---- copy, barrier, timeout ---------------------------------------------------------
+
+func (c *checker) copyCase(g *gpu, pads *padSet, world int, chunk uintptr) error {
+	fn := g.fns[cuda.CopyKernel.Name]
+	rng := rand.New(rand.NewPCG(3, 4))
+	ins, outs := make([]*dbuf, world), make([]*dbuf, world)
+	host := make([][]byte, world)
+	defer func() {
+		for r := range ins {
+			if ins[r] != nil {
+				ins[r].free()
+			}
+			if outs[r] != nil {
+				outs[r].free()
+			}
+		}
+	}()
+	var err error
+	for r := 0; r < world; r++ {
+		host[r] = make([]byte, chunk*uintptr(world))
+		for i := range host[r] {
+			host[r][i] = byte(rng.Uint32())
+		}
+		if ins[r], err = c.alloc(g, chunk*uintptr(world)+16); err != nil {
+			return err
+		}
+		if outs[r], err = c.alloc(g, chunk*uintptr(world)+16); err != nil {
+			return err
+		}
+		// Inputs start 3 bytes in, outputs 5: the kernel must find the widest
+		// co-aligned access for every segment.
+		if err := c.d.MemcpyHtoD(g.ctx, ins[r].ptr+3, host[r]); err != nil {
+			return err
+		}
+	}
+	ps := make([]cuda.CopyParams, world)
+	for r := 0; r < world; r++ {
+		p := &ps[r]
+		for q := 0; q < world; q++ {
+			p.Dst[q] = outs[r].ptr + 5 + uintptr(q)*chunk
+			p.Src[q] = ins[q].ptr + 3 + uintptr(r)*chunk
+			p.Bytes[q] = uint64(chunk)
+		}
+		p.Pads = pads.ptrs
+		p.TimeoutNs, p.NSeg, p.World, p.Rank = timeoutNs, int32(world), int32(world), int32(r)
+		p.Sync = cuda.SyncStart | cuda.SyncEnd
+	}
+	grid, block := cuda.CopyGrid(uint64(chunk))
+	for r := 0; r < world; r++ {
+		if err := c.d.Launch(fn, grid, block, 0, g.streams[r], &ps[r]); err != nil {
+			return err
+		}
+	}
+	if err := c.syncAll(g, world); err != nil {
+		return err
+	}
+	if err := pads.errors(); err != nil {
+		return err
+	}
+	for r := 0; r < world; r++ {
+		got, err := outs[r].read(5, chunk*uintptr(world))
+		if err != nil {
+			return err
+		}
+		for q := 0; q < world; q++ {
+			want := host[q][uintptr(r)*chunk : uintptr(r+1)*chunk]
+			if string(got[uintptr(q)*chunk:uintptr(q+1)*chunk]) != string(want) {
+				return fmt.Errorf("rank %d: segment from rank %d differs", r, q)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *checker) barrierCase(g *gpu, pads *padSet, world, times int) error {
+	fn := g.fns[cuda.BarrierKernel.Name]
+	grid, block := cuda.BarrierGrid()
+	for i := 0; i < times; i++ {
+		for r := 0; r < world; r++ {
+			p := cuda.BarrierParams{Pads: pads.ptrs, TimeoutNs: timeoutNs, World: int32(world), Rank: int32(r)}
+			if err := c.d.Launch(fn, grid, block, 0, g.streams[r], &p); err != nil {
+				return err
+			}
+		}
+	}
+	if err := c.syncAll(g, world); err != nil {
+		return err
+	}
+	return pads.errors()
+}
+
+func (c *checker) timeoutCase(g *gpu) error {
+	pads, err := c.newPads(g, 2) // left unusable afterwards, as documented
+	if err != nil {
+		return err
+	}
+	fn := g.fns[cuda.BarrierKernel.Name]
+	grid, block := cuda.BarrierGrid()
+	p := cuda.BarrierParams{Pads: pads.ptrs, TimeoutNs: 5_000_000, World: 2, Rank: 0}
+	if err := c.d.Launch(fn, grid, block, 0, g.streams[0], &p); err != nil {
+		return err
+	}
+	if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
+		return err
+	}
+	w, err := pads.bufs[0].read(cuda.PadErrorWord*4, 12)
+	if err != nil {
+		return err
+	}
+	if code, missing := le32(w), le32(w[8:]); code != cuda.ErrTimeout || missing != 2 {
+		return fmt.Errorf("error words code=%d missing=%#x, want code=%d missing=0x2", code, missing, cuda.ErrTimeout)
+	}
+	return nil
+}
+
+func (c *checker) memopsCase(g *gpu) error {
+	if !c.d.HasStreamMemOps() {
+		return errSkip
+	}
+	b, err := c.alloc(g, 16)
+	if err != nil {
+		return err
+	}
+	defer b.free()
+	if err := b.fill(0); err != nil {
+		return err
+	}
+	s0, s1 := g.streams[0], g.streams[1]
+	// s1 waits for s0's write, then copies the word: the copy must see it.
+	if err := c.d.StreamWaitValue32(g.ctx, s1, b.ptr, 7, cuda.WaitGEQ); err != nil {
+		return err
+	}
+	if err := c.d.MemcpyDtoDAsync(g.ctx, b.ptr+4, b.ptr, 4, s1); err != nil {
+		return err
+	}
+	if err := c.d.StreamWriteValue32(g.ctx, s0, b.ptr, 7); err != nil {
+		return err
+	}
+	if err := c.d.StreamBatchMemOp(g.ctx, s0, []cuda.MemOp{{Addr: b.ptr + 8, Value: 9}}); err != nil {
+		return err
+	}
+	if err := c.d.StreamBatchMemOp(g.ctx, s1, []cuda.MemOp{{Wait: true, Addr: b.ptr + 8, Value: 9, Flags: cuda.WaitEQ}}); err != nil {
+		return err
+	}
+	if err := c.syncAll(g, 2); err != nil {
+		return err
+	}
+	w, err := b.read(0, 12)
+	if err != nil {
+		return err
+	}
+	if le32(w) != 7 || le32(w[4:]) != 7 || le32(w[8:]) != 9 {
+		return fmt.Errorf("words %v, want 7 7 9", w)
+	}
+	return nil
+}
+
+func (c *checker) pointerCase(g *gpu) error {
+	b, err := c.alloc(g, 1<<20)
+	if err != nil {
+		return err
+	}
+	defer b.free()
+	ord, err := c.d.PointerAttribute(b.ptr+100, cuda.PointerDeviceOrdinal)
+	if err != nil {
+		return err
+	}
+	base, size, err := c.d.AddressRange(g.ctx, b.ptr+100)
+	if err != nil {
+		return err
+	}
+	if ord != 0 || base != b.ptr || size < 1<<20 {
+		return fmt.Errorf("ordinal %d, range %#x+%d for allocation %#x", ord, base, size, b.ptr)
+	}
+	if _, err := c.d.IpcGetMemHandle(g.ctx, b.ptr); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ---- two GPUs ---------------------------------------------------------------------
+
+// vmem is physical memory on one GPU mapped at one address that both GPUs
+// may access: in one process, that is all a peer mapping needs.
+type vmem struct {
+	h    cuda.AllocHandle
+	va   uintptr
+	size uintptr
+}
+
+func (c *checker) newVMem(owner *gpu, size uintptr) (*vmem, error) {
+	gran, err := c.d.AllocationGranularity(owner.ctx, owner.dev, cuda.HandleTypePosixFD, false)
+	if err != nil {
+		return nil, err
+	}
+	size = (size + gran - 1) / gran * gran
+	h, err := c.d.MemCreate(owner.ctx, owner.dev, size, cuda.HandleTypePosixFD)
+	if err != nil {
+		return nil, err
+	}
+	c.onClose(func() error { return c.d.MemRelease(owner.ctx, h) })
+	va, err := c.d.MemAddressReserve(owner.ctx, size, gran)
+	if err != nil {
+		return nil, err
+	}
+	c.onClose(func() error { return c.d.MemAddressFree(owner.ctx, va, size) })
+	if err := c.d.MemMap(owner.ctx, va, size, h); err != nil {
+		return nil, err
+	}
+	c.onClose(func() error { return c.d.MemUnmap(owner.ctx, va, size) })
+	var devs []cuda.Device
+	for _, g := range c.gpus {
+		devs = append(devs, g.dev)
+	}
+	if err := c.d.MemSetAccess(owner.ctx, va, size, devs); err != nil {
+		return nil, err
+	}
+	return &vmem{h: h, va: va, size: size}, nil
+}
+
+func (c *checker) crossGPU() {
+	usable := len(c.gpus) >= 2 && c.d.HasVMM()
+	for _, dev := range rep.Devices[:min(2, len(rep.Devices))] {
+		usable = usable && dev.VMM == 1 && dev.PosixFD == 1
+	}
+	if !usable {
+		record("two GPUs over VMM", func() error { return errSkip })
+		return
+	}
+	g0, g1 := c.gpus[0], c.gpus[1]
+	const bufBytes = 40 << 20
+	var data [2]*vmem
+	var pads *padSet
+	ok := true
+	record("VMM: create, map, grant both GPUs; export fd, import, read through it", func() error {
+		for r, g := range []*gpu{g0, g1} {
+			v, err := c.newVMem(g, bufBytes)
+			if err != nil {
+				return err
+			}
+			data[r] = v
+		}
+		pads = &padSet{}
+		for r, g := range []*gpu{g0, g1} {
+			v, err := c.newVMem(g, cuda.PadBytes)
+			if err != nil {
+				return err
+			}
+			if err := c.d.MemsetD32Async(g.ctx, v.va, 0, v.size/4, g.streams[0]); err != nil {
+				return err
+			}
+			if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
+				return err
+			}
+			pads.bufs = append(pads.bufs, &dbuf{c: c, ctx: g.ctx, ptr: v.va, size: cuda.PadBytes})
+			pads.ptrs[r] = v.va
+		}
+		return c.exportImport(g0, g1, data[0])
+	})
+	for _, r := range rep.Cases[len(rep.Cases)-1:] {
+		ok = r.Pass
+	}
+	if !ok {
+		return
+	}
+	for _, algo := range []cuda.Algo{cuda.OneShot, cuda.TwoShot} {
+		for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
+			for _, n := range []int{1025, big} {
+				k := arCase{algo: algo, dt: dt, op: dtype.Sum, world: 2, numel: n}
+				record("2 GPUs "+k.String(), func() error {
+					if c.quick && n > 1<<20 {
+						return errSkip
+					}
+					return c.runAR2(g0, g1, data, pads, k, 0)
+				})
+			}
+		}
+	}
+	if c.quick {
+		return
+	}
+	for _, algo := range []cuda.Algo{cuda.OneShot, cuda.TwoShot} {
+		for _, bytes := range []int{4 << 10, 64 << 10, 1 << 20, 16 << 20} {
+			k := arCase{algo: algo, dt: dtype.BFloat16, op: dtype.Sum, world: 2, numel: bytes / 2}
+			record(fmt.Sprintf("2 GPUs timing %s bf16 %d bytes", algo, bytes), func() error {
+				return c.runAR2(g0, g1, data, pads, k, 40)
+			})
+		}
+	}
+}
+
+func (c *checker) exportImport(g0, g1 *gpu, v *vmem) error {
+	fd, err := c.d.MemExportFD(g0.ctx, v.h)
+	if err != nil {
+		return err
+	}
+	h, err := c.d.MemImportFD(g1.ctx, fd)
+	syscall.Close(fd)
+	if err != nil {
+		return err
+	}
+	defer c.d.MemRelease(g1.ctx, h)
+	va, err := c.d.MemAddressReserve(g1.ctx, v.size, 0)
+	if err != nil {
+		return err
+	}
+	defer c.d.MemAddressFree(g1.ctx, va, v.size)
+	if err := c.d.MemMap(g1.ctx, va, v.size, h); err != nil {
+		return err
+	}
+	defer c.d.MemUnmap(g1.ctx, va, v.size)
+	if err := c.d.MemSetAccess(g1.ctx, va, v.size, []cuda.Device{g1.dev}); err != nil {
+		return err
+	}
+	pattern := []byte("gosym: written by GPU 0's mapping, read through the imported one")
+	if err := c.d.MemcpyHtoD(g0.ctx, v.va+4096, pattern); err != nil {
+		return err
+	}
+	got := make([]byte, len(pattern))
+	if err := c.d.MemcpyDtoH(g1.ctx, got, va+4096); err != nil {
+		return err
+	}
+	if string(got) != string(pattern) {
+		return fmt.Errorf("imported mapping reads %q", got)
+	}
+	return nil
+}
+
+// runAR2 runs an all-reduce with rank r on GPU r over the VMM buffers; with
+// iters > 0 it also times iters back-to-back calls.
+func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, iters int) error {
+	gs := []*gpu{g0, g1}
+	kern, post, err := cuda.ReduceKernel(k.algo, k.dt, k.op)
+	if err != nil {
+		return err
+	}
+	es := uintptr(k.dt.Size())
+	n := uintptr(k.numel) * es
+	rng := rand.New(rand.NewPCG(seedOf(k.String()), 9))
+	inputs := make([][]byte, 2)
+	outs := make([]*dbuf, 2)
+	defer func() {
+		for _, o := range outs {
+			if o != nil {
+				o.free()
+			}
+		}
+	}()
+	ps := make([]cuda.ARParams, 2)
+	for r, g := range gs {
+		inputs[r] = genData(rng, k.dt, k.op, k.numel)
+		if err := c.d.MemcpyHtoD(g.ctx, data[r].va, inputs[r]); err != nil {
+			return err
+		}
+		if outs[r], err = c.alloc(g, n+guardBytes); err != nil {
+			return err
+		}
+	}
+	for r := range gs {
+		p := &ps[r]
+		p.Peers[0], p.Peers[1] = data[0].va, data[1].va
+		p.Pads = pads.ptrs
+		if k.algo == cuda.OneShot {
+			p.Out = outs[r].ptr
+		}
+		p.Numel, p.TimeoutNs, p.Scale, p.Post = uint64(k.numel), timeoutNs, 1, post
+		p.World, p.Rank = 2, int32(r)
+	}
+	grid, block := cuda.ReduceGrid(k.algo, uint64(k.numel), int(es), 2)
+	launch := func() error {
+		for r, g := range gs {
+			if err := c.d.Launch(g.fns[kern.Name], grid, block, 0, g.streams[0], &ps[r]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := launch(); err != nil {
+		return err
+	}
+	for _, g := range gs {
+		if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
+			return err
+		}
+	}
+	if err := pads.errors(); err != nil {
+		return err
+	}
+	results := make([][]byte, 2)
+	for r, g := range gs {
+		results[r] = make([]byte, n)
+		src := data[r].va
+		if k.algo == cuda.OneShot {
+			src = outs[r].ptr
+		}
+		if err := c.d.MemcpyDtoH(g.ctx, results[r], src); err != nil {
+			return err
+		}
+	}
+	if string(results[0]) != string(results[1]) {
+		return fmt.Errorf("the two GPUs got different bits")
+	}
+	if err := checkResult(k, inputs, 0, results[0], 1); err != nil {
+		return err
+	}
+	if iters == 0 {
+		return nil
+	}
+	// Timing: the inputs change (two-shot works in place), the launches do not.
+	var worst float64
+	evs := make([][2]cuda.Event, 2)
+	for r, g := range gs {
+		for i := range evs[r] {
+			e, err := c.d.EventCreate(g.ctx, 0)
+			if err != nil {
+				return err
+			}
+			defer c.d.EventDestroy(g.ctx, e)
+			evs[r][i] = e
+		}
+	}
+	for i := 0; i < 5; i++ { // warm-up
+		if err := launch(); err != nil {
+			return err
+		}
+	}
+	for r, g := range gs {
+		if err := c.d.EventRecord(g.ctx, evs[r][0], g.streams[0]); err != nil {
+			return err
+		}
+	}
+	for i := 0; i < iters; i++ {
+		if err := launch(); err != nil {
+			return err
+		}
+	}
+	for r, g := range gs {
+		if err := c.d.EventRecord(g.ctx, evs[r][1], g.streams[0]); err != nil {
+			return err
+		}
+	}
+	for r, g := range gs {
+		if err := c.d.EventSynchronize(g.ctx, evs[r][1]); err != nil {
+			return err
+		}
+		ms, err := c.d.EventElapsed(g.ctx, evs[r][0], evs[r][1])
+		if err != nil {
+			return err
+		}
+		worst = max(worst, float64(ms)*1000/float64(iters))
+	}
+	if err := pads.errors(); err != nil {
+		return err
+	}
+	fmt.Printf("  timing %s bf16 %d bytes: %.1f us/op\n", k.algo, n, worst)
+	mu.Lock()
+	rep.Timings = append(rep.Timings, timing{Name: k.algo.String() + " bf16 2xGPU", Bytes: int(n), Us: worst})
+	mu.Unlock()
+	return nil
+}

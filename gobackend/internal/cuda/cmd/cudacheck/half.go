@@ -1,0 +1,72 @@
+package main
+
+import "math"
+
+// Element codecs of the host reference, written independently of the
+// kernels: round to nearest even, NaN stays NaN.
+
+func f16ToF32(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	exp := int(h>>10) & 0x1f
+	man := uint32(h & 0x3ff)
+	switch {
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | man<<13)
+	case exp == 0:
+		v := float32(man) / (1 << 24)
+		if sign != 0 {
+			v = -v
+		}
+		return v
+	}
+	return math.Float32frombits(sign | uint32(exp-15+127)<<23 | man<<13)
+}
+
+func f32ToF16(f float32) uint16 {
+	if f != f {
+		return 0x7e00
+	}
+	d := float64(f)
+	sign := uint16(0)
+	if math.Signbit(d) {
+		sign, d = 0x8000, -d
+	}
+	if d >= 65520 { // rounds to infinity
+		return sign | 0x7c00
+	}
+	if d < math.Ldexp(1, -14) { // subnormal: steps of 2^-24
+		return sign | uint16(math.RoundToEven(d*(1<<24)))
+	}
+	frac, exp := math.Frexp(d) // d = frac * 2^exp, frac in [0.5, 1)
+	m := math.RoundToEven(frac * 2048)
+	if m == 2048 {
+		m, exp = 1024, exp+1
+	}
+	return sign | uint16(exp-1+15)<<10 | uint16(m-1024)
+}
+
+func bf16ToF32(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+
+func f32ToBF16(f float32) uint16 {
+	if f != f {
+		return 0x7fc0
+	}
+	u := math.Float32bits(f)
+	sign, mag := uint16(u>>16)&0x8000, u&0x7fffffff
+	lo := mag & 0xffff0000
+	if lo == mag || mag >= 0x7f800000 {
+		return sign | uint16(lo>>16)
+	}
+	// The upper neighbour is lo plus one bf16 ulp (2^(e-7), or 2^-133 for
+	// subnormals); past the largest finite value that is infinity.
+	e := int(lo>>23) - 127
+	if lo>>23 == 0 {
+		e = -126
+	}
+	a, flo := float64(math.Float32frombits(mag)), float64(math.Float32frombits(lo))
+	dlo, dhi := a-flo, flo+math.Ldexp(1, e-7)-a
+	if dlo < dhi || (dlo == dhi && (lo>>16)&1 == 0) {
+		return sign | uint16(lo>>16)
+	}
+	return sign | uint16((lo+0x10000)>>16)
+}

@@ -1,0 +1,563 @@
+// A stand-in libcuda for TestAgainstFakeDriver: two "GPUs" made of host
+// memory, streams as worker threads, and the gosym kernels compiled as host
+// code (kernels/testdata/emu.h) so that launches really run them. VMM
+// allocations are memfd pages mapped with mmap, so an exported fd imported
+// elsewhere aliases the same memory, as on a GPU. Enough of the driver API
+// for cudacheck; everything else is absent. Built with:
+//   g++ -shared -fPIC -include kernels/testdata/emu.h -I kernels -I <cuda pkg>
+#include "allreduce.cu"
+#include "copy.cu"
+
+#include "dispatch.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
+thread_local gs_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+enum { OK = 0, INVALID_VALUE = 1, NOT_FOUND = 500, NOT_READY = 600, NOT_SUPPORTED = 801 };
+
+// ---- streams ------------------------------------------------------------------
+
+struct CUstream_st {
+	std::mutex mu;
+	std::condition_variable cv;
+	std::deque<std::function<void()>> q;
+	bool busy = false, stop = false;
+	std::thread worker;
+	CUstream_st() {
+		worker = std::thread([this] {
+			std::unique_lock<std::mutex> l(mu);
+			for (;;) {
+				cv.wait(l, [this] { return stop || !q.empty(); });
+				if (q.empty())
+					return;
+				auto f = std::move(q.front());
+				q.pop_front();
+				busy = true;
+				l.unlock();
+				f();
+				l.lock();
+				busy = false;
+				cv.notify_all();
+			}
+		});
+	}
+	void push(std::function<void()> f) {
+		std::lock_guard<std::mutex> l(mu);
+		q.push_back(std::move(f));
+		cv.notify_all();
+	}
+	void drain() {
+		std::unique_lock<std::mutex> l(mu);
+		cv.wait(l, [this] { return q.empty() && !busy; });
+	}
+	~CUstream_st() {
+		{
+			std::lock_guard<std::mutex> l(mu);
+			stop = true;
+			cv.notify_all();
+		}
+		worker.join();
+	}
+};
+
+static CUstream_st *legacy() {
+	static CUstream_st *s = new CUstream_st;
+	return s;
+}
+static CUstream_st *stream_of(CUstream s) { return s ? s : legacy(); }
+
+struct CUevent_st {
+	std::mutex mu;
+	std::condition_variable cv;
+	unsigned long long recorded = 0, done = 0; // record generations
+	std::chrono::steady_clock::time_point at;
+};
+
+// ---- memory -------------------------------------------------------------------
+
+static std::mutex mem_mu;
+struct Alloc {
+	size_t size;
+	int device;
+};
+static std::map<uintptr_t, Alloc> allocs; // cuMemAlloc'd and VMM-mapped ranges
+thread_local CUcontext current;
+
+struct CUctx_st {
+	int device;
+};
+static CUctx_st contexts[2] = {{0}, {1}};
+static int device_of_current() { return current ? current->device : 0; }
+
+struct Phys { // a VMM allocation: a memfd
+	int fd;
+	size_t size;
+	int device;
+};
+static std::map<CUmemGenericAllocationHandle, Phys> phys;
+static CUmemGenericAllocationHandle next_handle = 1;
+
+// ---- kernels --------------------------------------------------------------------
+
+struct CUmod_st {
+	int dummy;
+};
+struct CUfunc_st {
+	const char *name;
+	void (*run)(void *fn, void *param);
+	void *fn;
+};
+
+template <class P> static void invoke(void *fn, void *param) {
+	((void (*)(P))fn)(*(P *)param);
+}
+
+#define AR(a, t, o) {"gs_" #a "_" #t "_" #o, invoke<gs_ar_params>, (void *)gs_##a##_##t##_##o},
+#define AR_OPS(a, t) AR(a, t, sum) AR(a, t, prod) AR(a, t, min) AR(a, t, max)
+#define AR_TYPES(a) AR_OPS(a, f32) AR_OPS(a, f16) AR_OPS(a, bf16) AR_OPS(a, i32) AR_OPS(a, i64)
+static CUfunc_st functions[] = {
+    AR_TYPES(oneshot) AR_TYPES(twoshot)
+    {"gs_copy", invoke<gs_copy_params>, (void *)gs_copy},
+    {"gs_barrier", invoke<gs_barrier_params>, (void *)gs_barrier},
+};
+static size_t param_size(const CUfunc_st *f) {
+	if (f->run == invoke<gs_copy_params>)
+		return sizeof(gs_copy_params);
+	if (f->run == invoke<gs_barrier_params>)
+		return sizeof(gs_barrier_params);
+	return sizeof(gs_ar_params);
+}
+
+// ---- the API ----------------------------------------------------------------------
+
+extern "C" {
+
+CUresult cuInit(unsigned int) { return OK; }
+CUresult cuDriverGetVersion(int *v) {
+	*v = 13000;
+	return OK;
+}
+CUresult cuGetErrorString(CUresult, const char **s) {
+	*s = "fake error";
+	return OK;
+}
+CUresult cuGetErrorName(CUresult, const char **s) {
+	*s = "FAKE_ERROR";
+	return OK;
+}
+CUresult cuDeviceGetCount(int *n) {
+	*n = 2;
+	return OK;
+}
+CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+	if (ordinal < 0 || ordinal > 1)
+		return 101;
+	*d = ordinal;
+	return OK;
+}
+CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice) {
+	switch (a) {
+	case 75: *v = 9; break;   // compute capability 9.0
+	case 76: *v = 0; break;
+	case 16: *v = 132; break; // SMs
+	case 102: case 103: case 41: *v = 1; break;
+	case 132: *v = 1; break;  // multicast "supported": the gate must still say no
+	default: *v = 0;
+	}
+	return OK;
+}
+CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+	snprintf(name, len, "Fake GPU %d", d);
+	return OK;
+}
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+	*c = &contexts[d];
+	return OK;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return OK; }
+CUresult cuCtxGetCurrent(CUcontext *c) {
+	*c = current;
+	return OK;
+}
+CUresult cuCtxSetCurrent(CUcontext c) {
+	current = c;
+	return OK;
+}
+
+CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+	if (memcmp(image, "\x7f" "ELF", 4) != 0) // gosym hands over CUBINs
+		return 200;
+	*m = new CUmod_st{0};
+	return OK;
+}
+CUresult cuModuleUnload(CUmodule m) {
+	delete m;
+	return OK;
+}
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule, const char *name) {
+	for (auto &fn : functions)
+		if (strcmp(fn.name, name) == 0) {
+			*f = &fn;
+			return OK;
+		}
+	return NOT_FOUND;
+}
+CUresult cuFuncGetAttribute(int *v, CUfunction_attribute, CUfunction) {
+	*v = 0;
+	return OK;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned, CUstream s, void **params, void **) {
+	if (!current)
+		return 201; // CUDA_ERROR_INVALID_CONTEXT: gosym must set one
+	if (gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024 || gx == 0)
+		return INVALID_VALUE;
+	std::string p((const char *)params[0], param_size(f)); // copied now, like the driver
+	stream_of(s)->push([f, gx, bx, p] {
+		std::string local = p;
+		gridDim = {gx, 1, 1};
+		blockDim = {bx, 1, 1};
+		for (unsigned b = 0; b < gx; ++b)
+			for (unsigned t = 0; t < bx; ++t) {
+				blockIdx = {b, 0, 0};
+				threadIdx = {t, 0, 0};
+				f->run(f->fn, &local[0]);
+			}
+	});
+	return OK;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+	void *m = aligned_alloc(256, (n + 255) / 256 * 256);
+	if (!m)
+		return 2;
+	std::lock_guard<std::mutex> l(mem_mu);
+	allocs[(uintptr_t)m] = {n, device_of_current()};
+	*p = (CUdeviceptr)m;
+	return OK;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+	std::lock_guard<std::mutex> l(mem_mu);
+	if (!allocs.erase(p))
+		return INVALID_VALUE;
+	free((void *)p);
+	return OK;
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) {
+	memcpy((void *)d, s, n);
+	return OK;
+}
+CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) {
+	memcpy(d, (const void *)s, n);
+	return OK;
+}
+CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+	stream_of(st)->push([=] { memcpy((void *)d, (const void *)s, n); });
+	return OK;
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+	return cuMemcpyAsync(d, s, n, st);
+}
+CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream st) {
+	stream_of(st)->push([=] {
+		for (size_t i = 0; i < n; ++i)
+			((unsigned *)d)[i] = v;
+	});
+	return OK;
+}
+
+CUresult cuStreamCreate(CUstream *s, unsigned) {
+	*s = new CUstream_st;
+	return OK;
+}
+CUresult cuStreamDestroy_v2(CUstream s) {
+	s->drain();
+	delete s;
+	return OK;
+}
+CUresult cuStreamSynchronize(CUstream s) {
+	stream_of(s)->drain();
+	return OK;
+}
+CUresult cuEventCreate(CUevent *e, unsigned) {
+	*e = new CUevent_st;
+	return OK;
+}
+CUresult cuEventDestroy_v2(CUevent e) {
+	delete e;
+	return OK;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) {
+	unsigned long long gen;
+	{
+		std::lock_guard<std::mutex> l(e->mu);
+		gen = ++e->recorded;
+	}
+	stream_of(s)->push([e, gen] {
+		std::lock_guard<std::mutex> l(e->mu);
+		e->done = gen;
+		e->at = std::chrono::steady_clock::now();
+		e->cv.notify_all();
+	});
+	return OK;
+}
+static void event_wait(CUevent e, unsigned long long gen) {
+	std::unique_lock<std::mutex> l(e->mu);
+	e->cv.wait(l, [&] { return e->done >= gen; });
+}
+CUresult cuEventSynchronize(CUevent e) {
+	unsigned long long gen;
+	{
+		std::lock_guard<std::mutex> l(e->mu);
+		gen = e->recorded;
+	}
+	event_wait(e, gen);
+	return OK;
+}
+CUresult cuEventQuery(CUevent e) {
+	std::lock_guard<std::mutex> l(e->mu);
+	return e->done >= e->recorded ? OK : NOT_READY;
+}
+CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+	*ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
+	return OK;
+}
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) {
+	unsigned long long gen;
+	{
+		std::lock_guard<std::mutex> l(e->mu);
+		gen = e->recorded;
+	}
+	stream_of(s)->push([e, gen] { event_wait(e, gen); });
+	return OK;
+}
+
+static bool find_alloc(CUdeviceptr p, uintptr_t *base, Alloc *a) {
+	std::lock_guard<std::mutex> l(mem_mu);
+	auto it = allocs.upper_bound(p);
+	if (it == allocs.begin())
+		return false;
+	--it;
+	if (p >= it->first + it->second.size)
+		return false;
+	*base = it->first;
+	*a = it->second;
+	return true;
+}
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p) {
+	uintptr_t base;
+	Alloc a;
+	if (!find_alloc(p, &base, &a))
+		return INVALID_VALUE;
+	if (attr != 9) // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+		return NOT_SUPPORTED;
+	*(int *)data = a.device;
+	return OK;
+}
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+	uintptr_t b;
+	Alloc a;
+	if (!find_alloc(p, &b, &a))
+		return INVALID_VALUE;
+	*base = b;
+	*size = a.size;
+	return OK;
+}
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+	memset(h, 0, sizeof *h);
+	memcpy(h->reserved, &p, sizeof p);
+	return OK;
+}
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned) { return NOT_SUPPORTED; }
+CUresult cuIpcCloseMemHandle(CUdeviceptr) { return NOT_SUPPORTED; }
+
+// ---- VMM ----------------------------------------------------------------------------
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *, int) {
+	*g = 2 << 20;
+	return OK;
+}
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long) {
+	if (size % (2 << 20) || prop->type != 1 || prop->location.type != 1)
+		return INVALID_VALUE;
+	int fd = memfd_create("fakecuda", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) != 0)
+		return 2;
+	std::lock_guard<std::mutex> l(mem_mu);
+	*h = next_handle++;
+	phys[*h] = {fd, size, prop->location.id};
+	return OK;
+}
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+	std::lock_guard<std::mutex> l(mem_mu);
+	auto it = phys.find(h);
+	if (it == phys.end())
+		return INVALID_VALUE;
+	close(it->second.fd);
+	phys.erase(it);
+	return OK;
+}
+CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                      unsigned long long) {
+	std::lock_guard<std::mutex> l(mem_mu);
+	auto it = phys.find(h);
+	if (it == phys.end() || type != 1)
+		return INVALID_VALUE;
+	*(int *)out = dup(it->second.fd);
+	return OK;
+}
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type) {
+	int fd = (int)(uintptr_t)os;
+	off_t size = lseek(fd, 0, SEEK_END);
+	if (type != 1 || size <= 0)
+		return INVALID_VALUE;
+	std::lock_guard<std::mutex> l(mem_mu);
+	*h = next_handle++;
+	phys[*h] = {dup(fd), (size_t)size, -1};
+	return OK;
+}
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t, CUdeviceptr, unsigned long long) {
+	void *m = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED)
+		return 2;
+	*p = (CUdeviceptr)m;
+	return OK;
+}
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+	return munmap((void *)p, size) == 0 ? OK : INVALID_VALUE;
+}
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h,
+                  unsigned long long) {
+	std::lock_guard<std::mutex> l(mem_mu);
+	auto it = phys.find(h);
+	if (it == phys.end() || off + size > it->second.size)
+		return INVALID_VALUE;
+	void *m = mmap((void *)p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, it->second.fd, (off_t)off);
+	if (m == MAP_FAILED)
+		return INVALID_VALUE;
+	allocs[p] = {size, it->second.device};
+	return OK;
+}
+CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+	std::lock_guard<std::mutex> l(mem_mu);
+	allocs.erase(p);
+	void *m = mmap((void *)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+	return m == MAP_FAILED ? INVALID_VALUE : OK;
+}
+CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *desc, size_t count) {
+	for (size_t i = 0; i < count; ++i)
+		if (desc[i].location.type != 1 || desc[i].flags != 3)
+			return INVALID_VALUE;
+	return OK;
+}
+
+// ---- stream memory operations ---------------------------------------------------------
+
+static bool satisfied(unsigned v, unsigned want, unsigned flags) {
+	switch (flags & 0xf) {
+	case 0: return (int)(v - want) >= 0;
+	case 1: return v == want;
+	case 2: return (v & want) != 0;
+	default: return ~(v | want) != 0;
+	}
+}
+CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr p, cuuint32_t v, unsigned) {
+	stream_of(s)->push([=] { __atomic_store_n((unsigned *)p, v, __ATOMIC_SEQ_CST); });
+	return OK;
+}
+CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr p, cuuint32_t v, unsigned flags) {
+	stream_of(s)->push([=] {
+		while (!satisfied(__atomic_load_n((unsigned *)p, __ATOMIC_SEQ_CST), v, flags))
+			std::this_thread::yield();
+	});
+	return OK;
+}
+CUresult cuStreamBatchMemOp_v2(CUstream s, unsigned n, CUstreamBatchMemOpParams *ops, unsigned) {
+	for (unsigned i = 0; i < n; ++i) {
+		const auto &o = ops[i].value;
+		CUresult r = o.operation == 1 ? cuStreamWaitValue32_v2(s, o.address, o.v.value, o.flags) :
+		             o.operation == 2 ? cuStreamWriteValue32_v2(s, o.address, o.v.value, o.flags) :
+		                                INVALID_VALUE;
+		if (r != OK)
+			return r;
+	}
+	return OK;
+}
+
+// ---- cuGetProcAddress -------------------------------------------------------------------
+
+struct Proc {
+	const char *name;
+	void *fn;
+};
+#define P(base, fn) {base, (void *)fn},
+static const Proc procs[] = {
+    P("cuInit", cuInit) P("cuDriverGetVersion", cuDriverGetVersion)
+    P("cuGetErrorString", cuGetErrorString) P("cuGetErrorName", cuGetErrorName)
+    P("cuDeviceGetCount", cuDeviceGetCount) P("cuDeviceGet", cuDeviceGet)
+    P("cuDeviceGetAttribute", cuDeviceGetAttribute) P("cuDeviceGetName", cuDeviceGetName)
+    P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain)
+    P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2)
+    P("cuCtxGetCurrent", cuCtxGetCurrent) P("cuCtxSetCurrent", cuCtxSetCurrent)
+    P("cuModuleLoadData", cuModuleLoadData) P("cuModuleUnload", cuModuleUnload)
+    P("cuModuleGetFunction", cuModuleGetFunction) P("cuFuncGetAttribute", cuFuncGetAttribute)
+    P("cuLaunchKernel", cuLaunchKernel) P("cuMemAlloc", cuMemAlloc_v2) P("cuMemFree", cuMemFree_v2)
+    P("cuMemcpyHtoD", cuMemcpyHtoD_v2) P("cuMemcpyDtoH", cuMemcpyDtoH_v2)
+    P("cuMemcpyAsync", cuMemcpyAsync) P("cuMemcpyDtoDAsync", cuMemcpyDtoDAsync_v2)
+    P("cuMemsetD32Async", cuMemsetD32Async) P("cuStreamCreate", cuStreamCreate)
+    P("cuStreamDestroy", cuStreamDestroy_v2) P("cuStreamSynchronize", cuStreamSynchronize)
+    P("cuStreamWaitEvent", cuStreamWaitEvent) P("cuEventCreate", cuEventCreate)
+    P("cuEventRecord", cuEventRecord) P("cuEventSynchronize", cuEventSynchronize)
+    P("cuEventQuery", cuEventQuery) P("cuEventElapsedTime", cuEventElapsedTime)
+    P("cuEventDestroy", cuEventDestroy_v2) P("cuPointerGetAttribute", cuPointerGetAttribute)
+    P("cuMemGetAddressRange", cuMemGetAddressRange_v2) P("cuIpcGetMemHandle", cuIpcGetMemHandle)
+    P("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2) P("cuIpcCloseMemHandle", cuIpcCloseMemHandle)
+    P("cuMemCreate", cuMemCreate) P("cuMemRelease", cuMemRelease)
+    P("cuMemExportToShareableHandle", cuMemExportToShareableHandle)
+    P("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle)
+    P("cuMemAddressReserve", cuMemAddressReserve) P("cuMemAddressFree", cuMemAddressFree)
+    P("cuMemMap", cuMemMap) P("cuMemUnmap", cuMemUnmap) P("cuMemSetAccess", cuMemSetAccess)
+    P("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity)
+    P("cuStreamWriteValue32", cuStreamWriteValue32_v2) P("cuStreamWaitValue32", cuStreamWaitValue32_v2)
+    P("cuStreamBatchMemOp", cuStreamBatchMemOp_v2)
+};
+
+int fake_getproc_calls;
+int fake_multicast_lookups;
+
+// FAKECUDA_NO_GETPROC=1 makes every lookup fail, so the loader falls back to
+// the versioned dlsym names.
+CUresult cuGetProcAddress_v2(const char *name, void **fn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status) {
+	__atomic_add_fetch(&fake_getproc_calls, 1, __ATOMIC_SEQ_CST);
+	*fn = nullptr;
+	*status = 1; // SYMBOL_NOT_FOUND
+	if (strncmp(name, "cuMulticast", 11) == 0) {
+		fprintf(stderr, "fakecuda: multicast symbol %s looked up\n", name);
+		__atomic_add_fetch(&fake_multicast_lookups, 1, __ATOMIC_SEQ_CST);
+	}
+	const char *off = getenv("FAKECUDA_NO_GETPROC");
+	if ((off && *off == '1') || version < 12000 || flags != 1)
+		return NOT_FOUND;
+	for (const auto &p : procs)
+		if (strcmp(p.name, name) == 0) {
+			*fn = p.fn;
+			*status = 0;
+			return OK;
+		}
+	return NOT_FOUND;
+}
+
+} // extern "C"

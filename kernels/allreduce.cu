@@ -1,0 +1,202 @@
+// All-reduce kernels over buffers that every rank can address directly
+// (CUDA IPC or VMM mappings of the peers' memory), in the manner of vLLM's
+// custom all-reduce and PyTorch's symmetric-memory one-/two-shot kernels.
+//
+//   gs_oneshot_<type>_<op>  every rank reads all peers and writes its own
+//                           out (pull); with src_offset = rank * numel it is
+//                           the reduce-scatter half of a two-shot.
+//   gs_twoshot_<type>_<op>  in place: rank r reduces slice r from all peers
+//                           and writes it into every peer's buffer (push).
+//
+// types: f32, f16, bf16 (fp32 accumulation), i32, i64; ops: sum, prod, min,
+// max. AVG and PREMUL_SUM are sum with post = GS_POST_DIV / GS_POST_MUL.
+// Partial sums are folded in rank order 0..world-1 on every rank, so all
+// ranks get identical bits. Elements move as 16-byte vectors where every
+// pointer shares the same alignment, with scalar heads and tails for the rest
+// (any numel, any element-aligned start).
+//
+// Launch: block = GS_BLOCK_THREADS threads, grid <= GS_MAX_BLOCKS, the same
+// grid on every rank for the same call (barrier slots are per block). out
+// must not alias any peer's buffer in one-shot: peers are still reading it.
+#include "common.cuh"
+
+// Folds element i of every peer.
+template <class T, class Op>
+__device__ __forceinline__ typename T::A gs_fold1(const char *const *src, int world, gs_u64 i) {
+	typedef typename T::S S;
+	typename T::A acc = T::load(((const S *)src[0])[i]);
+#pragma unroll
+	for (int r = 1; r < GS_MAX_RANKS; ++r)
+		if (r < world)
+			acc = Op::apply(acc, T::load(((const S *)src[r])[i]));
+	return acc;
+}
+
+template <class T, class Op>
+__device__ __forceinline__ typename T::S gs_finish(typename T::A a, float scale, int post) {
+	if (Op::kScales && T::kFloat)
+		a = gs_post(a, scale, post);
+	return T::store(a);
+}
+
+// Reduces elements [lo, hi) and writes each result to dst[0..ndst). Vectors
+// start at element head (where all pointers are 16-byte aligned) and recur
+// every kN elements; head == count means no vectors at all.
+template <class T, class Op>
+__device__ __forceinline__ void gs_reduce_range(const char *const *src, int world,
+                                                char *const *dst, int ndst, gs_u64 lo,
+                                                gs_u64 hi, gs_u64 head, float scale,
+                                                int post) {
+	typedef typename T::S S;
+	typedef typename T::A A;
+	const int N = GsPack<T>::kN;
+	gs_u64 vlo = hi, vhi = hi;
+	if (hi > head) {
+		const gs_u64 a = lo > head ? lo : head;
+		vlo = head + (a - head + N - 1) / N * N;
+		vhi = head + (hi - head) / N * N;
+		if (vlo >= vhi)
+			vlo = vhi = hi;
+	}
+	const gs_u64 g = gs_thread_index(), stride = gs_thread_count();
+
+	for (gs_u64 i = lo + g; i < vlo; i += stride) {
+		const S r = gs_finish<T, Op>(gs_fold1<T, Op>(src, world, i), scale, post);
+#pragma unroll
+		for (int d = 0; d < GS_MAX_RANKS; ++d)
+			if (d < ndst)
+				((S *)dst[d])[i] = r;
+	}
+
+	const gs_u64 nvec = (vhi - vlo) / N;
+	for (gs_u64 v = g; v < nvec; v += stride) {
+		const gs_u64 byte = (vlo + v * N) * sizeof(S);
+		GsPack<T> in[GS_MAX_RANKS];
+#pragma unroll
+		for (int r = 0; r < GS_MAX_RANKS; ++r)
+			if (r < world)
+				in[r].v = *(const gs_v16 *)(src[r] + byte);
+		A acc[N];
+#pragma unroll
+		for (int k = 0; k < N; ++k)
+			acc[k] = T::load(in[0].e[k]);
+#pragma unroll
+		for (int r = 1; r < GS_MAX_RANKS; ++r)
+			if (r < world) {
+#pragma unroll
+				for (int k = 0; k < N; ++k)
+					acc[k] = Op::apply(acc[k], T::load(in[r].e[k]));
+			}
+		GsPack<T> out;
+#pragma unroll
+		for (int k = 0; k < N; ++k)
+			out.e[k] = gs_finish<T, Op>(acc[k], scale, post);
+#pragma unroll
+		for (int d = 0; d < GS_MAX_RANKS; ++d)
+			if (d < ndst)
+				*(gs_v16 *)(dst[d] + byte) = out.v;
+	}
+
+	for (gs_u64 i = vhi + g; i < hi; i += stride) {
+		const S r = gs_finish<T, Op>(gs_fold1<T, Op>(src, world, i), scale, post);
+#pragma unroll
+		for (int d = 0; d < GS_MAX_RANKS; ++d)
+			if (d < ndst)
+				((S *)dst[d])[i] = r;
+	}
+}
+
+// The peers' element pointers, shifted by src_offset; slots past world are
+// copies of slot 0 so that alignment checks can look at all of them.
+template <class T>
+__device__ __forceinline__ void gs_sources(const gs_ar_params &p, const char **src) {
+#pragma unroll
+	for (int r = 0; r < GS_MAX_RANKS; ++r) {
+		const int q = r < p.world ? r : 0;
+		src[r] = (const char *)p.peers[q] + p.src_offset * sizeof(typename T::S);
+	}
+}
+
+template <class T>
+__device__ __forceinline__ gs_u64 gs_head_of(const char *const *ptrs, gs_u64 count) {
+	typedef typename T::S S;
+	const gs_u64 mis = (gs_u64)ptrs[0] & 15u;
+	bool same = true;
+#pragma unroll
+	for (int r = 1; r < GS_MAX_RANKS + 1; ++r)
+		same = same && (((gs_u64)ptrs[r] & 15u) == mis);
+	if (!same || mis % sizeof(S) != 0)
+		return count;
+	const gs_u64 head = ((16u - mis) & 15u) / sizeof(S);
+	return head < count ? head : count;
+}
+
+template <class T, class Op>
+__device__ __forceinline__ void gs_oneshot(const gs_ar_params &p) {
+	if (!gs_config_ok(p.pads, p.world, p.rank))
+		return;
+	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
+		return;
+	const char *ptrs[GS_MAX_RANKS + 1];
+	gs_sources<T>(p, ptrs);
+	ptrs[GS_MAX_RANKS] = (const char *)p.out;
+	char *const dst[1] = {(char *)p.out};
+	const gs_u64 head = gs_head_of<T>(ptrs, p.numel);
+	gs_reduce_range<T, Op>(ptrs, p.world, dst, 1, 0, p.numel, head, p.scale, p.post);
+	// Peers may overwrite their inputs once everyone has read them.
+	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+}
+
+template <class T, class Op>
+__device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
+	if (!gs_config_ok(p.pads, p.world, p.rank))
+		return;
+	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
+		return;
+	const char *ptrs[GS_MAX_RANKS + 1];
+	gs_sources<T>(p, ptrs);
+	ptrs[GS_MAX_RANKS] = ptrs[0];
+	char *dst[GS_MAX_RANKS];
+#pragma unroll
+	for (int r = 0; r < GS_MAX_RANKS; ++r)
+		dst[r] = (char *)ptrs[r];
+	const gs_u64 n = p.numel, head = gs_head_of<T>(ptrs, n);
+	const gs_u64 W = (gs_u64)p.world, r = (gs_u64)p.rank;
+	gs_u64 lo, hi;
+	if (head >= n) { // no vectors: split the elements evenly
+		const gs_u64 per = (n + W - 1) / W;
+		lo = r * per < n ? r * per : n;
+		hi = lo + per < n ? lo + per : n;
+	} else { // split whole vectors; rank 0 takes the head, the last rank the tail
+		const int N = GsPack<T>::kN;
+		const gs_u64 vend = head + (n - head) / N * N;
+		const gs_u64 per = ((n - head) / N + W - 1) / W * N;
+		lo = r == 0 ? 0 : (head + r * per < vend ? head + r * per : vend);
+		hi = r + 1 == W ? n : (head + (r + 1) * per < vend ? head + (r + 1) * per : vend);
+	}
+	gs_reduce_range<T, Op>(ptrs, p.world, dst, p.world, lo, hi, head, p.scale, p.post);
+	// Every slice has landed everywhere once all ranks pass this.
+	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+}
+
+#define GS_AR_KERNEL(algo, tname, T, oname, Op)                                               \
+	extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS)                         \
+	    gs_##algo##_##tname##_##oname(gs_ar_params p) {                                   \
+		gs_##algo<T, Op>(p);                                                           \
+	}
+
+#define GS_AR_KERNELS(tname, T)                                                               \
+	GS_AR_KERNEL(oneshot, tname, T, sum, GsSum)                                            \
+	GS_AR_KERNEL(oneshot, tname, T, prod, GsProd)                                          \
+	GS_AR_KERNEL(oneshot, tname, T, min, GsMin)                                            \
+	GS_AR_KERNEL(oneshot, tname, T, max, GsMax)                                            \
+	GS_AR_KERNEL(twoshot, tname, T, sum, GsSum)                                            \
+	GS_AR_KERNEL(twoshot, tname, T, prod, GsProd)                                          \
+	GS_AR_KERNEL(twoshot, tname, T, min, GsMin)                                            \
+	GS_AR_KERNEL(twoshot, tname, T, max, GsMax)
+
+GS_AR_KERNELS(f32, GsF32)
+GS_AR_KERNELS(f16, GsF16)
+GS_AR_KERNELS(bf16, GsBF16)
+GS_AR_KERNELS(i32, GsI32)
+GS_AR_KERNELS(i64, GsI64)

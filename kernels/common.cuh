@@ -1,0 +1,307 @@
+// Device helpers shared by the gosym kernels: element types, reduction
+// operators, 16-byte vectors and the cross-GPU block barrier.
+//
+// NVRTC compiles these sources with no system headers, so everything used
+// here is a compiler builtin or declared below. kernels.Source pastes this
+// file in place of its #include line.
+#ifndef GOSYM_COMMON_CUH
+#define GOSYM_COMMON_CUH
+
+#include "params.cuh"
+
+typedef unsigned int gs_u32;
+typedef unsigned long long gs_u64;
+
+// Signal pads (one per rank and channel; layout constants in params.cuh):
+//   flags[b][src]    written by rank src with the number of barriers its
+//                    block b has passed toward us (st.release.sys);
+//   counters[b][dst] our own count of barriers block b passed toward dst,
+//                    local, never read by a peer;
+//   error words      the first error this rank saw: code, detail, and a
+//                    mask of the ranks that did not arrive.
+// Counters only grow, so a pad is zeroed once when it is allocated and never
+// reset between collectives; that is also what makes replaying a captured
+// CUDA graph safe.
+
+// ---- memory ordering --------------------------------------------------------
+//
+// GS_EMULATION is defined only by the host-side emulation test
+// (testdata/emu.h), which runs these sources as plain C++ with one OS thread
+// per rank to check the index arithmetic and the barrier protocol.
+
+#ifndef GS_EMULATION
+__device__ __forceinline__ void gs_st_release(gs_u32 *p, gs_u32 v) {
+	asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ gs_u32 gs_ld_acquire(const gs_u32 *p) {
+	gs_u32 v;
+	asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+	return v;
+}
+
+__device__ __forceinline__ gs_u64 gs_globaltimer() {
+	gs_u64 t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+#else
+__device__ __forceinline__ void gs_st_release(gs_u32 *p, gs_u32 v) {
+	__atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+__device__ __forceinline__ gs_u32 gs_ld_acquire(const gs_u32 *p) {
+	gs_emu_spin(); // let the peer's thread run: ranks share a few cores
+	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+__device__ __forceinline__ gs_u64 gs_globaltimer() { return gs_emu_globaltimer(); }
+#endif
+
+// Records the first error seen on this rank's pad; later ones only add to
+// the missing-rank mask.
+__device__ __forceinline__ void gs_record_error(gs_u32 *pad, gs_u32 code, gs_u32 detail,
+                                                gs_u32 missing) {
+	if (!pad)
+		return;
+	if (atomicCAS(pad + GS_PAD_ERROR, 0u, code) == 0u)
+		atomicExch(pad + GS_PAD_ERROR_DETAIL, detail);
+	if (missing)
+		atomicOr(pad + GS_PAD_ERROR_MISSING, missing);
+	__threadfence_system();
+}
+
+// Checks what every kernel relies on. The answer is the same for all
+// threads of a block; a bad rank cannot be reported (no pad to write to).
+__device__ __forceinline__ bool gs_config_ok(gs_u32 *const *pads, int world, int rank) {
+	if (world < 1 || world > GS_MAX_RANKS || rank < 0 || rank >= world)
+		return false;
+	if (gridDim.x > GS_MAX_BLOCKS || gridDim.y != 1 || gridDim.z != 1 ||
+	    blockDim.x < 32 || blockDim.y != 1 || blockDim.z != 1) {
+		if (threadIdx.x == 0)
+			gs_record_error(pads[rank], GS_ERR_CONFIG,
+			                (gridDim.x << 16) | (blockDim.x & 0xffffu), 0);
+		return false;
+	}
+	return true;
+}
+
+// Barrier between block blockIdx.x of every rank (the pattern of vLLM's
+// custom all-reduce after PR #8558 and of PyTorch's sync_remote_blocks).
+// Thread t < world handles peer t: it bumps its local counter, publishes the
+// new value in the peer's flag slot with release semantics, then waits with
+// acquire semantics until the peer's value in our slot has caught up. The
+// comparison is cyclic, so a peer that already moved on to the next barrier
+// (and wrote a larger value) releases us too, and wrap-around is harmless.
+// The __syncthreads before and after extend the ordering to the whole block.
+// Returns false, with the error recorded on our pad, if some peer did not
+// arrive within timeout_ns (0 waits forever); the caller must then return,
+// and the channel's pads must be re-zeroed on every rank before reuse.
+__device__ __forceinline__ bool gs_block_barrier(gs_u32 *const *pads, int world, int rank,
+                                                 gs_u64 timeout_ns) {
+	__syncthreads();
+	int failed = 0;
+	const int t = threadIdx.x;
+	if (t < world && t != rank) {
+		gs_u32 *own = pads[rank];
+		const gs_u32 slot = blockIdx.x * GS_MAX_RANKS;
+		gs_u32 *counter = own + GS_PAD_COUNTERS + slot + t;
+		const gs_u32 want = *counter + 1u;
+		*counter = want;
+		gs_st_release(pads[t] + GS_PAD_FLAGS + slot + rank, want);
+		const gs_u32 *flag = own + GS_PAD_FLAGS + slot + t;
+		gs_u64 start = 0;
+		while ((int)(gs_ld_acquire(flag) - want) < 0) {
+			if (timeout_ns == 0)
+				continue;
+			const gs_u64 now = gs_globaltimer();
+			if (start == 0) {
+				start = now;
+			} else if (now - start > timeout_ns) {
+				gs_record_error(own, GS_ERR_TIMEOUT, (blockIdx.x << 8) | (gs_u32)t,
+				                1u << t);
+				failed = 1;
+				break;
+			}
+		}
+	}
+	return !__syncthreads_or(failed);
+}
+
+// ---- element types ------------------------------------------------------------
+//
+// S is the stored type, A the accumulator. Half and bfloat16 travel as their
+// bit patterns and accumulate in float; integers accumulate in their own type
+// with two's-complement wrap-around.
+
+#ifndef GS_EMULATION
+__device__ __forceinline__ float gs_h2f(unsigned short h) {
+	float f;
+	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+	return f;
+}
+
+__device__ __forceinline__ unsigned short gs_f2h(float f) {
+	unsigned short h;
+	asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+	return h;
+}
+#else // the host data plane's exact conversions (reduce_kernels.h)
+__device__ __forceinline__ float gs_h2f(unsigned short h) {
+	const gs_u32 sign = (gs_u32)(h & 0x8000u) << 16, em = h & 0x7fffu;
+	gs_u32 r;
+	if (em >= 0x7c00u)
+		r = (em << 13) | 0x7f800000u;
+	else if (em < 0x0400u)
+		r = __float_as_uint((float)(int)em * 0x1p-24f);
+	else
+		r = (em << 13) + 0x38000000u;
+	return __uint_as_float(r | sign);
+}
+
+__device__ __forceinline__ unsigned short gs_f2h(float f) {
+	gs_u32 u = __float_as_uint(f);
+	const gs_u32 sign = (u >> 16) & 0x8000u;
+	u &= 0x7fffffffu;
+	gs_u32 r;
+	if (u >= 0x47800000u)
+		r = u > 0x7f800000u ? (0x7e00u | ((u >> 13) & 0x3ffu)) : 0x7c00u;
+	else if (u < 0x38800000u)
+		r = __float_as_uint(__uint_as_float(u) + 0.5f) - 0x3f000000u;
+	else
+		r = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
+	return (unsigned short)(r | sign);
+}
+#endif
+
+__device__ __forceinline__ float gs_b2f(unsigned short b) {
+	return __uint_as_float(((gs_u32)b) << 16);
+}
+
+// Round to nearest even; NaN stays NaN.
+__device__ __forceinline__ unsigned short gs_f2b(float f) {
+#if !defined(GS_EMULATION) && __CUDA_ARCH__ >= 800
+	unsigned short b;
+	asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+	return b;
+#else
+	const gs_u32 u = __float_as_uint(f);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (unsigned short)((u >> 16) | 0x0040u);
+	return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
+
+struct GsF32 {
+	typedef float S;
+	typedef float A;
+	static const bool kFloat = true;
+	static __device__ __forceinline__ A load(S s) { return s; }
+	static __device__ __forceinline__ S store(A a) { return a; }
+};
+
+struct GsF16 {
+	typedef unsigned short S;
+	typedef float A;
+	static const bool kFloat = true;
+	static __device__ __forceinline__ A load(S s) { return gs_h2f(s); }
+	static __device__ __forceinline__ S store(A a) { return gs_f2h(a); }
+};
+
+struct GsBF16 {
+	typedef unsigned short S;
+	typedef float A;
+	static const bool kFloat = true;
+	static __device__ __forceinline__ A load(S s) { return gs_b2f(s); }
+	static __device__ __forceinline__ S store(A a) { return gs_f2b(a); }
+};
+
+struct GsI32 {
+	typedef int S;
+	typedef int A;
+	static const bool kFloat = false;
+	static __device__ __forceinline__ A load(S s) { return s; }
+	static __device__ __forceinline__ S store(A a) { return a; }
+};
+
+struct GsI64 {
+	typedef long long S;
+	typedef long long A;
+	static const bool kFloat = false;
+	static __device__ __forceinline__ A load(S s) { return s; }
+	static __device__ __forceinline__ S store(A a) { return a; }
+};
+
+// ---- reduction operators ------------------------------------------------------
+
+__device__ __forceinline__ float gs_add(float a, float b) { return a + b; }
+__device__ __forceinline__ int gs_add(int a, int b) { return (int)((gs_u32)a + (gs_u32)b); }
+__device__ __forceinline__ long long gs_add(long long a, long long b) {
+	return (long long)((gs_u64)a + (gs_u64)b);
+}
+__device__ __forceinline__ float gs_mul(float a, float b) { return a * b; }
+__device__ __forceinline__ int gs_mul(int a, int b) { return (int)((gs_u32)a * (gs_u32)b); }
+__device__ __forceinline__ long long gs_mul(long long a, long long b) {
+	return (long long)((gs_u64)a * (gs_u64)b);
+}
+
+// NaN-propagating like torch.minimum/maximum (and the host data plane): a NaN
+// operand wins, the first one if both are; ties keep the first operand.
+__device__ __forceinline__ float gs_min(float a, float b) {
+	float r = b < a ? b : a;
+	r = b != b ? b : r;
+	return a != a ? a : r;
+}
+__device__ __forceinline__ float gs_max(float a, float b) {
+	float r = b > a ? b : a;
+	r = b != b ? b : r;
+	return a != a ? a : r;
+}
+template <class T> __device__ __forceinline__ T gs_min(T a, T b) { return b < a ? b : a; }
+template <class T> __device__ __forceinline__ T gs_max(T a, T b) { return b > a ? b : a; }
+
+// Scaling after a floating SUM; integers never get here with post != 0.
+__device__ __forceinline__ float gs_post(float a, float scale, int post) {
+	if (post == GS_POST_MUL)
+		return a * scale;
+	if (post == GS_POST_DIV)
+		return a / scale;
+	return a;
+}
+template <class T> __device__ __forceinline__ T gs_post(T a, float, int) { return a; }
+
+struct GsSum {
+	static const bool kScales = true;
+	template <class A> static __device__ __forceinline__ A apply(A a, A b) { return gs_add(a, b); }
+};
+struct GsProd {
+	static const bool kScales = false;
+	template <class A> static __device__ __forceinline__ A apply(A a, A b) { return gs_mul(a, b); }
+};
+struct GsMin {
+	static const bool kScales = false;
+	template <class A> static __device__ __forceinline__ A apply(A a, A b) { return gs_min(a, b); }
+};
+struct GsMax {
+	static const bool kScales = false;
+	template <class A> static __device__ __forceinline__ A apply(A a, A b) { return gs_max(a, b); }
+};
+
+// ---- 16-byte vectors ----------------------------------------------------------
+
+struct alignas(16) gs_v16 {
+	gs_u32 w[4];
+};
+
+// A 16-byte vector seen as elements of T.
+template <class T> union GsPack {
+	static const int kN = 16 / sizeof(typename T::S);
+	gs_v16 v;
+	typename T::S e[kN];
+};
+
+__device__ __forceinline__ gs_u64 gs_thread_index() {
+	return (gs_u64)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ gs_u64 gs_thread_count() { return (gs_u64)gridDim.x * blockDim.x; }
+
+#endif // GOSYM_COMMON_CUH

@@ -1,0 +1,492 @@
+// Runs the kernels of allreduce.cu and copy.cu on the host (see emu.h) over
+// randomised cases and checks every output element, bit for bit, against a
+// reference written independently of the kernels. Prints one line per
+// failure and a final "N passed, M failed" line; exits non-zero on failure.
+#include "allreduce.cu"
+#include "copy.cu"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+thread_local gs_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+static int passed, failed;
+
+static void fail(const std::string &what) {
+	if (failed < 50)
+		fprintf(stderr, "FAIL %s\n", what.c_str());
+	failed++;
+}
+
+template <class P> static void run_rank(void (*k)(P), const P &p, unsigned grid, unsigned block) {
+	gridDim = {grid, 1, 1};
+	blockDim = {block, 1, 1};
+	for (unsigned b = 0; b < grid; ++b)
+		for (unsigned t = 0; t < block; ++t) {
+			blockIdx = {b, 0, 0};
+			threadIdx = {t, 0, 0};
+			k(p);
+		}
+}
+
+// Every rank in its own thread, as every GPU runs its own copy.
+template <class P>
+static void run_all(void (*k)(P), const std::vector<P> &ps, unsigned grid, unsigned block) {
+	std::vector<std::thread> th;
+	for (size_t r = 0; r < ps.size(); ++r)
+		th.emplace_back([&, r] { run_rank(k, ps[r], grid, block); });
+	for (auto &t : th)
+		t.join();
+}
+
+// ---- reference ----------------------------------------------------------------
+
+enum DT { F32, F16, BF16, I32, I64, NDT };
+enum OP { SUM, PROD, MIN, MAX, NOP };
+static const char *dt_name[] = {"f32", "f16", "bf16", "i32", "i64"};
+static const char *op_name[] = {"sum", "prod", "min", "max"};
+static const size_t dt_size[] = {4, 2, 2, 4, 8};
+
+typedef void (*ArKernel)(gs_ar_params);
+#define ROW(a, t) {gs_##a##_##t##_sum, gs_##a##_##t##_prod, gs_##a##_##t##_min, gs_##a##_##t##_max}
+static const ArKernel kernels[2][NDT][NOP] = {
+    {ROW(oneshot, f32), ROW(oneshot, f16), ROW(oneshot, bf16), ROW(oneshot, i32), ROW(oneshot, i64)},
+    {ROW(twoshot, f32), ROW(twoshot, f16), ROW(twoshot, bf16), ROW(twoshot, i32), ROW(twoshot, i64)},
+};
+
+static float f16_to_f32(uint16_t h) {
+	_Float16 x;
+	memcpy(&x, &h, 2);
+	return (float)x;
+}
+static uint16_t f32_to_f16(float f) {
+	_Float16 x = (_Float16)f; // GCC rounds to nearest even
+	uint16_t h;
+	memcpy(&h, &x, 2);
+	return h;
+}
+static float bf16_to_f32(uint16_t b) {
+	uint32_t u = (uint32_t)b << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+// Nearest of the two bf16 neighbours, ties to even, decided in double.
+static uint16_t f32_to_bf16(float f) {
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if (std::isnan(f))
+		return (uint16_t)((u >> 16) | 0x40);
+	uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+	float flo, fhi;
+	memcpy(&flo, &lo, 4);
+	memcpy(&fhi, &hi, 4);
+	double dlo = std::fabs((double)f - flo), dhi = std::isinf(fhi) && !std::isinf(f) ?
+	                                                     std::fabs((double)f - flo) * 2 + 1 :
+	                                                     std::fabs((double)f - fhi);
+	if (lo == u)
+		return (uint16_t)(u >> 16);
+	if (dlo < dhi || (dlo == dhi && ((lo >> 16) & 1) == 0))
+		return (uint16_t)(lo >> 16);
+	return (uint16_t)(hi >> 16);
+}
+
+struct Val { // one element, as the reference sees it
+	double f;      // floats (exact float values)
+	int64_t i;     // integers
+};
+
+static Val load(DT dt, const unsigned char *p) {
+	Val v{0, 0};
+	switch (dt) {
+	case F32: {
+		float f;
+		memcpy(&f, p, 4);
+		v.f = f;
+		break;
+	}
+	case F16: {
+		uint16_t h;
+		memcpy(&h, p, 2);
+		v.f = f16_to_f32(h);
+		break;
+	}
+	case BF16: {
+		uint16_t h;
+		memcpy(&h, p, 2);
+		v.f = bf16_to_f32(h);
+		break;
+	}
+	case I32: {
+		int32_t x;
+		memcpy(&x, p, 4);
+		v.i = x;
+		break;
+	}
+	default:
+		memcpy(&v.i, p, 8);
+	}
+	return v;
+}
+
+static float fold_f(OP op, float a, float b) {
+	switch (op) {
+	case SUM:
+		return a + b;
+	case PROD:
+		return a * b;
+	case MIN:
+		if (std::isnan(a))
+			return a;
+		if (std::isnan(b))
+			return b;
+		return b < a ? b : a;
+	default:
+		if (std::isnan(a))
+			return a;
+		if (std::isnan(b))
+			return b;
+		return b > a ? b : a;
+	}
+}
+
+static int64_t fold_i(DT dt, OP op, int64_t a, int64_t b) {
+	uint64_t ua = (uint64_t)a, ub = (uint64_t)b;
+	int64_t r;
+	switch (op) {
+	case SUM:
+		r = (int64_t)(ua + ub);
+		break;
+	case PROD:
+		r = (int64_t)(ua * ub);
+		break;
+	case MIN:
+		r = b < a ? b : a;
+		break;
+	default:
+		r = b > a ? b : a;
+	}
+	return dt == I32 ? (int64_t)(int32_t)(uint32_t)(uint64_t)r : r;
+}
+
+// Element i of the result, encoded.
+static void reference(DT dt, OP op, int post, float scale, const std::vector<const unsigned char *> &src,
+                      size_t i, unsigned char *out) {
+	size_t es = dt_size[dt];
+	if (dt == I32 || dt == I64) {
+		int64_t acc = load(dt, src[0] + i * es).i;
+		for (size_t r = 1; r < src.size(); ++r)
+			acc = fold_i(dt, op, acc, load(dt, src[r] + i * es).i);
+		if (dt == I32) {
+			int32_t x = (int32_t)acc;
+			memcpy(out, &x, 4);
+		} else {
+			memcpy(out, &acc, 8);
+		}
+		return;
+	}
+	float acc = (float)load(dt, src[0] + i * es).f;
+	for (size_t r = 1; r < src.size(); ++r)
+		acc = fold_f(op, acc, (float)load(dt, src[r] + i * es).f);
+	if (op == SUM && post == GS_POST_MUL)
+		acc = acc * scale;
+	if (op == SUM && post == GS_POST_DIV)
+		acc = acc / scale;
+	if (dt == F32) {
+		memcpy(out, &acc, 4);
+	} else {
+		uint16_t h = dt == F16 ? f32_to_f16(acc) : f32_to_bf16(acc);
+		memcpy(out, &h, 2);
+	}
+}
+
+static bool same(DT dt, const unsigned char *a, const unsigned char *b) {
+	if (memcmp(a, b, dt_size[dt]) == 0)
+		return true;
+	if (dt == F32 || dt == F16 || dt == BF16) // NaN payloads may differ
+		return std::isnan(load(dt, a).f) && std::isnan(load(dt, b).f);
+	return false;
+}
+
+// ---- buffers --------------------------------------------------------------------
+
+static const size_t kGuard = 64;
+
+// A buffer whose data starts `mis` bytes past a 16-byte boundary, with
+// guard bytes on both sides to catch stray writes.
+struct Buf {
+	std::vector<unsigned char> mem;
+	size_t off, len;
+	Buf(size_t len_, size_t mis) : mem(len_ + 2 * kGuard + 32, 0xab), len(len_) {
+		uintptr_t base = (uintptr_t)mem.data() + kGuard;
+		off = ((base + 15) & ~(uintptr_t)15) - (uintptr_t)mem.data() + mis;
+	}
+	unsigned char *data() { return mem.data() + off; }
+	bool guards_intact() const {
+		for (size_t i = 0; i < mem.size(); ++i)
+			if ((i < off || i >= off + len) && mem[i] != 0xab)
+				return false;
+		return true;
+	}
+};
+
+struct Pads {
+	std::vector<std::vector<unsigned>> p;
+	explicit Pads(int world) : p(world, std::vector<unsigned>(GS_PAD_BYTES / 4, 0)) {}
+	unsigned *at(int r) { return p[r].data(); }
+	std::string errors() {
+		std::string s;
+		for (size_t r = 0; r < p.size(); ++r)
+			if (p[r][GS_PAD_ERROR])
+				s += " rank" + std::to_string(r) + ":err=" + std::to_string(p[r][GS_PAD_ERROR]);
+		return s;
+	}
+};
+
+static std::mt19937_64 rng(12345);
+
+static void fill(DT dt, OP op, unsigned char *p, size_t n, bool nans) {
+	std::uniform_int_distribution<int> small(-8, 8);
+	for (size_t i = 0; i < n; ++i) {
+		unsigned char *e = p + i * dt_size[dt];
+		if (dt == I32 || dt == I64) {
+			uint64_t x = rng();
+			memcpy(e, &x, dt_size[dt]);
+			continue;
+		}
+		float f = op == PROD ? 1.0f + small(rng) / 32.0f : small(rng) / 4.0f + (float)(rng() % 1000) / 997.0f;
+		if (nans && rng() % 7 == 0)
+			f = NAN;
+		if (dt == F32)
+			memcpy(e, &f, 4);
+		else {
+			uint16_t h = dt == F16 ? f32_to_f16(f) : f32_to_bf16(f);
+			memcpy(e, &h, 2);
+		}
+	}
+}
+
+// ---- cases ----------------------------------------------------------------------
+
+// One all-reduce call. mis[r] is rank r's data misalignment in bytes (a
+// multiple of the element size), omis that of every out buffer.
+static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const std::vector<size_t> &mis,
+                           size_t omis, unsigned grid, unsigned block, int post, bool scatter, Pads &pads) {
+	const size_t es = dt_size[dt];
+	const size_t total = scatter ? n * world : n; // elements per input buffer
+	std::vector<Buf> in, out;
+	for (int r = 0; r < world; ++r) {
+		in.emplace_back(total * es, mis[r]);
+		fill(dt, op, in.back().data(), total, op == MIN || op == MAX);
+		out.emplace_back(n * es, omis);
+	}
+	std::vector<std::vector<unsigned char>> orig;
+	for (auto &b : in)
+		orig.emplace_back(b.data(), b.data() + total * es);
+
+	std::vector<gs_ar_params> ps(world);
+	float scale = post == GS_POST_DIV ? (float)world : 0.375f;
+	for (int r = 0; r < world; ++r) {
+		gs_ar_params &p = ps[r];
+		memset(&p, 0, sizeof p);
+		for (int q = 0; q < world; ++q) {
+			p.peers[q] = in[q].data();
+			p.pads[q] = pads.at(q);
+		}
+		p.out = out[r].data();
+		p.numel = n;
+		p.src_offset = scatter ? (unsigned long long)r * n : 0;
+		p.timeout_ns = 5000000000ull;
+		p.scale = scale;
+		p.post = post;
+		p.world = world;
+		p.rank = r;
+	}
+	run_all(kernels[algo][dt][op], ps, grid, block);
+
+	char name[256];
+	snprintf(name, sizeof name, "%s %s %s world=%d n=%zu mis0=%zu omis=%zu grid=%u block=%u post=%d%s",
+	         algo ? "twoshot" : "oneshot", dt_name[dt], op_name[op], world, n, mis[0], omis, grid, block,
+	         post, scatter ? " scatter" : "");
+	std::string err = pads.errors();
+	if (!err.empty())
+		return fail(std::string(name) + ": pad errors" + err);
+	unsigned char want[8];
+	for (int r = 0; r < world; ++r) {
+		if (!in[r].guards_intact() || !out[r].guards_intact())
+			return fail(std::string(name) + ": write outside a buffer of rank " + std::to_string(r));
+		std::vector<const unsigned char *> src;
+		for (int q = 0; q < world; ++q)
+			src.push_back(orig[q].data() + (scatter ? r * n * es : 0));
+		for (size_t i = 0; i < n; ++i) {
+			reference(dt, op, post, scale, src, i, want);
+			const unsigned char *got = algo == 0 ? out[r].data() + i * es : in[r].data() + i * es;
+			if (!same(dt, got, want))
+				return fail(std::string(name) + ": rank " + std::to_string(r) + " element " +
+				            std::to_string(i) + " wrong");
+		}
+		if (algo == 0 && total > 0 && memcmp(in[r].data(), orig[r].data(), total * es) != 0)
+			return fail(std::string(name) + ": one-shot modified its input");
+	}
+	passed++;
+}
+
+// All-to-all through gs_copy: rank r pulls chunk r of every peer.
+static void copy_case(int world, size_t chunk, unsigned grid, unsigned block, Pads &pads) {
+	std::vector<Buf> in, out;
+	for (int r = 0; r < world; ++r) {
+		in.emplace_back(chunk * world, rng() % 16);
+		for (size_t i = 0; i < chunk * world; ++i)
+			in.back().data()[i] = (unsigned char)rng();
+		out.emplace_back(chunk * world, rng() % 16);
+	}
+	std::vector<gs_copy_params> ps(world);
+	for (int r = 0; r < world; ++r) {
+		gs_copy_params &p = ps[r];
+		memset(&p, 0, sizeof p);
+		for (int q = 0; q < world; ++q) {
+			p.dst[q] = out[r].data() + q * chunk;
+			p.src[q] = in[q].data() + r * chunk;
+			p.bytes[q] = chunk;
+			p.pads[q] = pads.at(q);
+		}
+		p.timeout_ns = 5000000000ull;
+		p.nseg = world;
+		p.world = world;
+		p.rank = r;
+		p.sync = GS_SYNC_START | GS_SYNC_END;
+	}
+	run_all(gs_copy, ps, grid, block);
+	std::string name = "copy world=" + std::to_string(world) + " chunk=" + std::to_string(chunk);
+	std::string err = pads.errors();
+	if (!err.empty())
+		return fail(name + ": pad errors" + err);
+	for (int r = 0; r < world; ++r) {
+		if (!out[r].guards_intact())
+			return fail(name + ": write outside the output");
+		for (int q = 0; q < world; ++q)
+			if (memcmp(out[r].data() + q * chunk, in[q].data() + r * chunk, chunk) != 0)
+				return fail(name + ": rank " + std::to_string(r) + " segment " + std::to_string(q));
+	}
+	passed++;
+}
+
+static void barrier_case(int world, Pads &pads, int times) {
+	std::vector<gs_barrier_params> ps(world);
+	for (int r = 0; r < world; ++r) {
+		memset(&ps[r], 0, sizeof ps[r]);
+		for (int q = 0; q < world; ++q)
+			ps[r].pads[q] = pads.at(q);
+		ps[r].timeout_ns = 5000000000ull;
+		ps[r].world = world;
+		ps[r].rank = r;
+	}
+	for (int i = 0; i < times; ++i)
+		run_all(gs_barrier, ps, 1, 32);
+	std::string err = pads.errors();
+	if (!err.empty())
+		return fail("barrier: pad errors" + err);
+	passed++;
+}
+
+// Rank 1 never shows up: rank 0 must time out, record who was missing, and
+// return instead of hanging.
+static void timeout_case() {
+	Pads pads(2);
+	gs_barrier_params p;
+	memset(&p, 0, sizeof p);
+	p.pads[0] = pads.at(0);
+	p.pads[1] = pads.at(1);
+	p.timeout_ns = 2000000; // 2 ms
+	p.world = 2;
+	p.rank = 0;
+	run_rank(gs_barrier, p, 1, 32);
+	unsigned *pad = pads.at(0);
+	if (pad[GS_PAD_ERROR] != GS_ERR_TIMEOUT || pad[GS_PAD_ERROR_MISSING] != 2u ||
+	    pad[GS_PAD_ERROR_DETAIL] != 1u)
+		return fail("timeout: error words " + std::to_string(pad[GS_PAD_ERROR]) + "," +
+		            std::to_string(pad[GS_PAD_ERROR_DETAIL]) + "," +
+		            std::to_string(pad[GS_PAD_ERROR_MISSING]));
+	passed++;
+}
+
+static void config_case() {
+	Pads pads(1);
+	gs_ar_params p;
+	memset(&p, 0, sizeof p);
+	float x = 1;
+	p.peers[0] = &x;
+	p.out = &x;
+	p.pads[0] = pads.at(0);
+	p.numel = 1;
+	p.world = 1;
+	run_rank(gs_oneshot_f32_sum, p, GS_MAX_BLOCKS + 1, 32);
+	if (pads.at(0)[GS_PAD_ERROR] != GS_ERR_CONFIG)
+		return fail("config: too many blocks not reported");
+	p.world = GS_MAX_RANKS + 1; // must not touch anything
+	run_rank(gs_oneshot_f32_sum, p, 1, 32);
+	passed++;
+}
+
+int main() {
+	std::vector<Pads> pads;
+	for (int w = 0; w <= GS_MAX_RANKS; ++w)
+		pads.emplace_back(w);
+
+	const size_t sizes[] = {0, 1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 1023, 1025, 4099};
+	const int worlds[] = {1, 2, 3, 4, 8};
+	const unsigned grids[] = {1, 3, 24};
+	const unsigned blocks[] = {32, 64, 512};
+	for (int algo = 0; algo < 2; ++algo)
+		for (int dt = 0; dt < NDT; ++dt)
+			for (int op = 0; op < NOP; ++op)
+				for (int k = 0; k < 14; ++k) {
+					int world = worlds[rng() % 5];
+					size_t n = sizes[rng() % (sizeof sizes / sizeof sizes[0])];
+					size_t es = dt_size[dt];
+					std::vector<size_t> mis(world, 0);
+					size_t omis = 0;
+					switch (k % 4) {
+					case 0: // all aligned
+						break;
+					case 1: { // equally misaligned: scalar head, vectors, tail
+						size_t m = (rng() % (16 / es)) * es;
+						for (auto &x : mis)
+							x = m;
+						omis = algo == 0 ? m : 0;
+						break;
+					}
+					case 2: // different alignments: all scalar
+						for (int r = 0; r < world; ++r)
+							mis[r] = (r % 2) * es;
+						break;
+					default: // out misaligned against the inputs
+						omis = es;
+					}
+					int post = GS_POST_NONE;
+					if (op == SUM && dt <= BF16 && k % 3 != 0)
+						post = k % 3 == 1 ? GS_POST_DIV : GS_POST_MUL;
+					bool scatter = algo == 0 && k % 5 == 4;
+					allreduce_case(algo, (DT)dt, (OP)op, world, n, mis, omis, grids[rng() % 3],
+					               blocks[rng() % 3], post, scatter, pads[world]);
+				}
+	// Larger cases on the vector path, with every world size.
+	for (int world = 1; world <= GS_MAX_RANKS; ++world)
+		for (int algo = 0; algo < 2; ++algo)
+			allreduce_case(algo, BF16, SUM, world, (1 << 16) + 3, std::vector<size_t>(world, 0), 0, 24, 512,
+			               GS_POST_NONE, false, pads[world]);
+	for (int world : worlds)
+		for (size_t chunk : {0, 1, 7, 16, 33, 1000, 4097})
+			copy_case(world, chunk, grids[rng() % 3], blocks[rng() % 3], pads[world]);
+	for (int world : worlds)
+		barrier_case(world, pads[world], 5);
+	timeout_case();
+	config_case();
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}
