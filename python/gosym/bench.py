@@ -30,6 +30,7 @@ if __name__ == "__main__" and not __package__:
     sys.path.insert(0, os.path.dirname(_here))
 
 import argparse
+import copy
 import datetime
 import json
 import math
@@ -115,7 +116,7 @@ def parse_args(argv):
         p.error(f"unknown ops {bad}; choose from {list(OPS)}")
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.backends is None:
-        args.backends = "gosym,nccl" if args.device == "cuda" else "gosym,gloo"
+        args.backends = "gosym,nccl" if args.device == "cuda" else "gosym,gosym-bound,gloo"
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.cuda_graph and args.device != "cuda":
         p.error("--cuda-graph needs --device cuda")
@@ -224,6 +225,13 @@ class Case:
             self.torch.empty_like(self.output, device=device)
         self.run(group, inp, out)
         return out.cpu()
+
+    def bound(self, gosym):
+        """The same case on buffers from gosym.empty, which peers read in place."""
+        c = copy.copy(self)
+        c.input = gosym.empty_like(self.input).copy_(self.input)
+        c.output = gosym.empty_like(self.output).copy_(self.output)
+        return c
 
     @property
     def exact(self):
@@ -370,8 +378,10 @@ class Bench:
                 g, ok = None, False
             if self._all_ok(ok):
                 self.groups["gosym"] = g
+        if "gosym-bound" in args.backends and "gosym" in self.groups and args.device == "cpu":
+            self.groups["gosym-bound"] = self.groups["gosym"]
         for b in args.backends:
-            if b == "gosym":
+            if b.startswith("gosym"):
                 continue
             if b == "gloo" and args.device == "cpu":
                 self.groups[b] = self.ctrl
@@ -477,10 +487,10 @@ class Bench:
         t_start = time.time()
         self.setup()
         measured = [b for b in args.backends if b in self.groups]
-        baselines = [b for b in args.backends if b != "gosym"]
+        baselines = [b for b in args.backends if not b.startswith("gosym")]
         main = "gosym"
         base = baselines[0] if baselines else None
-        table = Table(self.rank == 0, main, base)
+        table = Table(self.rank == 0, main, base, "gosym-bound" if "gosym-bound" in measured else None)
 
         memcpy = {}
         for size in args.sizes:
@@ -496,12 +506,14 @@ class Bench:
                 for b in measured:
                     if self.failures.get(b, 0) >= args.max_errors:
                         continue
+                    bc = case.bound(self.gosym) if b == "gosym-bound" else case
                     if not args.no_check and self.groups[b] is not self.ctrl:
-                        c = {"backend": b, "op": op, "size": size, **self.check(b, case)}
+                        c = {"backend": b, "op": op, "size": size, **self.check(b, bc)}
                         checks.append(c)
                         row[b + "_ok"] = c["ok"]
                     r = {"backend": b, "op": op, "size": size, "bytes": case.bytes,
-                         "bus_bytes": case.bus_bytes, **self.measure(b, case)}
+                         "bus_bytes": case.bus_bytes, **self.measure(b, bc)}
+                    del bc
                     if "error" in r:
                         self.failures[b] = self.failures.get(b, 0) + 1
                     results.append(r)
@@ -553,12 +565,14 @@ class Bench:
 class Table:
     """Rank 0's streaming table: one row per (op, size) as soon as it is measured."""
 
-    def __init__(self, enabled, main, base):
-        self.enabled, self.main, self.base = enabled, main, base
+    def __init__(self, enabled, main, base, bound=None):
+        self.enabled, self.main, self.base, self.bound = enabled, main, base, bound
         bn = base or "-"
         self.cols = [("op", 24), ("size", 6), (f"{main} us", 11), (f"{bn} us", 11),
                      (f"{bn}/{main}", 10), (f"{main} GB/s", 11), (f"{bn} GB/s", 11),
                      ("memcpy GB/s", 11), ("check", 5)]
+        if bound:
+            self.cols[5:5] = [("bound us", 10), (f"{bn}/bound", 10), ("bound GB/s", 10)]
         if enabled:
             print(self._fmt([c for c, _ in self.cols]))
             print(self._fmt(["-" * w for _, w in self.cols]), flush=True)
@@ -578,11 +592,18 @@ class Table:
         ratio = "-"
         if m and b and "error" not in m and "error" not in b:
             ratio = f"{b['median_us'] / m['median_us']:.2f}x"
-        ok = row.get(self.main + "_ok")
+        oks = [row.get(k + "_ok") for k in (self.main, self.bound) if k]
+        ok = None if all(o is None for o in oks) else all(o is not False for o in oks)
         cells = [row["op"], fmt_size(row["size"]), val(self.main, "median_us", us),
                  val(self.base, "median_us", us), ratio, val(self.main, "busbw_GBps", fmt_bw),
                  val(self.base, "busbw_GBps", fmt_bw), fmt_bw(memcpy["GBps"]) if memcpy else "-",
                  "-" if ok is None else ("ok" if ok else "BAD")]
+        if self.bound:
+            bd = row.get(self.bound)
+            bratio = "-"
+            if bd and b and "error" not in bd and "error" not in b:
+                bratio = f"{b['median_us'] / bd['median_us']:.2f}x"
+            cells[5:5] = [val(self.bound, "median_us", us), bratio, val(self.bound, "busbw_GBps", fmt_bw)]
         print(self._fmt(cells), flush=True)
 
     def footer(self, report):

@@ -144,6 +144,11 @@ def poison_like(exp: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_not(exp)
 
 
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fills an output buffer in place with NaN (or an unlikely integer)."""
+    return t.fill_(float("nan") if t.dtype.is_floating_point else -1234567)
+
+
 def digest(t: torch.Tensor) -> str:
     t = t.detach().reshape(-1).contiguous().cpu()
     return hashlib.sha1(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
@@ -258,3 +263,54 @@ def print_summary(ck: Checker, label: str) -> None:
     print(f"[rank {ck.rank}] {label}: {ck.passed} passed, {len(ck.failures)} failed", file=sys.stderr)
     for f in ck.failures[:20]:
         print(f, file=sys.stderr)
+
+
+# -- registration counters (gosym only) --------------------------------------
+
+# The lazy-registration counters of gosym.stats(group) (gobackend/bind.go).
+BIND_KEYS = ("bindings_created", "bindings_reused", "bindings_released", "peer_maps",
+             "peer_map_hits", "peer_map_misses", "peer_map_dropped")
+
+
+def bind_counters(group=None) -> dict:
+    """gosym.stats(group)'s BIND_KEYS; absent ones (GOSYM_ENABLE_UBR=no: no binder) read 0."""
+    import gosym
+
+    s = gosym.stats(group)
+    return {k: int(s.get(k, 0)) for k in BIND_KEYS}
+
+
+def check_delta(ck: Checker, case: str, before: dict, after: dict, **want) -> dict:
+    """Checks after - before per key of want: an int must match exactly, ">0" means grew."""
+    d = {k: after[k] - before[k] for k in before}
+    for k, w in want.items():
+        ok = d[k] > 0 if w == ">0" else d[k] == w
+        ck.check(f"{case}: {k}", ok, f"{k} changed by {d[k]}, want {w}; all changes {d}")
+    return d
+
+
+def expect_raise(ck: Checker, case: str, types, fn, *words, untouched=()) -> BaseException | None:
+    """fn must raise one of types naming every word (case-insensitive) and leave
+    the tensors in untouched as they were (the error came before any data moved)."""
+    before = [t.clone() for t in untouched]
+    err = None
+    try:
+        fn()
+    except types as e:
+        err = e
+        missing = [w for w in words if w.lower() not in str(e).lower()]
+        ck.check(case, not missing, f"message lacks {missing}: {error_text(e)}")
+    except Exception as e:  # noqa: BLE001
+        err = e
+        ck.fail(case, f"wrong exception {error_text(e)}, want {[t.__name__ for t in types]}")
+    else:
+        ck.fail(case, "did not raise")
+    for t, b in zip(untouched, before):
+        why = compare(t, b)
+        ck.check(f"{case}: no data moved", why is None, why or "")
+    return err
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
