@@ -446,7 +446,10 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if len(splits) != world:
             raise ValueError(f"gosym: all_to_all_single: {len(splits)} {what} splits for "
                              f"{world} ranks")
-        if min(splits) < 0 or sum(splits) != rows:
+        if min(splits) < 0:
+            raise ValueError(f"gosym: all_to_all_single: {what} splits {list(splits)} contain "
+                             f"a negative size")
+        if sum(splits) != rows:
             raise ValueError(f"gosym: all_to_all_single: {what} splits {list(splits)} do not "
                              f"sum to dim 0 ({rows})")
         return splits

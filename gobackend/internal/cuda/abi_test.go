@@ -101,7 +101,7 @@ func TestHeaderMatchesCudaH(t *testing.T) {
 		"CU_STREAM_WAIT_VALUE_NOR":                                        WaitNOR,
 		"CU_STREAM_NON_BLOCKING":                                          StreamNonBlocking,
 		"CU_EVENT_DISABLE_TIMING":                                         EventDisableTiming,
-		"CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS":                              IpcLazyEnablePeerAccs,
+		"CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS":                              IpcLazyEnablePeerAccess,
 		"CU_GET_PROC_ADDRESS_SUCCESS":                                     0,
 	} {
 		check(name, v)

@@ -47,9 +47,9 @@ const (
 
 // Flags.
 const (
-	StreamNonBlocking     = 0x1 // CU_STREAM_NON_BLOCKING
-	EventDisableTiming    = 0x2 // CU_EVENT_DISABLE_TIMING
-	IpcLazyEnablePeerAccs = 0x1 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+	StreamNonBlocking       = 0x1 // CU_STREAM_NON_BLOCKING
+	EventDisableTiming      = 0x2 // CU_EVENT_DISABLE_TIMING
+	IpcLazyEnablePeerAccess = 0x1 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 )
 
 // MinDriverVersion is the oldest driver API gosym uses (CUDA 12.0): every
