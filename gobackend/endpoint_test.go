@@ -15,7 +15,7 @@ import (
 )
 
 // group connects world endpoints inside this process, as one rank each.
-func group(t *testing.T, world int, timeout time.Duration) []*Endpoint {
+func group(t testing.TB, world int, timeout time.Duration) []*Endpoint {
 	t.Helper()
 	eps := make([]*Endpoint, world)
 	blobs := make([][]byte, world)
@@ -43,11 +43,18 @@ func group(t *testing.T, world int, timeout time.Duration) []*Endpoint {
 	return eps
 }
 
+// pinned keeps every buffer handed to the engine reachable. Storing it here
+// also makes it escape to the heap: a buffer on a goroutine stack would move
+// when the stack grows, and the engine holds raw addresses.
+var pinned sync.Map
+
 func addr(b []float32) uintptr {
 	if len(b) == 0 {
 		return 0
 	}
-	return uintptr(unsafe.Pointer(&b[0]))
+	p := uintptr(unsafe.Pointer(&b[0]))
+	pinned.Store(p, b)
+	return p
 }
 
 // postAll posts one op per rank (built by mk) and waits for all of them.

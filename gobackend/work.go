@@ -129,6 +129,8 @@ func (q *queue) drain(until *Work) {
 	q.running = false
 	if len(q.items) > 0 || q.closed {
 		q.cond.Broadcast()
+	} else if q.armed && q.kick.Stop() {
+		q.armed = false // nothing left to kick the worker for: spare a wake-up
 	}
 }
 
