@@ -133,11 +133,23 @@ func (b *binder) Exchange(fresh []uint64, deadline time.Time) error {
 	return firstErr
 }
 
+// bindFault, when set (tests only), can fail a binding step: "share"
+// (the exporter cannot share its region) or "map" (an importer cannot map
+// a peer's). Both keep the link protocol in step, as real failures do.
+var bindFault func(step string, rank int) error
+
+func (b *binder) fault(step string) error {
+	if f := bindFault; f != nil {
+		return f(step, b.e.Rank)
+	}
+	return nil
+}
+
 func (b *binder) send(m *memreg.Memh, id uint64, deadline time.Time) error {
 	msg := make([]byte, 32)
 	binary.LittleEndian.PutUint64(msg, id)
 	var fds []int
-	if m != nil {
+	if m != nil && b.fault("share") == nil {
 		if fd, size, _, off, ok := m.Share(); ok {
 			defer unix.Close(fd)
 			binary.LittleEndian.PutUint64(msg[8:], uint64(size))
@@ -177,6 +189,9 @@ func (b *binder) receive(r int, id uint64, deadline time.Time) error {
 	size, off, n := int(le.Uint64(msg[8:])), int(le.Uint64(msg[16:])), int(le.Uint64(msg[24:]))
 	if size <= 0 || off < 0 || n <= 0 || off+n > size {
 		return status.Errorf(status.Peer, "gosym: rank %d sent region %d with a bad layout", r, id)
+	}
+	if err := b.fault("map"); err != nil {
+		return err
 	}
 	region, err := host.MapFD(fds[0], size)
 	if err != nil {

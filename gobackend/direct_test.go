@@ -11,6 +11,7 @@ import (
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/host"
 )
 
 // shared returns n float32s of shareable memory (gosym.empty's memory).
@@ -128,4 +129,48 @@ func TestUnmapRetiresPeerMappings(t *testing.T) {
 	run()
 	require.Equal(t, int64(0), eps[1].bind.stats()["peer_maps"], "rank 1 dropped rank 0's retired region")
 	require.Equal(t, int64(1), eps[1].bind.stats()["peer_map_dropped"])
+}
+
+// TestBindFaultsFallBackAndLeakNothing fails a binding step on one rank,
+// op after op: every op still gives the right answer (the ranks agree to
+// stage), nothing is bound, and fds and mappings stay flat.
+func TestBindFaultsFallBackAndLeakNothing(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	for _, ep := range eps {
+		ep.exec.DirectMin = 1
+	}
+	bufs := [][]float32{shared(t, 64), shared(t, 64)}
+	steps := []string{"share", "map"}
+	i := 0
+	bindFault = func(step string, rank int) error {
+		if step == steps[i%len(steps)] && rank == i%2 {
+			return fmt.Errorf("injected %s failure on rank %d", step, rank)
+		}
+		return nil
+	}
+	defer func() { bindFault = nil }()
+	fds, regions := openFDs(), host.LiveRegions()
+	for i = 0; i < 1000; i++ {
+		for r := range bufs {
+			for j := range bufs[r] {
+				bufs[r][j] = float32(r + j)
+			}
+		}
+		errs := postAll(t, eps, func(r int) *Op {
+			return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 64, In: addr(bufs[r]), Out: addr(bufs[r])}
+		})
+		for r := range eps {
+			require.NoError(t, errs[r])
+			require.Equal(t, float32(1+2*5), bufs[r][5])
+		}
+		require.Equal(t, fds, openFDs(), "fds flat at op %d", i)
+		require.Equal(t, regions, host.LiveRegions()-int64(len(eps[0].bind.peers)+len(eps[1].bind.peers)), "mappings flat at op %d", i)
+	}
+	require.Equal(t, int64(0), eps[0].bind.stats()["bindings_created"])
+	bindFault = nil
+	errs := postAll(t, eps, func(r int) *Op {
+		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 64, In: addr(bufs[r]), Out: addr(bufs[r])}
+	})
+	require.NoError(t, errs[0])
+	require.Equal(t, int64(1), eps[0].bind.stats()["bindings_created"], "binds once the faults stop")
 }
