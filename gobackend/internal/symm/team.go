@@ -171,6 +171,13 @@ func (t *Team) Barrier(meta []byte, who Who, deadline time.Time) ([][]byte, erro
 	return metas, nil
 }
 
+// PeekSlot returns rank r's live sync slot of parity h. Only tests use it:
+// collectives read slots solely through Barrier's snapshots.
+func (t *Team) PeekSlot(r, h int) []byte {
+	off := t.L.slotOff(h)
+	return t.ctrl[r].Bytes()[off : off+t.L.SlotBytes]
+}
+
 // barrierError names every rank that had not arrived.
 func (t *Team) barrierError(err error, target uint32, who Who) error {
 	if status.CodeOf(err) != status.Timeout {
