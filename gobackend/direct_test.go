@@ -44,20 +44,7 @@ func TestCollectivesZeroCopy(t *testing.T) {
 					}
 					for rep := 0; rep < 2; rep++ {
 						before := eps[0].bind.stats()
-						outs := make([][][]float32, world)
-						wants := make([][][]float32, world)
-						errs := postAll(t, eps, func(r int) *Op {
-							op, o, w := c.build(world, r, n, in)
-							op.DType, op.RedOp = dtype.Float32, dtype.Sum
-							outs[r], wants[r] = o, w
-							return op
-						})
-						for r := range eps {
-							require.NoError(t, errs[r], "rank %d", r)
-							for i := range outs[r] {
-								require.Equal(t, wants[r][i], outs[r][i], "rank %d buffer %d rep %d", r, i, rep)
-							}
-						}
+						runCase(t, eps, c, n, in)
 						after := eps[0].bind.stats()
 						if c.kind != coll.Broadcast && c.kind != coll.Scatter && n > 1 { // rank 0 contributes data
 							created := after["bindings_created"] - before["bindings_created"]

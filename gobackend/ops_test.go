@@ -118,6 +118,27 @@ var opCases = []opCase{
 	}},
 }
 
+// runCase posts c (float32 SUM) on every rank over inputs in and checks
+// every rank's outputs.
+func runCase(t *testing.T, eps []*Endpoint, c opCase, n int, in [][]float32) {
+	t.Helper()
+	world := len(eps)
+	outs := make([][][]float32, world)
+	wants := make([][][]float32, world)
+	errs := postAll(t, eps, func(r int) *Op {
+		op, o, w := c.build(world, r, n, in)
+		op.DType, op.RedOp = dtype.Float32, dtype.Sum
+		outs[r], wants[r] = o, w
+		return op
+	})
+	for r := range eps {
+		require.NoError(t, errs[r], "rank %d", r)
+		for i := range outs[r] {
+			require.Equal(t, wants[r][i], outs[r][i], "rank %d buffer %d", r, i)
+		}
+	}
+}
+
 func TestCollectives(t *testing.T) {
 	for _, world := range []int{1, 2, 3} {
 		eps := group(t, world, 20*time.Second)
@@ -132,20 +153,7 @@ func TestCollectives(t *testing.T) {
 							in[r][i] = rand.Float32()
 						}
 					}
-					outs := make([][][]float32, world)
-					wants := make([][][]float32, world)
-					errs := postAll(t, eps, func(r int) *Op {
-						op, o, w := c.build(world, r, n, in)
-						op.DType, op.RedOp = dtype.Float32, dtype.Sum
-						outs[r], wants[r] = o, w
-						return op
-					})
-					for r := range eps {
-						require.NoError(t, errs[r], "rank %d", r)
-						for i := range outs[r] {
-							require.Equal(t, wants[r][i], outs[r][i], "rank %d buffer %d", r, i)
-						}
-					}
+					runCase(t, eps, c, n, in)
 				})
 			}
 		}

@@ -169,7 +169,7 @@ type hello struct {
 }
 
 func verifyHello(c *net.UnixConn, m *Mesh, token [32]byte, deadline time.Time) (int, error) {
-	cred, err := peerCred(c)
+	cred, err := PeerCred(c)
 	if err != nil {
 		return 0, err
 	}
@@ -208,7 +208,7 @@ func dial(p *PeerInfo, me int, token [32]byte, deadline time.Time) (*Link, error
 		return nil, fmt.Errorf("dial @%s: %w", p.Socket, err)
 	}
 	fail := func(err error) (*Link, error) { c.Close(); return nil, err }
-	cred, err := peerCred(c)
+	cred, err := PeerCred(c)
 	if err != nil {
 		return fail(err)
 	}
@@ -230,7 +230,9 @@ func dial(p *PeerInfo, me int, token [32]byte, deadline time.Time) (*Link, error
 	return &Link{Peer: p.Rank, conn: c}, nil
 }
 
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+// PeerCred returns the credentials (pid, uid, gid) of the process at the
+// other end of a connected Unix socket (SO_PEERCRED).
+func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return nil, err

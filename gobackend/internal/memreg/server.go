@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"golang.org/x/sys/unix"
 )
@@ -139,7 +140,7 @@ func (d *Domain) acceptLoop(s *server) {
 // serve answers one import request (see the protocol above).
 func (d *Domain) serve(c *net.UnixConn) {
 	c.SetDeadline(time.Now().Add(serveTimeout))
-	cred, err := peerCred(c)
+	cred, err := comm.PeerCred(c)
 	if err != nil || int64(cred.Uid) != d.uid.Load() {
 		d.refused()
 		return
@@ -224,7 +225,7 @@ func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
 	if err := d.fault("import.connect"); err != nil {
 		return -1, err
 	}
-	cred, err := peerCred(c)
+	cred, err := comm.PeerCred(c)
 	if err != nil {
 		return -1, status.Wrap(status.System, err, "memreg: import: credentials of %s", who)
 	}
@@ -306,21 +307,6 @@ func recvFDs(c *net.UnixConn) ([]byte, []int, error) {
 		err = errors.New("truncated message")
 	}
 	return buf[:n], fds, err
-}
-
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
-	}
-	return cred, cerr
 }
 
 func closeFD(fd int) { unix.Close(fd) }
