@@ -280,14 +280,20 @@ func (x *Exec) Run(o *Op, deadline time.Time) error {
 		}, round{
 			put: func(k, h int) {
 				for r, p := range o.InPieces {
-					off, c := span(k, part, p.Count*es)
-					x.copy(x.T.Stage(me, h)+uintptr(r*part), p.Addr+uintptr(off), c)
+					if r != me { // my piece for myself skips staging
+						off, c := span(k, part, p.Count*es)
+						x.copy(x.T.Stage(me, h)+uintptr(r*part), p.Addr+uintptr(off), c)
+					}
 				}
 			},
 			get: func(k, h int) error {
 				for r, p := range o.OutPieces {
 					off, c := span(k, part, p.Count*es)
-					x.copy(p.Addr+uintptr(off), x.T.Stage(r, h)+uintptr(me*part), c)
+					src := x.T.Stage(r, h) + uintptr(me*part)
+					if r == me {
+						src = o.InPieces[me].Addr + uintptr(off)
+					}
+					x.copy(p.Addr+uintptr(off), src, c)
 				}
 				return nil
 			},
