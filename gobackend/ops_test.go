@@ -250,3 +250,13 @@ func TestOverflowingExtentsRejected(t *testing.T) {
 		require.Equal(t, CodeInvalidArg, CodeOf(err), name)
 	}
 }
+
+func TestAllToAllRejectsOverlap(t *testing.T) {
+	eps := group(t, 2, 5*time.Second)
+	buf := make([]float32, 8)
+	op := &Op{Kind: coll.AllToAll,
+		InPieces:  []Piece{{Addr: addr(buf), Count: 2}, {Addr: addr(buf[2:]), Count: 2}},
+		OutPieces: []Piece{{Addr: addr(buf[3:]), Count: 2}, {Addr: addr(buf[5:]), Count: 2}}}
+	_, err := eps[0].Post(op)
+	require.ErrorContains(t, err, "overlaps an output piece")
+}

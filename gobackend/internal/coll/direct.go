@@ -45,18 +45,8 @@ func inputSpan(o *Op, es int) (start uintptr, n int, displ []uint64) {
 		}
 		return o.In, o.Count * es, nil
 	}
-	var lo, hi uintptr
-	for _, p := range o.InPieces {
-		if p.Count == 0 {
-			continue
-		}
-		end := p.Addr + uintptr(p.Count*es)
-		if lo == 0 || p.Addr < lo {
-			lo = p.Addr
-		}
-		hi = max(hi, end)
-	}
-	if lo == 0 {
+	lo, n := piecesSpan(o.InPieces, es)
+	if n == 0 {
 		return 0, 0, nil
 	}
 	displ = make([]uint64, len(o.InPieces))
@@ -65,7 +55,26 @@ func inputSpan(o *Op, es int) (start uintptr, n int, displ []uint64) {
 			displ[r] = uint64(p.Addr - lo)
 		}
 	}
-	return lo, int(hi - lo), displ
+	return lo, n, displ
+}
+
+// piecesSpan is the byte range from the lowest to the highest end of the
+// non-empty pieces.
+func piecesSpan(ps []Piece, es int) (uintptr, int) {
+	var lo, hi uintptr
+	for _, p := range ps {
+		if p.Count == 0 {
+			continue
+		}
+		if lo == 0 || p.Addr < lo {
+			lo = p.Addr
+		}
+		hi = max(hi, p.Addr+uintptr(p.Count*es))
+	}
+	if lo == 0 {
+		return 0, 0
+	}
+	return lo, int(hi - lo)
 }
 
 // InputSpan is inputSpan for callers outside coll.

@@ -5,8 +5,10 @@
 package coll
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/dtype"
@@ -166,6 +168,9 @@ func Check(o *Op, rank, world int) error {
 			}
 		}
 	}
+	if o.Kind == AllToAll && piecesOverlap(o.InPieces, o.OutPieces, es) {
+		return bad("an input piece overlaps an output piece; all_to_all needs separate buffers")
+	}
 	if o.Count > 0 {
 		needIn, needOut := buffers(o.Kind, isRoot)
 		if (needIn && o.In == 0) || (needOut && o.Out == 0) {
@@ -191,4 +196,40 @@ func buffers(k Kind, isRoot bool) (in, out bool) {
 		return false, true
 	}
 	return false, false
+}
+
+// piecesOverlap reports whether any non-empty piece of a overlaps one of b
+// (a sweep over the pieces sorted by address).
+func piecesOverlap(a, b []Piece, es int) bool {
+	type iv struct {
+		lo, hi uintptr
+		inA    bool
+	}
+	var ivs []iv
+	for _, p := range a {
+		if p.Count > 0 {
+			ivs = append(ivs, iv{p.Addr, p.Addr + uintptr(p.Count*es), true})
+		}
+	}
+	for _, p := range b {
+		if p.Count > 0 {
+			ivs = append(ivs, iv{p.Addr, p.Addr + uintptr(p.Count*es), false})
+		}
+	}
+	slices.SortFunc(ivs, func(x, y iv) int { return cmp.Compare(x.lo, y.lo) })
+	var endA, endB uintptr
+	for _, v := range ivs {
+		if v.inA {
+			if v.lo < endB {
+				return true
+			}
+			endA = max(endA, v.hi)
+		} else {
+			if v.lo < endA {
+				return true
+			}
+			endB = max(endB, v.hi)
+		}
+	}
+	return false
 }
