@@ -91,6 +91,13 @@ typedef struct gosym_piece {
  *  SCATTER:        in_pieces[world] on the root only; out_addr+count.
  *  SEND/RECV:      in_addr (send) or out_addr (recv), count, peer, tag.
  * Element size comes from dtype; counts are in elements.
+ *
+ * device/stream: device -1 means host memory (stream is ignored, pass 0).
+ * device >= 0 names the CUDA device (ordinal) holding every buffer of the op;
+ * the op is then enqueued on stream (a CUstream, 0: the legacy default
+ * stream) before gosym_op_post returns, and its work is complete on the host
+ * at once: the stream carries the ordering. CUDA ops so far: ALLREDUCE and
+ * BARRIER; others fail with GOSYM_ERR_NOT_SUPPORTED.
  */
 typedef struct gosym_op_desc {
   uint32_t struct_size; /* sizeof(gosym_op_desc), for forward compatibility */
@@ -108,6 +115,9 @@ typedef struct gosym_op_desc {
   const gosym_piece *out_pieces;
   int32_t n_in;
   int32_t n_out;
+  uint64_t stream; /* CUstream of a CUDA op */
+  int32_t device;  /* CUDA device ordinal, -1: host memory */
+  int32_t _pad;    /* zero */
 } gosym_op_desc;
 
 /* Library. */

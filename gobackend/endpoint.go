@@ -78,6 +78,7 @@ type Endpoint struct {
 	sends   []*queue
 	recvs   []*inbox
 	workers sync.WaitGroup
+	gpu     gpuState // the CUDA data plane (gpu.go)
 
 	stats Stats
 }
@@ -160,13 +161,8 @@ func (e *Endpoint) Post(op *Op) (*Work, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	switch {
-	case e.closed:
-		return nil, status.Errorf(status.Closed, "gosym: %s on a destroyed group", op.Kind)
-	case e.team == nil:
-		return nil, status.Errorf(status.InvalidArg, "gosym: %s before the endpoint was connected", op.Kind)
-	case e.broken != nil:
-		return nil, status.Wrap(status.CodeOf(e.broken), e.broken, "gosym: %s on a group broken by an earlier failure", op.Kind)
+	if err := e.usable(op.Kind); err != nil {
+		return nil, err
 	}
 	w := &Work{op: *op, done: make(chan struct{})}
 	var q *queue
@@ -195,6 +191,19 @@ func (e *Endpoint) Post(op *Op) (*Work, error) {
 	return w, nil
 }
 
+// usable says why no op of kind k may be posted now; called with e.mu held.
+func (e *Endpoint) usable(k Kind) error {
+	switch {
+	case e.closed:
+		return status.Errorf(status.Closed, "gosym: %s on a destroyed group", k)
+	case e.team == nil:
+		return status.Errorf(status.InvalidArg, "gosym: %s before the endpoint was connected", k)
+	case e.broken != nil:
+		return status.Wrap(status.CodeOf(e.broken), e.broken, "gosym: %s on a group broken by an earlier failure", k)
+	}
+	return nil
+}
+
 func (e *Endpoint) peerQueue(qs []*queue, peer int, run func(*Work) error) *queue {
 	if qs[peer] == nil {
 		qs[peer] = e.startQueue(run)
@@ -204,6 +213,9 @@ func (e *Endpoint) peerQueue(qs []*queue, peer int, run func(*Work) error) *queu
 
 func (e *Endpoint) runColl(w *Work) error {
 	e.stats.Barriers.Add(1)
+	if a, ok := e.gpu.take(w.op.Seq); ok {
+		return e.runGPU(&w.op, a, time.Now().Add(e.Timeout))
+	}
 	return e.exec.Run(&w.op, time.Now().Add(e.Timeout))
 }
 
@@ -252,6 +264,7 @@ func (e *Endpoint) Destroy() error {
 	if e.bind != nil {
 		e.bind.close()
 	}
+	e.gpu.close() // GPU mappings go before the links and the team
 	if e.team != nil {
 		e.team.Close()
 	}
@@ -271,6 +284,7 @@ func (e *Endpoint) StatsMap() map[string]any {
 		"stage_bytes": e.cfg.StageBytes, "box_bytes": e.cfg.BoxBytes, "threads": e.cfg.Threads,
 		"spin_us": e.cfg.Spin.Microseconds(), "direct_min": e.cfg.DirectMin, "timeout_ms": e.Timeout.Milliseconds(),
 	}
+	e.gpu.stats(m)
 	if e.bind != nil {
 		for k, v := range e.bind.stats() {
 			m[k] = v

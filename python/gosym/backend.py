@@ -8,6 +8,11 @@ Non-contiguous inputs are read through a contiguous copy; non-contiguous outputs
 are written into a contiguous temporary that is copied back when the operation
 completes (in Work.wait() or on the completer thread), so results appear at the
 same moment as for contiguous outputs.
+
+CUDA tensors (all_reduce and barrier so far) are stream-ordered like NCCL: the
+engine enqueues the op on the caller's current stream before the call returns,
+so the Work is complete on the host at once and the stream carries the ordering.
+A group runs on one CUDA device per rank: the device of its first CUDA op.
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _lib
 from ._dtypes import move_dtype, reduce_dtype, reduce_op
-from .work import Completer, Work, _Op
+from .work import Completer, CudaWork, Work, _Op
 
 _pack = _lib.pack_desc
 _post = _lib.post
 _strided = torch.strided
 _DEBUG = os.environ.get("GOSYM_DEBUG") == "1"
-_CUDA_MSG = "gosym: CUDA tensors need the CUDA data plane, not built in this version"
+_CUDA_MSG = ("gosym: CUDA tensors need the CUDA data plane, which runs all_reduce and barrier "
+             "only in this version")
+# The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
+# not called, at import: querying CUDA here would initialise it before a fork.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _debug(msg: str) -> None:
@@ -174,6 +183,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._name = name
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
         self._h = _bootstrap(store, rank, size, timeout, name)
         self._completer = Completer(name)
         self._finalizer = weakref.finalize(self, _destroy, self._h, self._completer, name)
@@ -275,8 +285,40 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return _pack(op, code, red, scale, root, 0, 0, buf.numel(), a, a, 0, 0, 0, 0), buf, cb
 
     def allreduce(self, tensors, opts=_AR):
-        desc, buf, cb = self._reduce_desc(_lib.OP_ALLREDUCE, _one(tensors, "allreduce"), opts, 0)
+        t = _one(tensors, "allreduce")
+        if getattr(t, "is_cuda", False):
+            return self._cuda_allreduce(tensors, t, opts)
+        desc, buf, cb = self._reduce_desc(_lib.OP_ALLREDUCE, t, opts, 0)
         return self._work(desc, tensors, buf, cb)
+
+    # ---- the CUDA data plane ----------------------------------------------------
+
+    def _cuda_index(self, idx):
+        """idx, checked against the device this group's CUDA ops already run on."""
+        if self._cuda is not None and idx != self._cuda:
+            raise ValueError(f"gosym: group {self._name!r} runs on cuda:{self._cuda} on this "
+                             f"rank; got a tensor on cuda:{idx} (one device per rank and group)")
+        return idx
+
+    def _cuda_post(self, desc, idx):
+        """Posts a CUDA op (enqueued on the stream when this returns; nothing to wait for)."""
+        _lib.work_release(_post(self._h, desc))
+        self._cuda = idx
+
+    def _cuda_allreduce(self, tensors, t, opts):
+        if t.layout is not _strided:
+            raise TypeError(f"gosym: only strided (dense) tensors are supported, got {t.layout}")
+        idx = self._cuda_index(t.device.index)
+        code = reduce_dtype(t)
+        red, scale = reduce_op(opts.reduceOp)
+        raw = _raw_stream(idx)
+        buf = t if t.is_contiguous() else t.contiguous()
+        a = buf.data_ptr()
+        self._cuda_post(_pack(_lib.OP_ALLREDUCE, code, red, scale, 0, 0, 0, buf.numel(), a, a,
+                              0, 0, 0, 0, raw, idx), idx)
+        if buf is not t:
+            t.copy_(buf)  # on the same stream, after the op
+        return CudaWork(tensors, idx, raw)
 
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")
@@ -582,12 +624,34 @@ class ProcessGroupGosym(dist.ProcessGroup):
         raise NotImplementedError("gosym: recv from any source is not supported; pass src")
 
     def barrier(self, opts=_BA):
+        """On a CUDA device (opts.device, else the device this group's CUDA ops run on, as
+        ProcessGroupNCCL picks it) a stream-ordered barrier kernel whose wait() blocks until
+        every rank's stream reached it; otherwise a host barrier."""
+        idx = self._barrier_device(opts)
+        if idx is None:
+            return self._host_barrier()
+        raw = _raw_stream(idx)
+        self._cuda_post(_pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, raw, idx),
+                        idx)
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(idx))  # the stream raw names
+        return CudaWork([], idx, raw, ev)
+
+    def _barrier_device(self, opts):
+        d = opts.device
+        if d is not None and d.type == "cuda":
+            return self._cuda_index(d.index if d.index is not None else torch.cuda.current_device())
+        if opts.device_ids:
+            return self._cuda_index(opts.device_ids[0])
+        return self._cuda
+
+    def _host_barrier(self):
         desc = _pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         return self._work(desc, [], None, None)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        """A barrier waited with timeout; the engine's timeout error names the missing ranks."""
-        self.barrier().wait(timeout if timeout is not None else timedelta(0))
+        """A host barrier waited with timeout; the engine's timeout error names the missing ranks."""
+        self._host_barrier().wait(timeout if timeout is not None else timedelta(0))
 
 
 def _create(dist_backend_opts, backend_options=None):

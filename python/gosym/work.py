@@ -223,6 +223,57 @@ def _to_ms(timeout) -> int:
     return round(float(timeout) * 1000)
 
 
+class CudaWork(dist._Work):
+    """A CUDA op, enqueued on stream `raw` of device `idx` before this object exists: the
+    host has nothing left to wait for, and the stream orders everything after it (NCCL's
+    semantics). wait() makes the caller's current stream wait for that stream when the two
+    differ; a barrier's (one with an event) blocks the host until every rank reached it on
+    the GPU, like ProcessGroupNCCL's barrier."""
+
+    __slots__ = ("_out", "_idx", "_raw", "_event")
+
+    def __init__(self, out, idx, raw, event=None):
+        super().__init__()
+        self._out, self._idx, self._raw, self._event = out, idx, raw, event
+
+    def _stream(self):
+        if self._raw == 0:  # the legacy default stream, torch's default
+            return torch.cuda.default_stream(self._idx)
+        return torch.cuda.ExternalStream(self._raw, device=torch.device("cuda", self._idx))
+
+    def wait(self, timeout=_ZERO):
+        if self._event is not None:
+            self._event.synchronize()
+        elif torch._C._cuda_getCurrentRawStream(self._idx) != self._raw:
+            torch.cuda.current_stream(self._idx).wait_stream(self._stream())
+        return True
+
+    def synchronize(self):
+        self.wait()
+
+    def is_completed(self):
+        return self._event is None or self._event.query()
+
+    def is_success(self):
+        return self.is_completed()
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._out
+
+    def get_future(self):
+        """A Future holding the outputs, ready for whoever follows the op's stream."""
+        fut = torch.futures.Future(devices=[self._idx])
+        with torch.cuda.stream(self._stream()):
+            fut.set_result(self._out)
+        return fut
+
+    def __repr__(self):
+        return f"<gosym.CudaWork cuda:{self._idx}>"
+
+
 class Work(dist._Work):
     """A gosym operation as torch sees it: wait(), is_completed(), get_future()."""
 

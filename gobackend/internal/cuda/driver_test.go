@@ -210,6 +210,10 @@ func TestReduceGridIsBounded(t *testing.T) {
 	}
 	g, _ := CopyGrid(1 << 30)
 	require.LessOrEqual(t, g.X, uint32(MaxBlocks))
+	for _, limit := range []int{-1, 0, 1, 24, 64, 1000} {
+		g, _ := ReduceGridLimit(OneShot, 1<<30, 4, 2, limit)
+		require.Equal(t, uint32(min(max(limit, 1), MaxBlocks)), g.X, "limit %d", limit)
+	}
 }
 
 // The library must load where there is no CUDA: nothing may link against

@@ -117,12 +117,19 @@ func ReduceKernel(a Algo, dt dtype.DType, op dtype.RedOp) (*Kernel, int32, error
 // of esize bytes. It depends only on its arguments, so every rank of a
 // collective computes the same grid, which the per-block barriers require.
 func ReduceGrid(a Algo, numel uint64, esize, world int) (grid, block Dim3) {
+	return ReduceGridLimit(a, numel, esize, world, defaultReduceBlocks)
+}
+
+// ReduceGridLimit is ReduceGrid with at most limit blocks (clamped to
+// 1..MaxBlocks): large reductions are bandwidth-bound and gain from more
+// blocks than the latency-oriented default.
+func ReduceGridLimit(a Algo, numel uint64, esize, world, limit int) (grid, block Dim3) {
 	work := (numel*uint64(esize) + vectorBytes - 1) / vectorBytes // 16-byte vectors
 	if a == TwoShot && world > 1 {
 		work = (work + uint64(world) - 1) / uint64(world)
 	}
 	blocks := (work + BlockThreads - 1) / BlockThreads
-	blocks = min(max(blocks, 1), defaultReduceBlocks)
+	blocks = min(max(blocks, 1), uint64(min(max(limit, 1), MaxBlocks)))
 	return D1(uint32(blocks)), D1(BlockThreads)
 }
 

@@ -14,10 +14,18 @@ import (
 	"time"
 )
 
-// OpenFDs counts this process's open file descriptors.
+// OpenFDs counts this process's open file descriptors, leaving out the
+// CUDA driver's device files (/dev/nvidia*), which it keeps open for the
+// life of the process once initialised.
 func OpenFDs() int {
 	ents, _ := os.ReadDir("/proc/self/fd")
-	return len(ents)
+	n := 0
+	for _, e := range ents {
+		if l, _ := os.Readlink("/proc/self/fd/" + e.Name()); !strings.HasPrefix(l, "/dev/nvidia") {
+			n++
+		}
+	}
+	return n
 }
 
 // Goroutines counts goroutines, leaving out the os/signal loop that the

@@ -1,0 +1,685 @@
+package gobackend
+
+// The CUDA data plane of an endpoint, first slice: all_reduce and barrier
+// on CUDA memory, stream-ordered on the caller's stream.
+//
+// The first CUDA op of a group sets it up on every rank (collectives run in
+// the same order everywhere, so every rank reaches that op): each rank
+// allocates one VMM buffer (signal pad, then staging), sends its POSIX fd to
+// every peer over the authenticated links and maps theirs; a host barrier
+// then confirms that every rank succeeded. If one did not, every rank fails
+// CUDA ops on that group with the same NotSupported error from then on, and
+// the host data plane keeps working.
+//
+// An op only enqueues work on the caller's stream: copy the input into this
+// rank's staging, then the one-shot kernel of kernels/allreduce.cu (block
+// barrier, pull every rank's staging, fold in rank order, block barrier). The
+// host never waits for the GPU, so the Work completes as soon as the work is
+// enqueued and the stream carries the ordering, as with NCCL; the same
+// enqueue sequence is what a CUDA graph captures.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/gosym/gosym/gobackend/internal/symm"
+)
+
+// gpuArgs says where a posted CUDA op runs.
+type gpuArgs struct {
+	device int         // CUDA device ordinal
+	stream cuda.Stream // the caller's stream
+}
+
+// gpuState is an endpoint's CUDA side. CUDA ops go through the collective
+// queue like every collective (they share its sequence numbers); their
+// device and stream wait in pending, by sequence number, until they run.
+type gpuState struct {
+	mu       sync.Mutex
+	pending  map[uint64]gpuArgs
+	npending atomic.Int32
+
+	// Used only by whoever runs the collective queue, and by Destroy after
+	// the workers stopped.
+	team *gpuTeam
+	err  error // why the data plane could not start on this group (sticky)
+
+	ops    atomic.Int64
+	device atomic.Int32 // ordinal + 1 once set up, for stats
+	stage  atomic.Int64
+}
+
+func (g *gpuState) add(seq uint64, a gpuArgs) {
+	g.mu.Lock()
+	if g.pending == nil {
+		g.pending = map[uint64]gpuArgs{}
+	}
+	g.pending[seq] = a
+	g.mu.Unlock()
+	g.npending.Add(1)
+}
+
+// take returns (and forgets) the CUDA arguments of collective seq, if it
+// is a CUDA op. Host ops pay one atomic load.
+func (g *gpuState) take(seq uint64) (gpuArgs, bool) {
+	if g.npending.Load() == 0 {
+		return gpuArgs{}, false
+	}
+	g.mu.Lock()
+	a, ok := g.pending[seq]
+	if ok {
+		delete(g.pending, seq)
+	}
+	g.mu.Unlock()
+	if ok {
+		g.npending.Add(-1)
+	}
+	return a, ok
+}
+
+func (g *gpuState) close() {
+	if g.team != nil {
+		g.team.close()
+		g.team = nil
+	}
+}
+
+func (g *gpuState) stats(m map[string]any) {
+	m["gpu_ops"] = g.ops.Load()
+	m["gpu_device"] = int(g.device.Load()) - 1
+	m["gpu_stage_bytes"] = g.stage.Load()
+}
+
+// PostCUDA posts an op on CUDA device memory of device (an ordinal; a
+// negative device means host memory, as Post). Only all_reduce and barrier
+// run on the CUDA data plane so far. The op is enqueued on stream before
+// PostCUDA returns, after every collective posted before it; the returned
+// Work is already complete on the host.
+func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
+	if device < 0 {
+		return e.Post(op)
+	}
+	switch op.Kind {
+	case coll.AllReduce:
+		if _, _, err := cuda.ReduceKernel(cuda.OneShot, op.DType, op.RedOp); err != nil {
+			return nil, status.Errorf(status.NotSupported, "gosym: all_reduce of %s with %s on CUDA tensors: %v", op.DType, op.RedOp, err)
+		}
+	case coll.Barrier:
+	default:
+		return nil, status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors is not supported yet (the CUDA data plane runs all_reduce and barrier)", op.Kind)
+	}
+	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+		return nil, err
+	}
+	// Refused before it takes a sequence number, so it never reaches the
+	// peers (an op that failed on one rank alone would put the ranks out of
+	// step). runGPU checks again in case the first CUDA op is still running.
+	if d := int(e.gpu.device.Load()) - 1; d >= 0 && d != device {
+		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
+			op.Kind, device, e.Name, d)
+	}
+	e.mu.Lock()
+	if err := e.usable(op.Kind); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	e.seq++
+	w := &Work{op: *op, q: e.coll, done: make(chan struct{})}
+	w.op.Seq = e.seq
+	e.gpu.add(w.op.Seq, gpuArgs{device: device, stream: cuda.Stream(stream)})
+	e.stats.Posted.Add(1)
+	e.coll.push(w)
+	e.mu.Unlock()
+	// Usually runs the queue on this thread: the enqueue happens here, in
+	// stream order with whatever the caller enqueues next.
+	if err := w.Wait(-1); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// runGPU runs a CUDA op on the collective queue.
+func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return status.Errorf(status.Closed, "gosym: %s on a destroyed group", op.Kind)
+	}
+	g := &e.gpu
+	if g.err != nil {
+		return g.err
+	}
+	if g.team == nil {
+		t, err := e.startGPU(a.device, op.Who(), deadline)
+		if err != nil {
+			if status.CodeOf(err) == status.NotSupported {
+				g.err = err
+			}
+			return err
+		}
+		g.team = t
+		g.device.Store(int32(a.device) + 1)
+		g.stage.Store(int64(t.stage))
+	}
+	t := g.team
+	if a.device != t.g.ordinal {
+		return status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d (one device per rank and group)",
+			op.Kind, a.device, e.Name, t.g.ordinal)
+	}
+	g.ops.Add(1)
+	var err error
+	if op.Kind == coll.AllReduce {
+		err = t.allReduce(op, a.stream)
+	} else {
+		err = t.barrier(a.stream)
+	}
+	if err != nil {
+		return status.Wrap(status.System, err, "gosym: %s on cuda:%d", op.Who(), a.device)
+	}
+	return nil
+}
+
+// gpuConfig holds the CUDA data plane's tunables, read when a group sets
+// it up. Every rank must read the same values: they decide launch shapes.
+type gpuConfig struct {
+	stageBytes int // GOSYM_GPU_STAGE_BYTES: one rank's staging; larger ops run in chunks
+	twoShotMin int // GOSYM_GPU_TWOSHOT_MIN: chunks of at least this many bytes run two-shot
+	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of those (bandwidth-bound) chunks
+}
+
+func gpuConfigFromEnv() gpuConfig {
+	return gpuConfig{
+		stageBytes: envInt("GOSYM_GPU_STAGE_BYTES", 32<<20),
+		twoShotMin: envInt("GOSYM_GPU_TWOSHOT_MIN", 4<<20),
+		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
+	}
+}
+
+// gpuHello is what a rank tells each peer about its buffer (with its fd).
+const (
+	gpuHelloMagic   = 0x50475347 // "GSGP"
+	gpuHelloVersion = 1
+	gpuHelloBytes   = 24
+)
+
+// startGPU sets up the group's CUDA data plane on every rank together.
+// Local failures do not stop this rank from taking part in the exchange and
+// the agreement barrier, so that the links and the barrier count stay in
+// step; they turn into NotSupported on every rank.
+func (e *Endpoint) startGPU(device int, who symm.Who, deadline time.Time) (*gpuTeam, error) {
+	who.Op += " (CUDA setup)"
+	if e.Size > cuda.MaxRanks { // the same answer on every rank: no exchange needed
+		return nil, status.Errorf(status.NotSupported, "gosym: the CUDA data plane handles groups of up to %d ranks, group %q has %d",
+			cuda.MaxRanks, e.Name, e.Size)
+	}
+	t, local := newGPUTeam(device, e.Rank, e.Size, gpuConfigFromEnv(), e.Timeout)
+	fd := -1
+	if local == nil {
+		fd, local = t.exportFD()
+	}
+	hello := make([]byte, gpuHelloBytes)
+	le := binary.LittleEndian
+	le.PutUint32(hello[0:], gpuHelloMagic)
+	le.PutUint32(hello[4:], gpuHelloVersion)
+	le.PutUint32(hello[8:], uint32(e.Rank))
+	var fds []int
+	if local == nil {
+		le.PutUint32(hello[12:], 1)
+		le.PutUint64(hello[16:], uint64(t.size))
+		fds = []int{fd}
+	}
+	var linkErr error
+	for _, l := range e.mesh.Links {
+		if l != nil {
+			if err := l.Send(hello, fds, deadline); err != nil && linkErr == nil {
+				linkErr = err
+			}
+		}
+	}
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	for r, l := range e.mesh.Links {
+		if l == nil {
+			continue
+		}
+		msg, got, err := l.Recv(deadline)
+		switch {
+		case err != nil:
+			if linkErr == nil {
+				linkErr = err
+			}
+		case len(msg) != gpuHelloBytes || le.Uint32(msg) != gpuHelloMagic || le.Uint32(msg[4:]) != gpuHelloVersion ||
+			int(le.Uint32(msg[8:])) != r:
+			if linkErr == nil {
+				linkErr = fmt.Errorf("rank %d sent a malformed CUDA buffer announcement", r)
+			}
+		case le.Uint32(msg[12:]) != 1 || len(got) != 1:
+			if local == nil {
+				local = fmt.Errorf("rank %d could not set up its GPU buffer", r)
+			}
+		case local == nil && uintptr(le.Uint64(msg[16:])) != t.size:
+			local = fmt.Errorf("rank %d's GPU buffer has %d bytes, this rank's %d (different GPUs?)", r, le.Uint64(msg[16:]), t.size)
+		case local == nil:
+			local = t.importPeer(r, got[0])
+		}
+		for _, f := range got {
+			unix.Close(f)
+		}
+	}
+	if linkErr != nil { // the links are out of step: the group cannot go on
+		t.close()
+		return nil, status.Wrap(status.Peer, linkErr, "gosym: %s", who)
+	}
+	if local == nil {
+		local = t.zeroPad()
+	}
+	flag := []byte{1}
+	if local != nil {
+		flag[0] = 0
+		debugf("rank %d: CUDA data plane setup failed: %v", e.Rank, local)
+	}
+	metas, err := e.team.Barrier(flag, who, deadline)
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	var failed []int
+	for r, m := range metas {
+		if len(m) != 1 || m[0] != 1 {
+			failed = append(failed, r)
+		}
+	}
+	if len(failed) > 0 {
+		t.close()
+		why := fmt.Sprintf("ranks %v could not set it up", failed)
+		if local != nil {
+			why = fmt.Sprintf("%s; this rank: %v", why, local)
+		}
+		return nil, status.Errorf(status.NotSupported, "gosym: the CUDA data plane is not available on group %q (%s)", e.Name, why)
+	}
+	return t, nil
+}
+
+// ---- devices (process-wide) -----------------------------------------------------
+
+// gpuDevice is one CUDA device of this process: torch's primary context
+// (retained for the life of the process) and the compiled kernels, shared
+// by every group on the device.
+type gpuDevice struct {
+	d       *cuda.Driver
+	ordinal int
+	dev     cuda.Device
+	ctx     cuda.Context
+	arch    int
+	gran    uintptr
+
+	mu   sync.Mutex
+	mods map[string]*gpuModule
+}
+
+// gpuModule is one kernels/*.cu source, compiled once per process (NVRTC,
+// cached on disk) and loaded once per device.
+type gpuModule struct {
+	once sync.Once
+	m    *cuda.Module
+	err  error
+
+	mu  sync.Mutex
+	fns map[string]*cuda.Function
+}
+
+var gpuDevices struct {
+	mu sync.Mutex
+	m  map[int]*gpuDeviceOnce
+}
+
+type gpuDeviceOnce struct {
+	once sync.Once
+	g    *gpuDevice
+	err  error
+}
+
+var gpuCompiler struct {
+	once sync.Once
+	c    *cuda.Compiler
+	err  error
+}
+
+// openGPU returns device ordinal, opening it on first use.
+func openGPU(ordinal int) (*gpuDevice, error) {
+	gpuDevices.mu.Lock()
+	if gpuDevices.m == nil {
+		gpuDevices.m = map[int]*gpuDeviceOnce{}
+	}
+	o := gpuDevices.m[ordinal]
+	if o == nil {
+		o = &gpuDeviceOnce{}
+		gpuDevices.m[ordinal] = o
+	}
+	gpuDevices.mu.Unlock()
+	o.once.Do(func() { o.g, o.err = newGPUDevice(ordinal) })
+	return o.g, o.err
+}
+
+func newGPUDevice(ordinal int) (*gpuDevice, error) {
+	d, err := cuda.Load()
+	if err != nil {
+		return nil, err
+	}
+	if !d.HasVMM() {
+		return nil, fmt.Errorf("%w: the CUDA driver lacks the virtual memory management API", cuda.ErrNotSupported)
+	}
+	n, err := d.DeviceCount()
+	if err != nil {
+		return nil, err
+	}
+	if ordinal >= n {
+		return nil, fmt.Errorf("cuda:%d does not exist (%d devices visible)", ordinal, n)
+	}
+	dev, err := d.Device(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range []struct {
+		attr cuda.Attribute
+		what string
+	}{{cuda.AttrVirtualMemoryManagement, "virtual memory management"}, {cuda.AttrHandleTypePosixFD, "POSIX fd handles"}} {
+		if v, err := d.DeviceAttribute(dev, a.attr); err != nil || v != 1 {
+			return nil, fmt.Errorf("%w: cuda:%d does not support %s", cuda.ErrNotSupported, ordinal, a.what)
+		}
+	}
+	arch, err := d.DeviceArch(dev)
+	if err != nil {
+		return nil, err
+	}
+	ctx, err := d.RetainPrimaryContext(dev)
+	if err != nil {
+		return nil, err
+	}
+	gran, err := d.AllocationGranularity(ctx, dev, cuda.HandleTypePosixFD, false)
+	if err != nil {
+		d.ReleasePrimaryContext(dev)
+		return nil, err
+	}
+	return &gpuDevice{d: d, ordinal: ordinal, dev: dev, ctx: ctx, arch: arch, gran: gran, mods: map[string]*gpuModule{}}, nil
+}
+
+// module returns the loaded kernels of source, compiling them on first use.
+func (g *gpuDevice) module(source string) (*gpuModule, error) {
+	g.mu.Lock()
+	m := g.mods[source]
+	if m == nil {
+		m = &gpuModule{fns: map[string]*cuda.Function{}}
+		g.mods[source] = m
+	}
+	g.mu.Unlock()
+	m.once.Do(func() {
+		gpuCompiler.once.Do(func() {
+			nv, err := cuda.LoadNVRTC()
+			gpuCompiler.c, gpuCompiler.err = &cuda.Compiler{NV: nv, Dir: cuda.DefaultCacheDir()}, err
+		})
+		if m.err = gpuCompiler.err; m.err == nil {
+			m.m, m.err = g.d.LoadKernels(g.ctx, gpuCompiler.c, g.arch, source)
+		}
+	})
+	return m, m.err
+}
+
+// function returns kernel k of a module loaded by module.
+func (g *gpuDevice) function(k *cuda.Kernel) (*cuda.Function, error) {
+	m, err := g.module(k.Source)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	f := m.fns[k.Name]
+	m.mu.Unlock()
+	if f != nil {
+		return f, nil
+	}
+	if f, err = m.m.Function(k); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if old := m.fns[k.Name]; old != nil {
+		f = old
+	} else {
+		m.fns[k.Name] = f
+	}
+	m.mu.Unlock()
+	return f, nil
+}
+
+// ---- the group's buffers --------------------------------------------------------
+
+// gpuStageOff is where staging starts in a rank's buffer; the signal pad
+// is at offset 0.
+const gpuStageOff = (cuda.PadBytes + 4095) &^ 4095
+
+// gpuTeam is one rank's view of a group's GPU buffers: its own (exported)
+// and every peer's (imported), each mapped at an address of this process.
+type gpuTeam struct {
+	g           *gpuDevice
+	cfg         gpuConfig
+	rank, world int
+	size        uintptr // bytes of every rank's buffer
+	stage       uintptr // bytes of staging, a multiple of 16
+	timeoutNs   uint64
+	bufs        []gpuMapping // by rank
+	pads        [cuda.MaxRanks]uintptr
+	stages      [cuda.MaxRanks]uintptr
+	fns         map[*cuda.Kernel]*cuda.Function // this team's lookups, unlocked
+	used        bool                            // kernels were enqueued: close must wait for them
+}
+
+// gpuMapping is one rank's buffer as mapped here; each field records a step
+// to undo.
+type gpuMapping struct {
+	h      cuda.AllocHandle
+	held   bool
+	va     uintptr
+	mapped bool
+}
+
+// newGPUTeam allocates and maps this rank's buffer and loads the kernels.
+// On error the team is still returned, for close.
+func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (*gpuTeam, error) {
+	t := &gpuTeam{cfg: cfg, rank: rank, world: world, timeoutNs: uint64(timeout.Nanoseconds()),
+		bufs: make([]gpuMapping, world), fns: map[*cuda.Kernel]*cuda.Function{}}
+	g, err := openGPU(device)
+	if err != nil {
+		return t, err
+	}
+	t.g = g
+	t.size = (gpuStageOff + uintptr(max(cfg.stageBytes, 64<<10)) + g.gran - 1) / g.gran * g.gran
+	t.stage = (t.size - gpuStageOff) &^ 15
+	for _, src := range []string{"allreduce.cu", cuda.BarrierKernel.Source} {
+		if _, err := g.module(src); err != nil {
+			return t, err
+		}
+	}
+	own := &t.bufs[rank]
+	if own.h, err = g.d.MemCreate(g.ctx, g.dev, t.size, cuda.HandleTypePosixFD); err != nil {
+		return t, err
+	}
+	own.held = true
+	return t, t.mapBuf(rank)
+}
+
+// mapBuf maps rank r's buffer (its handle already held) for this device.
+func (t *gpuTeam) mapBuf(r int) error {
+	g, b := t.g, &t.bufs[r]
+	var err error
+	if b.va, err = g.d.MemAddressReserve(g.ctx, t.size, g.gran); err != nil {
+		return err
+	}
+	if err = g.d.MemMap(g.ctx, b.va, t.size, b.h); err != nil {
+		return err
+	}
+	b.mapped = true
+	if err = g.d.MemSetAccess(g.ctx, b.va, t.size, []cuda.Device{g.dev}); err != nil {
+		return err
+	}
+	t.pads[r], t.stages[r] = b.va, b.va+gpuStageOff
+	return nil
+}
+
+// exportFD returns a POSIX fd for this rank's buffer, owned by the caller.
+func (t *gpuTeam) exportFD() (int, error) {
+	return t.g.d.MemExportFD(t.g.ctx, t.bufs[t.rank].h)
+}
+
+// importPeer maps rank r's buffer from the fd it sent (the caller closes fd).
+func (t *gpuTeam) importPeer(r, fd int) error {
+	h, err := t.g.d.MemImportFD(t.g.ctx, fd)
+	if err != nil {
+		return fmt.Errorf("import rank %d's GPU buffer: %w", r, err)
+	}
+	t.bufs[r].h, t.bufs[r].held = h, true
+	if err := t.mapBuf(r); err != nil {
+		return fmt.Errorf("map rank %d's GPU buffer: %w", r, err)
+	}
+	return nil
+}
+
+// zeroPad clears this rank's signal pad before any peer may write to it:
+// the barrier counters start at zero and only grow afterwards (so replayed
+// CUDA graphs stay in step). A private stream keeps the caller's streams
+// out of it.
+func (t *gpuTeam) zeroPad() error {
+	g := t.g
+	s, err := g.d.StreamCreate(g.ctx, cuda.StreamNonBlocking)
+	if err != nil {
+		return err
+	}
+	defer g.d.StreamDestroy(g.ctx, s)
+	if err := g.d.MemsetD32Async(g.ctx, t.pads[t.rank], 0, gpuStageOff/4, s); err != nil {
+		return err
+	}
+	return g.d.StreamSynchronize(g.ctx, s)
+}
+
+func (t *gpuTeam) function(k *cuda.Kernel) (*cuda.Function, error) {
+	if f := t.fns[k]; f != nil {
+		return f, nil
+	}
+	f, err := t.g.function(k)
+	if err == nil {
+		t.fns[k] = f
+	}
+	return f, err
+}
+
+// allReduce enqueues op on stream s, per chunk of staging: copy the input
+// into this rank's staging, then
+//   - one-shot (small chunks): the kernel reads every rank's staging and
+//     writes the output;
+//   - two-shot (chunks of at least twoShotMin bytes): rank r reduces slice r
+//     of every staging and writes it into every rank's staging, then a copy
+//     to the output; each rank moves 1/world of the data over NVLink twice
+//     instead of all of it once.
+//
+// Both fold in rank order, so every rank gets the same bits either way. The
+// kernels' closing block barriers make reusing the staging for the next
+// chunk (or op) safe.
+func (t *gpuTeam) allReduce(op *Op, s cuda.Stream) error {
+	if op.Count == 0 {
+		return nil
+	}
+	t.used = true
+	p := cuda.ARParams{Peers: t.stages, Pads: t.pads, TimeoutNs: t.timeoutNs, Scale: 1,
+		World: int32(t.world), Rank: int32(t.rank)}
+	switch op.RedOp {
+	case dtype.Avg:
+		p.Scale = float32(t.world)
+	case dtype.PremulSum:
+		p.Scale = float32(op.Scale)
+	}
+	es := op.DType.Size()
+	chunk := int(t.stage) / es
+	d, ctx := t.g.d, t.g.ctx
+	for off := 0; off < op.Count; off += chunk {
+		n := min(chunk, op.Count-off)
+		at, bytes := uintptr(off*es), uintptr(n*es)
+		algo, limit := cuda.OneShot, 0
+		if t.world > 1 && int(bytes) >= t.cfg.twoShotMin {
+			algo, limit = cuda.TwoShot, t.cfg.bigBlocks
+		}
+		k, post, err := cuda.ReduceKernel(algo, op.DType, op.RedOp)
+		if err != nil {
+			return err
+		}
+		f, err := t.function(k)
+		if err != nil {
+			return err
+		}
+		if err := d.MemcpyDtoDAsync(ctx, t.stages[t.rank], op.In+at, bytes, s); err != nil {
+			return err
+		}
+		p.Post, p.Numel, p.Out = post, uint64(n), op.Out+at
+		grid, block := cuda.ReduceGrid(algo, uint64(n), es, t.world)
+		if algo == cuda.TwoShot {
+			grid, block = cuda.ReduceGridLimit(algo, uint64(n), es, t.world, limit)
+		}
+		if err := d.Launch(f, grid, block, 0, s, &p); err != nil {
+			return err
+		}
+		if algo == cuda.TwoShot {
+			if err := d.MemcpyDtoDAsync(ctx, op.Out+at, t.stages[t.rank], bytes, s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// barrier enqueues a barrier of all ranks on stream s.
+func (t *gpuTeam) barrier(s cuda.Stream) error {
+	f, err := t.function(cuda.BarrierKernel)
+	if err != nil {
+		return err
+	}
+	t.used = true
+	p := cuda.BarrierParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank)}
+	grid, block := cuda.BarrierGrid()
+	return t.g.d.Launch(f, grid, block, 0, s, &p)
+}
+
+// close waits until the device is idle (kernels on the caller's streams
+// may still read these buffers), then unmaps and releases everything.
+func (t *gpuTeam) close() {
+	g := t.g
+	if g == nil {
+		return
+	}
+	if t.used {
+		if err := g.d.CtxSynchronize(g.ctx); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
+			debugf("rank %d: cuCtxSynchronize before unmapping the GPU buffers: %v", t.rank, err)
+		}
+	}
+	for r := range t.bufs {
+		b := &t.bufs[r]
+		if b.mapped {
+			g.d.MemUnmap(g.ctx, b.va, t.size)
+		}
+		if b.va != 0 {
+			g.d.MemAddressFree(g.ctx, b.va, t.size)
+		}
+		if b.held {
+			g.d.MemRelease(g.ctx, b.h)
+		}
+		*b = gpuMapping{}
+	}
+}
