@@ -112,6 +112,7 @@ func gosym_endpoint_create(rank, size C.int32_t, timeoutMs C.int64_t, name *C.go
 	if name != nil {
 		n = C.GoString((*C.char)(name))
 	}
+	gobackend.FitRuntime(int(size))
 	ep, err := gobackend.NewEndpoint(int(rank), int(size), time.Duration(timeoutMs)*time.Millisecond, n)
 	if err != nil {
 		return ret(err)
