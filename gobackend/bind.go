@@ -46,14 +46,15 @@ type peerMap struct {
 	base   uintptr // where the peer's memh starts in region
 }
 
-// ubrMode is GOSYM_ENABLE_UBR: "try" (default), "yes" or "no".
-func ubrMode() string {
+// ubrMode is GOSYM_ENABLE_UBR: "try" (default), "yes" or "no", read once:
+// Post consults it for every op.
+var ubrMode = sync.OnceValue(func() string {
 	switch v := os.Getenv("GOSYM_ENABLE_UBR"); v {
 	case "yes", "no":
 		return v
 	}
 	return "try"
-}
+})
 
 func newBinder(e *Endpoint) *binder {
 	return &binder{e: e, dom: memreg.Default, own: map[uint64]*memreg.Memh{}, peers: map[peerKey]*peerMap{}}

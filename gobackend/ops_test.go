@@ -42,6 +42,18 @@ func sumAt(in [][]float32, off, n int) []float32 {
 	return s
 }
 
+// gatherInto gives op one poisoned output piece per rank, expected to
+// receive that rank's first n inputs.
+func gatherInto(op *Op, w, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	var outs, wants [][]float32
+	for s := 0; s < w; s++ {
+		o := poisoned(n)
+		op.OutPieces = append(op.OutPieces, Piece{Addr: addr(o), Count: n})
+		outs, wants = append(outs, o), append(wants, in[s][:n])
+	}
+	return op, outs, wants
+}
+
 var opCases = []opCase{
 	{coll.AllReduce, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		out := poisoned(n)
@@ -60,14 +72,7 @@ var opCases = []opCase{
 		return &Op{Kind: coll.Broadcast, Root: w / 2, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{in[w/2][:n]}
 	}},
 	{coll.AllGather, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
-		op := &Op{Kind: coll.AllGather, Count: n, In: addr(in[r])}
-		var outs, wants [][]float32
-		for s := 0; s < w; s++ {
-			o := poisoned(n)
-			op.OutPieces = append(op.OutPieces, Piece{Addr: addr(o), Count: n})
-			outs, wants = append(outs, o), append(wants, in[s][:n])
-		}
-		return op, outs, wants
+		return gatherInto(&Op{Kind: coll.AllGather, Count: n, In: addr(in[r])}, w, n, in)
 	}},
 	{coll.ReduceScatter, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		op := &Op{Kind: coll.ReduceScatter, Count: n}
@@ -96,13 +101,7 @@ var opCases = []opCase{
 		if r != 0 {
 			return op, nil, nil
 		}
-		var outs, wants [][]float32
-		for s := 0; s < w; s++ {
-			o := poisoned(n)
-			op.OutPieces = append(op.OutPieces, Piece{Addr: addr(o), Count: n})
-			outs, wants = append(outs, o), append(wants, in[s][:n])
-		}
-		return op, outs, wants
+		return gatherInto(op, w, n, in)
 	}},
 	{coll.Scatter, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		root := w - 1
