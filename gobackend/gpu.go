@@ -1,7 +1,8 @@
 package gobackend
 
-// The CUDA data plane of an endpoint, first slice: all_reduce and barrier
-// on CUDA memory, stream-ordered on the caller's stream.
+// The CUDA data plane of an endpoint: setup, devices and the group's
+// symmetric GPU buffers. The collectives themselves are in gpu_ops.go; all
+// are stream-ordered on the caller's stream.
 //
 // The first CUDA op of a group sets it up on every rank (collectives run in
 // the same order everywhere, so every rank reaches that op): each rank
@@ -11,9 +12,7 @@ package gobackend
 // CUDA ops on that group with the same NotSupported error from then on, and
 // the host data plane keeps working.
 //
-// An op only enqueues work on the caller's stream: copy the input into this
-// rank's staging, then the one-shot kernel of kernels/allreduce.cu (block
-// barrier, pull every rank's staging, fold in rank order, block barrier). The
+// An op only enqueues work on the caller's stream (gpu_ops.go). The
 // host never waits for the GPU, so the Work completes as soon as the work is
 // enqueued and the stream carries the ordering, as with NCCL; the same
 // enqueue sequence is what a CUDA graph captures.
@@ -30,7 +29,6 @@ import (
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
-	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -101,22 +99,16 @@ func (g *gpuState) stats(m map[string]any) {
 }
 
 // PostCUDA posts an op on CUDA device memory of device (an ordinal; a
-// negative device means host memory, as Post). Only all_reduce and barrier
-// run on the CUDA data plane so far. The op is enqueued on stream before
+// negative device means host memory, as Post). Send and recv do not run
+// on the CUDA data plane yet. The op is enqueued on stream before
 // PostCUDA returns, after every collective posted before it; the returned
 // Work is already complete on the host.
 func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 	if device < 0 {
 		return e.Post(op)
 	}
-	switch op.Kind {
-	case coll.AllReduce:
-		if _, _, err := cuda.ReduceKernel(cuda.OneShot, op.DType, op.RedOp); err != nil {
-			return nil, status.Errorf(status.NotSupported, "gosym: all_reduce of %s with %s on CUDA tensors: %v", op.DType, op.RedOp, err)
-		}
-	case coll.Barrier:
-	default:
-		return nil, status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors is not supported yet (the CUDA data plane runs all_reduce and barrier)", op.Kind)
+	if err := gpuKernelSupport(op); err != nil {
+		return nil, err
 	}
 	if err := coll.Check(op, e.Rank, e.Size); err != nil {
 		return nil, err
@@ -178,16 +170,13 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 			op.Kind, a.device, e.Name, t.g.ordinal)
 	}
 	g.ops.Add(1)
-	var err error
-	if op.Kind == coll.AllReduce {
-		err = t.allReduce(op, a.stream)
-	} else {
-		err = t.barrier(a.stream)
-	}
-	if err != nil {
+	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
+	err := t.run(op, a.stream, agree)
+	var coded *status.Error
+	if err != nil && !errors.As(err, &coded) {
 		return status.Wrap(status.System, err, "gosym: %s on cuda:%d", op.Who(), a.device)
 	}
-	return nil
+	return err
 }
 
 // gpuConfig holds the CUDA data plane's tunables, read when a group sets
@@ -580,81 +569,6 @@ func (t *gpuTeam) function(k *cuda.Kernel) (*cuda.Function, error) {
 		t.fns[k] = f
 	}
 	return f, err
-}
-
-// allReduce enqueues op on stream s, per chunk of staging: copy the input
-// into this rank's staging, then
-//   - one-shot (small chunks): the kernel reads every rank's staging and
-//     writes the output;
-//   - two-shot (chunks of at least twoShotMin bytes): rank r reduces slice r
-//     of every staging and writes it into every rank's staging, then a copy
-//     to the output; each rank moves 1/world of the data over NVLink twice
-//     instead of all of it once.
-//
-// Both fold in rank order, so every rank gets the same bits either way. The
-// kernels' closing block barriers make reusing the staging for the next
-// chunk (or op) safe.
-func (t *gpuTeam) allReduce(op *Op, s cuda.Stream) error {
-	if op.Count == 0 {
-		return nil
-	}
-	t.used = true
-	p := cuda.ARParams{Peers: t.stages, Pads: t.pads, TimeoutNs: t.timeoutNs, Scale: 1,
-		World: int32(t.world), Rank: int32(t.rank)}
-	switch op.RedOp {
-	case dtype.Avg:
-		p.Scale = float32(t.world)
-	case dtype.PremulSum:
-		p.Scale = float32(op.Scale)
-	}
-	es := op.DType.Size()
-	chunk := int(t.stage) / es
-	d, ctx := t.g.d, t.g.ctx
-	for off := 0; off < op.Count; off += chunk {
-		n := min(chunk, op.Count-off)
-		at, bytes := uintptr(off*es), uintptr(n*es)
-		algo, limit := cuda.OneShot, 0
-		if t.world > 1 && int(bytes) >= t.cfg.twoShotMin {
-			algo, limit = cuda.TwoShot, t.cfg.bigBlocks
-		}
-		k, post, err := cuda.ReduceKernel(algo, op.DType, op.RedOp)
-		if err != nil {
-			return err
-		}
-		f, err := t.function(k)
-		if err != nil {
-			return err
-		}
-		if err := d.MemcpyDtoDAsync(ctx, t.stages[t.rank], op.In+at, bytes, s); err != nil {
-			return err
-		}
-		p.Post, p.Numel, p.Out = post, uint64(n), op.Out+at
-		grid, block := cuda.ReduceGrid(algo, uint64(n), es, t.world)
-		if algo == cuda.TwoShot {
-			grid, block = cuda.ReduceGridLimit(algo, uint64(n), es, t.world, limit)
-		}
-		if err := d.Launch(f, grid, block, 0, s, &p); err != nil {
-			return err
-		}
-		if algo == cuda.TwoShot {
-			if err := d.MemcpyDtoDAsync(ctx, op.Out+at, t.stages[t.rank], bytes, s); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// barrier enqueues a barrier of all ranks on stream s.
-func (t *gpuTeam) barrier(s cuda.Stream) error {
-	f, err := t.function(cuda.BarrierKernel)
-	if err != nil {
-		return err
-	}
-	t.used = true
-	p := cuda.BarrierParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank)}
-	grid, block := cuda.BarrierGrid()
-	return t.g.d.Launch(f, grid, block, 0, s, &p)
 }
 
 // close waits until the device is idle (kernels on the caller's streams

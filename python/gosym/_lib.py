@@ -128,6 +128,15 @@ def pack_desc(op, dtype, red_op, scale, root, peer, tag, count, in_addr, out_add
                       in_addr, out_addr, in_pieces, out_pieces, n_in, n_out, stream, device, 0)
 
 
+_STREAM_AT = 88  # offset of (stream, device, _pad) at the end of a packed desc
+_TAIL = struct.Struct("@Qii")
+
+
+def on_stream(desc: bytes, stream: int, device: int) -> bytes:
+    """desc, moved onto CUstream stream of CUDA device ordinal device."""
+    return desc[:_STREAM_AT] + _TAIL.pack(stream, device, 0)
+
+
 _u64p = POINTER(c_uint64)
 
 # Every export of gosym.h: name -> (restype, argtypes). Output buffers are

@@ -37,8 +37,6 @@ _pack = _lib.pack_desc
 _post = _lib.post
 _strided = torch.strided
 _DEBUG = os.environ.get("GOSYM_DEBUG") == "1"
-_CUDA_MSG = ("gosym: CUDA tensors need the CUDA data plane, which runs all_reduce and barrier "
-             "only in this version")
 # The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
 # not called, at import: querying CUDA here would initialise it before a fork.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -50,16 +48,33 @@ def _debug(msg: str) -> None:
 
 
 def _check(t) -> None:
-    """The one place that decides whether gosym can address a tensor's memory.
-    (The CUDA data plane will branch here.)"""
+    """The one place that decides whether gosym can address a tensor's memory: host
+    memory, or CUDA memory (the CUDA data plane; _op_device keeps one op on one device)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"gosym: expected a torch.Tensor, got {type(t).__name__}")
-    if not t.is_cpu:
-        if t.is_cuda:
-            raise NotImplementedError(_CUDA_MSG)
+    if not (t.is_cpu or t.is_cuda):
         raise NotImplementedError(f"gosym: tensors on device {t.device} are not supported")
     if t.layout is not _strided:
         raise TypeError(f"gosym: only strided (dense) tensors are supported, got {t.layout}")
+
+
+def _op_device(keep):
+    """-1 when every tensor an op touches (those in keep, nested in lists and tuples) is in
+    host memory, else the CUDA device index they all share: the engine reads addresses as
+    the op's device says, so a mix is refused here."""
+    if isinstance(keep, torch.Tensor):  # the common single-buffer op
+        return keep.get_device()
+    devs, stack = set(), [keep]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            devs.add(x.get_device())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    if len(devs) > 1:
+        names = ", ".join("cpu" if d < 0 else f"cuda:{d}" for d in sorted(devs))
+        raise ValueError(f"gosym: the tensors of one op must be on one device, got {names}")
+    return devs.pop() if devs else -1
 
 
 def _src(t):
@@ -243,11 +258,17 @@ class ProcessGroupGosym(dist.ProcessGroup):
     # ---- plumbing -----------------------------------------------------------
 
     def _work(self, desc, out, keep, cb):
+        dev = _op_device(keep)
+        if dev >= 0:
+            return self._cuda_works([(desc, keep, cb)], out, dev)
         h = _post(self._h, desc)
         return Work(_Op((h,), out, keep, cb or None, self._completer))
 
     def _works(self, built, out):
         """Posts several (desc, keep, cb) together as one Work."""
+        dev = _op_device([k for _, k, _ in built])
+        if dev >= 0:
+            return self._cuda_works(built, out, dev)
         handles, keep, cb = [], [], []
         try:
             for desc, k, c in built:
@@ -285,10 +306,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return _pack(op, code, red, scale, root, 0, 0, buf.numel(), a, a, 0, 0, 0, 0), buf, cb
 
     def allreduce(self, tensors, opts=_AR):
-        t = _one(tensors, "allreduce")
-        if getattr(t, "is_cuda", False):
-            return self._cuda_allreduce(tensors, t, opts)
-        desc, buf, cb = self._reduce_desc(_lib.OP_ALLREDUCE, t, opts, 0)
+        desc, buf, cb = self._reduce_desc(_lib.OP_ALLREDUCE, _one(tensors, "allreduce"), opts, 0)
         return self._work(desc, tensors, buf, cb)
 
     # ---- the CUDA data plane ----------------------------------------------------
@@ -305,20 +323,18 @@ class ProcessGroupGosym(dist.ProcessGroup):
         _lib.work_release(_post(self._h, desc))
         self._cuda = idx
 
-    def _cuda_allreduce(self, tensors, t, opts):
-        if t.layout is not _strided:
-            raise TypeError(f"gosym: only strided (dense) tensors are supported, got {t.layout}")
-        idx = self._cuda_index(t.device.index)
-        code = reduce_dtype(t)
-        red, scale = reduce_op(opts.reduceOp)
+    def _cuda_works(self, built, out, idx):
+        """Enqueues ops on CUDA device idx, on the caller's current stream. Their
+        temporaries may go as soon as this returns: the caching allocator reuses them only
+        in the order of that stream. Copy-backs into non-contiguous outputs are enqueued
+        right after the op."""
+        idx = self._cuda_index(idx)
         raw = _raw_stream(idx)
-        buf = t if t.is_contiguous() else t.contiguous()
-        a = buf.data_ptr()
-        self._cuda_post(_pack(_lib.OP_ALLREDUCE, code, red, scale, 0, 0, 0, buf.numel(), a, a,
-                              0, 0, 0, 0, raw, idx), idx)
-        if buf is not t:
-            t.copy_(buf)  # on the same stream, after the op
-        return CudaWork(tensors, idx, raw)
+        for desc, _, cb in built:
+            self._cuda_post(_lib.on_stream(desc, raw, idx), idx)
+            for t, tmp in cb or ():
+                t.copy_(tmp)
+        return CudaWork(out, idx, raw)
 
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")
@@ -632,7 +648,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             return self._host_barrier()
         raw = _raw_stream(idx)
         self._cuda_post(_pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, raw, idx),
-                        idx)
+                        self._cuda_index(idx))
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(idx))  # the stream raw names
         return CudaWork([], idx, raw, ev)

@@ -1,6 +1,7 @@
 """The CUDA data plane (tests/test_cuda.py), one rank per GPU: all_reduce on CUDA
 tensors for every dtype x op x size class against NCCL on the same inputs and an
-exact reference, guard elements around the output, bitwise identity across ranks
+exact reference; broadcast, all_gather, reduce_scatter, reduce, all_to_all (equal,
+uneven and list), gather and scatter the same way; guard elements around the output, bitwise identity across ranks
 (digests compared by the test), 1000 back-to-back ops under random per-rank GPU
 delays with no host sync, the host not waiting for the GPU, a CUDA graph of 10
 all_reduce replayed 100 times, barrier semantics, clear errors for what the data
@@ -122,6 +123,164 @@ def matrix(ck, rank, world, dev, nccl, digests):
                 else:
                     ck.info.setdefault("nccl_off_reference", []).append(case)
                 digests[case] = _digest(t)
+
+
+MOVE_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.uint8]
+MOVE_SIZES = [1, 3, 1025, 600_003]  # the last spans several 1 MiB staging chunks
+
+
+def _ins(case, world, n, dtype, dev, opname="SUM"):
+    return [_input(case, r, n, dtype, opname, dev) for r in range(world)]
+
+
+def _odd(n, dtype, dev, rank):
+    """A poisoned n-element output at an odd element offset of a guarded buffer."""
+    base = _poison(n + 2, dtype, dev)
+    return base, base[1:1 + n]
+
+
+def movement(ck, rank, world, dev, nccl, digests):
+    """Every other collective on CUDA tensors, against the exact result built from every
+    rank's (reproducible) input, and against NCCL on the same inputs; outputs poisoned
+    first and guarded at odd offsets, so unwritten or overrun elements show."""
+
+    def same(case, got, exp, theirs=None):
+        why = wc.compare(got, exp)
+        ck.check(f"{case}: vs exact", why is None, why or "")
+        if theirs is not None:
+            why = wc.compare(got, theirs)
+            ck.check(f"{case}: bitwise equal to NCCL", why is None, why or "")
+        digests[case] = _digest(got)
+
+    for dtype in MOVE_DTYPES:
+        for n in MOVE_SIZES:
+            tag = f"{wc.dname(dtype)}/{n}"
+            # broadcast, from the first and the last rank, at an odd offset
+            for root in sorted({0, world - 1}):
+                case = f"broadcast/{tag}/root{root}"
+                ins = _ins(case, world, n, dtype, dev)
+                base, t = _odd(n, dtype, dev, rank)
+                t.copy_(ins[rank])
+                dist.broadcast(t, src=root)
+                x = ins[rank].clone()
+                dist.broadcast(x, src=root, group=nccl)
+                same(case, t, ins[root], x)
+                why = wc.compare(base[[0, n + 1]], _poison(2, dtype, dev))
+                ck.check(f"{case}: guards untouched", why is None, why or "")
+            # all_gather_into_tensor and all_gather (list)
+            case = f"all_gather/{tag}"
+            ins = _ins(case, world, n, dtype, dev)
+            out = _poison(n * world, dtype, dev)
+            dist.all_gather_into_tensor(out, ins[rank])
+            ref = torch.cat(ins)
+            theirs = torch.empty_like(out)
+            dist.all_gather_into_tensor(theirs, ins[rank], group=nccl)
+            same(case, out, ref, theirs)
+            outs = [_odd(n, dtype, dev, rank)[1] for _ in range(world)]
+            dist.all_gather(outs, ins[rank])
+            same(case + "/list", torch.cat(outs), ref)
+            # all_to_all_single, equal splits
+            case = f"all_to_all/{tag}"
+            ins = _ins(case, world, n * world, dtype, dev)
+            out = _poison(n * world, dtype, dev)
+            dist.all_to_all_single(out, ins[rank])
+            ref = torch.cat([ins[r][rank * n:(rank + 1) * n] for r in range(world)])
+            theirs = torch.empty_like(out)
+            dist.all_to_all_single(theirs, ins[rank], group=nccl)
+            same(case, out, ref, theirs)
+        # reductions that scatter or root
+        for opname in ("SUM", "MAX", "AVG"):
+            if opname == "AVG" and not dtype.is_floating_point or dtype == torch.uint8:
+                continue
+            for n in MOVE_SIZES:
+                tag = f"{wc.dname(dtype)}/{opname}/{n}"
+                case = f"reduce_scatter/{tag}"
+                ins = _ins(case, world, n * world, dtype, dev, opname)
+                base, out = _odd(n, dtype, dev, rank)
+                dist.reduce_scatter_tensor(out, ins[rank], op=_op(opname))
+                ref = _reference(ins, opname, world)[rank * n:(rank + 1) * n]
+                theirs = torch.empty_like(out)
+                dist.reduce_scatter_tensor(theirs, ins[rank], op=_op(opname), group=nccl)
+                same(case, out, ref, theirs if wc.compare(theirs, ref) is None else None)
+                outl = _poison(n, dtype, dev)
+                dist.reduce_scatter(outl, [x[r * n:(r + 1) * n] for r, x in
+                                           enumerate([ins[rank]] * world)], op=_op(opname))
+                same(case + "/list", outl, ref)
+                root = world - 1
+                case = f"reduce/{tag}/root{root}"
+                ins = _ins(case, world, n, dtype, dev, opname)
+                t = ins[rank].clone()
+                dist.reduce(t, dst=root, op=_op(opname))
+                if rank == root:
+                    same(case, t, _reference(ins, opname, world))
+                else:
+                    why = wc.compare(t, ins[rank])
+                    ck.check(f"{case}: non-root input unchanged", why is None, why or "")
+
+
+def uneven(ck, rank, world, dev, digests):
+    """all_to_all_single with uneven and zero splits (rank r sends r+j+1 rows of 5 to j,
+    none to itself on rank 0), all_to_all (list), gather and scatter, and a mismatched
+    split that every rank reports before anything moves."""
+    cols = 5
+
+    def rows(i, j):
+        return 0 if i == j == 0 else (i + 2 * j + 1) * 37
+
+    case = "all_to_all_single/uneven"
+    ins = [_input(case, i, sum(rows(i, j) for j in range(world)) * cols, torch.float32, "SUM",
+                  dev).reshape(-1, cols) for i in range(world)]
+    out = _poison(sum(rows(j, rank) for j in range(world)) * cols, torch.float32,
+                  dev).reshape(-1, cols)
+    dist.all_to_all_single(out, ins[rank], [rows(j, rank) for j in range(world)],
+                           [rows(rank, j) for j in range(world)])
+    exp = []
+    for j in range(world):
+        lo = sum(rows(j, k) for k in range(rank))
+        exp.append(ins[j][lo:lo + rows(j, rank)])
+    why = wc.compare(out, torch.cat(exp))
+    ck.check(case, why is None, why or "")
+    digests[case] = _digest(out)
+
+    case = "all_to_all/list"
+    ins = [[_input(f"{case}/{i}/{j}", 0, 100 + i + j, torch.int64, "SUM", dev)
+            for j in range(world)] for i in range(world)]
+    outs = [_poison(100 + j + rank, torch.int64, dev) for j in range(world)]
+    dist.all_to_all(outs, ins[rank])
+    why = wc.compare(torch.cat(outs), torch.cat([ins[j][rank] for j in range(world)]))
+    ck.check(case, why is None, why or "")
+
+    for root in sorted({0, world - 1}):
+        case = f"gather/root{root}"
+        ins = _ins(case, world, 1025, torch.float32, dev)
+        outs = [_poison(1025, torch.float32, dev) for _ in range(world)] if rank == root else None
+        dist.gather(ins[rank], outs, dst=root)
+        if rank == root:
+            why = wc.compare(torch.cat(outs), torch.cat(ins))
+            ck.check(case, why is None, why or "")
+        case = f"scatter/root{root}"
+        ins = _ins(case, world, 1025, torch.float32, dev)
+        out = _poison(1025, torch.float32, dev)
+        dist.scatter(out, ins if rank == root else None, src=root)
+        why = wc.compare(out, ins[rank])
+        ck.check(case, why is None, why or "")
+
+    # rank 0 sends one row more to rank 1 than rank 1 expects
+    if world > 1:
+        inp = torch.zeros(world * 4, cols, device=dev)
+        out = torch.zeros(world * 4, cols, device=dev)
+        ins_s = [4] * world
+        outs_s = [4] * world
+        if rank == 0:
+            ins_s = [3, 5] + [4] * (world - 2)
+        e = ck.expect_error("all_to_all_single: mismatched splits", dist.all_to_all_single,
+                            out, inp, outs_s, ins_s)
+        if e is not None:
+            ck.check("mismatched splits: names both numbers",
+                     "expects" in str(e) and "sends" in str(e), wc.error_text(e))
+    t = torch.full((8,), float(rank), device=dev)
+    dist.all_reduce(t)
+    ck.check("all_reduce after the mismatch", bool((t == world * (world - 1) / 2).all()))
 
 
 def noncontiguous(ck, rank, world, dev, digests):
@@ -247,12 +406,16 @@ def barrier(ck, rank, world, dev):
 def errors(ck, rank, world, dev):
     """What the CUDA data plane does not run fails locally and clearly; the group goes on."""
     x = torch.ones(8, device=dev)
-    out = torch.empty(8 * world, device=dev)
-    e = ck.expect_error("all_gather on CUDA", dist.all_gather_into_tensor, out, x)
+    peer = (rank + 1) % world
+    e = ck.expect_error("send on CUDA", dist.send if rank % 2 == 0 else dist.recv, x, peer)
     if e is not None:
-        ck.check("all_gather on CUDA: NotImplementedError", isinstance(e, NotImplementedError),
+        ck.check("send on CUDA: NotImplementedError", isinstance(e, NotImplementedError),
                  wc.error_text(e))
-        ck.check("all_gather on CUDA: says why", "CUDA data plane" in str(e), wc.error_text(e))
+        ck.check("send on CUDA: says why", "CUDA" in str(e), wc.error_text(e))
+    mixed = ck.expect_error("mixed devices", dist.all_gather_into_tensor,
+                            torch.empty(8 * world), x)
+    if mixed is not None:
+        ck.check("mixed devices: ValueError", isinstance(mixed, ValueError), wc.error_text(mixed))
     ck.expect_error("float64 all_reduce on CUDA", dist.all_reduce, torch.ones(8, device=dev,
                                                                              dtype=torch.float64))
     ck.expect_error("int8 all_reduce on CUDA", dist.all_reduce, torch.ones(8, device=dev,
@@ -287,6 +450,8 @@ def main():
     t0 = time.perf_counter()
     ck.run("matrix", matrix, ck, rank, world, dev, nccl, digests)
     ck.info["matrix_s"] = round(time.perf_counter() - t0, 2)
+    ck.run("movement", movement, ck, rank, world, dev, nccl, digests)
+    ck.run("uneven", uneven, ck, rank, world, dev, digests)
     ck.run("noncontiguous", noncontiguous, ck, rank, world, dev, digests)
     ck.run("back_to_back", back_to_back, ck, rank, world, dev, digests)
     ck.run("host_does_not_wait", host_does_not_wait, ck, rank, world, dev)

@@ -4,10 +4,13 @@ One launch trains the model twice from the same seed: once with DDP over the
 default (gosym) group, once over a gloo group created next to it. Each rank
 reports its per-step losses and a digest of the final parameters; the test
 compares them. Small buckets make DDP issue several async all_reduces per
-step; BatchNorm makes it broadcast buffers every forward.
+step; BatchNorm makes it broadcast buffers every forward. With --device cuda
+the model lives on the rank's GPU and the reference group is NCCL.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -27,9 +30,9 @@ def build_model() -> nn.Module:
     )
 
 
-def train(group, rank: int) -> tuple[list[float], str, list[str]]:
+def train(group, rank: int, dev) -> tuple[list[float], str, list[str]]:
     """Returns per-step losses, a digest of all final parameters, per-parameter digests."""
-    ddp = DDP(build_model(), process_group=group, bucket_cap_mb=0.05)
+    ddp = DDP(build_model().to(dev), process_group=group, bucket_cap_mb=0.05)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     teacher = torch.randn(32, 4, generator=torch.Generator().manual_seed(7))  # a learnable target
     losses = []
@@ -37,6 +40,7 @@ def train(group, rank: int) -> tuple[list[float], str, list[str]]:
         g = torch.Generator().manual_seed(wc.seed_of("ddp", step, rank))
         x = torch.randn(16, 32, generator=g)
         y = x @ teacher + 0.01 * torch.randn(16, 4, generator=g)
+        x, y = x.to(dev), y.to(dev)
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()
@@ -48,12 +52,18 @@ def train(group, rank: int) -> tuple[list[float], str, list[str]]:
 
 
 def main():
-    args = wc.setup()
+    args = wc.setup(lambda p: p.add_argument("--device", default="cpu"))
+    dev = torch.device("cpu")
+    if args.device == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cuda.matmul.allow_tf32 = False
     rank, world = wc.init(args.backend, args.timeout)
     torch.set_num_threads(1)
-    gloo = dist.new_group(backend="gloo")
-    losses_main, digest_main, params_main = train(None, rank)
-    losses_gloo, digest_gloo, params_gloo = train(gloo, rank)
+    ref = dist.new_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    losses_main, digest_main, params_main = train(None, rank, dev)
+    losses_gloo, digest_gloo, params_gloo = train(ref, rank, dev)
     wc.write_result({
         "rank": rank,
         "failures": [],

@@ -1,0 +1,348 @@
+package gobackend
+
+// The collectives of the CUDA data plane. Each op is enqueued on the
+// caller's stream as a loop over chunks of the symmetric staging; a chunk is
+//
+//	stage  copy what this rank contributes into its own staging
+//	       (cuMemcpyDtoDAsync, the copy engine);
+//	move   one kernel launch that waits for every rank (its data is staged),
+//	       pulls or reduces from the peers' staging over NVLink into this
+//	       rank's output, and waits for every rank again (the staging may be
+//	       reused by the next chunk).
+//
+// The move kernels are gs_copy (up to MaxSegs copies, for broadcast,
+// gather, scatter, all_gather, all_to_all) and the one-shot reduction of
+// allreduce.cu (all_reduce, reduce, reduce_scatter); large all_reduce
+// chunks run two-shot. A rank with nothing to move in a chunk (a non-root)
+// still launches the same grid with no segments: the per-block barriers
+// need every rank in every block. Launch shapes depend only on sizes that
+// are the same on every rank, never on what this rank happens to move.
+//
+// all_to_all's split sizes are known only to their owners, so its ranks
+// agree on all of them first, through the host control plane; that also
+// reports a sender and a receiver that disagree before anything moves.
+
+import (
+	"encoding/binary"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// gpuAgree exchanges a metadata block with every rank (the host control
+// plane's barrier) and returns every rank's block, by rank.
+type gpuAgree func(meta []byte) ([][]byte, error)
+
+// gpuKernelSupport says whether the CUDA data plane runs op at all; it is
+// answered before the op takes a sequence number.
+func gpuKernelSupport(op *Op) error {
+	switch op.Kind {
+	case coll.AllReduce, coll.Reduce, coll.ReduceScatter:
+		if _, _, err := cuda.ReduceKernel(cuda.OneShot, op.DType, op.RedOp); err != nil {
+			return status.Errorf(status.NotSupported, "gosym: %s of %s with %s on CUDA tensors: %v", op.Kind, op.DType, op.RedOp, err)
+		}
+	case coll.Barrier, coll.Broadcast, coll.AllGather, coll.Gather, coll.Scatter, coll.AllToAll:
+	default:
+		return status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors is not supported yet (the CUDA data plane runs the collectives; send/recv stay on CPU tensors)", op.Kind)
+	}
+	return nil
+}
+
+// run enqueues op on stream s.
+func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
+	switch op.Kind {
+	case coll.AllReduce:
+		return t.reduce(op, s, -1)
+	case coll.Reduce:
+		return t.reduce(op, s, op.Root)
+	case coll.ReduceScatter:
+		return t.reduceScatter(op, s)
+	case coll.Broadcast:
+		return t.broadcast(op, s)
+	case coll.AllGather:
+		return t.gather(op, s, -1)
+	case coll.Gather:
+		return t.gather(op, s, op.Root)
+	case coll.Scatter:
+		return t.scatter(op, s)
+	case coll.AllToAll:
+		return t.allToAll(op, s, agree)
+	case coll.Barrier:
+		return t.barrier(s)
+	}
+	return status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors", op.Kind)
+}
+
+// gpuSeg is one copy of a gs_copy launch.
+type gpuSeg struct {
+	dst, src uintptr
+	n        uintptr
+}
+
+// stage copies n bytes from src into this rank's staging at off.
+func (t *gpuTeam) stageIn(off, src, n uintptr, s cuda.Stream) error {
+	if n == 0 {
+		return nil
+	}
+	return t.g.d.MemcpyDtoDAsync(t.g.ctx, t.stages[t.rank]+off, src, n, s)
+}
+
+// move launches gs_copy with segs between two barriers of all ranks, in the
+// grid of a chunk of chunkBytes (the same on every rank).
+func (t *gpuTeam) move(segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error {
+	f, err := t.function(cuda.CopyKernel)
+	if err != nil {
+		return err
+	}
+	t.used = true
+	p := cuda.CopyParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank),
+		Sync: cuda.SyncStart | cuda.SyncEnd}
+	for _, sg := range segs {
+		if sg.n == 0 {
+			continue
+		}
+		p.Dst[p.NSeg], p.Src[p.NSeg], p.Bytes[p.NSeg] = sg.dst, sg.src, uint64(sg.n)
+		p.NSeg++
+	}
+	_, block := cuda.CopyGrid(0)
+	return t.g.d.Launch(f, grid, block, 0, s, &p)
+}
+
+// copyGrid is gs_copy's grid for chunks of n bytes.
+func copyGrid(n uintptr) cuda.Dim3 {
+	g, _ := cuda.CopyGrid(uint64(n))
+	return g
+}
+
+// chunks calls fn for each [at, at+n) of total bytes, n <= size.
+func chunks(total, size uintptr, fn func(at, n uintptr) error) error {
+	for at := uintptr(0); at < total; at += size {
+		if err := fn(at, min(size, total-at)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// broadcast: the root stages, every other rank pulls from the root's staging.
+func (t *gpuTeam) broadcast(op *Op, s cuda.Stream) error {
+	total := uintptr(op.Count * op.DType.Size())
+	return chunks(total, t.stage, func(at, n uintptr) error {
+		var segs []gpuSeg
+		if t.rank == op.Root {
+			if err := t.stageIn(0, op.In+at, n, s); err != nil {
+				return err
+			}
+			if op.Out != op.In {
+				segs = append(segs, gpuSeg{op.Out + at, op.In + at, n})
+			}
+		} else {
+			segs = append(segs, gpuSeg{op.Out + at, t.stages[op.Root], n})
+		}
+		return t.move(segs, copyGrid(n), s)
+	})
+}
+
+// gather (root >= 0) and all_gather (root < 0): every rank stages its input;
+// the receivers pull every rank's staging into their output pieces.
+func (t *gpuTeam) gather(op *Op, s cuda.Stream, root int) error {
+	total := uintptr(op.Count * op.DType.Size())
+	return chunks(total, t.stage, func(at, n uintptr) error {
+		if err := t.stageIn(0, op.In+at, n, s); err != nil {
+			return err
+		}
+		var segs []gpuSeg
+		if root < 0 || t.rank == root {
+			for r, pc := range op.OutPieces {
+				segs = append(segs, gpuSeg{pc.Addr + at, t.stages[r], n})
+			}
+		}
+		return t.move(segs, copyGrid(n), s)
+	})
+}
+
+// region is the bytes of staging a rank gives each peer when it stages a
+// piece per peer (scatter, reduce_scatter, all_to_all): 16-byte aligned.
+func (t *gpuTeam) region() uintptr { return (t.stage / uintptr(t.world)) &^ 15 }
+
+// scatter: the root stages piece r into region r; rank r pulls region r.
+func (t *gpuTeam) scatter(op *Op, s cuda.Stream) error {
+	total, reg := uintptr(op.Count*op.DType.Size()), t.region()
+	return chunks(total, reg, func(at, n uintptr) error {
+		if t.rank == op.Root {
+			for r, pc := range op.InPieces {
+				if err := t.stageIn(uintptr(r)*reg, pc.Addr+at, n, s); err != nil {
+					return err
+				}
+			}
+		}
+		seg := gpuSeg{op.Out + at, t.stages[op.Root] + uintptr(t.rank)*reg, n}
+		return t.move([]gpuSeg{seg}, copyGrid(n), s)
+	})
+}
+
+// reduceParams is the ARParams every reduction of op starts from.
+func (t *gpuTeam) reduceParams(op *Op) cuda.ARParams {
+	p := cuda.ARParams{Peers: t.stages, Pads: t.pads, TimeoutNs: t.timeoutNs, Scale: 1,
+		World: int32(t.world), Rank: int32(t.rank)}
+	switch op.RedOp {
+	case dtype.Avg:
+		p.Scale = float32(t.world)
+	case dtype.PremulSum:
+		p.Scale = float32(op.Scale)
+	}
+	return p
+}
+
+// reduceKernel launches the one- or two-shot kernel of op with p, or, on a
+// rank that receives nothing (reduce's non-roots: out == 0), gs_copy with
+// no segments in the same grid, which takes part in the same barriers.
+func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.Stream) error {
+	es := op.DType.Size()
+	grid, block := cuda.ReduceGrid(algo, p.Numel, es, t.world)
+	if algo == cuda.TwoShot {
+		grid, block = cuda.ReduceGridLimit(algo, p.Numel, es, t.world, t.cfg.bigBlocks)
+	}
+	if p.Out == 0 && algo == cuda.OneShot {
+		return t.move(nil, grid, s)
+	}
+	k, post, err := cuda.ReduceKernel(algo, op.DType, op.RedOp)
+	if err != nil {
+		return err
+	}
+	f, err := t.function(k)
+	if err != nil {
+		return err
+	}
+	t.used = true
+	p.Post = post
+	return t.g.d.Launch(f, grid, block, 0, s, p)
+}
+
+// reduce is all_reduce (root < 0) and reduce (only root writes its
+// output), per chunk of staging:
+//   - one-shot (small chunks): the kernel reads every rank's staging and
+//     writes the output;
+//   - two-shot (all_reduce chunks of at least twoShotMin bytes): rank r
+//     reduces slice r of every staging and writes it into every rank's
+//     staging, then a copy to the output; each rank moves 1/world of the
+//     data over NVLink twice instead of all of it once.
+//
+// Both fold in rank order, so every rank gets the same bits either way.
+func (t *gpuTeam) reduce(op *Op, s cuda.Stream, root int) error {
+	if op.Count == 0 {
+		return nil
+	}
+	p := t.reduceParams(op)
+	es := uintptr(op.DType.Size())
+	total := uintptr(op.Count) * es
+	d, ctx := t.g.d, t.g.ctx
+	return chunks(total, t.stage/es*es, func(at, n uintptr) error {
+		algo := cuda.OneShot
+		if root < 0 && t.world > 1 && int(n) >= t.cfg.twoShotMin {
+			algo = cuda.TwoShot
+		}
+		if err := t.stageIn(0, op.In+at, n, s); err != nil {
+			return err
+		}
+		p.Numel, p.Out, p.SrcOffset = uint64(n/es), op.Out+at, 0
+		if root >= 0 && t.rank != root {
+			p.Out = 0
+		}
+		if err := t.reduceKernel(op, algo, &p, s); err != nil {
+			return err
+		}
+		if algo == cuda.TwoShot {
+			return d.MemcpyDtoDAsync(ctx, op.Out+at, t.stages[t.rank], n, s)
+		}
+		return nil
+	})
+}
+
+// reduceScatter: each rank stages its piece for rank r into region r, then
+// rank r reduces region r of every rank's staging into its output.
+func (t *gpuTeam) reduceScatter(op *Op, s cuda.Stream) error {
+	if op.Count == 0 {
+		return nil
+	}
+	p := t.reduceParams(op)
+	es := uintptr(op.DType.Size())
+	reg := t.region() // a multiple of 16, so of every element size
+	return chunks(uintptr(op.Count)*es, reg, func(at, n uintptr) error {
+		for r, pc := range op.InPieces {
+			if err := t.stageIn(uintptr(r)*reg, pc.Addr+at, n, s); err != nil {
+				return err
+			}
+		}
+		p.Numel, p.Out, p.SrcOffset = uint64(n/es), op.Out+at, uint64(uintptr(t.rank)*reg/es)
+		return t.reduceKernel(op, cuda.OneShot, &p, s)
+	})
+}
+
+// allToAll: the ranks first agree on every split (bytes each rank sends to
+// each rank, and expects from each); then, per chunk of one region, rank i
+// stages its piece for rank j into region j, and pulls region i of every
+// rank j's staging into its piece from j.
+func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
+	es := uintptr(op.DType.Size())
+	w := t.world
+	le := binary.LittleEndian
+	meta := make([]byte, 16*w)
+	for r := range w {
+		le.PutUint64(meta[8*r:], uint64(op.InPieces[r].Count))
+		le.PutUint64(meta[8*(w+r):], uint64(op.OutPieces[r].Count))
+	}
+	all, err := agree(meta)
+	if err != nil {
+		return err
+	}
+	var longest uintptr
+	for i, m := range all {
+		if len(m) != len(meta) {
+			return status.Errorf(status.Mismatch, "gosym: %s: rank %d sent %d bytes of split sizes, this rank %d (different group sizes?)",
+				op.Who(), i, len(m), len(meta))
+		}
+		for j := range w {
+			sends, expects := le.Uint64(m[8*j:]), le.Uint64(all[j][8*(w+i):])
+			if sends != expects {
+				return status.Errorf(status.Mismatch, "gosym: %s: rank %d sends %d elements to rank %d, which expects %d",
+					op.Who(), i, sends, j, expects)
+			}
+			longest = max(longest, uintptr(sends)*es)
+		}
+	}
+	reg := t.region()
+	return chunks(longest, reg, func(at, _ uintptr) error {
+		segs := make([]gpuSeg, 0, w)
+		for j := range w {
+			in, out := op.InPieces[j], op.OutPieces[j]
+			if err := t.stageIn(uintptr(j)*reg, in.Addr+at, clip(uintptr(in.Count)*es, at, reg), s); err != nil {
+				return err
+			}
+			segs = append(segs, gpuSeg{out.Addr + at, t.stages[j] + uintptr(t.rank)*reg, clip(uintptr(out.Count)*es, at, reg)})
+		}
+		return t.move(segs, copyGrid(reg), s)
+	})
+}
+
+// clip is how many of a piece's total bytes lie in [at, at+size).
+func clip(total, at, size uintptr) uintptr {
+	if total <= at {
+		return 0
+	}
+	return min(total-at, size)
+}
+
+// barrier enqueues a barrier of all ranks on stream s.
+func (t *gpuTeam) barrier(s cuda.Stream) error {
+	f, err := t.function(cuda.BarrierKernel)
+	if err != nil {
+		return err
+	}
+	t.used = true
+	p := cuda.BarrierParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank)}
+	grid, block := cuda.BarrierGrid()
+	return t.g.d.Launch(f, grid, block, 0, s, &p)
+}
