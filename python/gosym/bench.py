@@ -83,7 +83,8 @@ def parse_args(argv):
     p.add_argument("--nproc", type=int, default=2, help="ranks to launch (default 2)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--backends", default=None,
-                   help="comma list (default gosym,gloo on cpu, gosym,nccl on cuda)")
+                   help="comma list (default gosym,gloo on cpu, gosym,nccl on cuda); on cuda "
+                        "also symm-1shot, symm-2shot: PyTorch symmetric memory's all_reduce")
     p.add_argument("--ops", default=",".join(OPS), help="comma list from: " + ",".join(OPS))
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help=f"comma list of per-rank input sizes in bytes (default {DEFAULT_SIZES})")
@@ -116,7 +117,8 @@ def parse_args(argv):
         p.error(f"unknown ops {bad}; choose from {list(OPS)}")
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.backends is None:
-        args.backends = "gosym,nccl" if args.device == "cuda" else "gosym,gosym-bound,gloo"
+        args.backends = "gosym,nccl,symm-1shot,symm-2shot" if args.device == "cuda" else \
+            "gosym,gosym-bound,gloo"
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.cuda_graph and args.device != "cuda":
         p.error("--cuda-graph needs --device cuda")
@@ -174,6 +176,7 @@ class Case:
         gen = torch.Generator().manual_seed(0x5EED + 1000003 * rank + n)
         self.input = torch.randn(n, generator=gen, dtype=torch.float32).to(device)
         self.in_splits = self.out_splits = None
+        self.symm = None  # (algo, group name) on PyTorch symmetric memory, see symmetric()
         if op == "all_reduce":
             self.bus_bytes = self.bytes * 2 * (world - 1) / world
         elif op == "all_gather_into_tensor":
@@ -207,7 +210,13 @@ class Case:
         inp = self.input if inp is None else inp
         out = self.output if out is None else out
         op = self.op
-        if op == "all_reduce":
+        if self.symm is not None:
+            algo, name = self.symm
+            if algo == "2shot":
+                self.torch.ops.symm_mem.two_shot_all_reduce_(out, "sum", name)
+            else:
+                self.torch.ops.symm_mem.one_shot_all_reduce_out(out, "sum", name, self.symm_out)
+        elif op == "all_reduce":
             dist.all_reduce(out, group=group)
         elif op == "broadcast":
             dist.broadcast(out, src=dist.get_global_rank(group, 0), group=group)
@@ -221,6 +230,10 @@ class Case:
     def result(self, group, device):
         """Run once on fresh copies of the input and return the output on the CPU."""
         inp = self.input.to(device)
+        if self.symm is not None:  # the symmetric buffer is the only one it can use
+            self.output.copy_(inp)
+            self.run(group)
+            return (self.output if self.symm[0] == "2shot" else self.symm_out).cpu()
         out = inp.clone() if self.op in ("all_reduce", "broadcast") else \
             self.torch.empty_like(self.output, device=device)
         self.run(group, inp, out)
@@ -231,6 +244,20 @@ class Case:
         c = copy.copy(self)
         c.input = gosym.empty_like(self.input).copy_(self.input)
         c.output = gosym.empty_like(self.output).copy_(self.output)
+        return c
+
+    def symmetric(self, backend, group):
+        """The all_reduce case on a PyTorch symmetric-memory buffer of group, run by its
+        one_shot (backend "symm-1shot") or two_shot ("symm-2shot") kernel."""
+        import torch.distributed._symmetric_memory as symm_mem
+
+        c = copy.copy(self)
+        name = group.group_name
+        c.output = symm_mem.empty(self.n, dtype=self.torch.float32, device=self.input.device)
+        symm_mem.rendezvous(c.output, name)
+        c.output.copy_(self.output)
+        c.symm_out = self.torch.empty_like(c.output)
+        c.symm = (backend.removeprefix("symm-"), name)
         return c
 
     @property
@@ -385,6 +412,10 @@ class Bench:
                 continue
             if b == "gloo" and args.device == "cpu":
                 self.groups[b] = self.ctrl
+            elif b.startswith("symm-"):  # PyTorch symmetric memory rendezvous on an NCCL group
+                if "_symm" not in self.groups:
+                    self.groups["_symm"] = dist.new_group(backend="nccl", timeout=timeout)
+                self.groups[b] = self.groups["_symm"]
             else:
                 self.groups[b] = dist.new_group(backend=b, timeout=timeout)
 
@@ -506,7 +537,11 @@ class Bench:
                 for b in measured:
                     if self.failures.get(b, 0) >= args.max_errors:
                         continue
+                    if b.startswith("symm-") and op != "all_reduce":
+                        continue  # PyTorch's symmetric-memory kernels are all-reduces
                     bc = case.bound(self.gosym) if b == "gosym-bound" else case
+                    if b.startswith("symm-"):
+                        bc = case.symmetric(b, self.groups[b])
                     if not args.no_check and self.groups[b] is not self.ctrl:
                         c = {"backend": b, "op": op, "size": size, **self.check(b, bc)}
                         checks.append(c)

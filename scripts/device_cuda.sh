@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One call on the 2-GPU machine for the CUDA data plane: the GPU pytest suite
+# (tests/test_cuda.py: every collective against NCCL, graphs, DDP), then
+# python -m gosym.bench --device cuda, eager and CUDA-graph captured, gosym
+# against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
+# (built here; the device has no Go) and, for the checker, build/cudacheck.
+# Refuses to run anything unless the multicast safety variables are set.
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [graph]  (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+for kv in NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1; do
+	name="${kv%%=*}" want="${kv#*=}"
+	[[ "${!name-}" == "$want" ]] || { echo "REFUSING: $name=${!name-<unset>}, need $want" >&2; exit 2; }
+done
+export PYTHONPATH=python PYTHONUNBUFFERED=1
+out="${OUT:-/tmp/gosym-device}"
+mkdir -p "$out"
+steps=("$@")
+((${#steps[@]})) || steps=(check test bench graph)
+nvidia-smi -L
+for s in "${steps[@]}"; do
+	case "$s" in
+	check)
+		echo "== cudacheck"
+		timeout 200 scripts/gpu_check.sh >"$out/gpu_check.out" 2>&1
+		echo "exit $?"; grep -E "FAIL|passed|failed" "$out/gpu_check.out" | tail -15 ;;
+	test)
+		echo "== pytest tests/test_cuda.py"
+		timeout 420 python3 -m pytest -q -x --timeout=400 -p no:cacheprovider tests/test_cuda.py \
+			--junitxml="$out/test_cuda.xml" 2>&1 | tail -40
+		cp -r /tmp/pytest-of-*/ "$out/pytest-tmp" 2>/dev/null || true ;;
+	bench)
+		echo "== bench eager"
+		timeout 400 python3 -m gosym.bench --device cuda --sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M,256M \
+			--target-time 0.1 --json "$out/bench-cuda-eager.json" --plot "$out/bench-cuda-eager.png" 2>&1 | tail -80 ;;
+	graph)
+		echo "== bench graph"
+		timeout 300 python3 -m gosym.bench --device cuda --ops all_reduce --cuda-graph 10 \
+			--sizes 1K,4K,16K,64K,256K,1M,16M --target-time 0.1 --json "$out/bench-cuda-graph.json" 2>&1 | tail -30 ;;
+	esac
+done
