@@ -184,7 +184,8 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 type gpuConfig struct {
 	stageBytes int // GOSYM_GPU_STAGE_BYTES: one rank's staging; larger ops run in chunks
 	twoShotMin int // GOSYM_GPU_TWOSHOT_MIN: chunks of at least this many bytes run two-shot
-	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of those (bandwidth-bound) chunks
+	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of chunks of at least twoShotMin bytes (bandwidth-bound)
+	ceMin      int // GOSYM_GPU_CE_MIN: data-movement chunks of at least this many bytes use the copy engines
 }
 
 func gpuConfigFromEnv() gpuConfig {
@@ -192,6 +193,7 @@ func gpuConfigFromEnv() gpuConfig {
 		stageBytes: envInt("GOSYM_GPU_STAGE_BYTES", 32<<20),
 		twoShotMin: envInt("GOSYM_GPU_TWOSHOT_MIN", 4<<20),
 		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
+		ceMin:      envInt("GOSYM_GPU_CE_MIN", 1<<20),
 	}
 }
 

@@ -89,9 +89,31 @@ func (t *gpuTeam) stageIn(off, src, n uintptr, s cuda.Stream) error {
 	return t.g.d.MemcpyDtoDAsync(t.g.ctx, t.stages[t.rank]+off, src, n, s)
 }
 
-// move launches gs_copy with segs between two barriers of all ranks, in the
-// grid of a chunk of chunkBytes (the same on every rank).
-func (t *gpuTeam) move(segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error {
+// move makes segs, copies of a chunk of n bytes (n is the same on every
+// rank), between two barriers of all ranks: one gs_copy launch for chunks
+// below ceMin (latency: one launch), else a barrier, a copy-engine copy per
+// segment and a barrier (bandwidth: the copy engines drive NVLink faster
+// than the few blocks gs_copy may use).
+func (t *gpuTeam) move(segs []gpuSeg, n uintptr, s cuda.Stream) error {
+	if int(n) < t.cfg.ceMin {
+		return t.copyKernel(segs, copyGrid(n), s)
+	}
+	if err := t.barrier(s); err != nil {
+		return err
+	}
+	for _, sg := range segs {
+		if sg.n > 0 {
+			if err := t.g.d.MemcpyDtoDAsync(t.g.ctx, sg.dst, sg.src, sg.n, s); err != nil {
+				return err
+			}
+		}
+	}
+	return t.barrier(s)
+}
+
+// copyKernel launches gs_copy with segs between two barriers of all ranks,
+// in grid (which must be the same on every rank).
+func (t *gpuTeam) copyKernel(segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error {
 	f, err := t.function(cuda.CopyKernel)
 	if err != nil {
 		return err
@@ -141,7 +163,7 @@ func (t *gpuTeam) broadcast(op *Op, s cuda.Stream) error {
 		} else {
 			segs = append(segs, gpuSeg{op.Out + at, t.stages[op.Root], n})
 		}
-		return t.move(segs, copyGrid(n), s)
+		return t.move(segs, n, s)
 	})
 }
 
@@ -159,7 +181,7 @@ func (t *gpuTeam) gather(op *Op, s cuda.Stream, root int) error {
 				segs = append(segs, gpuSeg{pc.Addr + at, t.stages[r], n})
 			}
 		}
-		return t.move(segs, copyGrid(n), s)
+		return t.move(segs, n, s)
 	})
 }
 
@@ -179,7 +201,7 @@ func (t *gpuTeam) scatter(op *Op, s cuda.Stream) error {
 			}
 		}
 		seg := gpuSeg{op.Out + at, t.stages[op.Root] + uintptr(t.rank)*reg, n}
-		return t.move([]gpuSeg{seg}, copyGrid(n), s)
+		return t.move([]gpuSeg{seg}, n, s)
 	})
 }
 
@@ -202,11 +224,11 @@ func (t *gpuTeam) reduceParams(op *Op) cuda.ARParams {
 func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.Stream) error {
 	es := op.DType.Size()
 	grid, block := cuda.ReduceGrid(algo, p.Numel, es, t.world)
-	if algo == cuda.TwoShot {
+	if algo == cuda.TwoShot || int(p.Numel)*es >= t.cfg.twoShotMin {
 		grid, block = cuda.ReduceGridLimit(algo, p.Numel, es, t.world, t.cfg.bigBlocks)
 	}
 	if p.Out == 0 && algo == cuda.OneShot {
-		return t.move(nil, grid, s)
+		return t.copyKernel(nil, grid, s)
 	}
 	k, post, err := cuda.ReduceKernel(algo, op.DType, op.RedOp)
 	if err != nil {
@@ -323,7 +345,7 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 			}
 			segs = append(segs, gpuSeg{out.Addr + at, t.stages[j] + uintptr(t.rank)*reg, clip(uintptr(out.Count)*es, at, reg)})
 		}
-		return t.move(segs, copyGrid(reg), s)
+		return t.move(segs, reg, s)
 	})
 }
 

@@ -82,7 +82,9 @@ def _digest(t):
 def _poison(n, dtype, dev):
     if dtype.is_floating_point:
         return torch.full((n,), float("nan"), dtype=dtype, device=dev)
-    return torch.full((n,), -1234567, dtype=dtype, device=dev)
+    info = torch.iinfo(dtype)
+    return torch.full((n,), max(info.min, -1234567) if info.min < 0 else info.max - 84,
+                      dtype=dtype, device=dev)
 
 
 def matrix(ck, rank, world, dev, nccl, digests):
