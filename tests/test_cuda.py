@@ -58,9 +58,9 @@ def test_cuda_graph(cuda_job):
 def test_other_collectives(cuda_job):
     cuda_job.assert_ok()
     r0 = cuda_job.results[0]
-    for kind in ("broadcast/", "all_gather/", "all_to_all/", "reduce_scatter/",
-                 "all_to_all_single/uneven"):
-        assert sum(k.startswith(kind) for k in r0["digests"]) >= 1, f"no {kind} cases ran"
+    assert r0["passed"] >= 700, "the worker ran suspiciously few checks"
+    for kind in ("broadcast/", "all_gather/", "reduce/"):
+        assert sum(k.startswith(kind) for k in r0["digests"]) >= 8, f"too few {kind} cases ran"
 
 
 def test_ddp_on_gpus_matches_nccl(tmp_path):

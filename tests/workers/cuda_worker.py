@@ -152,7 +152,8 @@ def movement(ck, rank, world, dev, nccl, digests):
         if theirs is not None:
             why = wc.compare(got, theirs)
             ck.check(f"{case}: bitwise equal to NCCL", why is None, why or "")
-        digests[case] = _digest(got)
+        if not case.startswith(("all_to_all", "reduce_scatter")):  # per-rank results
+            digests[case] = _digest(got)
 
     for dtype in MOVE_DTYPES:
         for n in MOVE_SIZES:
@@ -242,7 +243,6 @@ def uneven(ck, rank, world, dev, digests):
         exp.append(ins[j][lo:lo + rows(j, rank)])
     why = wc.compare(out, torch.cat(exp))
     ck.check(case, why is None, why or "")
-    digests[case] = _digest(out)
 
     case = "all_to_all/list"
     ins = [[_input(f"{case}/{i}/{j}", 0, 100 + i + j, torch.int64, "SUM", dev)
