@@ -52,9 +52,17 @@ type gpuState struct {
 	team *gpuTeam
 	err  error // why the data plane could not start on this group (sticky)
 
-	ops    atomic.Int64
-	device atomic.Int32 // ordinal + 1 once set up, for stats
-	stage  atomic.Int64
+	ops      atomic.Int64
+	device   atomic.Int32 // ordinal + 1 once set up, for stats
+	stage    atomic.Int64
+	counters gpuCounters
+}
+
+// gpuCounters count what the data plane did, for the endpoint's stats.
+type gpuCounters struct {
+	directOps atomic.Int64 // ops that ran on the peers' own buffers (gpu_direct.go)
+	ipcOpens  atomic.Int64 // peer allocations mapped (cache misses)
+	ipcHits   atomic.Int64 // peer allocations found mapped
 }
 
 func (g *gpuState) add(seq uint64, a gpuArgs) {
@@ -96,6 +104,9 @@ func (g *gpuState) stats(m map[string]any) {
 	m["gpu_ops"] = g.ops.Load()
 	m["gpu_device"] = int(g.device.Load()) - 1
 	m["gpu_stage_bytes"] = g.stage.Load()
+	m["gpu_direct_ops"] = g.counters.directOps.Load()
+	m["gpu_ipc_opens"] = g.counters.ipcOpens.Load()
+	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
 }
 
 // PostCUDA posts an op on CUDA device memory of device (an ordinal; a
@@ -160,6 +171,7 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 			}
 			return err
 		}
+		t.counters = &g.counters
 		g.team = t
 		g.device.Store(int32(a.device) + 1)
 		g.stage.Store(int64(t.stage))
@@ -186,6 +198,7 @@ type gpuConfig struct {
 	twoShotMin int // GOSYM_GPU_TWOSHOT_MIN: chunks of at least this many bytes run two-shot
 	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of chunks of at least twoShotMin bytes (bandwidth-bound)
 	ceMin      int // GOSYM_GPU_CE_MIN: data-movement chunks of at least this many bytes use the copy engines
+	directMin  int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
 }
 
 func gpuConfigFromEnv() gpuConfig {
@@ -194,6 +207,7 @@ func gpuConfigFromEnv() gpuConfig {
 		twoShotMin: envInt("GOSYM_GPU_TWOSHOT_MIN", 4<<20),
 		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
 		ceMin:      envInt("GOSYM_GPU_CE_MIN", 1<<20),
+		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 16<<20),
 	}
 }
 
@@ -473,6 +487,8 @@ type gpuTeam struct {
 	stages      [cuda.MaxRanks]uintptr
 	fns         map[*cuda.Kernel]*cuda.Function // this team's lookups, unlocked
 	used        bool                            // kernels were enqueued: close must wait for them
+	ipc         map[gpuIPCKey]uintptr           // peers' allocations mapped here (gpu_direct.go)
+	counters    *gpuCounters
 }
 
 // gpuMapping is one rank's buffer as mapped here; each field records a step
@@ -585,6 +601,7 @@ func (t *gpuTeam) close() {
 			debugf("rank %d: cuCtxSynchronize before unmapping the GPU buffers: %v", t.rank, err)
 		}
 	}
+	t.closeIPC()
 	for r := range t.bufs {
 		b := &t.bufs[r]
 		if b.mapped {

@@ -52,6 +52,9 @@ func gpuKernelSupport(op *Op) error {
 
 // run enqueues op on stream s.
 func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
+	if done, err := t.direct(op, s, agree); done || err != nil {
+		return err
+	}
 	switch op.Kind {
 	case coll.AllReduce:
 		return t.reduce(op, s, -1)
