@@ -33,6 +33,7 @@ type binder struct {
 
 	created, reused, released atomic.Int64 // bindings of this rank's regions
 	hits, misses, dropped     atomic.Int64 // the peer-mapping cache
+	pinned                    atomic.Int64 // pins held by ops now (0 between ops)
 }
 
 type peerKey struct {
@@ -40,10 +41,15 @@ type peerKey struct {
 	id   uint64
 }
 
-// peerMap is this rank's mapping of a peer's bound region.
+// peerMap is this rank's mapping of a peer's bound region. Ops pin it
+// from their map step to their release step; a mapping retired (or
+// replaced) while pinned leaves the cache at once and is unmapped by its
+// last release.
 type peerMap struct {
 	region *host.Region
 	base   uintptr // where the peer's memh starts in region
+	pins   int     // ops using it now; under binder.mu
+	gone   bool    // no longer in the cache; under binder.mu
 }
 
 // ubrMode is GOSYM_ENABLE_UBR: "try" (default), "yes" or "no", read once:
@@ -99,14 +105,24 @@ func (b *binder) Forget(r int, ids []uint64) {
 	for _, id := range ids {
 		if pm, ok := b.peers[peerKey{r, id}]; ok {
 			delete(b.peers, peerKey{r, id})
-			drop = append(drop, pm)
+			b.dropped.Add(1)
+			if b.detach(pm) {
+				drop = append(drop, pm)
+			}
 		}
 	}
 	b.mu.Unlock()
 	for _, pm := range drop {
 		pm.region.Close()
-		b.dropped.Add(1)
 	}
+}
+
+// detach takes pm out of the cache (the caller removed its key) and says
+// whether it may be unmapped now; a pinned mapping waits for its last
+// release. Called with b.mu held.
+func (b *binder) detach(pm *peerMap) bool {
+	pm.gone = true
+	return pm.pins == 0
 }
 
 // Exchange implements coll.Direct: this rank sends its fresh region's memfd
@@ -201,9 +217,10 @@ func (b *binder) receive(r int, id uint64, deadline time.Time) error {
 	b.mu.Lock()
 	old := b.peers[peerKey{r, id}]
 	b.peers[peerKey{r, id}] = &peerMap{region: region, base: region.Addr() + uintptr(off)}
+	unmapOld := old != nil && b.detach(old)
 	b.mu.Unlock()
 	b.misses.Add(1)
-	if old != nil {
+	if unmapOld {
 		old.region.Close()
 	}
 	return nil
@@ -238,25 +255,37 @@ func (b *binder) Bound(id uint64) {
 	}
 }
 
-// Addr implements coll.Direct.
-func (b *binder) Addr(r int, id, off uint64) uintptr {
-	if id == 0 {
-		return 0
-	}
+// Acquire implements coll.Direct.
+func (b *binder) Acquire(r int, id uint64) (uintptr, func(), bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if r == b.e.Rank {
 		if m := b.own[id]; m != nil {
-			return m.LocalAddress() + uintptr(off)
+			return m.LocalAddress(), func() {}, true
 		}
-		return 0
+		return 0, nil, false
 	}
 	pm := b.peers[peerKey{r, id}]
 	if pm == nil {
-		return 0
+		return 0, nil, false
 	}
+	pm.pins++
+	b.pinned.Add(1)
 	b.hits.Add(1)
-	return pm.base + uintptr(off)
+	return pm.base, func() { b.unpin(pm) }, true
+}
+
+// unpin is the release of one Acquire; the last release of a mapping that
+// left the cache unmaps it.
+func (b *binder) unpin(pm *peerMap) {
+	b.mu.Lock()
+	pm.pins--
+	unmap := pm.gone && pm.pins == 0
+	b.mu.Unlock()
+	b.pinned.Add(-1)
+	if unmap {
+		pm.region.Close()
+	}
 }
 
 // close releases every binding of this endpoint and every peer mapping;
@@ -282,6 +311,7 @@ func (b *binder) stats() map[string]int64 {
 		"bindings_created": b.created.Load(), "bindings_reused": b.reused.Load(),
 		"bindings_released": b.released.Load(), "peer_maps": int64(n),
 		"peer_map_hits": b.hits.Load(), "peer_map_misses": b.misses.Load(), "peer_map_dropped": b.dropped.Load(),
+		"peer_map_pins": b.pinned.Load(),
 	}
 }
 

@@ -36,6 +36,7 @@ type Config struct {
 	Threads    int           // goroutines per large copy/reduce (GOSYM_THREADS)
 	Spin       time.Duration // poll before sleeping (GOSYM_SPIN_US)
 	DirectMin  int           // smallest input read in place (GOSYM_DIRECT_MIN)
+	Slots      int           // sync slots per rank (GOSYM_SLOTS); every rank the same
 }
 
 func envInt(name string, def int) int {
@@ -45,15 +46,33 @@ func envInt(name string, def int) int {
 	return def
 }
 
+// envSlots reads GOSYM_SLOTS. Unlike the other tunables a bad value is an
+// error, not the default: the peers must agree on it, and a typo on one rank
+// should be named, not silently replaced.
+func envSlots() (int, error) {
+	v, ok := os.LookupEnv("GOSYM_SLOTS")
+	if !ok || v == "" {
+		return symm.DefaultSlots, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < symm.MinSlots || n > symm.MaxSlots {
+		return 0, status.Errorf(status.InvalidArg, "gosym: GOSYM_SLOTS=%q: want a whole number of sync slots from %d to %d",
+			v, symm.MinSlots, symm.MaxSlots)
+	}
+	return n, nil
+}
+
 // DefaultConfig reads the GOSYM_* tunables for a group of world ranks.
-func DefaultConfig(world int) Config {
+func DefaultConfig(world int) (Config, error) {
+	slots, err := envSlots()
 	return Config{
 		StageBytes: envInt("GOSYM_STAGE_BYTES", 4<<20),
 		BoxBytes:   envInt("GOSYM_BOX_BYTES", 1<<20),
 		Threads:    envInt("GOSYM_THREADS", max(1, min(8, runtime.NumCPU()/world))),
 		Spin:       time.Duration(envInt("GOSYM_SPIN_US", 20)) * time.Microsecond,
 		DirectMin:  envInt("GOSYM_DIRECT_MIN", 64<<10),
-	}
+		Slots:      slots,
+	}, err
 }
 
 // Endpoint is one process group on this rank.
@@ -115,12 +134,16 @@ func NewEndpoint(rank, size int, timeout time.Duration, name string) (*Endpoint,
 	if timeout <= 0 {
 		timeout = 30 * time.Minute
 	}
+	cfg, err := DefaultConfig(size)
+	if err != nil {
+		return nil, err
+	}
 	boot, err := comm.Listen(rank, size)
 	if err != nil {
 		return nil, status.Wrap(status.System, err, "gosym: create endpoint")
 	}
 	liveEndpoints.Add(1)
-	return &Endpoint{Rank: rank, Size: size, Name: name, Timeout: timeout, cfg: DefaultConfig(size), boot: boot}, nil
+	return &Endpoint{Rank: rank, Size: size, Name: name, Timeout: timeout, cfg: cfg, boot: boot}, nil
 }
 
 // Blob is this rank's bootstrap blob, to be allgathered out of band.
@@ -143,7 +166,7 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 		return status.Wrap(status.Peer, err, "gosym: group %q rank %d", e.Name, e.Rank)
 	}
 	e.boot.Close()
-	layout := symm.NewLayout(e.Size, e.cfg.StageBytes, e.cfg.BoxBytes)
+	layout := symm.NewLayout(e.Size, e.cfg.StageBytes, e.cfg.BoxBytes, e.cfg.Slots)
 	team, err := symm.NewTeam(mesh, layout, fmt.Sprintf("%s:%d", e.Name, e.Rank), deadline)
 	if err != nil {
 		mesh.Close()
@@ -298,6 +321,10 @@ func (e *Endpoint) StatsMap() map[string]any {
 		"posted": e.stats.Posted.Load(), "completed": e.stats.Completed.Load(), "failed": e.stats.Failed.Load(),
 		"stage_bytes": e.cfg.StageBytes, "box_bytes": e.cfg.BoxBytes, "threads": e.cfg.Threads,
 		"spin_us": e.cfg.Spin.Microseconds(), "direct_min": e.cfg.DirectMin, "timeout_ms": e.Timeout.Milliseconds(),
+		"sync_slots": e.cfg.Slots,
+	}
+	if e.team != nil {
+		m["slot_stalls"] = e.team.SlotStalls()
 	}
 	e.gpu.stats(m)
 	if e.bind != nil {

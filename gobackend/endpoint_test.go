@@ -17,6 +17,17 @@ import (
 // group connects world endpoints inside this process, as one rank each.
 func group(t testing.TB, world int, timeout time.Duration) []*Endpoint {
 	t.Helper()
+	eps, errs := connect(t, world, timeout, nil)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	return eps
+}
+
+// connect creates world endpoints, lets adjust change each rank's config,
+// and connects them; it returns every rank's Connect error.
+func connect(t testing.TB, world int, timeout time.Duration, adjust func(r int, c *Config)) ([]*Endpoint, []error) {
+	t.Helper()
 	eps := make([]*Endpoint, world)
 	blobs := make([][]byte, world)
 	for r := range eps {
@@ -24,7 +35,15 @@ func group(t testing.TB, world int, timeout time.Duration) []*Endpoint {
 		require.NoError(t, err)
 		eps[r] = ep
 		blobs[r] = ep.Blob()
+		if adjust != nil {
+			adjust(r, &ep.cfg)
+		}
 	}
+	t.Cleanup(func() {
+		for _, ep := range eps {
+			ep.Destroy()
+		}
+	})
 	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r, ep := range eps {
@@ -32,15 +51,7 @@ func group(t testing.TB, world int, timeout time.Duration) []*Endpoint {
 		go func() { defer wg.Done(); errs[r] = ep.Connect(blobs) }()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() {
-		for _, ep := range eps {
-			ep.Destroy()
-		}
-	})
-	return eps
+	return eps, errs
 }
 
 // pinned keeps every buffer handed to the engine reachable. Storing it here

@@ -8,7 +8,7 @@ on every rank before any data moves."""
 from __future__ import annotations
 
 import pytest
-from conftest import BACKEND, run_torchrun
+from conftest import BACKEND, run_python, run_torchrun
 
 pytestmark = pytest.mark.skipif(BACKEND != "gosym", reason="gosym's registration counters and APIs")
 
@@ -28,3 +28,28 @@ def test_alltoall_direct(world, outdir):
     print(f"victim's reallocation repeated the address: {info[1].get('address_repeated')}")
     msg = info[0]["errors"]["mismatch [gosym.empty]"]
     assert "rank 0 sends 20011 elements to rank 1, which expects 20017" in msg, msg
+
+
+def test_alltoall_direct_two_slots(outdir):
+    """The deep async queue with the fewest sync slots allowed: 64 calls reuse
+    each slot 32 times."""
+    res = run_torchrun("alltoall_direct_worker", 2, timeout=180, outdir=outdir,
+                       env={**DEFAULTS, "GOSYM_SLOTS": "2"}, args=["--parts", "deep_queue"])
+    res.assert_ok()
+    assert [r["info"]["sync_slots"] for r in res.results] == [2, 2]
+
+
+@pytest.mark.parametrize("value", ["1", "257", "four"])
+def test_bad_slot_count_is_value_error(value):
+    """GOSYM_SLOTS is validated when the group is created, not replaced by the default."""
+    p = run_python(
+        "import torch.distributed as dist, gosym\n"
+        "try:\n"
+        "    dist.init_process_group('gosym', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "except ValueError as e:\n"
+        "    print('VALUE_ERROR:', e)\n",
+        env={"GOSYM_SLOTS": value},
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.startswith("VALUE_ERROR:"), p.stdout
+    assert f'GOSYM_SLOTS="{value}": want a whole number of sync slots from 2 to 256' in p.stdout, p.stdout

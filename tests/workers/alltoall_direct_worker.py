@@ -165,7 +165,7 @@ def realloc(ck, rank, world, victim=1):
         ck.info["address_repeated"] = repeated
 
 
-# -- 10: a deep queue of async calls ---------------------------------------------------------
+# -- 10: a deep queue of async calls (64, many times the sync slots) --------------------------
 
 
 def deep_queue(ck, rank, world, n_per=16, sleeper=1):
@@ -191,7 +191,9 @@ def deep_queue(ck, rank, world, n_per=16, sleeper=1):
         why = wc.compare(outs[i], expected(f"async{i % 4}", 0, mats[i % 4], rank, cols, dtype))
         ck.check(f"async call {i}: result", why is None, why or "")
     check_delta(ck, f"{total} async calls", c0, bind_counters(), bindings_created=0, bindings_reused=total,
-                peer_map_misses=0, peer_map_dropped=0, peer_maps=0, peer_map_hits=">0")
+                peer_map_misses=0, peer_map_dropped=0, peer_maps=0, peer_map_hits=">0", peer_map_pins=0)
+    ck.check("async calls: every peer-mapping pin released", bind_counters()["peer_map_pins"] == 0,
+             str(bind_counters()))
 
     # Ping-pong: each call reads what the previous one wrote (A -> B with s, B -> A
     # with s transposed), so A returns to its original content after every pair.
@@ -298,6 +300,7 @@ def main():
         dist.barrier()
     ck.info["timings"] = timings
     ck.info["direct_min"] = gosym.stats()["direct_min"]
+    ck.info["sync_slots"] = gosym.stats()["sync_slots"]
     wc.print_summary(ck, "alltoall_direct")
     wc.write_result(ck.result())
     dist.destroy_process_group()

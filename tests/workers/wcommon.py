@@ -269,7 +269,7 @@ def print_summary(ck: Checker, label: str) -> None:
 
 # The lazy-registration counters of gosym.stats(group) (gobackend/bind.go).
 BIND_KEYS = ("bindings_created", "bindings_reused", "bindings_released", "peer_maps",
-             "peer_map_hits", "peer_map_misses", "peer_map_dropped")
+             "peer_map_hits", "peer_map_misses", "peer_map_dropped", "peer_map_pins")
 
 
 def bind_counters(group=None) -> dict:

@@ -2,6 +2,8 @@ package coll
 
 import (
 	"time"
+
+	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
 // Direct gives a collective zero-copy access to peers' inputs that live in
@@ -24,8 +26,10 @@ type Direct interface {
 	Exchange(fresh []uint64, deadline time.Time) error
 	// Bound records that every rank mapped this rank's region id.
 	Bound(id uint64)
-	// Addr is where rank r's region id, at offset off, is mapped here.
-	Addr(r int, id, off uint64) uintptr
+	// Acquire is where rank r's region id starts, mapped here, and pins
+	// that mapping until release is called (a retired mapping is unmapped
+	// on its last release). ok is false if it is not mapped.
+	Acquire(r int, id uint64) (base uintptr, release func(), ok bool)
 }
 
 // zc is this rank's zero-copy view of one op's input.
@@ -168,29 +172,82 @@ func (x *Exec) contributesData(o *Op, ms []meta, r int) bool {
 	return ms[r].count > 0
 }
 
-// peerIn is where rank r's input starts, here.
-func (x *Exec) peerIn(ms []meta, r int) uintptr {
-	return x.D.Addr(r, ms[r].inID, ms[r].inOff)
+// mapInputs is the map step of a direct op: where every contributing
+// rank's input starts, here, taken from ms (this op's private copy of the
+// sync slots, never the slots themselves), with each peer mapping pinned
+// until release. A rank without a shareable input has no data to give.
+func (x *Exec) mapInputs(o *Op, ms []meta) (ins []uintptr, release func(), err error) {
+	ins = make([]uintptr, len(ms))
+	var pins []func()
+	release = func() {
+		for _, p := range pins {
+			p()
+		}
+	}
+	for r, m := range ms {
+		if m.inID == 0 || !contributes(o.Kind, r, o.Root) {
+			continue
+		}
+		base, pin, ok := x.D.Acquire(r, m.inID)
+		if !ok {
+			release()
+			return nil, nil, status.Errorf(status.Internal, "gosym: %s: rank %d's region %d is not mapped here", o.Who(), r, m.inID)
+		}
+		pins = append(pins, pin)
+		ins[r] = base + uintptr(m.inOff)
+	}
+	return ins, release, nil
 }
 
-// runDirect runs o reading the peers' inputs in place: one copy (or one
-// reduction) per byte, then a completion barrier so no rank reuses its
-// input while a peer may still read it. All-reduce is two-shot instead,
-// which needs no completion barrier (see allReduceDirect).
+// HookPoint names where Hook runs.
+type HookPoint int
+
+// Hook points of a direct op.
+const (
+	AfterAgree    HookPoint = iota // after the metadata barrier, before the map step
+	BeforeRelease                  // after the completion barrier, before the release step
+)
+
+// Hook, when set (tests only), runs on the rank's collective goroutine at
+// the points of a direct op: tests hold one rank there to show that the
+// op's private copies keep it correct while the peers run ahead, and that
+// the live slots would not.
+var Hook func(at HookPoint, rank int, o *Op)
+
+func hook(at HookPoint, rank int, o *Op) {
+	if h := Hook; h != nil {
+		h(at, rank, o)
+	}
+}
+
+// runDirect runs o reading the peers' inputs in place: map, one copy (or
+// one reduction) per byte, then a completion barrier so no rank reuses its
+// input while a peer may still read it, then release. All-reduce is
+// two-shot instead, which needs no completion barrier (see allReduceDirect).
 func (x *Exec) runDirect(o *Op, ms []meta, deadline time.Time) error {
+	hook(AfterAgree, x.Rank, o)
+	ins, release, err := x.mapInputs(o, ms)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err = x.direct(o, ms, ins, deadline); err == nil {
+		hook(BeforeRelease, x.Rank, o)
+	}
+	return err
+}
+
+// direct moves the bytes of a direct op; ins[r] is where rank r's input is
+// mapped here.
+func (x *Exec) direct(o *Op, ms []meta, ins []uintptr, deadline time.Time) error {
 	world, me, es := x.T.World(), x.Rank, o.DType.Size()
 	nb := o.Count * es
-	in := func(r int) uintptr { return x.peerIn(ms, r) }
 	switch o.Kind {
 	case AllReduce:
-		return x.allReduceDirect(o, ms, deadline)
+		return x.allReduceDirect(o, ins, deadline)
 	case Reduce:
 		if me == o.Root && nb > 0 {
-			srcs := make([]uintptr, world)
-			for r := range srcs {
-				srcs[r] = in(r)
-			}
-			if err := x.reduce(o, o.Out, srcs, nb); err != nil {
+			if err := x.reduce(o, o.Out, ins, nb); err != nil {
 				return err
 			}
 		}
@@ -198,25 +255,25 @@ func (x *Exec) runDirect(o *Op, ms []meta, deadline time.Time) error {
 		if nb > 0 {
 			srcs := make([]uintptr, world)
 			for r := range srcs {
-				srcs[r] = in(r) + uintptr(ms[r].displ[me])
+				srcs[r] = ins[r] + uintptr(ms[r].displ[me])
 			}
 			if err := x.reduce(o, o.Out, srcs, nb); err != nil {
 				return err
 			}
 		}
 	case Broadcast:
-		x.copy(o.Out, in(o.Root), nb)
+		x.copy(o.Out, ins[o.Root], nb)
 	case AllGather, Gather:
 		if o.Kind == AllGather || me == o.Root {
 			for r, p := range o.OutPieces {
-				x.copy(p.Addr, in(r), nb)
+				x.copy(p.Addr, ins[r], nb)
 			}
 		}
 	case Scatter:
-		x.copy(o.Out, in(o.Root)+uintptr(ms[o.Root].displ[me]), nb)
+		x.copy(o.Out, ins[o.Root]+uintptr(ms[o.Root].displ[me]), nb)
 	case AllToAll:
 		for r, p := range o.OutPieces {
-			x.copy(p.Addr, in(r)+uintptr(ms[r].displ[me]), p.Count*es)
+			x.copy(p.Addr, ins[r]+uintptr(ms[r].displ[me]), p.Count*es)
 		}
 	}
 	_, err := x.T.Barrier(nil, o.Who(), deadline)
@@ -229,7 +286,7 @@ func (x *Exec) runDirect(o *Op, ms []meta, deadline time.Time) error {
 // a barrier every rank copies the other slices from their owners' staging.
 // In-place is safe: slice p of a buffer is written only by its owner after
 // the barrier that ends every peer's reads of it.
-func (x *Exec) allReduceDirect(o *Op, ms []meta, deadline time.Time) error {
+func (x *Exec) allReduceDirect(o *Op, ins []uintptr, deadline time.Time) error {
 	world, me, es := x.T.World(), x.Rank, o.DType.Size()
 	part := x.T.StageBytes() / world / 64 * 64
 	per := part / es // elements of one slice, at most
@@ -246,7 +303,7 @@ func (x *Exec) allReduceDirect(o *Op, ms []meta, deadline time.Time) error {
 		off, c := slice(me)
 		if c > 0 {
 			for r := range srcs {
-				srcs[r] = x.peerIn(ms, r) + off
+				srcs[r] = ins[r] + off
 			}
 			if err := x.reduce(o, x.T.Stage(me, h), srcs, c); err != nil {
 				return err

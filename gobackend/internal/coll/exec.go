@@ -118,9 +118,6 @@ func (x *Exec) run(o *Op, deadline time.Time, rounds func(ms []meta) int, r roun
 		return err
 	}
 	if direct {
-		if h := AfterAgreeHook; h != nil {
-			h(x.Rank, o)
-		}
 		return x.runDirect(o, ms, deadline)
 	}
 	n, k := max(1, rounds(ms)), 0
@@ -148,11 +145,6 @@ func (x *Exec) run(o *Op, deadline time.Time, rounds func(ms []meta) int, r roun
 	}
 	return nil
 }
-
-// AfterAgreeHook, when set (tests only), runs after the metadata barrier
-// and before a direct op reads its peers: a test delays one rank there to
-// show the slot snapshots keep the op correct while peers run ahead.
-var AfterAgreeHook func(rank int, o *Op)
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 

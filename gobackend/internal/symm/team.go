@@ -24,6 +24,8 @@ type Team struct {
 	ctrl, data []*host.Region // indexed by rank
 	aborted    atomic.Bool    // set by Abort: every wait fails at once
 	step       uint32         // barriers this rank has entered
+	pub        uint32         // publications this rank has made (slot sequence number)
+	stalls     atomic.Int64   // publications that waited for a peer to copy out a slot
 }
 
 // Who names the operation a wait belongs to, for error messages.
@@ -36,9 +38,9 @@ func (w Who) String() string { return fmt.Sprintf("%s (seq %d)", w.Op, w.Seq) }
 
 // NewTeam allocates this rank's regions, exchanges them with every peer
 // over the mesh and maps the peers' regions.
-func NewTeam(m *comm.Mesh, l Layout, name string, deadline time.Time) (t *Team, err error) {
+func NewTeam(m *comm.Mesh, l Layout, name string, deadline time.Time) (_ *Team, err error) {
 	world := len(m.Peers)
-	t = &Team{L: l, Rank: m.Rank, Mesh: m, Spin: 20 * time.Microsecond,
+	t := &Team{L: l, Rank: m.Rank, Mesh: m, Spin: 20 * time.Microsecond,
 		ctrl: make([]*host.Region, world), data: make([]*host.Region, world)}
 	defer func() {
 		if err != nil {
@@ -55,10 +57,9 @@ func NewTeam(m *comm.Mesh, l Layout, name string, deadline time.Time) (t *Team, 
 	binary.LittleEndian.PutUint32(hdr[0:], ctrlMagic)
 	binary.LittleEndian.PutUint32(hdr[4:], ctrlVersion)
 	binary.LittleEndian.PutUint32(hdr[8:], uint32(world))
+	binary.LittleEndian.PutUint32(hdr[12:], uint32(l.Slots))
 
-	msg := make([]byte, 16)
-	binary.LittleEndian.PutUint64(msg[0:], uint64(l.CtrlBytes))
-	binary.LittleEndian.PutUint64(msg[8:], uint64(l.DataBytes))
+	msg := l.encode()
 	fds := []int{t.ctrl[t.Rank].FD(), t.data[t.Rank].FD()}
 	for _, link := range m.Links {
 		if link != nil {
@@ -71,14 +72,14 @@ func NewTeam(m *comm.Mesh, l Layout, name string, deadline time.Time) (t *Team, 
 		if link == nil {
 			continue
 		}
-		if err := t.mapPeer(r, link, msg, deadline); err != nil {
+		if err := t.mapPeer(r, link, deadline); err != nil {
 			return nil, err
 		}
 	}
 	return t, nil
 }
 
-func (t *Team) mapPeer(r int, link *comm.Link, want []byte, deadline time.Time) error {
+func (t *Team) mapPeer(r int, link *comm.Link, deadline time.Time) error {
 	got, fds, err := link.Recv(deadline)
 	defer func() {
 		for _, fd := range fds {
@@ -88,8 +89,11 @@ func (t *Team) mapPeer(r int, link *comm.Link, want []byte, deadline time.Time) 
 	if err != nil {
 		return status.Wrap(status.Peer, err, "regions of rank %d", r)
 	}
-	if len(fds) != 2 || string(got) != string(want) {
-		return status.Errorf(status.Peer, "rank %d sent %d fds and a region layout unlike this rank's", r, len(fds))
+	if err := t.L.agree(r, got); err != nil {
+		return err
+	}
+	if len(fds) != 2 {
+		return status.Errorf(status.Peer, "rank %d sent %d fds for its regions, not 2", r, len(fds))
 	}
 	if t.ctrl[r], err = host.MapFD(fds[0], t.L.CtrlBytes); err != nil {
 		return status.Wrap(status.System, err, "map control region of rank %d", r)
@@ -98,7 +102,9 @@ func (t *Team) mapPeer(r int, link *comm.Link, want []byte, deadline time.Time) 
 		return status.Wrap(status.System, err, "map data region of rank %d", r)
 	}
 	hdr := t.ctrl[r].Bytes()
-	if binary.LittleEndian.Uint32(hdr) != ctrlMagic || binary.LittleEndian.Uint32(hdr[8:]) != uint32(len(t.ctrl)) {
+	le := binary.LittleEndian
+	if le.Uint32(hdr) != ctrlMagic || le.Uint32(hdr[4:]) != ctrlVersion || le.Uint32(hdr[8:]) != uint32(len(t.ctrl)) ||
+		le.Uint32(hdr[12:]) != uint32(t.L.Slots) {
 		return status.Errorf(status.Peer, "control region of rank %d has a bad header", r)
 	}
 	return nil
@@ -134,63 +140,128 @@ func (t *Team) World() int { return len(t.ctrl) }
 // Stage is the address of rank r's staging half h.
 func (t *Team) Stage(r, h int) uintptr { return t.data[r].Addr() + uintptr(t.L.stageOff(h)) }
 
-// NextHalf is the staging half (and sync slot) of the next barrier.
+// NextHalf is the staging half of the next barrier.
 func (t *Team) NextHalf() int { return int((t.step + 1) & 1) }
 
-// Barrier publishes meta in this rank's sync slot for the next barrier,
-// waits for every rank to arrive, and returns every rank's slot contents
-// copied out (snapshots: a slot is never read again after the next
-// barrier). meta may be nil; then nothing is published or returned.
+// Barrier waits for every rank to arrive. With meta (nil: a plain barrier)
+// it is also an allgather through the sync slots: this rank writes meta as
+// its next publication s into slot s mod N, and Barrier returns copies of
+// every rank's publication s. Those copies are all anyone ever reads: right
+// after taking them a rank tells the peers it is done with publication s
+// (its snapped word), and nothing reads a slot after its barrier (the UCC
+// alltoallv race: a slot read later may hold another op's metadata).
+//
+// Reuse is guarded, not assumed: a rank writes publication s only once every
+// peer has snapped s-N, so at most N publications are in flight and no rank
+// loses a slot it has not copied, whatever the ops do between barriers. With
+// N >= 2 that wait never blocks in this engine: a rank publishes s+2 only
+// after passing the barrier of s+1, and every peer arrived there after
+// copying s. (With N = 1, a rank would wait at each op for the slowest
+// peer's copy.) Publications are one per op (its metadata barrier) plus one
+// per bind or setup vote, the same sequence on every rank.
 func (t *Team) Barrier(meta []byte, who Who, deadline time.Time) ([][]byte, error) {
-	h := t.NextHalf()
 	if len(meta) > t.L.SlotBytes {
 		return nil, status.Errorf(status.Internal, "%s: metadata of %d bytes exceeds the sync slot", who, len(meta))
 	}
+	var s uint32
 	if meta != nil {
-		copy(t.ctrl[t.Rank].Bytes()[t.L.slotOff(h):], meta)
+		var err error
+		if s, err = t.publish(meta, who, deadline); err != nil {
+			return nil, err
+		}
 	}
 	t.step++
-	target := t.step
-	t.store(t.ctrl[t.Rank].Word32(offStep), target)
-	for r := range t.ctrl {
-		if r == t.Rank {
-			continue
-		}
-		if err := t.waitGE(r, t.ctrl[r].Word32(offStep), target, who, deadline); err != nil {
-			return nil, t.barrierError(err, target, who)
-		}
+	t.store(t.ctrl[t.Rank].Word32(offStep), t.step)
+	if err := t.waitAll(offStep, t.step, who, deadline, ""); err != nil {
+		return nil, err
 	}
 	if meta == nil {
 		return nil, nil
 	}
-	metas := make([][]byte, len(t.ctrl))
+	return t.collect(s, len(meta), who)
+}
+
+// publish writes meta as this rank's next publication, once every peer is
+// done with the one that used its slot before.
+func (t *Team) publish(meta []byte, who Who, deadline time.Time) (uint32, error) {
+	s := t.pub + 1
+	prev := s - uint32(t.L.Slots) // the slot's previous publication
 	for r := range t.ctrl {
-		off := t.L.slotOff(h)
-		metas[r] = append([]byte(nil), t.ctrl[r].Bytes()[off:off+len(meta)]...)
+		if r != t.Rank && !ge(atomic.LoadUint32(t.ctrl[r].Word32(offSnapped)), prev) {
+			t.stalls.Add(1)
+			break
+		}
 	}
+	what := fmt.Sprintf(" to copy out sync slot %d (publication %d)", prev%uint32(t.L.Slots), prev)
+	if err := t.waitAll(offSnapped, prev, who, deadline, what); err != nil {
+		return 0, err
+	}
+	own := t.ctrl[t.Rank]
+	copy(own.Bytes()[t.L.bodyOff(s):], meta)
+	atomic.StoreUint32(own.Word32(t.L.stampOff(s)), s) // after the body: readers check it
+	t.pub = s
+	return s, nil
+}
+
+// collect copies n bytes of every rank's publication s out of the slots,
+// then releases this rank's claim on them.
+func (t *Team) collect(s uint32, n int, who Who) ([][]byte, error) {
+	metas := make([][]byte, len(t.ctrl))
+	for r, reg := range t.ctrl {
+		if got := atomic.LoadUint32(reg.Word32(t.L.stampOff(s))); got != s {
+			return nil, status.Errorf(status.Internal, "gosym: %s: rank %d's sync slot %d holds publication %d, not %d",
+				who, r, s%uint32(t.L.Slots), got, s)
+		}
+		off := t.L.bodyOff(s)
+		metas[r] = append([]byte(nil), reg.Bytes()[off:off+n]...)
+	}
+	t.store(t.ctrl[t.Rank].Word32(offSnapped), s)
 	return metas, nil
 }
 
-// PeekSlot returns rank r's live sync slot of parity h. Only tests use it:
-// collectives read slots solely through Barrier's snapshots.
-func (t *Team) PeekSlot(r, h int) []byte {
-	off := t.L.slotOff(h)
-	return t.ctrl[r].Bytes()[off : off+t.L.SlotBytes]
+// Slots is N, the number of sync slots of every rank.
+func (t *Team) Slots() int { return t.L.Slots }
+
+// Published is this rank's slot sequence number: the publications it made.
+// Only the goroutine running the team's collectives may call it.
+func (t *Team) Published() uint32 { return t.pub }
+
+// SlotStalls counts publications that had to wait for a peer to copy out
+// the slot's previous publication (0 in this engine when N >= 2).
+func (t *Team) SlotStalls() int64 { return t.stalls.Load() }
+
+// PeekSlot returns the live stamp and metadata of rank r's slot for
+// publication s (which may by now hold a later one). Only tests use it:
+// collectives read slots solely through Barrier's copies.
+func (t *Team) PeekSlot(r int, s uint32) (stamp uint32, meta []byte) {
+	off := t.L.bodyOff(s)
+	return atomic.LoadUint32(t.ctrl[r].Word32(t.L.stampOff(s))), t.ctrl[r].Bytes()[off : off+t.L.SlotBytes]
 }
 
-// barrierError names every rank that had not arrived.
-func (t *Team) barrierError(err error, target uint32, who Who) error {
-	if status.CodeOf(err) != status.Timeout {
-		return err
-	}
-	var missing []int
+// waitAll waits until word off of every peer's control region reaches
+// target; a timeout names every rank that had not got there.
+func (t *Team) waitAll(off int, target uint32, who Who, deadline time.Time, what string) error {
 	for r := range t.ctrl {
-		if r != t.Rank && !ge(atomic.LoadUint32(t.ctrl[r].Word32(offStep)), target) {
-			missing = append(missing, r)
+		if r == t.Rank {
+			continue
 		}
+		err := t.waitGE(r, t.ctrl[r].Word32(off), target, who, deadline)
+		if err == nil {
+			continue
+		}
+		if status.CodeOf(err) != status.Timeout {
+			return err
+		}
+		var missing []int
+		for q := range t.ctrl {
+			if q != t.Rank && !ge(atomic.LoadUint32(t.ctrl[q].Word32(off)), target) {
+				missing = append(missing, q)
+			}
+		}
+		return status.Errorf(status.Timeout, "gosym: %s timed out waiting for ranks %v%s (rank %d, group of %d)",
+			who, missing, what, t.Rank, len(t.ctrl))
 	}
-	return status.Errorf(status.Timeout, "gosym: %s timed out waiting for ranks %v (rank %d, group of %d)",
-		who, missing, t.Rank, len(t.ctrl))
+	return nil
 }
 
 // ge is serial-number comparison: a is at or after b, wrapping at 2^32.

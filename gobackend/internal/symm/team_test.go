@@ -1,0 +1,81 @@
+package symm
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/comm"
+	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// pair is two ranks' teams over the same control regions, in one process,
+// for driving the slot protocol's steps one at a time.
+func pair(t *testing.T, slots int) [2]*Team {
+	l := NewLayout(2, 4096, 4096, slots)
+	ctrl := make([]*host.Region, 2)
+	for r := range ctrl {
+		reg, err := host.NewRegion(fmt.Sprintf("pair%d", r), l.CtrlBytes)
+		require.NoError(t, err)
+		t.Cleanup(func() { reg.Close() })
+		ctrl[r] = reg
+	}
+	var ts [2]*Team
+	for r := range ts {
+		ts[r] = &Team{L: l, Rank: r, Mesh: &comm.Mesh{Rank: r}, ctrl: ctrl}
+	}
+	return ts
+}
+
+// TestPublishWaitsForPeersToCopyTheSlot: a rank makes N publications
+// nobody has copied, and not one more: publication N+1 would overwrite
+// publication 1, so it waits (here: times out naming the rank) until every
+// peer has copied publication 1, and then goes ahead. A read of publication
+// 1 after that fails on its stamp instead of returning another op's bytes.
+func TestPublishWaitsForPeersToCopyTheSlot(t *testing.T) {
+	who := Who{Op: "test", Seq: 7}
+	meta := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 8) }
+	for _, n := range []int{1, 2, 4} {
+		t.Run(fmt.Sprintf("slots%d", n), func(t *testing.T) {
+			ts := pair(t, n)
+			fast, slow := ts[0], ts[1]
+			for i := 1; i <= n; i++ {
+				s, err := fast.publish(meta(i), who, time.Now())
+				require.NoError(t, err)
+				require.Equal(t, uint32(i), s)
+			}
+			_, err := fast.publish(meta(n+1), who, time.Now())
+			require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
+			require.Contains(t, err.Error(), fmt.Sprintf("test (seq 7) timed out waiting for ranks [1] to copy out sync slot %d (publication 1)", 1%n))
+			require.Equal(t, int64(1), fast.SlotStalls())
+			require.Equal(t, uint32(n), fast.Published(), "the refused publication was not made")
+
+			_, err = slow.publish(meta(100), who, time.Now())
+			require.NoError(t, err)
+			got, err := slow.collect(1, 8, who)
+			require.NoError(t, err)
+			require.Equal(t, [][]byte{meta(1), meta(100)}, got, "publication 1 was intact")
+
+			s, err := fast.publish(meta(n+1), who, time.Now())
+			require.NoError(t, err, "the peer copied publication 1: its slot is free")
+			require.Equal(t, uint32(n+1), s)
+			_, err = slow.collect(1, 8, who)
+			require.Equal(t, status.Internal, status.CodeOf(err))
+			require.Contains(t, err.Error(), fmt.Sprintf("rank 0's sync slot %d holds publication %d, not 1", 1%n, n+1))
+		})
+	}
+}
+
+// TestLayoutAgreement: a peer's layout that differs names the setting.
+func TestLayoutAgreement(t *testing.T) {
+	a, b := NewLayout(3, 1<<20, 1<<16, 4), NewLayout(3, 1<<20, 1<<16, 8)
+	require.NoError(t, a.agree(1, a.encode()))
+	err := a.agree(2, b.encode())
+	require.Equal(t, status.Mismatch, status.CodeOf(err))
+	require.Contains(t, err.Error(), "rank 2 uses GOSYM_SLOTS=8, this rank 4")
+	require.Equal(t, status.Peer, status.CodeOf(a.agree(1, a.encode()[:8])))
+}
