@@ -207,7 +207,7 @@ func gpuConfigFromEnv() gpuConfig {
 		twoShotMin: envInt("GOSYM_GPU_TWOSHOT_MIN", 4<<20),
 		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
 		ceMin:      envInt("GOSYM_GPU_CE_MIN", 1<<20),
-		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 16<<20),
+		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 32<<20),
 	}
 }
 

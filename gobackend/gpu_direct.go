@@ -106,8 +106,8 @@ func (p *gpuPeers) at(r int, addr uintptr) uintptr { return p.local[r] + (addr -
 
 // openPeers maps the published region (at the start of each meta) of every
 // rank that need says this rank reads, and confirms with every rank that
-// all succeeded; ok is false, on every rank alike, when a needed rank
-// published no usable region or some rank could not map one.
+// all succeeded: ok is false, on every rank alike, when some rank lacked a
+// region it needed or could not map one.
 func (t *gpuTeam) openPeers(metas [][]byte, need func(r int) bool, who *Op, agree gpuAgree) (*gpuPeers, bool, error) {
 	p := &gpuPeers{regions: make([]gpuRegion, t.world), local: make([]uintptr, t.world)}
 	for r, m := range metas {
@@ -116,14 +116,15 @@ func (t *gpuTeam) openPeers(metas [][]byte, need func(r int) bool, who *Op, agre
 				who.Who(), r, len(m), gpuRegionBytes)
 		}
 		p.regions[r] = decodeRegion(m)
-		if need(r) && !p.regions[r].ok {
-			return nil, false, nil // every rank sees the same
-		}
 	}
+	// need may differ between ranks (all_to_all): a missing region only
+	// turns this rank's vote to no.
 	local := true
 	for r, rg := range p.regions {
 		switch {
 		case !need(r):
+		case !rg.ok:
+			local = false
 		case r == t.rank:
 			p.local[r] = rg.base
 		default:

@@ -314,10 +314,22 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 	es := uintptr(op.DType.Size())
 	w := t.world
 	le := binary.LittleEndian
-	meta := make([]byte, 16*w)
+	// the splits, then (gpu_direct.go) this rank's input region and pieces
+	meta := make([]byte, 16*w+gpuRegionBytes+8*w)
+	var inTotal, localMax uintptr
 	for r := range w {
+		in, out := uintptr(op.InPieces[r].Count)*es, uintptr(op.OutPieces[r].Count)*es
 		le.PutUint64(meta[8*r:], uint64(op.InPieces[r].Count))
 		le.PutUint64(meta[8*(w+r):], uint64(op.OutPieces[r].Count))
+		le.PutUint64(meta[16*w+gpuRegionBytes+8*r:], uint64(op.InPieces[r].Addr))
+		inTotal, localMax = inTotal+in, max(localMax, in, out)
+	}
+	if w > 1 && inTotal > 0 && int(localMax) >= min(t.cfg.ceMin, t.cfg.directMin) {
+		spans := make([]gpuSpan, w)
+		for r, pc := range op.InPieces {
+			spans[r] = gpuSpan{pc.Addr, uintptr(pc.Count) * es}
+		}
+		copy(meta[16*w:], t.exportRegion(spans...))
 	}
 	all, err := agree(meta)
 	if err != nil {
@@ -336,6 +348,28 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 					op.Who(), i, sends, j, expects)
 			}
 			longest = max(longest, uintptr(sends)*es)
+		}
+	}
+	if w > 1 && int(longest) >= t.cfg.directMin {
+		regions := make([][]byte, w)
+		for r, m := range all {
+			regions[r] = m[16*w:]
+		}
+		need := func(r int) bool { return op.OutPieces[r].Count > 0 }
+		peers, ok, err := t.openPeers(regions, need, op, agree)
+		if err != nil {
+			return err
+		}
+		if ok {
+			t.counters.directOps.Add(1)
+			segs := make([]gpuSeg, 0, w)
+			for j, out := range op.OutPieces {
+				if out.Count > 0 {
+					src := peers.at(j, uintptr(le.Uint64(regions[j][gpuRegionBytes+8*t.rank:])))
+					segs = append(segs, gpuSeg{out.Addr, src, uintptr(out.Count) * es})
+				}
+			}
+			return t.moveCE(segs, s)
 		}
 	}
 	reg := t.region()
