@@ -87,6 +87,11 @@ typedef struct gosym_piece {
  *                  out_addr+count.
  *  ALLTOALL:       in_pieces[world] (sent to rank r), out_pieces[world]
  *                  (received from rank r); counts may differ and be 0.
+ *  Even split (n_in and n_out 0; saves the caller building pieces): ALLTOALL
+ *  sends count elements to every rank r from in_addr + r*count elements and
+ *  receives count from every rank r at out_addr + r*count; ALLGATHER puts
+ *  rank r's count elements at out_addr + r*count; REDUCE_SCATTER reduces
+ *  in_addr + r*count elements (count of them) into rank r.
  *  GATHER:         in_addr+count; out_pieces[world] on the root only.
  *  SCATTER:        in_pieces[world] on the root only; out_addr+count.
  *  SEND/RECV:      in_addr (send) or out_addr (recv), count, peer, tag.
@@ -153,6 +158,18 @@ int32_t gosym_work_wait(uint64_t work, int64_t timeout_ms);
 /* GOSYM_OK when done without error, GOSYM_ERR_NOT_READY while running. */
 int32_t gosym_work_test(uint64_t work);
 int32_t gosym_work_release(uint64_t work);
+/*
+ * wait + release in one call: once the work is done, its handle is released
+ * and its status returned; if timeout_ms (<0: none) passes first, the handle
+ * stays live and GOSYM_ERR_NOT_READY is returned.
+ */
+int32_t gosym_work_finish(uint64_t work, int64_t timeout_ms);
+/*
+ * post + wait + release in one call, for callers that wait at once: blocks
+ * until the operation is done (it has the endpoint's timeout) and returns its
+ * status. No work handle is issued.
+ */
+int32_t gosym_op_run(uint64_t endpoint, const gosym_op_desc *desc);
 
 /*
  * Memory registration (the domain: one per process). A memh handle names a

@@ -211,31 +211,50 @@ func pieces(p *C.gosym_cpiece, n C.int32_t) ([]gobackend.Piece, error) {
 	return out, nil
 }
 
-//export gosym_op_post
-func gosym_op_post(h C.uint64_t, d *C.gosym_cdesc, out *C.uint64_t) (rc C.int32_t) {
-	defer guard(&rc)
-	ep, err := getEndpoint(uint64(h))
-	if err != nil {
-		return ret(err)
-	}
-	if d == nil || out == nil {
-		return ret(errArg("op_post: null descriptor or output"))
+// opOf validates a descriptor and converts it (addresses stay raw).
+func opOf(d *C.gosym_cdesc) (*gobackend.Op, error) {
+	if d == nil {
+		return nil, errArg("null operation descriptor")
 	}
 	if uintptr(d.struct_size) < unsafe.Sizeof(*d) {
-		return ret(errArg("op_post: descriptor of %d bytes, this library needs %d", uint32(d.struct_size), unsafe.Sizeof(*d)))
+		return nil, errArg("descriptor of %d bytes, this library needs %d", uint32(d.struct_size), unsafe.Sizeof(*d))
 	}
 	if uint64(d.count) > 1<<62 {
-		return ret(errArg("op_post: count %d", uint64(d.count)))
+		return nil, errArg("count %d", uint64(d.count))
 	}
 	op := &gobackend.Op{
 		Kind: gobackend.Kind(d.op), DType: gobackend.DType(d.dtype), RedOp: gobackend.RedOp(d.red_op),
 		Scale: float64(d.scale), Root: int(d.root), Peer: int(d.peer), Tag: int64(d.tag),
 		Count: int(d.count), In: uintptr(d.in_addr), Out: uintptr(d.out_addr),
 	}
+	var err error
 	if op.InPieces, err = pieces(d.in_pieces, d.n_in); err != nil {
-		return ret(err)
+		return nil, err
 	}
 	if op.OutPieces, err = pieces(d.out_pieces, d.n_out); err != nil {
+		return nil, err
+	}
+	return op, nil
+}
+
+// opFor is the endpoint of handle h and the op of descriptor d.
+func opFor(h C.uint64_t, d *C.gosym_cdesc) (*gobackend.Endpoint, *gobackend.Op, error) {
+	ep, err := getEndpoint(uint64(h))
+	if err != nil {
+		return nil, nil, err
+	}
+	op, err := opOf(d)
+	return ep, op, err
+}
+
+//export gosym_op_post
+func gosym_op_post(h C.uint64_t, d *C.gosym_cdesc, out *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if out == nil {
+		return ret(errArg("op_post: null output"))
+	}
+	ep, op, err := opFor(h, d)
+	if err != nil {
 		return ret(err)
 	}
 	w, err := ep.PostCUDA(op, int(d.device), uintptr(d.stream))
@@ -244,6 +263,20 @@ func gosym_op_post(h C.uint64_t, d *C.gosym_cdesc, out *C.uint64_t) (rc C.int32_
 	}
 	*out = C.uint64_t(handles.add(w))
 	return C.GOSYM_OK
+}
+
+// gosym_op_run is post + wait + release in one crossing of the ABI, for
+// callers that wait at once (torch's synchronous collectives): no handle
+// is issued, and the wait has the endpoint's timeout, as the op itself.
+//
+//export gosym_op_run
+func gosym_op_run(h C.uint64_t, d *C.gosym_cdesc) (rc C.int32_t) {
+	defer guard(&rc)
+	ep, op, err := opFor(h, d)
+	if err != nil {
+		return ret(err)
+	}
+	return ret(ep.RunCUDA(op, int(d.device), uintptr(d.stream)))
 }
 
 //export gosym_work_wait
@@ -282,6 +315,31 @@ func gosym_work_release(h C.uint64_t) (rc C.int32_t) {
 	}
 	handles.remove(uint64(h))
 	return C.GOSYM_OK
+}
+
+// gosym_work_finish is wait + release: once the work completed (well or
+// not) its handle is released and its status returned; if timeout_ms
+// passed first, the handle stays live and GOSYM_ERR_NOT_READY is returned.
+//
+//export gosym_work_finish
+func gosym_work_finish(h C.uint64_t, timeoutMs C.int64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	w, err := getWork(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	t := time.Duration(timeoutMs) * time.Millisecond
+	if timeoutMs < 0 {
+		t = -1
+	}
+	waitErr := w.Wait(t)
+	done, err := w.Done()
+	if !done {
+		ret(waitErr) // the last error says how long the caller waited
+		return C.int32_t(gobackend.CodeNotReady)
+	}
+	handles.remove(uint64(h))
+	return ret(err)
 }
 
 //export gosym_mem_alloc

@@ -190,7 +190,23 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 // Post validates op and queues it; the returned Work completes when it ran.
 // Collectives run in post order; sends to one peer run in post order, as do
 // receives from one peer, independently of the collectives.
-func (e *Endpoint) Post(op *Op) (*Work, error) {
+func (e *Endpoint) Post(op *Op) (*Work, error) { return e.post(op, true) }
+
+// Run posts op and waits until it is done: Post + Wait for a caller that
+// waits at once. Such a caller runs the queue itself, so the op does not
+// arm the worker's kick (a timer that would fire into a slow op).
+func (e *Endpoint) Run(op *Op) error {
+	w, err := e.post(op, false)
+	if err != nil {
+		return err
+	}
+	return w.Wait(-1)
+}
+
+// post is Post; kick says whether the worker should take the op if nobody
+// claims it soon (async callers) or not (a caller that waits at once).
+func (e *Endpoint) post(op *Op, kick bool) (*Work, error) {
+	coll.Even(op, e.Size)
 	if err := coll.Check(op, e.Rank, e.Size); err != nil {
 		return nil, err
 	}
@@ -225,7 +241,7 @@ func (e *Endpoint) Post(op *Op) (*Work, error) {
 	}
 	e.stats.Posted.Add(1)
 	w.q = q
-	q.push(w)
+	q.push(w, kick)
 	return w, nil
 }
 

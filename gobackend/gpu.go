@@ -121,6 +121,7 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 	if err := gpuKernelSupport(op); err != nil {
 		return nil, err
 	}
+	coll.Even(op, e.Size)
 	if err := coll.Check(op, e.Rank, e.Size); err != nil {
 		return nil, err
 	}
@@ -141,7 +142,7 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 	w.op.Seq = e.seq
 	e.gpu.add(w.op.Seq, gpuArgs{device: device, stream: cuda.Stream(stream)})
 	e.stats.Posted.Add(1)
-	e.coll.push(w)
+	e.coll.push(w, false)
 	e.mu.Unlock()
 	// Usually runs the queue on this thread: the enqueue happens here, in
 	// stream order with whatever the caller enqueues next.
@@ -149,6 +150,16 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 		return nil, err
 	}
 	return w, nil
+}
+
+// RunCUDA is Run for an op that PostCUDA takes: a host op (device < 0) runs
+// to completion; a CUDA op is done on the host once it is enqueued.
+func (e *Endpoint) RunCUDA(op *Op, device int, stream uintptr) error {
+	if device < 0 {
+		return e.Run(op)
+	}
+	_, err := e.PostCUDA(op, device, stream)
+	return err
 }
 
 // runGPU runs a CUDA op on the collective queue.

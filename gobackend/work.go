@@ -112,9 +112,14 @@ func (e *Endpoint) startQueue(run func(*Work) error) *queue {
 }
 
 // drain runs queued work in order until until is done (or, with until nil,
-// until the queue is empty). Called and returns with q.mu held.
+// until the queue is empty). Called and returns with q.mu held. Someone
+// runs the queue now, so the kick is disarmed: firing into a slow op would
+// only wake the worker to find the queue taken.
 func (q *queue) drain(until *Work) {
 	q.running = true
+	if q.armed && q.kick.Stop() {
+		q.armed = false
+	}
 	for len(q.items) > 0 {
 		w := q.items[0]
 		q.items[0] = nil
@@ -129,15 +134,15 @@ func (q *queue) drain(until *Work) {
 	q.running = false
 	if len(q.items) > 0 || q.closed {
 		q.cond.Broadcast()
-	} else if q.armed && q.kick.Stop() {
-		q.armed = false // nothing left to kick the worker for: spare a wake-up
 	}
 }
 
-func (q *queue) push(w *Work) {
+// push queues w. With kick, the worker takes w if nobody claims it within
+// kickDelay; without, the caller promises to wait for w at once.
+func (q *queue) push(w *Work, kick bool) {
 	q.mu.Lock()
 	q.items = append(q.items, w)
-	if !q.running && !q.armed {
+	if kick && !q.running && !q.armed {
 		q.armed = true
 		q.kick.Reset(kickDelay)
 	}

@@ -155,6 +155,8 @@ _SIGNATURES = {
     "gosym_work_wait": (c_int32, [c_uint64, c_int64]),
     "gosym_work_test": (c_int32, [c_uint64]),
     "gosym_work_release": (c_int32, [c_uint64]),
+    "gosym_work_finish": (c_int32, [c_uint64, c_int64]),
+    "gosym_op_run": (c_int32, [c_uint64, c_char_p]),
     "gosym_stats": (c_int32, [c_void_p, c_uint64, _u64p]),
     "gosym_mem_alloc": (c_int32, [c_uint64, _u64p, _u64p]),
     "gosym_mem_map": (c_int32, [c_uint64, c_uint64, c_int32, _u64p]),
@@ -211,6 +213,8 @@ op_post = lib.gosym_op_post
 work_wait = lib.gosym_work_wait
 work_test = lib.gosym_work_test
 work_release = lib.gosym_work_release
+work_finish = lib.gosym_work_finish
+op_run = lib.gosym_op_run
 
 
 def _exception_types():
@@ -267,6 +271,16 @@ def post(endpoint: int, desc: bytes) -> int:
             raise RuntimeError("gosym: the process group has been shut down")
         raise error(st)
     return slot.value
+
+
+def run(endpoint: int, desc: bytes) -> None:
+    """gosym_op_run: posts desc and waits until it is done, in one call (the GIL is
+    released meanwhile); raises the op's error."""
+    st = op_run(endpoint, desc)
+    if st:
+        if not endpoint:
+            raise RuntimeError("gosym: the process group has been shut down")
+        raise error(st)
 
 
 def read_string(fn, *args) -> str:

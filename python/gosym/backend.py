@@ -31,11 +31,13 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _lib
 from ._dtypes import move_dtype, reduce_dtype, reduce_op
-from .work import Completer, CudaWork, Work, _Op
+from .work import Completer, CudaWork, _Op, done_work, work_of
 
 _pack = _lib.pack_desc
 _post = _lib.post
+_run = _lib.run
 _strided = torch.strided
+_Tensor = torch.Tensor
 _DEBUG = os.environ.get("GOSYM_DEBUG") == "1"
 # The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
 # not called, at import: querying CUDA here would initialise it before a fork.
@@ -61,20 +63,39 @@ def _check(t) -> None:
 def _op_device(keep):
     """-1 when every tensor an op touches (those in keep, nested in lists and tuples) is in
     host memory, else the CUDA device index they all share: the engine reads addresses as
-    the op's device says, so a mix is refused here."""
-    if isinstance(keep, torch.Tensor):  # the common single-buffer op
+    the op's device says, so a mix is refused here. On the path of every op: exact type
+    tests first, one pass, no set."""
+    if isinstance(keep, _Tensor):  # the common single-buffer op
         return keep.get_device()
+    dev = None
+    todo = [keep]
+    for x in todo:  # grows as nested lists and tuples are met
+        c = x.__class__
+        if c is tuple or c is list:
+            todo += x
+        elif c is _Tensor or isinstance(x, _Tensor):
+            d = x.get_device()
+            if dev is None:
+                dev = d
+            elif d != dev:
+                raise _mixed(keep)
+        elif isinstance(x, (list, tuple)):
+            todo += x
+    return -1 if dev is None else dev
+
+
+def _mixed(keep):
+    """The error for an op whose tensors (in keep) lie on several devices."""
     devs, stack = set(), [keep]
     while stack:
         x = stack.pop()
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, _Tensor):
             devs.add(x.get_device())
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
-    if len(devs) > 1:
-        names = ", ".join("cpu" if d < 0 else f"cuda:{d}" for d in sorted(devs))
-        raise ValueError(f"gosym: the tensors of one op must be on one device, got {names}")
-    return devs.pop() if devs else -1
+    devs = sorted(devs)
+    names = ", ".join("cpu" if d < 0 else f"cuda:{d}" for d in devs)
+    return ValueError(f"gosym: the tensors of one op must be on one device, got {names}")
 
 
 def _src(t):
@@ -257,12 +278,20 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     # ---- plumbing -----------------------------------------------------------
 
-    def _work(self, desc, out, keep, cb):
+    def _work(self, desc, out, keep, cb, async_op=True):
+        """Posts one op. A host op of a synchronous caller (torch's asyncOp false: it waits
+        at once) runs in one native call that posts, waits and releases, and returns done;
+        its failure raises here, where the caller's wait would have raised it."""
         dev = _op_device(keep)
         if dev >= 0:
             return self._cuda_works([(desc, keep, cb)], out, dev)
-        h = _post(self._h, desc)
-        return Work(_Op((h,), out, keep, cb or None, self._completer))
+        if not async_op:
+            _run(self._h, desc)
+            if cb:
+                for t, tmp in cb:
+                    t.copy_(tmp)
+            return done_work(out)
+        return work_of(_Op((_post(self._h, desc),), out, keep, cb or None, self._completer))
 
     def _works(self, built, out):
         """Posts several (desc, keep, cb) together as one Work."""
@@ -279,7 +308,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             # Already-posted parts may still touch their tensors: let them finish.
             self._completer.submit(_Op(tuple(handles), out, keep, None, self._completer))
             raise
-        return Work(_Op(tuple(handles), out, keep, cb or None, self._completer))
+        return work_of(_Op(tuple(handles), out, keep, cb or None, self._completer))
 
     def _root(self, root, what):
         if not 0 <= root < self._size:
@@ -307,7 +336,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=_AR):
         desc, buf, cb = self._reduce_desc(_lib.OP_ALLREDUCE, _one(tensors, "allreduce"), opts, 0)
-        return self._work(desc, tensors, buf, cb)
+        return self._work(desc, tensors, buf, cb, opts.asyncOp)
 
     # ---- the CUDA data plane ----------------------------------------------------
 
@@ -339,12 +368,12 @@ class ProcessGroupGosym(dist.ProcessGroup):
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")
         desc, buf, cb = self._reduce_desc(_lib.OP_REDUCE, _one(tensors, "reduce"), opts, root)
-        return self._work(desc, tensors, buf, cb)
+        return self._work(desc, tensors, buf, cb, opts.asyncOp)
 
     def allreduce_coalesced(self, tensors, opts=_ARC):
         """One allreduce over the tensors packed into one buffer, unpacked on completion."""
         if not tensors:
-            return Work(_Op((), tensors, None, None, self._completer))
+            return work_of(_Op((), tensors, None, None, self._completer))
         first = tensors[0]
         for t in tensors:
             _check(t)
@@ -356,7 +385,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             cb.append((t, flat[off:off + n].view(t.shape)))
             off += n
         desc, buf, _ = self._reduce_desc(_lib.OP_ALLREDUCE, flat, opts, 0)
-        return self._work(desc, tensors, buf, cb)
+        return self._work(desc, tensors, buf, cb, opts.asyncOp)
 
     def broadcast(self, tensors, opts=_BC):
         root = self._root(opts.rootRank, "broadcast")
@@ -369,7 +398,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         a = buf.data_ptr()
         desc = _pack(_lib.OP_BROADCAST, code, 0, 1.0, root, 0, 0, buf.numel() * mult, a, a,
                      0, 0, 0, 0)
-        return self._work(desc, tensors, buf, cb)
+        return self._work(desc, tensors, buf, cb, opts.asyncOp)
 
     # ---- allgather ------------------------------------------------------------
 
@@ -398,7 +427,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=_AG):
         desc, keep, cb = self._allgather_desc(_one(output_tensors, "all_gather"),
                                               _one(input_tensors, "all_gather"))
-        return self._work(desc, output_tensors, keep, cb)
+        return self._work(desc, output_tensors, keep, cb, opts.asyncOp)
 
     def allgather_coalesced(self, output_lists, input_list, opts=_AG):
         if len(output_lists) != len(input_list):
@@ -418,14 +447,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
         cb = []
         dst = _dst(out, cb, False)
         code, mult = move_dtype(src)
-        arr, ap = _even_pieces(dst.data_ptr(), n * src.element_size(), n * mult, world)
-        desc = _pack(_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(), 0,
-                     0, ap, 0, world)
-        return desc, (src, dst, arr), cb
+        # No output pieces: the engine puts rank r's part at dst + r * n elements.
+        desc = _pack(_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(),
+                     dst.data_ptr(), 0, 0, 0, 0)
+        return desc, (src, dst), cb
 
     def _allgather_base(self, output, input, opts=_AG):  # noqa: A002 - torch's names
         desc, keep, cb = self._allgather_base_desc(output, input)
-        return self._work(desc, [output], keep, cb)
+        return self._work(desc, [output], keep, cb, opts.asyncOp)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=_AG):
         if len(outputs) != len(inputs):
@@ -460,7 +489,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         dst = _dst(out, cb, False)
         desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n, 0, dst.data_ptr(),
                      ap, 0, world, 0)
-        return self._work(desc, output_tensors, (srcs, dst, arr), cb)
+        return self._work(desc, output_tensors, (srcs, dst, arr), cb, opts.asyncOp)
 
     def _reduce_scatter_base_desc(self, out, inp, opts):
         world = self._size
@@ -474,14 +503,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
         src = _src(inp)
         cb = []
         dst = _dst(out, cb, False)
-        arr, ap = _even_pieces(src.data_ptr(), n * src.element_size(), n, world)
-        desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n, 0, dst.data_ptr(),
-                     ap, 0, world, 0)
-        return desc, (src, dst, arr), cb
+        # No input pieces: the engine reduces src + r * n elements into rank r.
+        desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n, src.data_ptr(),
+                     dst.data_ptr(), 0, 0, 0, 0)
+        return desc, (src, dst), cb
 
     def _reduce_scatter_base(self, output, input, opts=_RS):  # noqa: A002
         desc, keep, cb = self._reduce_scatter_base_desc(output, input, opts)
-        return self._work(desc, [output], keep, cb)
+        return self._work(desc, [output], keep, cb, opts.asyncOp)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=_RS):
         if len(outputs) != len(inputs):
@@ -492,15 +521,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     # ---- all-to-all -------------------------------------------------------------
 
-    def _splits(self, t, splits, what):
-        """Rows per rank along dim 0 (equal when splits is empty)."""
+    def _splits(self, rows, splits, what):
+        """splits (rows per rank along dim 0), checked against the rows of the tensor."""
         world = self._size
-        rows = t.size(0) if t.dim() else 1
-        if not splits:
-            if rows % world:
-                raise ValueError(f"gosym: all_to_all_single: {what} dim 0 ({rows}) is not "
-                                 f"divisible by the world size {world}")
-            return [rows // world] * world
         if len(splits) != world:
             raise ValueError(f"gosym: all_to_all_single: {len(splits)} {what} splits for "
                              f"{world} ranks")
@@ -512,6 +535,29 @@ class ProcessGroupGosym(dist.ProcessGroup):
                              f"sum to dim 0 ({rows})")
         return splits
 
+    def _even_count(self, t, what):
+        """Elements per rank of t split equally along dim 0."""
+        world = self._size
+        rows = t.size(0) if t.dim() else 1
+        if rows % world:
+            raise ValueError(f"gosym: all_to_all_single: {what} dim 0 ({rows}) is not "
+                             f"divisible by the world size {world}")
+        return t.numel() // world
+
+    def _a2a_pieces(self, t, splits, what, mult):
+        """all_to_all_single's pieces of t along dim 0 (equal when splits is empty)."""
+        if not splits:
+            n = self._even_count(t, what)
+            return _even_pieces(t.data_ptr(), n * t.element_size(), n * mult, self._size)
+        rows = t.size(0) if t.dim() else 1
+        row = t.numel() // rows if rows else math.prod(t.shape[1:])  # elements per row
+        isz = t.element_size()
+        addr, pairs = t.data_ptr(), []
+        for r in self._splits(rows, splits, what):
+            pairs += (addr, r * row * mult)
+            addr += r * row * isz
+        return _pieces(pairs)
+
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                       opts=_A2A):
         _same_dtype(input, output, "all_to_all_single")
@@ -519,22 +565,17 @@ class ProcessGroupGosym(dist.ProcessGroup):
         cb = []
         dst = _dst(output, cb, False)
         code, mult = move_dtype(src)
-        isz = src.element_size()
-        pairs = []
-        for t, splits, what in ((src, input_split_sizes, "input"),
-                                (dst, output_split_sizes, "output")):
-            rows = self._splits(t, splits, what)
-            row = math.prod(t.shape[1:])
-            addr, part = t.data_ptr(), []
-            for r in rows:
-                part += (addr, r * row * mult)
-                addr += r * row * isz
-            pairs.append(part)
-        in_arr, ip = _pieces(pairs[0])
-        out_arr, op = _pieces(pairs[1])
+        if not input_split_sizes and not output_split_sizes:
+            n = self._even_count(src, "input")
+            if self._even_count(dst, "output") == n:  # the engine splits both buffers
+                desc = _pack(_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(),
+                             dst.data_ptr(), 0, 0, 0, 0)
+                return self._work(desc, [output], (src, dst), cb, opts.asyncOp)
+        in_arr, ip = self._a2a_pieces(src, input_split_sizes, "input", mult)
+        out_arr, op = self._a2a_pieces(dst, output_split_sizes, "output", mult)
         world = self._size
         desc = _pack(_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world, world)
-        return self._work(desc, [output], (src, dst, in_arr, out_arr), cb)
+        return self._work(desc, [output], (src, dst, in_arr, out_arr), cb, opts.asyncOp)
 
     def alltoall(self, output_tensors, input_tensors, opts=_A2A):
         world = self._size
@@ -557,7 +598,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         in_arr, ip = _pieces(ins)
         out_arr, op = _pieces(outs)
         desc = _pack(_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world, world)
-        return self._work(desc, output_tensors, (srcs, dsts, in_arr, out_arr), cb)
+        return self._work(desc, output_tensors, (srcs, dsts, in_arr, out_arr), cb, opts.asyncOp)
 
     # ---- rooted data movement -------------------------------------------------------
 
@@ -586,7 +627,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             n_out = world
         desc = _pack(_lib.OP_GATHER, code, 0, 1.0, root, 0, 0, n * mult, src.data_ptr(), 0,
                      0, ap, 0, n_out)
-        return self._work(desc, output_tensors, (src, bufs, arr), cb)
+        return self._work(desc, output_tensors, (src, bufs, arr), cb, opts.asyncOp)
 
     def scatter(self, output_tensors, input_tensors, opts=_SC):
         world = self._size
@@ -615,7 +656,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             n_in = world
         desc = _pack(_lib.OP_SCATTER, code, 0, 1.0, root, 0, 0, n * mult, 0, dst.data_ptr(),
                      ip, 0, n_in, 0)
-        return self._work(desc, output_tensors, (srcs, dst, arr), cb)
+        return self._work(desc, output_tensors, (srcs, dst, arr), cb, opts.asyncOp)
 
     # ---- point to point, barrier ------------------------------------------------------
 
@@ -645,7 +686,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         every rank's stream reached it; otherwise a host barrier."""
         idx = self._barrier_device(opts)
         if idx is None:
-            return self._host_barrier()
+            return self._host_barrier(opts.asyncOp)
         raw = _raw_stream(idx)
         self._cuda_post(_pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, raw, idx),
                         self._cuda_index(idx))
@@ -661,9 +702,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
             return self._cuda_index(opts.device_ids[0])
         return self._cuda
 
-    def _host_barrier(self):
+    def _host_barrier(self, async_op=True):
         desc = _pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        return self._work(desc, [], None, None)
+        return self._work(desc, [], None, None, async_op)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """A host barrier waited with timeout; the engine's timeout error names the missing ranks."""

@@ -29,17 +29,18 @@ _DistBackendError = getattr(dist, "DistBackendError", RuntimeError)
 class _Op:
     """One or more posted native operations that complete together."""
 
-    __slots__ = ("handles", "out", "keep", "copyback", "completer", "done", "exc",
+    __slots__ = ("handles", "out", "keep", "copyback", "completer", "done", "exc", "err",
                  "claimed", "event", "fut")
 
     def __init__(self, handles, out, keep, copyback, completer):
-        self.handles = handles  # tuple of native work handles
+        self.handles = handles  # tuple of native work handles not yet released
         self.out = out  # the tensors the caller sees as the result
         self.keep = keep  # everything the engine reads or writes, alive until done
         self.copyback = copyback  # (dst, src) pairs copied after success, or None
         self.completer = completer
         self.done = not handles
         self.exc = None
+        self.err = None  # owner only: the first error of a handle already released
         self.claimed = False
         self.event = None
         self.fut = None
@@ -68,9 +69,7 @@ class _Op:
             ev.set()
 
     def _finish(self, exc):
-        """Owner only: releases the handles, copies results back, settles waiters and future."""
-        for h in self.handles:
-            _lib.work_release(h)
+        """Owner only, every handle released: copies results back, settles waiters and future."""
         self.handles = ()
         if exc is None and self.copyback:
             try:
@@ -90,22 +89,21 @@ class _Op:
             _settle(fut, self.out, exc)
 
     def _run(self, timeout_ms):
-        """Owner only: waits on every handle. Returns None once finished, or the error to
-        raise when the caller's own timeout expired and the operation is still running."""
-        exc = None
-        for h in self.handles:
-            st = _lib.work_wait(h, timeout_ms)
-            if st:
-                if (st == _lib.ERR_TIMEOUT and timeout_ms >= 0
-                        and _lib.work_test(h) == _lib.ERR_NOT_READY):
-                    err = _DistBackendError(
-                        f"gosym: wait timed out after {timeout_ms} ms; the operation is "
-                        "still running (wait again, or destroy the process group)")
-                    self._unclaim()
-                    return err
-                if exc is None:
-                    exc = _lib.error(st)
-        self._finish(exc)
+        """Owner only: waits on every handle, releasing each once done (one native call
+        each). Returns None once finished, or the error to raise when the caller's own
+        timeout expired and the operation is still running (its handles stay live)."""
+        hs = self.handles
+        for i, h in enumerate(hs):
+            st = _lib.work_finish(h, timeout_ms)
+            if st == _lib.ERR_NOT_READY:
+                self.handles = hs[i:]
+                self._unclaim()
+                return _DistBackendError(
+                    f"gosym: wait timed out after {timeout_ms} ms; the operation is "
+                    "still running (wait again, or destroy the process group)")
+            if st and self.err is None:
+                self.err = _lib.error(st)
+        self._finish(self.err)
         return None
 
     def wait(self, timeout_ms):
@@ -134,15 +132,16 @@ class _Op:
             return True
         if c is False:
             return False
-        exc = None
         for h in self.handles:
             st = _lib.work_test(h)
             if st == _lib.ERR_NOT_READY:
                 self._unclaim()
                 return False
-            if st and exc is None:
-                exc = _lib.error(st)
-        self._finish(exc)
+            if st and self.err is None:
+                self.err = _lib.error(st)
+        for h in self.handles:
+            _lib.work_release(h)
+        self._finish(self.err)
         return True
 
     def future(self):
@@ -275,13 +274,11 @@ class CudaWork(dist._Work):
 
 
 class Work(dist._Work):
-    """A gosym operation as torch sees it: wait(), is_completed(), get_future()."""
+    """A gosym operation as torch sees it: wait(), is_completed(), get_future().
+    Made by work_of: a Python __init__ (which must call the pybind base's) costs more
+    than the rest of a small op's Python side."""
 
     __slots__ = ("_op",)
-
-    def __init__(self, op: _Op):
-        super().__init__()
-        self._op = op
 
     def wait(self, timeout=_ZERO):
         op = self._op
@@ -325,3 +322,50 @@ class Work(dist._Work):
         op = self._op
         state = "pending" if not op.done else ("failed" if op.exc is not None else "done")
         return f"<gosym.Work {state}>"
+
+
+def work_of(op: _Op) -> Work:
+    """The Work of op."""
+    w = Work()
+    w._op = op
+    return w
+
+
+class DoneWork(dist._Work):
+    """A host op that already ran to success: torch's synchronous collectives
+    (asyncOp false) run the op in the call that posts it and wait on this at once."""
+
+    __slots__ = ("_out",)
+
+    def wait(self, timeout=_ZERO):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._out
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(self._out)
+        return fut
+
+    def __repr__(self):
+        return "<gosym.Work done>"
+
+
+def done_work(out) -> DoneWork:
+    """The DoneWork whose result is out."""
+    w = DoneWork()
+    w._out = out
+    return w

@@ -61,6 +61,8 @@ int main(void) {
   expect_invalid_handle("gosym_work_wait(0, 0)", gosym_work_wait(0, 0));
   expect_invalid_handle("gosym_work_test(0)", gosym_work_test(0));
   expect_invalid_handle("gosym_work_release(0)", gosym_work_release(0));
+  expect_invalid_handle("gosym_work_finish(0, 0)", gosym_work_finish(0, 0));
+  expect_invalid_handle("gosym_op_run(0, NULL)", gosym_op_run(0, NULL));
   expect_invalid_handle("gosym_endpoint_destroy(0)",
                         gosym_endpoint_destroy(0));
   /* A handle that was never issued is as invalid as 0. */

@@ -84,9 +84,9 @@ func decodeMeta(b []byte, world int) meta {
 		kind: Kind(le.Uint32(b[0:])), dtype: int32(le.Uint32(b[4:])), redop: int32(le.Uint32(b[8:])),
 		root: int32(le.Uint32(b[12:])), count: le.Uint64(b[16:]), seq: le.Uint64(b[24:]),
 		scale: math.Float64frombits(le.Uint64(b[32:])),
-		in:    make([]uint64, world), out: make([]uint64, world),
 	}
-	m.displ = make([]uint64, world)
+	all := make([]uint64, 3*world) // one allocation for the three rows
+	m.in, m.out, m.displ = all[:world:world], all[world:2*world:2*world], all[2*world:]
 	for r := 0; r < world; r++ {
 		m.in[r] = le.Uint64(b[symm.SlotHeaderBytes+8*r:])
 		m.out[r] = le.Uint64(b[symm.SlotHeaderBytes+8*(world+r):])

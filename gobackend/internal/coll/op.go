@@ -95,6 +95,46 @@ type Plane interface {
 	Reduce(dst uintptr, srcs []uintptr, n int, dt dtype.DType, op dtype.RedOp, scale float64) error
 }
 
+// Even gives an op that leaves its per-rank pieces implicit (passes none)
+// the pieces it means, so that a caller with one buffer need not build
+// them: an all_to_all moves Count elements to and from every rank r (at In
+// and Out plus r*Count elements), an all_gather puts rank r's Count
+// elements at Out plus r*Count, a reduce_scatter reduces In plus r*Count
+// into rank r. The op is then the one its caller would have posted with
+// those pieces. Other ops, and ops that pass pieces, are left alone.
+func Even(o *Op, world int) {
+	var ins, outs bool
+	switch o.Kind {
+	case AllToAll:
+		ins = len(o.InPieces) == 0 && len(o.OutPieces) == 0
+		outs = ins
+	case AllGather:
+		outs = len(o.OutPieces) == 0
+	case ReduceScatter:
+		ins = len(o.InPieces) == 0
+	}
+	if (!ins && !outs) || !o.DType.Valid() || o.Count < 0 || o.Count > math.MaxInt/o.DType.Size()/max(1, world) {
+		return // nothing implicit, or Check reports the op
+	}
+	step := uintptr(o.Count * o.DType.Size())
+	even := func(base uintptr) []Piece {
+		ps := make([]Piece, world)
+		for r := range ps {
+			ps[r] = Piece{Addr: base + uintptr(r)*step, Count: o.Count}
+		}
+		return ps
+	}
+	if ins {
+		o.InPieces, o.In = even(o.In), 0
+	}
+	if outs {
+		o.OutPieces, o.Out = even(o.Out), 0
+	}
+	if o.Kind == AllToAll {
+		o.Count = 0 // as with explicit pieces: they carry the counts
+	}
+}
+
 // Check validates an op against this rank's view of the group before it is
 // queued, so bad input fails at once with InvalidArg and never reaches the
 // peers.

@@ -29,3 +29,6 @@ func FutexWait(addr *uint32, val uint32, d time.Duration) {
 func FutexWake(addr *uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake, uintptr(1<<31-1), 0, 0, 0)
 }
+
+// Yield gives the core to another runnable thread, if any (sched_yield).
+func Yield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

@@ -3,7 +3,6 @@ package symm
 import (
 	"encoding/binary"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -172,7 +171,7 @@ func (t *Team) Barrier(meta []byte, who Who, deadline time.Time) ([][]byte, erro
 	}
 	t.step++
 	t.store(t.ctrl[t.Rank].Word32(offStep), t.step)
-	if err := t.waitAll(offStep, t.step, who, deadline, ""); err != nil {
+	if err := t.waitAll(offStep, t.step, who, deadline, nil); err != nil {
 		return nil, err
 	}
 	if meta == nil {
@@ -192,7 +191,9 @@ func (t *Team) publish(meta []byte, who Who, deadline time.Time) (uint32, error)
 			break
 		}
 	}
-	what := fmt.Sprintf(" to copy out sync slot %d (publication %d)", prev%uint32(t.L.Slots), prev)
+	what := func() string { // only a timeout formats it: the common path allocates nothing here
+		return fmt.Sprintf(" to copy out sync slot %d (publication %d)", prev%uint32(t.L.Slots), prev)
+	}
 	if err := t.waitAll(offSnapped, prev, who, deadline, what); err != nil {
 		return 0, err
 	}
@@ -207,13 +208,15 @@ func (t *Team) publish(meta []byte, who Who, deadline time.Time) (uint32, error)
 // then releases this rank's claim on them.
 func (t *Team) collect(s uint32, n int, who Who) ([][]byte, error) {
 	metas := make([][]byte, len(t.ctrl))
+	buf := make([]byte, n*len(t.ctrl)) // one allocation for every copy
 	for r, reg := range t.ctrl {
 		if got := atomic.LoadUint32(reg.Word32(t.L.stampOff(s))); got != s {
 			return nil, status.Errorf(status.Internal, "gosym: %s: rank %d's sync slot %d holds publication %d, not %d",
 				who, r, s%uint32(t.L.Slots), got, s)
 		}
 		off := t.L.bodyOff(s)
-		metas[r] = append([]byte(nil), reg.Bytes()[off:off+n]...)
+		metas[r] = buf[r*n : (r+1)*n : (r+1)*n]
+		copy(metas[r], reg.Bytes()[off:off+n])
 	}
 	t.store(t.ctrl[t.Rank].Word32(offSnapped), s)
 	return metas, nil
@@ -239,8 +242,9 @@ func (t *Team) PeekSlot(r int, s uint32) (stamp uint32, meta []byte) {
 }
 
 // waitAll waits until word off of every peer's control region reaches
-// target; a timeout names every rank that had not got there.
-func (t *Team) waitAll(off int, target uint32, who Who, deadline time.Time, what string) error {
+// target; a timeout names every rank that had not got there, and what (if
+// not nil) says what they were waited for.
+func (t *Team) waitAll(off int, target uint32, who Who, deadline time.Time, what func() string) error {
 	for r := range t.ctrl {
 		if r == t.Rank {
 			continue
@@ -258,8 +262,12 @@ func (t *Team) waitAll(off int, target uint32, who Who, deadline time.Time, what
 				missing = append(missing, q)
 			}
 		}
+		detail := ""
+		if what != nil {
+			detail = what()
+		}
 		return status.Errorf(status.Timeout, "gosym: %s timed out waiting for ranks %v%s (rank %d, group of %d)",
-			who, missing, what, t.Rank, len(t.ctrl))
+			who, missing, detail, t.Rank, len(t.ctrl))
 	}
 	return nil
 }
@@ -290,16 +298,22 @@ func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Ti
 	if ge(atomic.LoadUint32(w), target) {
 		return nil
 	}
+	// The spin yields the core (sched_yield), not the goroutine: an op
+	// usually runs on a cgo caller's thread, whose goroutine is locked to
+	// it, and runtime.Gosched there hands the P to another thread and back
+	// (two thread wake-ups, on cores the peer ranks need). sched_yield
+	// costs a syscall when nothing else wants the core, and lets a peer
+	// rank that shares this core run when one does.
 	spinEnd := time.Now().Add(t.Spin)
 	for i := 1; ; i++ {
 		if ge(atomic.LoadUint32(w), target) {
 			return nil
 		}
-		if i&255 == 0 {
+		if i&1023 == 0 {
 			if time.Now().After(spinEnd) || t.aborted.Load() {
 				break
 			}
-			runtime.Gosched()
+			host.Yield()
 		}
 	}
 	waiters := t.ctrl[r].Word32(offWaiters)
