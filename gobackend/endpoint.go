@@ -112,16 +112,21 @@ type Stats struct {
 var liveEndpoints atomic.Int64
 
 // FitRuntime lowers GOMAXPROCS to this rank's share of the host's cores
-// (cores / ranks, at least 1) unless the user set GOMAXPROCS. Ranks of one
-// host share its cores: a Go scheduler that spins idle Ps looking for work
-// takes cycles from the peer ranks, which costs small collectives 20-40% on
-// a machine with a core per rank. The C ABI calls it for every endpoint it
-// creates; it only ever lowers the value.
+// (cores / ranks, but at least 2) unless the user set GOMAXPROCS. Ranks of
+// one host share its cores: Ps that a rank does not need only give the Go
+// scheduler room to run threads that take cycles from the peer ranks. Two
+// is the floor because with one P, the P of a caller back in Python (its
+// thread counts as in a syscall) is retaken by sysmon after 20 µs whenever
+// no P is idle, and the caller's next call wakes sysmon again: a thread
+// wake-up per op that preempts the rank on its own core (measured: ~3000
+// per second, and small collectives that fall into a slow mode of 100 µs
+// and more). With a second, idle P sysmon leaves the P alone. The C ABI
+// calls it for every endpoint it creates; it only ever lowers the value.
 func FitRuntime(world int) {
 	if os.Getenv("GOMAXPROCS") != "" || world < 1 {
 		return
 	}
-	if want := max(1, runtime.NumCPU()/world); want < runtime.GOMAXPROCS(0) {
+	if want := max(2, runtime.NumCPU()/world); want < runtime.GOMAXPROCS(0) {
 		runtime.GOMAXPROCS(want)
 	}
 }

@@ -3,6 +3,7 @@ package gobackend
 import (
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
 // A case builds every rank's op over fresh random inputs and says what
@@ -17,6 +19,7 @@ import (
 // elements show.
 type opCase struct {
 	kind coll.Kind
+	name string // "" for kind's name
 	// build returns rank r's op and the buffers it writes, with the
 	// expected contents of those buffers.
 	build func(world, r, n int, in [][]float32) (op *Op, out [][]float32, want [][]float32)
@@ -55,11 +58,11 @@ func gatherInto(op *Op, w, n int, in [][]float32) (*Op, [][]float32, [][]float32
 }
 
 var opCases = []opCase{
-	{coll.AllReduce, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{coll.AllReduce, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		out := poisoned(n)
 		return &Op{Kind: coll.AllReduce, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, 0, n)}
 	}},
-	{coll.Reduce, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{coll.Reduce, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		root := w - 1
 		if r != root {
 			return &Op{Kind: coll.Reduce, Root: root, Count: n, In: addr(in[r])}, nil, nil
@@ -67,14 +70,14 @@ var opCases = []opCase{
 		out := poisoned(n)
 		return &Op{Kind: coll.Reduce, Root: root, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, 0, n)}
 	}},
-	{coll.Broadcast, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{coll.Broadcast, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		out := poisoned(n)
 		return &Op{Kind: coll.Broadcast, Root: w / 2, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{in[w/2][:n]}
 	}},
-	{coll.AllGather, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{coll.AllGather, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		return gatherInto(&Op{Kind: coll.AllGather, Count: n, In: addr(in[r])}, w, n, in)
 	}},
-	{coll.ReduceScatter, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{coll.ReduceScatter, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		op := &Op{Kind: coll.ReduceScatter, Count: n}
 		for d := 0; d < w; d++ {
 			op.InPieces = append(op.InPieces, Piece{Addr: addr(in[r][d*n:]), Count: n})
@@ -83,7 +86,7 @@ var opCases = []opCase{
 		op.Out = addr(out)
 		return op, [][]float32{out}, [][]float32{sumAt(in, r*n, n)}
 	}},
-	{coll.AllToAll, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{coll.AllToAll, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		// rank s sends (s+d)%3 * n/2 elements to rank d, from offset d*n.
 		cnt := func(s, d int) int { return (s + d) % 3 * n / 2 }
 		op := &Op{Kind: coll.AllToAll}
@@ -96,14 +99,33 @@ var opCases = []opCase{
 		}
 		return op, outs, wants
 	}},
-	{coll.Gather, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	// The even forms: no pieces, the engine splits one buffer (coll.Even).
+	{coll.AllToAll, "all_to_all_even", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		out, want := poisoned(w*n), []float32{}
+		for s := 0; s < w; s++ {
+			want = append(want, in[s][r*n:r*n+n]...)
+		}
+		return &Op{Kind: coll.AllToAll, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{want}
+	}},
+	{coll.AllGather, "all_gather_even", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		out, want := poisoned(w*n), []float32{}
+		for s := 0; s < w; s++ {
+			want = append(want, in[s][:n]...)
+		}
+		return &Op{Kind: coll.AllGather, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{want}
+	}},
+	{coll.ReduceScatter, "reduce_scatter_even", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		out := poisoned(n)
+		return &Op{Kind: coll.ReduceScatter, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, r*n, n)}
+	}},
+	{coll.Gather, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		op := &Op{Kind: coll.Gather, Root: 0, Count: n, In: addr(in[r])}
 		if r != 0 {
 			return op, nil, nil
 		}
 		return gatherInto(op, w, n, in)
 	}},
-	{coll.Scatter, func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{coll.Scatter, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		root := w - 1
 		op := &Op{Kind: coll.Scatter, Root: root, Count: n}
 		if r == root {
@@ -144,7 +166,11 @@ func TestCollectives(t *testing.T) {
 		for _, c := range opCases {
 			// 1<<21+5 floats exceed one 4 MiB staging half: several rounds.
 			for _, n := range []int{0, 1, 3, 1025, 1<<21 + 5} {
-				t.Run(fmt.Sprintf("%s/w%d/n%d", c.kind, world, n), func(t *testing.T) {
+				name := c.name
+				if name == "" {
+					name = c.kind.String()
+				}
+				t.Run(fmt.Sprintf("%s/w%d/n%d", name, world, n), func(t *testing.T) {
 					in := make([][]float32, world)
 					for r := range in {
 						in[r] = make([]float32, world*n+1)
@@ -258,4 +284,58 @@ func TestAllToAllRejectsOverlap(t *testing.T) {
 		OutPieces: []Piece{{Addr: addr(buf[3:]), Count: 2}, {Addr: addr(buf[5:]), Count: 2}}}
 	_, err := eps[0].Post(op)
 	require.ErrorContains(t, err, "overlaps an output piece")
+}
+
+// Run is Post + Wait for a caller that waits at once: it runs after the ops
+// posted before it (not waited for yet), returns its op's own error on every
+// rank, and leaves the group usable after a mismatch.
+func TestRunKeepsPostOrderAndReportsErrors(t *testing.T) {
+	const world, n = 2, 1025
+	eps := group(t, world, 10*time.Second)
+	each := func(fn func(r int) error) []error {
+		errs := make([]error, world)
+		var wg sync.WaitGroup
+		for r := range eps {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[r] = fn(r)
+			}()
+		}
+		wg.Wait()
+		return errs
+	}
+	bufs := make([][]float32, world)
+	errs := each(func(r int) error {
+		bufs[r] = make([]float32, n)
+		for i := range bufs[r] {
+			bufs[r][i] = float32(r+1) * rand.Float32()
+		}
+		b := addr(bufs[r])
+		w, err := eps[r].Post(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: n, In: b, Out: b})
+		if err != nil {
+			return err
+		}
+		if err := eps[r].Run(&Op{Kind: coll.Broadcast, DType: dtype.Float32, Root: 1, Count: n, In: b, Out: b}); err != nil {
+			return err
+		}
+		return w.Wait(0) // done: Run ran the queue through it
+	})
+	for r := range eps {
+		require.NoError(t, errs[r], "rank %d", r)
+		require.Equal(t, bufs[1], bufs[r], "rank %d: the broadcast must carry the all_reduce's result", r)
+	}
+	errs = each(func(r int) error {
+		buf := make([]float32, n)
+		return eps[r].Run(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: n - r, In: addr(buf), Out: addr(buf)})
+	})
+	for r := range eps {
+		require.Equal(t, status.Mismatch, status.CodeOf(errs[r]), "rank %d: %v", r, errs[r])
+		require.ErrorContains(t, errs[r], "element count")
+	}
+	errs = each(func(r int) error {
+		buf := []float32{float32(r)}
+		return eps[r].Run(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(buf), Out: addr(buf)})
+	})
+	require.Equal(t, []error{nil, nil}, errs)
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -53,6 +54,34 @@ def wait_blocks(ck, rank, world):
     ck.check("wait_blocks/value", bool((t == world * (world - 1) / 2).all()), str(t.tolist()))
     if rank != late:
         ck.check("wait_blocks/waited for the late rank", took >= DELAY * 0.5, f"wait() returned after {took:.3f}s")
+
+
+def wait_timeout(ck, rank, world):
+    """A wait with a time limit on an op that another thread is running (blocked on a late
+    rank) raises when its time is up and leaves the op's native handle live; a later wait()
+    finishes it with the right value."""
+    late = world - 1
+    if rank == late:
+        time.sleep(DELAY)
+    t = torch.full((7,), float(rank + 1))
+    u = torch.full((3,), float(rank))
+    first = dist.all_reduce(t, async_op=True)
+    second = dist.all_reduce(u, async_op=True)
+    runner = threading.Thread(target=second.wait)  # runs the queue: first, then second
+    runner.start()
+    if rank != late:
+        time.sleep(0.3)  # let the runner start the first op (the late rank sleeps 1.5 s)
+        try:
+            first.wait(timeout=timedelta(milliseconds=200))
+            ck.check("wait_timeout/raised", False, "wait(200 ms) returned before the late rank joined")
+        except RuntimeError as e:  # DistBackendError is a RuntimeError
+            ck.check("wait_timeout/says still running", "still running" in str(e), str(e))
+        ck.check("wait_timeout/not completed", not first.is_completed())
+    first.wait()
+    runner.join()
+    ck.check("wait_timeout/completed", first.is_completed() and first.exception() is None)
+    ck.check("wait_timeout/value", bool((t == world * (world + 1) / 2).all()), str(t.tolist()))
+    ck.check("wait_timeout/second", bool((u == world * (world - 1) / 2).all()), str(u.tolist()))
 
 
 def futures(ck, rank, world):
@@ -162,7 +191,7 @@ def main():
     args = wc.setup()
     rank, world = wc.init(args.backend, args.timeout)
     ck = wc.Checker(rank)
-    for fn in (issue_order, wait_blocks, futures, threads_run_while_waiting, deep_queue_alltoall, back_to_back,
+    for fn in (issue_order, wait_blocks, wait_timeout, futures, threads_run_while_waiting, deep_queue_alltoall, back_to_back,
                two_groups_interleaved):
         ck.run(fn.__name__, fn, ck, rank, world)
         dist.barrier()
