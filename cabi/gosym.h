@@ -175,6 +175,22 @@ int32_t gosym_mem_import(const uint8_t *blob, uint64_t len, int64_t timeout_ms,
 /* The memh's fields (exporter's and local address/length, mode, bindings) as JSON. */
 int32_t gosym_mem_info(uint64_t memh, char *buf, uint64_t cap, uint64_t *len);
 
+/*
+ * Symmetric GPU memory. cuda_alloc: a shareable VMM allocation of at least
+ * nbytes on CUDA device `device`, mapped here; *out_size is its size (a
+ * multiple of the allocation granularity). contiguous_view is collective over
+ * the endpoint's group (every rank calls it, with a buffer of the same size
+ * and the same offset): *out_addr is row 0 of a range whose row r, *out_stride
+ * bytes further per row, aliases rank r's buffer (from its start; the caller
+ * adds the offset). Each view handle is released once with view_release.
+ */
+int32_t gosym_cuda_alloc(int32_t device, uint64_t nbytes, uint64_t *out_buf,
+                         uint64_t *out_addr, uint64_t *out_size);
+int32_t gosym_cuda_free(uint64_t buf);
+int32_t gosym_contiguous_view(uint64_t endpoint, uint64_t buf, uint64_t offset,
+                              uint64_t *out_view, uint64_t *out_addr, uint64_t *out_stride);
+int32_t gosym_view_release(uint64_t view);
+
 /* Process-wide counters (live handles, fds, mappings) as JSON. */
 int32_t gosym_stats(char *buf, uint64_t cap, uint64_t *len);
 

@@ -366,3 +366,64 @@ func gosym_mem_info(h C.uint64_t, buf *C.char, capacity C.uint64_t, length *C.ui
 	})
 	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
 }
+
+//export gosym_cuda_alloc
+func gosym_cuda_alloc(device C.int32_t, n C.uint64_t, out, outAddr, outSize *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if out == nil || outAddr == nil || outSize == nil || device < 0 || n == 0 || uint64(n) > 1<<46 {
+		return ret(errArg("cuda_alloc: bad device %d, size %d or null output", int32(device), uint64(n)))
+	}
+	b, err := gobackend.GPUAlloc(int(device), int(n))
+	if err != nil {
+		return ret(err)
+	}
+	*out = C.uint64_t(handles.add(b))
+	*outAddr, *outSize = C.uint64_t(b.Addr()), C.uint64_t(b.Size())
+	return C.GOSYM_OK
+}
+
+//export gosym_cuda_free
+func gosym_cuda_free(h C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	b, ok := handles.get(uint64(h)).(*gobackend.GPUBuf)
+	if !ok {
+		return ret(gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live GPU buffer handle", uint64(h)))
+	}
+	handles.remove(uint64(h))
+	return ret(b.Free())
+}
+
+//export gosym_contiguous_view
+func gosym_contiguous_view(ep, buf, offset C.uint64_t, out, outAddr, outStride *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if out == nil || outAddr == nil || outStride == nil {
+		return ret(errArg("contiguous_view: null output"))
+	}
+	e, err := getEndpoint(uint64(ep))
+	if err != nil {
+		return ret(err)
+	}
+	b, ok := handles.get(uint64(buf)).(*gobackend.GPUBuf)
+	if !ok {
+		return ret(gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live GPU buffer handle", uint64(buf)))
+	}
+	v, err := e.ContiguousView(b, uintptr(offset))
+	if err != nil {
+		return ret(err)
+	}
+	*out = C.uint64_t(handles.add(v))
+	*outAddr, *outStride = C.uint64_t(v.Addr()), C.uint64_t(v.Stride())
+	return C.GOSYM_OK
+}
+
+//export gosym_view_release
+func gosym_view_release(h C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	v, ok := handles.get(uint64(h)).(*gobackend.View)
+	if !ok {
+		return ret(gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live view handle", uint64(h)))
+	}
+	handles.remove(uint64(h))
+	v.Release()
+	return C.GOSYM_OK
+}

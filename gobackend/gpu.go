@@ -37,6 +37,9 @@ import (
 type gpuArgs struct {
 	device int         // CUDA device ordinal
 	stream cuda.Stream // the caller's stream
+	// task, when set, runs instead of an op: group-wide setup that must
+	// happen in collective order (contiguous views).
+	task func(who symm.Who, deadline time.Time) error
 }
 
 // gpuState is an endpoint's CUDA side. CUDA ops go through the collective
@@ -131,6 +134,14 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
 			op.Kind, device, e.Name, d)
 	}
+	return e.runQueued(op, gpuArgs{device: device, stream: cuda.Stream(stream)})
+}
+
+// runQueued queues op with its CUDA arguments on the collective queue and
+// waits until it ran. That usually runs the queue on this thread, so a CUDA
+// op is enqueued here, in stream order with whatever the caller enqueues
+// next.
+func (e *Endpoint) runQueued(op *Op, a gpuArgs) (*Work, error) {
 	e.mu.Lock()
 	if err := e.usable(op.Kind); err != nil {
 		e.mu.Unlock()
@@ -139,16 +150,24 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 	e.seq++
 	w := &Work{op: *op, q: e.coll, done: make(chan struct{})}
 	w.op.Seq = e.seq
-	e.gpu.add(w.op.Seq, gpuArgs{device: device, stream: cuda.Stream(stream)})
+	e.gpu.add(w.op.Seq, a)
 	e.stats.Posted.Add(1)
 	e.coll.push(w)
 	e.mu.Unlock()
-	// Usually runs the queue on this thread: the enqueue happens here, in
-	// stream order with whatever the caller enqueues next.
 	if err := w.Wait(-1); err != nil {
 		return nil, err
 	}
 	return w, nil
+}
+
+// runTask runs task on every rank in collective order, as the op named
+// name: it may talk to the peers (links, team barriers) like a collective.
+func (e *Endpoint) runTask(name string, task func(who symm.Who, deadline time.Time) error) error {
+	_, err := e.runQueued(&Op{Kind: coll.Barrier}, gpuArgs{device: -1, task: func(who symm.Who, deadline time.Time) error {
+		who.Op = name
+		return task(who, deadline)
+	}})
+	return err
 }
 
 // runGPU runs a CUDA op on the collective queue.
@@ -211,12 +230,9 @@ func gpuConfigFromEnv() gpuConfig {
 	}
 }
 
-// gpuHello is what a rank tells each peer about its buffer (with its fd).
-const (
-	gpuHelloMagic   = 0x50475347 // "GSGP"
-	gpuHelloVersion = 1
-	gpuHelloBytes   = 24
-)
+// gpuHelloMagic marks a rank's announcement of its GPU buffer (its size,
+// with its fd).
+const gpuHelloMagic = 0x50475347 // "GSGP"
 
 // startGPU sets up the group's CUDA data plane on every rank together.
 // Local failures do not stop this rank from taking part in the exchange and
@@ -233,60 +249,28 @@ func (e *Endpoint) startGPU(device int, who symm.Who, deadline time.Time) (*gpuT
 	if local == nil {
 		fd, local = t.exportFD()
 	}
-	hello := make([]byte, gpuHelloBytes)
-	le := binary.LittleEndian
-	le.PutUint32(hello[0:], gpuHelloMagic)
-	le.PutUint32(hello[4:], gpuHelloVersion)
-	le.PutUint32(hello[8:], uint32(e.Rank))
-	var fds []int
-	if local == nil {
-		le.PutUint32(hello[12:], 1)
-		le.PutUint64(hello[16:], uint64(t.size))
-		fds = []int{fd}
-	}
-	var linkErr error
-	for _, l := range e.mesh.Links {
-		if l != nil {
-			if err := l.Send(hello, fds, deadline); err != nil && linkErr == nil {
-				linkErr = err
-			}
-		}
-	}
+	body := make([]byte, 8)
+	binary.LittleEndian.PutUint64(body, uint64(t.size))
+	msgs, err := e.exchangeFD(gpuHelloMagic, body, fd, deadline)
 	if fd >= 0 {
 		unix.Close(fd)
 	}
-	for r, l := range e.mesh.Links {
-		if l == nil {
-			continue
-		}
-		msg, got, err := l.Recv(deadline)
-		switch {
-		case err != nil:
-			if linkErr == nil {
-				linkErr = err
-			}
-		case len(msg) != gpuHelloBytes || le.Uint32(msg) != gpuHelloMagic || le.Uint32(msg[4:]) != gpuHelloVersion ||
-			int(le.Uint32(msg[8:])) != r:
-			if linkErr == nil {
-				linkErr = fmt.Errorf("rank %d sent a malformed CUDA buffer announcement", r)
-			}
-		case le.Uint32(msg[12:]) != 1 || len(got) != 1:
-			if local == nil {
-				local = fmt.Errorf("rank %d could not set up its GPU buffer", r)
-			}
-		case local == nil && uintptr(le.Uint64(msg[16:])) != t.size:
-			local = fmt.Errorf("rank %d's GPU buffer has %d bytes, this rank's %d (different GPUs?)", r, le.Uint64(msg[16:]), t.size)
-		case local == nil:
-			local = t.importPeer(r, got[0])
-		}
-		for _, f := range got {
-			unix.Close(f)
-		}
-	}
-	if linkErr != nil { // the links are out of step: the group cannot go on
+	if err != nil { // the links are out of step: the group cannot go on
 		t.close()
-		return nil, status.Wrap(status.Peer, linkErr, "gosym: %s", who)
+		return nil, status.Wrap(status.Peer, err, "gosym: %s", who)
 	}
+	for r, m := range msgs {
+		switch {
+		case r == e.Rank || local != nil:
+		case !m.ok:
+			local = fmt.Errorf("rank %d could not set up its GPU buffer", r)
+		case uintptr(binary.LittleEndian.Uint64(m.body)) != t.size:
+			local = fmt.Errorf("rank %d's GPU buffer has %d bytes, this rank's %d (different GPUs?)", r, binary.LittleEndian.Uint64(m.body), t.size)
+		default:
+			local = t.importPeer(r, m.fd)
+		}
+	}
+	closeFDX(msgs)
 	if local == nil {
 		local = t.zeroPad()
 	}

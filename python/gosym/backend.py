@@ -199,6 +199,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
+        self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
         self._h = _bootstrap(store, rank, size, timeout, name)
         self._completer = Completer(name)
         self._finalizer = weakref.finalize(self, _destroy, self._h, self._completer, name)
@@ -249,6 +250,11 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def abort(self):
         self.shutdown()
+
+    def _endpoint(self) -> int:
+        if not self._h:
+            raise RuntimeError("gosym: the process group has been shut down")
+        return self._h
 
     def _stats_json(self) -> str:
         if not self._h:

@@ -13,6 +13,7 @@ reference serves for every op, whatever order a backend adds in.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import random
@@ -285,6 +286,82 @@ def uneven(ck, rank, world, dev, digests):
     ck.check("all_reduce after the mismatch", bool((t == world * (world - 1) / 2).all()))
 
 
+def symmetric(ck, rank, world, dev, digests):
+    """gosym.empty on CUDA and the contiguous view: row r aliases rank r's buffer (read
+    and write), on this rank's device, with a padded row stride; the same buffer gives the
+    same view, another buffer with equal contents another; a tensor at an offset into its
+    buffer works; the view outlives the buffer; collectives run on such tensors; mismatched
+    sizes fail on every rank; views and buffers are given back."""
+    import gosym
+
+    def sync():
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+
+    base_handles = gosym.process_stats().get("handles")
+    n, cols = 1000, 3  # 12000 bytes: far from a multiple of the 2 MiB granularity
+    x = gosym.empty(n, cols, dtype=torch.float32, device=dev)
+    ck.check("empty: on this device", x.device == dev and x.shape == (n, cols), str(x.device))
+    x.copy_(torch.arange(n * cols, device=dev, dtype=torch.float32).view(n, cols) + 1000 * rank)
+    sync()
+    v = gosym.contiguous_view(x)
+    ck.check("view: shape and device", v.shape == (world, n, cols) and v.device == dev,
+             f"{tuple(v.shape)} {v.device}")
+    ck.check("view: padded row stride", v.stride(0) * 4 >= n * cols * 4 and (v.stride(0) * 4) %
+             (2 << 20) == 0, str(v.stride()))
+    for r in range(world):
+        exp = torch.arange(n * cols, device=dev, dtype=torch.float32).view(n, cols) + 1000 * r
+        why = wc.compare(v[r], exp)
+        ck.check(f"view: row {r} is rank {r}'s buffer", why is None, why or "")
+    # write into the next rank's row; it sees it in its own buffer
+    v[(rank + 1) % world][0].fill_(-1.0 - rank)
+    sync()
+    ck.check("view: a peer's write lands in this rank's buffer",
+             bool((x[0] == -1.0 - (rank - 1) % world).all()), str(x[0].tolist()))
+    v2 = gosym.contiguous_view(x)
+    ck.check("view: same buffer, same view", v2 is v and v2.data_ptr() == v.data_ptr())
+    y = gosym.empty(n, cols, dtype=torch.float32, device=dev)
+    y.copy_(x)
+    sync()
+    vy = gosym.contiguous_view(y)
+    ck.check("view: equal contents elsewhere, another view", vy.data_ptr() != v.data_ptr())
+    # a tensor at an offset of its buffer
+    part = x[10:20]
+    vp = gosym.contiguous_view(part)
+    sync()
+    why = wc.compare(vp[(rank + 1) % world], v[(rank + 1) % world][10:20])
+    ck.check("view: a tensor at an offset into its buffer", why is None and vp.shape == (world, 10, cols),
+             why or str(tuple(vp.shape)))
+    # collectives on symmetric memory
+    z = gosym.empty(4099, dtype=torch.float32, device=dev)
+    z.fill_(float(rank + 1))
+    dist.all_reduce(z)
+    ck.check("all_reduce on gosym.empty CUDA memory", bool((z == world * (world + 1) / 2).all()))
+    # the view outlives its buffer
+    keep = v[(rank + 1) % world][5:7].clone()
+    del x, v2, part, vp
+    gc.collect()
+    sync()
+    why = wc.compare(v[(rank + 1) % world][5:7], keep)
+    ck.check("view: outlives the buffer", why is None, why or "")
+    # sizes that differ across ranks: every rank fails alike
+    bad = gosym.empty(64 * (1 + (rank == 0)) << 20, dtype=torch.uint8, device=dev)
+    e = ck.expect_error("view: sizes differ", gosym.contiguous_view, bad)
+    if e is not None:
+        ck.check("view: sizes differ names the ranks", "rank" in str(e), wc.error_text(e))
+    not_sym = torch.empty(8, device=dev)
+    e = ck.expect_error("view: a caching-allocator tensor", gosym.contiguous_view, not_sym)
+    if e is not None:
+        ck.check("view: caching-allocator tensor is a ValueError", isinstance(e, ValueError),
+                 wc.error_text(e))
+    del v, vy, y, z, bad, keep
+    gc.collect()
+    torch.cuda.synchronize()
+    after = gosym.process_stats().get("handles")
+    ck.check("views and buffers given back", after == base_handles, f"{base_handles} -> {after}")
+
+
 def noncontiguous(ck, rank, world, dev, digests):
     """A strided view goes through a contiguous copy and is written back in stream order."""
     big = torch.arange(4 * 1031, dtype=torch.float32, device=dev).reshape(1031, 4) + rank
@@ -454,6 +531,8 @@ def main():
     ck.info["matrix_s"] = round(time.perf_counter() - t0, 2)
     ck.run("movement", movement, ck, rank, world, dev, nccl, digests)
     ck.run("uneven", uneven, ck, rank, world, dev, digests)
+    if args.backend == "gosym":
+        ck.run("symmetric", symmetric, ck, rank, world, dev, digests)
     ck.run("noncontiguous", noncontiguous, ck, rank, world, dev, digests)
     ck.run("back_to_back", back_to_back, ck, rank, world, dev, digests)
     ck.run("host_does_not_wait", host_does_not_wait, ck, rank, world, dev)
