@@ -314,7 +314,9 @@ def symmetric(ck, rank, world, dev, digests):
         exp = torch.arange(n * cols, device=dev, dtype=torch.float32).view(n, cols) + 1000 * r
         why = wc.compare(v[r], exp)
         ck.check(f"view: row {r} is rank {r}'s buffer", why is None, why or "")
-    # write into the next rank's row; it sees it in its own buffer
+    # write into the next rank's row (once every rank has read its rows); it sees it in
+    # its own buffer
+    sync()
     v[(rank + 1) % world][0].fill_(-1.0 - rank)
     sync()
     ck.check("view: a peer's write lands in this rank's buffer",
