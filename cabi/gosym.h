@@ -180,8 +180,9 @@ int32_t gosym_mem_info(uint64_t memh, char *buf, uint64_t cap, uint64_t *len);
  * nbytes on CUDA device `device`, mapped here; *out_size is its size (a
  * multiple of the allocation granularity). contiguous_view is collective over
  * the endpoint's group (every rank calls it, with a buffer of the same size
- * and the same offset): *out_addr is row 0 of a range whose row r, *out_stride
- * bytes further per row, aliases rank r's buffer (from its start; the caller
+ * and the same offset): buf is a GPU buffer or the memh of a gosym_mem_alloc
+ * region; *out_addr is where the buffer starts in row 0 of a range whose row
+ * r, *out_stride bytes further per row, aliases rank r's buffer (the caller
  * adds the offset). Each view handle is released once with view_release.
  */
 int32_t gosym_cuda_alloc(int32_t device, uint64_t nbytes, uint64_t *out_buf,

@@ -403,11 +403,19 @@ func gosym_contiguous_view(ep, buf, offset C.uint64_t, out, outAddr, outStride *
 	if err != nil {
 		return ret(err)
 	}
-	b, ok := handles.get(uint64(buf)).(*gobackend.GPUBuf)
-	if !ok {
-		return ret(gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live GPU buffer handle", uint64(buf)))
+	var v *gobackend.View
+	switch b := handles.get(uint64(buf)).(type) {
+	case *gobackend.GPUBuf:
+		v, err = e.ContiguousView(b, uintptr(offset))
+	case *gobackend.Memh:
+		src, serr := gobackend.HostViewSource(b)
+		if serr != nil {
+			return ret(serr)
+		}
+		v, err = e.ContiguousView(src, uintptr(offset))
+	default:
+		return ret(gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is neither a GPU buffer nor a memh handle", uint64(buf)))
 	}
-	v, err := e.ContiguousView(b, uintptr(offset))
 	if err != nil {
 		return ret(err)
 	}

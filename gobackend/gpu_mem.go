@@ -1,35 +1,17 @@
 package gobackend
 
-// Symmetric GPU memory for users: gosym.empty(..., device="cuda") and the
-// contiguous view of a group's buffers.
-//
-// A GPUBuf is one VMM allocation (cuMemCreate with a POSIX-fd handle, its
-// size rounded up to the granularity), mapped in this process for its
-// device. It is shareable: a contiguous view exports its fd to the peers.
-//
-// ContiguousView is collective over a group: every rank names its GPUBuf
-// (and an offset into it); the ranks exchange fds over the authenticated
-// links and each reserves one VA range of world rows of the buffers' size
-// (the row stride: a multiple of the granularity, so a size that is not one
-// leaves padding between rows) and maps rank r's allocation into row r. The
-// result is a [world, ...] tensor on the local device whose row r aliases
-// rank r's buffer. Views are cached per group by (buffer, offset) and
-// reference-counted: the same buffer gives the same mapping while any
-// holder keeps it; the last release unmaps it. A view's mappings keep the
-// physical memory alive on their own, so a buffer freed while viewed stays
-// readable through the view.
+// Symmetric GPU memory for users: gosym.empty(..., device="cuda"). A GPUBuf
+// is one VMM allocation (cuMemCreate with a POSIX-fd handle, its size
+// rounded up to the granularity), mapped in this process for its device.
+// It is shareable: a contiguous view (view.go) exports its fd to the peers
+// and maps theirs side by side with it.
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sync"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/status"
-	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
 // GPUBuf is a shareable VMM allocation of this process (gosym.empty on CUDA).
@@ -111,203 +93,53 @@ func (g *gpuDevice) unmapHandles(va, stride uintptr, mapped, rows int) {
 	g.d.MemAddressFree(g.ctx, va, stride*uintptr(rows))
 }
 
-// View is a contiguous view of a group's buffers in this process.
-type View struct {
-	e      *Endpoint
-	key    viewKey
-	g      *gpuDevice
-	va     uintptr
-	stride uintptr
-	world  int
-	peers  []cuda.AllocHandle // imported, released with the view
-	refs   int                // holders (under e.views.mu)
-}
+// The GPUBuf as a view source.
 
-type viewKey struct {
-	buf *GPUBuf
-	off uintptr
-}
+func (b *GPUBuf) rowBytes() uintptr { return b.size }
+func (b *GPUBuf) origin() uintptr   { return 0 }
+func (b *GPUBuf) device() int       { return b.g.ordinal }
+func (b *GPUBuf) idle()             { b.g.d.CtxSynchronize(b.g.ctx) }
 
-// Addr is where row 0 starts; row r starts Stride bytes further per row.
-func (v *View) Addr() uintptr   { return v.va }
-func (v *View) Stride() uintptr { return v.stride }
-
-// viewCache holds a group's live views.
-type viewCache struct {
-	mu sync.Mutex
-	m  map[viewKey]*View
-}
-
-// viewMagic marks a contiguous-view announcement: buffer size and offset.
-const viewMagic = 0x57565347 // "GSVW"
-
-// ContiguousView returns (another reference to) the view of every rank's
-// buffer b, at offset off into it; every rank of the group calls it
-// together, like a collective. Release each reference once.
-func (e *Endpoint) ContiguousView(b *GPUBuf, off uintptr) (*View, error) {
-	if off >= b.size {
-		return nil, status.Errorf(status.InvalidArg, "gosym: contiguous_view: offset %d is past the buffer's %d bytes", off, b.size)
-	}
-	if d := int(e.gpu.device.Load()) - 1; d >= 0 && d != b.g.ordinal {
-		return nil, status.Errorf(status.InvalidArg, "gosym: contiguous_view of a cuda:%d buffer, but group %q runs on cuda:%d on this rank",
-			b.g.ordinal, e.Name, d)
-	}
-	key := viewKey{b, off}
-	var out *View
-	err := e.runTask("contiguous_view", func(who symm.Who, deadline time.Time) error {
-		e.views.mu.Lock()
-		have := e.views.m[key]
-		e.views.mu.Unlock()
-		// Every rank must take the same path: agree whether all have it.
-		flag := []byte{0}
-		if have != nil {
-			flag[0] = 1
-		}
-		all, err := e.team.Barrier(flag, who, deadline)
-		if err != nil {
-			return err
-		}
-		everyone := true
-		for _, f := range all {
-			everyone = everyone && len(f) == 1 && f[0] == 1
-		}
-		if !everyone {
-			v, err := e.makeView(key, who, deadline)
-			if err != nil {
-				return err
-			}
-			if have == nil {
-				have = v
-			} else { // this rank's own is still alive: keep it, the peers needed the exchange
-				v.unmap()
-			}
-		}
-		e.views.mu.Lock()
-		if e.views.m == nil {
-			e.views.m = map[viewKey]*View{}
-		}
-		e.views.m[key] = have
-		have.refs++
-		e.views.mu.Unlock()
-		out = have
-		return nil
-	})
-	return out, err
-}
-
-// makeView exchanges the buffers' fds and maps them side by side. Every
-// rank decides the outcome from the same announcements, so all fail alike
-// on a size or offset mismatch; a local mapping failure is agreed on too.
-func (e *Endpoint) makeView(key viewKey, who symm.Who, deadline time.Time) (*View, error) {
-	b := key.buf
-	g := b.g
+func (b *GPUBuf) exportFD() (int, error) {
 	b.mu.Lock()
-	fd, local := -1, error(nil)
+	defer b.mu.Unlock()
 	if b.freed {
-		local = fmt.Errorf("the buffer was freed")
-	} else {
-		fd, local = g.d.MemExportFD(g.ctx, b.h)
+		return -1, fmt.Errorf("the buffer was freed")
 	}
-	b.mu.Unlock()
-	body := make([]byte, 16)
-	binary.LittleEndian.PutUint64(body, uint64(b.size))
-	binary.LittleEndian.PutUint64(body[8:], uint64(key.off))
-	msgs, err := e.exchangeFD(viewMagic, body, fd, deadline)
-	if fd >= 0 {
-		unix.Close(fd)
+	return b.g.d.MemExportFD(b.g.ctx, b.h)
+}
+
+func (b *GPUBuf) mapRows(rank int, fds []int) (uintptr, func(), error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return 0, nil, fmt.Errorf("the buffer was freed")
 	}
-	if err != nil {
-		return nil, status.Wrap(status.Peer, err, "gosym: %s", who)
-	}
-	defer closeFDX(msgs)
-	for r, m := range msgs {
-		if sz, o := binary.LittleEndian.Uint64(m.body), binary.LittleEndian.Uint64(m.body[8:]); sz != uint64(b.size) || o != uint64(key.off) {
-			return nil, status.Errorf(status.Mismatch, "gosym: %s: rank %d's buffer has %d bytes at offset %d, this rank's %d at %d (the same size and offset on every rank)",
-				who, r, sz, o, b.size, key.off)
+	g := b.g
+	hs := make([]cuda.AllocHandle, len(fds))
+	var imported []cuda.AllocHandle
+	release := func() {
+		for _, h := range imported {
+			g.d.MemRelease(g.ctx, h)
 		}
 	}
-	v := &View{e: e, key: key, g: g, stride: b.size, world: e.Size, peers: make([]cuda.AllocHandle, e.Size)}
-	hs := make([]cuda.AllocHandle, e.Size)
-	for r, m := range msgs {
-		switch {
-		case local != nil:
-		case r == e.Rank:
+	for r, fd := range fds {
+		if r == rank {
 			hs[r] = b.h
-		case !m.ok:
-			local = fmt.Errorf("rank %d could not export its buffer", r)
-		default:
-			h, err := g.d.MemImportFD(g.ctx, m.fd)
-			if err != nil {
-				local = fmt.Errorf("import rank %d's buffer: %w", r, err)
-				break
-			}
-			hs[r], v.peers[r] = h, h
+			continue
 		}
-	}
-	if local == nil {
-		v.va, local = g.mapHandles(hs, v.stride)
-	}
-	flag := []byte{1}
-	if local != nil {
-		flag[0] = 0
-	}
-	all, err := e.team.Barrier(flag, who, deadline)
-	failed := []int{}
-	for r, f := range all {
-		if len(f) != 1 || f[0] != 1 {
-			failed = append(failed, r)
-		}
-	}
-	if err != nil || len(failed) > 0 || local != nil {
-		v.unmap()
+		h, err := g.d.MemImportFD(g.ctx, fd)
 		if err != nil {
-			return nil, err
+			release()
+			return 0, nil, fmt.Errorf("import rank %d's buffer: %w", r, err)
 		}
-		return nil, status.Errorf(status.NotSupported, "gosym: %s: ranks %v could not map the view (this rank: %v)", who, failed, local)
+		hs[r] = h
+		imported = append(imported, h)
 	}
-	return v, nil
-}
-
-// unmap releases the view's mappings and imported handles.
-func (v *View) unmap() {
-	if v.va != 0 {
-		v.g.unmapHandles(v.va, v.stride, v.world, v.world)
-		v.va = 0
+	va, err := g.mapHandles(hs, b.size)
+	if err != nil {
+		release()
+		return 0, nil, err
 	}
-	for r, h := range v.peers {
-		if h != 0 {
-			v.g.d.MemRelease(v.g.ctx, h)
-			v.peers[r] = 0
-		}
-	}
-}
-
-// Release drops one reference; the last one unmaps the view, once the
-// device is idle.
-func (v *View) Release() {
-	c := &v.e.views
-	c.mu.Lock()
-	v.refs--
-	last := v.refs == 0
-	if last && c.m[v.key] == v {
-		delete(c.m, v.key)
-	}
-	c.mu.Unlock()
-	if last {
-		v.g.d.CtxSynchronize(v.g.ctx)
-		v.unmap()
-	}
-}
-
-// closeViews unmaps every view left at endpoint destroy, once the device
-// is idle (kernels on the callers' streams may still use them).
-func (c *viewCache) closeViews() {
-	c.mu.Lock()
-	m := c.m
-	c.m = nil
-	c.mu.Unlock()
-	for _, v := range m {
-		v.g.d.CtxSynchronize(v.g.ctx)
-		v.unmap()
-	}
+	return va, func() { g.unmapHandles(va, b.size, len(hs), len(hs)); release() }, nil
 }

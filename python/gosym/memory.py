@@ -138,8 +138,10 @@ def _view_release(handle: int) -> None:
     _lib.check(_lib.lib.gosym_view_release(handle))
 
 
-# Symmetric CUDA allocations by address, to find the one a tensor lies in.
+# Symmetric CUDA allocations and gosym.empty host regions by address, to find the one a
+# tensor lies in (its storage's data pointer).
 _cuda_owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_host_owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _cuda_empty(size, dtype, device: torch.device) -> torch.Tensor:
@@ -170,7 +172,9 @@ def empty(*size, dtype: torch.dtype | None = None, device="cpu") -> torch.Tensor
     nbytes = math.prod(size) * torch.empty((), dtype=dtype).element_size()
     h, addr = ctypes.c_uint64(), ctypes.c_uint64()
     _lib.check(_lib.lib.gosym_mem_alloc(max(nbytes, 1), ctypes.byref(h), ctypes.byref(addr)))
-    return _wrap(addr.value, max(nbytes, 1), size, dtype, MemHandle(h.value))
+    handle = MemHandle(h.value)
+    _host_owners[addr.value] = handle
+    return _wrap(addr.value, max(nbytes, 1), size, dtype, handle)
 
 
 def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -193,23 +197,20 @@ def contiguous_view(t: torch.Tensor, group=None) -> torch.Tensor:
     """A [world, *t.shape] tensor on t's device whose row r aliases rank r's t.
 
     Collective over group (default: the default group): every rank calls it with a tensor
-    at the same offset of a gosym.empty(..., device="cuda") buffer of the same size. Rows
-    are one reserved address range with each rank's allocation mapped into its slot (the
-    row stride is the allocation size, padded to the granularity). The same buffer gives
+    at the same offset of a gosym.empty buffer (CUDA or CPU) of the same size. Rows are one
+    reserved address range with each rank's allocation mapped into its slot (the row stride
+    is the allocation size, padded to the granularity or the page size). The same buffer gives
     back the same view while it is alive; the view keeps the peers' memory mapped as long
     as it is referenced, even after the buffers are freed."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"gosym: contiguous_view needs a tensor, got {type(t).__name__}")
-    if not t.is_cuda:
-        raise NotImplementedError("gosym: contiguous_view of CPU tensors is not supported yet; "
-                                  "use a gosym.empty(..., device='cuda') tensor")
     pg = _gosym_group(group)
-    owner = _cuda_owners.get(t.untyped_storage().data_ptr())
+    base = t.untyped_storage().data_ptr()
+    owner = (_cuda_owners if t.is_cuda else _host_owners).get(base)
     if owner is None:
-        raise ValueError("gosym: contiguous_view needs a tensor in memory from "
-                         "gosym.empty(..., device='cuda') (the caching allocator's memory "
-                         "cannot be mapped side by side)")
-    off = t.data_ptr() - owner.addr
+        raise ValueError("gosym: contiguous_view needs a tensor in memory from gosym.empty "
+                         f"(on {t.device.type}); other memory cannot be mapped side by side")
+    off = t.data_ptr() - base
     h, addr, stride = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
     _lib.check(_lib.lib.gosym_contiguous_view(pg._endpoint(), owner.handle, off, ctypes.byref(h),
                                               ctypes.byref(addr), ctypes.byref(stride)))
@@ -220,8 +221,14 @@ def contiguous_view(t: torch.Tensor, group=None) -> torch.Tensor:
         _view_release(h.value)  # the cached tensor holds its own reference
         return cached
     world = pg.size()
-    mem = _CudaMemory(h.value, addr.value, stride.value * world, _view_release)
-    big = mem.tensor(t.device).view(t.dtype)
-    view = torch.as_strided(big, (world, *t.shape), (stride.value // es, *t.stride()), off // es)
+    span = (stride.value * world) // es * es  # from the buffer's start in row 0
+    if t.is_cuda:
+        big = _CudaMemory(h.value, addr.value, span, _view_release).tensor(t.device)
+    else:
+        buf = (ctypes.c_char * span).from_address(addr.value)
+        weakref.finalize(buf, _view_release, h.value)
+        big = torch.frombuffer(buf, dtype=torch.uint8)
+    view = torch.as_strided(big.view(t.dtype), (world, *t.shape),
+                            (stride.value // es, *t.stride()), off // es)
     pg._views[key] = view
     return view
