@@ -385,11 +385,10 @@ func gosym_cuda_alloc(device C.int32_t, n C.uint64_t, out, outAddr, outSize *C.u
 //export gosym_cuda_free
 func gosym_cuda_free(h C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)
-	b, ok := handles.get(uint64(h)).(*gobackend.GPUBuf)
-	if !ok {
-		return ret(gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live GPU buffer handle", uint64(h)))
+	b, err := take[*gobackend.GPUBuf](uint64(h), "GPU buffer")
+	if err != nil {
+		return ret(err)
 	}
-	handles.remove(uint64(h))
 	return ret(b.Free())
 }
 
@@ -427,11 +426,10 @@ func gosym_contiguous_view(ep, buf, offset C.uint64_t, out, outAddr, outStride *
 //export gosym_view_release
 func gosym_view_release(h C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)
-	v, ok := handles.get(uint64(h)).(*gobackend.View)
-	if !ok {
-		return ret(gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live view handle", uint64(h)))
+	v, err := take[*gobackend.View](uint64(h), "view")
+	if err != nil {
+		return ret(err)
 	}
-	handles.remove(uint64(h))
 	v.Release()
 	return C.GOSYM_OK
 }

@@ -101,17 +101,7 @@ func (t *gpuTeam) move(segs []gpuSeg, n uintptr, s cuda.Stream) error {
 	if int(n) < t.cfg.ceMin {
 		return t.copyKernel(segs, copyGrid(n), s)
 	}
-	if err := t.barrier(s); err != nil {
-		return err
-	}
-	for _, sg := range segs {
-		if sg.n > 0 {
-			if err := t.g.d.MemcpyDtoDAsync(t.g.ctx, sg.dst, sg.src, sg.n, s); err != nil {
-				return err
-			}
-		}
-	}
-	return t.barrier(s)
+	return t.moveCE(segs, s)
 }
 
 // copyKernel launches gs_copy with segs between two barriers of all ranks,
