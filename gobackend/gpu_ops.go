@@ -302,6 +302,13 @@ func (t *gpuTeam) reduceScatter(op *Op, s cuda.Stream) error {
 // rank j's staging into its piece from j.
 func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 	es := uintptr(op.DType.Size())
+	if n, ok := uniform(op); ok && int(n*es) < t.cfg.directMin {
+		// The equal-split all_to_all_single: every rank moves n elements to and
+		// from every rank, so every rank knows the chunk count without asking.
+		// (A rank whose splits differ asks; the others do not answer, and the
+		// op fails at the group timeout, as an all_reduce of mismatched counts.)
+		return t.allToAllChunks(op, s, n*es)
+	}
 	w := t.world
 	le := binary.LittleEndian
 	// the splits, then (gpu_direct.go) this rank's input region and pieces
@@ -362,10 +369,17 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 			return t.moveCE(segs, s)
 		}
 	}
+	return t.allToAllChunks(op, s, longest)
+}
+
+// allToAllChunks runs all_to_all staged, in chunks of one region, for a
+// longest piece (over all ranks) of longest bytes.
+func (t *gpuTeam) allToAllChunks(op *Op, s cuda.Stream, longest uintptr) error {
+	es := uintptr(op.DType.Size())
 	reg := t.region()
 	return chunks(longest, reg, func(at, _ uintptr) error {
-		segs := make([]gpuSeg, 0, w)
-		for j := range w {
+		segs := make([]gpuSeg, 0, t.world)
+		for j := range t.world {
 			in, out := op.InPieces[j], op.OutPieces[j]
 			if err := t.stageIn(uintptr(j)*reg, in.Addr+at, clip(uintptr(in.Count)*es, at, reg), s); err != nil {
 				return err
@@ -374,6 +388,18 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 		}
 		return t.move(segs, reg, s)
 	})
+}
+
+// uniform reports whether every input and output piece of op has the same
+// count n.
+func uniform(op *Op) (n uintptr, ok bool) {
+	c := op.InPieces[0].Count
+	for j := range op.InPieces {
+		if op.InPieces[j].Count != c || op.OutPieces[j].Count != c {
+			return 0, false
+		}
+	}
+	return uintptr(c), true
 }
 
 // clip is how many of a piece's total bytes lie in [at, at+size).
