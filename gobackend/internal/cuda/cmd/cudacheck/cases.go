@@ -98,6 +98,13 @@ func (c *checker) runCases() {
 		return c.barrierCase(g, ps, 2, 200)
 	})
 	record("barrier timeout is reported (rank 1 absent, 5 ms)", func() error { return c.timeoutCase(g) })
+	record("semaphore wait timeout names the missing rank (rank 1 absent, 5 ms)", func() error {
+		return c.semaTimeoutCase(g)
+	})
+	for i, gi := range c.gpus {
+		record(fmt.Sprintf("nvls.cu on device %d: load, look up every multimem kernel (no launch, no multicast)", i),
+			func() error { return c.nvlsLoadCase(gi, i) })
+	}
 	record("stream memory operations (write/wait value, batch)", func() error { return c.memopsCase(g) })
 	record("pointer attributes, address range, IPC handle", func() error { return c.pointerCase(g) })
 	c.crossGPU()
@@ -651,6 +658,7 @@ func (c *checker) crossGPU() {
 			}
 		}
 	}
+	c.semaCases(g0, g1, data, pads)
 	if c.quick {
 		return
 	}
