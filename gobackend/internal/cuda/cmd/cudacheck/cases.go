@@ -491,14 +491,22 @@ func (c *checker) barrierCase(g *gpu, pads *padSet, world, times int) error {
 }
 
 func (c *checker) timeoutCase(g *gpu) error {
-	pads, err := c.newPads(g, 2) // left unusable afterwards, as documented
+	grid, block := cuda.BarrierGrid()
+	return c.expectTimeout(g, cuda.BarrierKernel, grid, block, func(pads *padSet) cuda.Param {
+		return &cuda.BarrierParams{Pads: pads.ptrs, TimeoutNs: 5_000_000, World: 2, Rank: 0}
+	}, -1)
+}
+
+// expectTimeout launches k on rank 0 of a fresh pair of pads (left
+// unusable afterwards, as documented) with rank 1 absent, and checks that it
+// gave up naming rank 1 (and, unless detail < 0, with that detail word).
+func (c *checker) expectTimeout(g *gpu, k *cuda.Kernel, grid, block cuda.Dim3, param func(*padSet) cuda.Param,
+	detail int64) error {
+	pads, err := c.newPads(g, 2)
 	if err != nil {
 		return err
 	}
-	fn := g.fns[cuda.BarrierKernel.Name]
-	grid, block := cuda.BarrierGrid()
-	p := cuda.BarrierParams{Pads: pads.ptrs, TimeoutNs: 5_000_000, World: 2, Rank: 0}
-	if err := c.d.Launch(fn, grid, block, 0, g.streams[0], &p); err != nil {
+	if err := c.d.Launch(g.fns[k.Name], grid, block, 0, g.streams[0], param(pads)); err != nil {
 		return err
 	}
 	if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
@@ -508,8 +516,10 @@ func (c *checker) timeoutCase(g *gpu) error {
 	if err != nil {
 		return err
 	}
-	if code, missing := le32(w), le32(w[8:]); code != cuda.ErrTimeout || missing != 2 {
-		return fmt.Errorf("error words code=%d missing=%#x, want code=%d missing=0x2", code, missing, cuda.ErrTimeout)
+	code, got, missing := le32(w), le32(w[4:]), le32(w[8:])
+	if code != cuda.ErrTimeout || missing != 2 || (detail >= 0 && int64(got) != detail) {
+		return fmt.Errorf("error words code=%d detail=%#x missing=%#x, want code=%d detail=%#x missing=0x2", code,
+			got, missing, cuda.ErrTimeout, detail)
 	}
 	return nil
 }
@@ -789,12 +799,7 @@ func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, ite
 	if err := launch(); err != nil {
 		return err
 	}
-	for _, g := range gs {
-		if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
-			return err
-		}
-	}
-	if err := pads.errors(); err != nil {
+	if err := c.settle(gs, pads, false); err != nil {
 		return err
 	}
 	results := make([][]byte, 2)

@@ -48,29 +48,10 @@ func (c *checker) nvlsLoadCase(g *gpu, ordinal int) error {
 // semaTimeoutCase: rank 1 never signals; gs_sema_wait on rank 0 gives up
 // after 5 ms and names rank 1 and the semaphore in the pad's error words.
 func (c *checker) semaTimeoutCase(g *gpu) error {
-	pads, err := c.newPads(g, 2) // left unusable afterwards, as documented
-	if err != nil {
-		return err
-	}
-	fn := g.fns[cuda.SemaWaitKernel.Name]
 	grid, block := cuda.SemaWaitGrid()
-	p := cuda.SemaParams{Pad: pads.ptrs[0], TimeoutNs: 5_000_000, Word: cuda.PadSemaDoneWord, Mask: 2}
-	if err := c.d.Launch(fn, grid, block, 0, g.streams[0], &p); err != nil {
-		return err
-	}
-	if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
-		return err
-	}
-	w, err := pads.bufs[0].read(cuda.PadErrorWord*4, 12)
-	if err != nil {
-		return err
-	}
-	code, detail, missing := le32(w), le32(w[4:]), le32(w[8:])
-	if code != cuda.ErrTimeout || missing != 2 || detail != cuda.PadSemaDoneWord<<8|1 {
-		return fmt.Errorf("error words code=%d detail=%#x missing=%#x, want %d %#x 0x2", code, detail, missing,
-			cuda.ErrTimeout, cuda.PadSemaDoneWord<<8|1)
-	}
-	return nil
+	return c.expectTimeout(g, cuda.SemaWaitKernel, grid, block, func(pads *padSet) cuda.Param {
+		return &cuda.SemaParams{Pad: pads.ptrs[0], TimeoutNs: 5_000_000, Word: cuda.PadSemaDoneWord, Mask: 2}
+	}, cuda.PadSemaDoneWord<<8|1)
 }
 
 // semaStageBytes is the staging per round in these cases: small enough
@@ -123,6 +104,20 @@ func (k semaCase) String() string {
 		op = fmt.Sprintf("reduce root=%d", k.root)
 	}
 	return fmt.Sprintf("2 GPUs sema-unicast %s %s sum n=%d (%s)", op, k.dt, k.numel, waitName(k.memop))
+}
+
+// settle waits for stream 0 of every GPU and checks the pads for errors
+// (and, with semas, that every semaphore was consumed).
+func (c *checker) settle(gs []*gpu, pads *padSet, semas bool) error {
+	for _, g := range gs {
+		if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
+			return err
+		}
+	}
+	if err := pads.errors(); err != nil || !semas {
+		return err
+	}
+	return semaSemaphoresClear(pads)
 }
 
 // semaSemaphoresClear checks that every semaphore is back to 0 on every pad.
@@ -189,15 +184,7 @@ func (c *checker) runSema(gs []*gpu, data [2]*vmem, pads *padSet, k semaCase) er
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 	}
-	for _, g := range gs {
-		if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
-			return err
-		}
-	}
-	if err := pads.errors(); err != nil {
-		return err
-	}
-	if err := semaSemaphoresClear(pads); err != nil {
+	if err := c.settle(gs, pads, true); err != nil {
 		return err
 	}
 	var results [][]byte
@@ -318,15 +305,7 @@ func (c *checker) semaBackToBack(gs []*gpu, data [2]*vmem, pads *padSet, ops int
 			}
 		}
 	}
-	for _, g := range gs {
-		if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
-			return err
-		}
-	}
-	if err := pads.errors(); err != nil {
-		return err
-	}
-	if err := semaSemaphoresClear(pads); err != nil {
+	if err := c.settle(gs, pads, true); err != nil {
 		return err
 	}
 	bad, first := 0, ""
