@@ -7,6 +7,9 @@
 //                           the reduce-scatter half of a two-shot.
 //   gs_twoshot_<type>_<op>  in place: rank r reduces slice r from all peers
 //                           and writes it into every peer's buffer (push).
+//   gs_pull_<type>_<op>     one-shot without its barriers: the caller orders
+//                           the launch after every peer's input is ready and
+//                           before anyone reuses it (the semaphore protocol).
 //
 // types: f32, f16, bf16 (fp32 accumulation), i32, i64; ops: sum, prod, min,
 // max. AVG and PREMUL_SUM are sum with post = GS_POST_DIV / GS_POST_MUL.
@@ -131,20 +134,30 @@ __device__ __forceinline__ gs_u64 gs_head_of(const char *const *ptrs, gs_u64 cou
 	return head < count ? head : count;
 }
 
-template <class T, class Op>
-__device__ __forceinline__ void gs_oneshot(const gs_ar_params &p) {
-	if (!gs_config_ok(p.pads, p.world, p.rank))
-		return;
-	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
-		return;
+// Every element of every peer into this rank's out.
+template <class T, class Op> __device__ __forceinline__ void gs_pull_all(const gs_ar_params &p) {
 	const char *ptrs[GS_MAX_RANKS + 1];
 	gs_sources<T>(p, ptrs);
 	ptrs[GS_MAX_RANKS] = (const char *)p.out;
 	char *const dst[1] = {(char *)p.out};
 	const gs_u64 head = gs_head_of<T>(ptrs, p.numel);
 	gs_reduce_range<T, Op>(ptrs, p.world, dst, 1, 0, p.numel, head, p.scale, p.post);
+}
+
+template <class T, class Op>
+__device__ __forceinline__ void gs_oneshot(const gs_ar_params &p) {
+	if (!gs_config_ok(p.pads, p.world, p.rank))
+		return;
+	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
+		return;
+	gs_pull_all<T, Op>(p);
 	// Peers may overwrite their inputs once everyone has read them.
 	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+}
+
+template <class T, class Op> __device__ __forceinline__ void gs_pull(const gs_ar_params &p) {
+	if (gs_config_ok(p.pads, p.world, p.rank))
+		gs_pull_all<T, Op>(p);
 }
 
 template <class T, class Op>
@@ -185,15 +198,14 @@ __device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
 		gs_##algo<T, Op>(p);                                                           \
 	}
 
+#define GS_AR_OPS(algo, tname, T)                                                             \
+	GS_AR_KERNEL(algo, tname, T, sum, GsSum)                                               \
+	GS_AR_KERNEL(algo, tname, T, prod, GsProd)                                             \
+	GS_AR_KERNEL(algo, tname, T, min, GsMin)                                               \
+	GS_AR_KERNEL(algo, tname, T, max, GsMax)
+
 #define GS_AR_KERNELS(tname, T)                                                               \
-	GS_AR_KERNEL(oneshot, tname, T, sum, GsSum)                                            \
-	GS_AR_KERNEL(oneshot, tname, T, prod, GsProd)                                          \
-	GS_AR_KERNEL(oneshot, tname, T, min, GsMin)                                            \
-	GS_AR_KERNEL(oneshot, tname, T, max, GsMax)                                            \
-	GS_AR_KERNEL(twoshot, tname, T, sum, GsSum)                                            \
-	GS_AR_KERNEL(twoshot, tname, T, prod, GsProd)                                          \
-	GS_AR_KERNEL(twoshot, tname, T, min, GsMin)                                            \
-	GS_AR_KERNEL(twoshot, tname, T, max, GsMax)
+	GS_AR_OPS(oneshot, tname, T) GS_AR_OPS(twoshot, tname, T) GS_AR_OPS(pull, tname, T)
 
 GS_AR_KERNELS(f32, GsF32)
 GS_AR_KERNELS(f16, GsF16)

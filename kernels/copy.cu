@@ -6,6 +6,8 @@
 //               reuse their buffers). Uses the widest access (16/8/4/2/1
 //               bytes) that dst and src are co-aligned for.
 //   gs_barrier  a stream-ordered barrier of all ranks: launch 1 block of 32.
+//   gs_sema_wait  the waiting half of the semaphore protocol (sema.go):
+//               launch 1 block of 32.
 #include "common.cuh"
 
 template <class W>
@@ -69,4 +71,34 @@ extern "C" __global__ void __launch_bounds__(32) gs_barrier(gs_barrier_params p)
 	if (!gs_config_ok(p.pads, p.world, p.rank))
 		return;
 	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+}
+
+// A semaphore is set.
+struct GsIsSet {
+	__device__ __forceinline__ bool operator()(gs_u32 v) const { return v == GS_SEMA_SET; }
+};
+
+// Waits until every rank r in mask has set semaphore word + r of this rank's
+// pad, then consumes it (back to 0), so that every protocol round leaves
+// the semaphores as it found them: what makes back-to-back rounds and
+// replays of a captured graph safe with constant-valued stream writes. A
+// rank that does not arrive within timeout_ns (0: wait forever) is named in
+// the pad's error words (detail: word << 8 | rank) and its semaphore is left
+// alone. Thread r handles rank r.
+extern "C" __global__ void __launch_bounds__(32) gs_sema_wait(gs_sema_params p) {
+	const int t = threadIdx.x;
+	if (!p.pad || (p.word != GS_PAD_SEMA_READY && p.word != GS_PAD_SEMA_DONE) || gridDim.x != 1 ||
+	    blockDim.x < GS_MAX_RANKS || (p.mask >> GS_MAX_RANKS) != 0) {
+		if (t == 0 && blockIdx.x == 0)
+			gs_record_error(p.pad, GS_ERR_CONFIG, (gs_u32)p.word, 0);
+		return;
+	}
+	if (t >= GS_MAX_RANKS || ((p.mask >> t) & 1u) == 0)
+		return;
+	gs_u32 *sem = p.pad + p.word + t;
+	if (!gs_poll(sem, GsIsSet{}, p.timeout_ns)) {
+		gs_record_error(p.pad, GS_ERR_TIMEOUT, ((gs_u32)p.word << 8) | (gs_u32)t, 1u << t);
+		return;
+	}
+	gs_st_release(sem, 0u);
 }

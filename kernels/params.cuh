@@ -14,6 +14,9 @@
 #define GS_PAD_ERROR 1024
 #define GS_PAD_ERROR_DETAIL 1025
 #define GS_PAD_ERROR_MISSING 1026
+#define GS_PAD_SEMA_READY 1040
+#define GS_PAD_SEMA_DONE 1048
+#define GS_PAD_USED 1056
 #define GS_ERR_TIMEOUT 1
 #define GS_ERR_CONFIG 2
 #define GS_SYNC_START 1
@@ -21,6 +24,9 @@
 #define GS_POST_NONE 0
 #define GS_POST_MUL 1
 #define GS_POST_DIV 2
+#define GS_SEMA_SET 1
+#define GS_NVLS_ONESHOT 1
+#define GS_NVLS_INPLACE 2
 #define GS_BLOCK_THREADS 512
 
 struct gs_ar_params { // 176 bytes, Go: cuda.ARParams
@@ -53,6 +59,23 @@ struct gs_barrier_params { // 80 bytes, Go: cuda.BarrierParams
 	unsigned long long timeout_ns;           // offset 64
 	int world;                               // offset 72
 	int rank;                                // offset 76
+};
+
+struct gs_sema_params { // 24 bytes, Go: cuda.SemaParams
+	unsigned int *pad;                       // offset 0
+	unsigned long long timeout_ns;           // offset 8
+	int word;                                // offset 16
+	unsigned int mask;                       // offset 20
+};
+
+struct gs_nvls_params { // 48 bytes, Go: cuda.NVLSParams
+	void *mc;                                // offset 0
+	void *out;                               // offset 8
+	unsigned int *pad;                       // offset 16
+	unsigned long long numel;                // offset 24
+	int mode;                                // offset 32
+	int world;                               // offset 36
+	int rank;                                // offset 40
 };
 
 #endif // GOSYM_PARAMS_CUH
