@@ -21,6 +21,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,8 @@ type gpuState struct {
 	device   atomic.Int32 // ordinal + 1 once set up, for stats
 	stage    atomic.Int64
 	counters gpuCounters
+	algos    gpuAlgoStats // which reduction algorithm ran (gpu_sema.go)
+	nvls     atomic.Bool  // a multicast object is bound over the group's buffers
 }
 
 // gpuCounters count what the data plane did, for the endpoint's stats.
@@ -110,6 +113,8 @@ func (g *gpuState) stats(m map[string]any) {
 	m["gpu_direct_ops"] = g.counters.directOps.Load()
 	m["gpu_ipc_opens"] = g.counters.ipcOpens.Load()
 	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
+	m["gpu_nvls"] = g.nvls.Load()
+	g.algos.stats(m)
 }
 
 // PostCUDA posts an op on CUDA device memory of device (an ordinal; a
@@ -190,7 +195,19 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 			}
 			return err
 		}
-		t.counters = &g.counters
+		// Every rank asks, so that the gate's answer is agreed; on the lent
+		// machines it is no (their safety variables) and nothing multicast
+		// is ever called.
+		mc, err := e.setupNVLS(t, op.Who(), deadline)
+		switch {
+		case err == nil:
+			t.nvls = mc
+			g.nvls.Store(true)
+		case status.CodeOf(err) != status.NotSupported: // links or barrier broke
+			t.close()
+			return err
+		}
+		t.counters, t.algos = &g.counters, &g.algos
 		g.team = t
 		g.device.Store(int32(a.device) + 1)
 		g.stage.Store(int64(t.stage))
@@ -218,6 +235,7 @@ type gpuConfig struct {
 	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of chunks of at least twoShotMin bytes (bandwidth-bound)
 	ceMin      int // GOSYM_GPU_CE_MIN: data-movement chunks of at least this many bytes use the copy engines
 	directMin  int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
+	semaMin    int // GOSYM_GPU_SEMA_MIN: reductions of at least this many bytes use the semaphore protocol
 }
 
 func gpuConfigFromEnv() gpuConfig {
@@ -227,6 +245,7 @@ func gpuConfigFromEnv() gpuConfig {
 		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
 		ceMin:      envInt("GOSYM_GPU_CE_MIN", 1<<20),
 		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 32<<20),
+		semaMin:    envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
 	}
 }
 
@@ -473,6 +492,8 @@ type gpuTeam struct {
 	used        bool                            // kernels were enqueued: close must wait for them
 	ipc         map[gpuIPCKey]uintptr           // peers' allocations mapped here (gpu_direct.go)
 	counters    *gpuCounters
+	algos       *gpuAlgoStats
+	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
 }
 
 // gpuMapping is one rank's buffer as mapped here; each field records a step
@@ -584,6 +605,12 @@ func (t *gpuTeam) close() {
 		if err := g.d.CtxSynchronize(g.ctx); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
 			debugf("rank %d: cuCtxSynchronize before unmapping the GPU buffers: %v", t.rank, err)
 		}
+	}
+	if t.nvls != nil { // the multicast object goes before the buffers it covers
+		if err := t.nvls.Close(); err != nil {
+			debugf("rank %d: releasing the multicast object: %v", t.rank, err)
+		}
+		t.nvls = nil
 	}
 	t.closeIPC()
 	for r := range t.bufs {

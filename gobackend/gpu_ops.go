@@ -27,7 +27,6 @@ import (
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
-	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -52,14 +51,13 @@ func gpuKernelSupport(op *Op) error {
 
 // run enqueues op on stream s.
 func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
+	if op.Kind == coll.AllReduce || op.Kind == coll.Reduce {
+		return t.reduction(op, s, agree)
+	}
 	if done, err := t.direct(op, s, agree); done || err != nil {
 		return err
 	}
 	switch op.Kind {
-	case coll.AllReduce:
-		return t.reduce(op, s, -1)
-	case coll.Reduce:
-		return t.reduce(op, s, op.Root)
 	case coll.ReduceScatter:
 		return t.reduceScatter(op, s)
 	case coll.Broadcast:
@@ -76,6 +74,45 @@ func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
 		return t.barrier(s)
 	}
 	return status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors", op.Kind)
+}
+
+// reduction runs all_reduce or reduce with the algorithm for its size, and
+// counts it: NVLS where a multicast object is bound and its kernels take
+// the type and op; the direct two-shot on the peers' buffers for large
+// in-place all_reduce; the semaphore protocol from semaMin bytes (off by
+// default: measured slower than the kernels' block barriers, see
+// docs/ARCHITECTURE.md); else one-shot or two-shot over the staging.
+func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
+	root := -1
+	if op.Kind == coll.Reduce {
+		root = op.Root
+	}
+	n := op.Count * op.DType.Size()
+	if t.nvls != nil {
+		if _, err := cuda.NVLSKernel(op.DType, op.RedOp); err == nil {
+			t.algos.Add(gpuAlgoNVLS, t.rank, op)
+			return t.nvlsReduce(op, s, root, nvlsStageAddr(t.nvls))
+		}
+	}
+	if root < 0 {
+		done, err := t.direct(op, s, agree)
+		if done {
+			t.algos.Add(gpuAlgoTwoShot, t.rank, op)
+		}
+		if done || err != nil {
+			return err
+		}
+	}
+	if n >= t.cfg.semaMin && t.g.d.HasStreamMemOps() {
+		t.algos.Add(gpuAlgoSema, t.rank, op)
+		return t.semaReduce(op, s, root)
+	}
+	if root < 0 && t.world > 1 && n >= t.cfg.twoShotMin {
+		t.algos.Add(gpuAlgoTwoShot, t.rank, op)
+	} else {
+		t.algos.Add(gpuAlgoOneShot, t.rank, op)
+	}
+	return t.reduce(op, s, root)
 }
 
 // gpuSeg is one copy of a gs_copy launch.
@@ -200,15 +237,8 @@ func (t *gpuTeam) scatter(op *Op, s cuda.Stream) error {
 
 // reduceParams is the ARParams every reduction of op starts from.
 func (t *gpuTeam) reduceParams(op *Op) cuda.ARParams {
-	p := cuda.ARParams{Peers: t.stages, Pads: t.pads, TimeoutNs: t.timeoutNs, Scale: 1,
+	return cuda.ARParams{Peers: t.stages, Pads: t.pads, TimeoutNs: t.timeoutNs, Scale: reduceScale(op, t.world),
 		World: int32(t.world), Rank: int32(t.rank)}
-	switch op.RedOp {
-	case dtype.Avg:
-		p.Scale = float32(t.world)
-	case dtype.PremulSum:
-		p.Scale = float32(op.Scale)
-	}
-	return p
 }
 
 // reduceKernel launches the one- or two-shot kernel of op with p, or, on a
