@@ -26,7 +26,7 @@ for s in "${steps[@]}"; do
 		echo "exit $?"; grep -E "FAIL|passed|failed" "$out/gpu_check.out" | tail -15 ;;
 	test)
 		echo "== pytest tests/test_cuda.py"
-		timeout 420 python3 -m pytest -q --timeout=400 -p no:cacheprovider tests/test_cuda.py \
+		timeout 420 python3 -m pytest -q --timeout=400 -p no:cacheprovider tests/test_cuda.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
 			--junitxml="$out/test_cuda.xml" 2>&1 | tail -40
 		cp -r /tmp/pytest-of-*/ "$out/pytest-tmp" 2>/dev/null || true ;;
 	bench)

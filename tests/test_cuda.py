@@ -57,7 +57,7 @@ def cuda_sema_job(tmp_path_factory):
         pytest.skip("needs 2 CUDA devices")
     out = tmp_path_factory.mktemp("cuda_sema") / "out"
     return run_torchrun("cuda_worker", 2, ["--timeout", 120], timeout=600, outdir=out,
-                        env={"GOSYM_GPU_STAGE_BYTES": str(1 << 20), "GOSYM_GPU_SEMA_MIN": "0"})
+                        env={"GOSYM_GPU_STAGE_BYTES": str(1 << 20), "GOSYM_GPU_SEMA_MIN": "1"})
 
 
 def test_sema_path(cuda_sema_job):

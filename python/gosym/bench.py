@@ -411,7 +411,7 @@ class Bench:
         if "gosym-sema" in args.backends and "gosym" in self.groups and args.device == "cuda":
             # A second gosym group whose reductions all take the semaphore protocol: the
             # CUDA tunables are read when a group's first CUDA op sets it up.
-            os.environ["GOSYM_GPU_SEMA_MIN"] = "0"
+            os.environ["GOSYM_GPU_SEMA_MIN"] = "1"
             try:
                 g = dist.new_group(backend="gosym", timeout=timeout)
                 dist.all_reduce(self.torch.zeros(1, device=self.device), group=g)
