@@ -68,8 +68,10 @@ def test_sema_path(cuda_sema_job):
     assert not differ, f"ranks got different bits in {differ[:10]}"
     assert r0.get("graph") == "captured", r0.get("graph")
     st = r0["stats"]
+    # all but the empty all_reduce (one-shot, nothing to do) and the 32 MiB int64 ones
+    # (the direct two-shot on the peers' buffers comes first)
     assert st["gpu_algo_sema_unicast"] > 1000, st
-    assert st["gpu_algo_oneshot"] == st["gpu_algo_twoshot"] == 0, st
+    assert st["gpu_algo_oneshot"] + st["gpu_algo_twoshot"] <= 8, st
     assert st["gpu_nvls"] is False and st["gpu_algo_nvls"] == 0, st
 
 
