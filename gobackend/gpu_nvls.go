@@ -5,9 +5,9 @@ package gobackend
 // one multimem.ld_reduce. Strictly opt-in: cuda.SetupMulticast asks the
 // gate (GOSYM_NVLS=1, device support, no NCCL_NVLS_ENABLE=0,
 // TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) on every rank
-// and agrees on the answer before anything multicast happens. Not wired
-// yet: the first CUDA op would call setupNVLS after startGPU, keep the
-// binding on the team and close it before the buffers.
+// and agrees on the answer before anything multicast happens. runGPU calls
+// it after startGPU on every rank; the binding lives on the team and is
+// closed before the buffers.
 
 import (
 	"encoding/binary"

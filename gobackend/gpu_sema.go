@@ -5,7 +5,7 @@ package gobackend
 // semaphores in the signal pads set by stream memory operations), with the
 // unicast pull kernel or, where a multicast object was set up (gpu_nvls.go),
 // with multimem.ld_reduce; and per-algorithm counters that make the choice
-// visible. Not wired yet: gpu.go's runGPU picks the algorithm.
+// visible. gpuTeam.reduction (gpu_ops.go) picks the algorithm.
 
 import (
 	"os"
