@@ -250,7 +250,7 @@ func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.
 	if algo == cuda.TwoShot || int(p.Numel)*es >= t.cfg.twoShotMin {
 		grid, block = cuda.ReduceGridLimit(algo, p.Numel, es, t.world, t.cfg.bigBlocks)
 	}
-	if p.Out == 0 && algo == cuda.OneShot {
+	if p.Out == 0 && p.In == 0 && algo == cuda.OneShot { // nothing to stage or to reduce here
 		return t.copyKernel(nil, grid, s)
 	}
 	k, post, err := cuda.ReduceKernel(algo, op.DType, op.RedOp)
@@ -268,8 +268,8 @@ func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.
 
 // reduce is all_reduce (root < 0) and reduce (only root writes its
 // output), per chunk of staging:
-//   - one-shot (small chunks): the kernel reads every rank's staging and
-//     writes the output;
+//   - one-shot (small chunks): one launch that stages this rank's input,
+//     reads every rank's staging and writes the output;
 //   - two-shot (all_reduce chunks of at least twoShotMin bytes): rank r
 //     reduces slice r of every staging and writes it into every rank's
 //     staging, then a copy to the output; each rank moves 1/world of the
@@ -289,10 +289,12 @@ func (t *gpuTeam) reduce(op *Op, s cuda.Stream, root int) error {
 		if root < 0 && t.world > 1 && int(n) >= t.cfg.twoShotMin {
 			algo = cuda.TwoShot
 		}
-		if err := t.stageIn(0, op.In+at, n, s); err != nil {
+		p.Numel, p.Out, p.SrcOffset, p.In = uint64(n/es), op.Out+at, 0, 0
+		if algo == cuda.OneShot {
+			p.In = op.In + at // the kernel stages it (one launch, no copy)
+		} else if err := t.stageIn(0, op.In+at, n, s); err != nil {
 			return err
 		}
-		p.Numel, p.Out, p.SrcOffset = uint64(n/es), op.Out+at, 0
 		if root >= 0 && t.rank != root {
 			p.Out = 0
 		}

@@ -29,17 +29,18 @@
 #define GS_NVLS_INPLACE 2
 #define GS_BLOCK_THREADS 512
 
-struct gs_ar_params { // 176 bytes, Go: cuda.ARParams
+struct gs_ar_params { // 184 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
 	unsigned int *pads[GS_MAX_RANKS];        // offset 64
 	void *out;                               // offset 128
-	unsigned long long numel;                // offset 136
-	unsigned long long src_offset;           // offset 144
-	unsigned long long timeout_ns;           // offset 152
-	float scale;                             // offset 160
-	int post;                                // offset 164
-	int world;                               // offset 168
-	int rank;                                // offset 172
+	const void *in;                          // offset 136
+	unsigned long long numel;                // offset 144
+	unsigned long long src_offset;           // offset 152
+	unsigned long long timeout_ns;           // offset 160
+	float scale;                             // offset 168
+	int post;                                // offset 172
+	int world;                               // offset 176
+	int rank;                                // offset 180
 };
 
 struct gs_copy_params { // 280 bytes, Go: cuda.CopyParams

@@ -114,6 +114,7 @@ type ARParams struct {
 	Peers     [MaxRanks]uintptr `cuda:"peers,const void *,GS_MAX_RANKS"`
 	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
 	Out       uintptr           `cuda:"out,void *"`
+	In        uintptr           `cuda:"in,const void *"` // one-shot: stage this first (0: staged already)
 	Numel     uint64            `cuda:"numel,unsigned long long"`
 	SrcOffset uint64            `cuda:"src_offset,unsigned long long"` // in elements
 	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"` // 0: wait forever

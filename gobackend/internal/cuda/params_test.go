@@ -36,13 +36,13 @@ func TestParamLayouts(t *testing.T) {
 			}
 		})
 	}
-	require.Equal(t, uintptr(176), arLayout.Size)
+	require.Equal(t, uintptr(184), arLayout.Size)
 	off := map[string]uintptr{}
 	for _, f := range arLayout.Fields {
 		off[f.Name] = f.Offset
 	}
-	require.Equal(t, map[string]uintptr{"peers": 0, "pads": 64, "out": 128, "numel": 136,
-		"src_offset": 144, "timeout_ns": 152, "scale": 160, "post": 164, "world": 168, "rank": 172}, off)
+	require.Equal(t, map[string]uintptr{"peers": 0, "pads": 64, "out": 128, "in": 136, "numel": 144,
+		"src_offset": 152, "timeout_ns": 160, "scale": 168, "post": 172, "world": 176, "rank": 180}, off)
 }
 
 func TestLayoutRejectsBadTags(t *testing.T) {
