@@ -3,12 +3,15 @@ package gobackend
 // The collectives of the CUDA data plane. Each op is enqueued on the
 // caller's stream as a loop over chunks of the symmetric staging; a chunk is
 //
-//	stage  copy what this rank contributes into its own staging
-//	       (cuMemcpyDtoDAsync, the copy engine);
-//	move   one kernel launch that waits for every rank (its data is staged),
-//	       pulls or reduces from the peers' staging over NVLink into this
-//	       rank's output, and waits for every rank again (the staging may be
-//	       reused by the next chunk).
+//	stage  copy what this rank contributes into its own staging;
+//	move   wait for every rank (its data is staged), pull or reduce from
+//	       the peers' staging over NVLink into this rank's output, and wait
+//	       for every rank again (the staging may be reused by the next chunk).
+//
+// Below ceMin (data movement) or twoShotMin (reductions) both happen in one
+// launch: block b stages exactly the byte range that block b of every peer
+// later pulls, so the per-block barrier between them covers it. Larger
+// chunks stage with the copy engines (cuMemcpyDtoDAsync).
 //
 // The move kernels are gs_copy (up to MaxSegs copies, for broadcast,
 // gather, scatter, all_gather, all_to_all) and the one-shot reduction of
@@ -24,6 +27,7 @@ package gobackend
 
 import (
 	"encoding/binary"
+	"fmt"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
@@ -129,21 +133,33 @@ func (t *gpuTeam) stageIn(off, src, n uintptr, s cuda.Stream) error {
 	return t.g.d.MemcpyDtoDAsync(t.g.ctx, t.stages[t.rank]+off, src, n, s)
 }
 
-// move makes segs, copies of a chunk of n bytes (n is the same on every
-// rank), between two barriers of all ranks: one gs_copy launch for chunks
-// below ceMin (latency: one launch), else a barrier, a copy-engine copy per
+// staged is the segment that copies n bytes from src into this rank's
+// staging at off.
+func (t *gpuTeam) staged(off, src, n uintptr) gpuSeg { return gpuSeg{t.stages[t.rank] + off, src, n} }
+
+// move stages pre (segments into this rank's staging), then makes segs
+// between two barriers of all ranks, for a chunk of n bytes (n is the same
+// on every rank): one gs_copy launch for chunks below ceMin (latency: the
+// kernel stages too), else copy-engine copies for pre, a barrier, one per
 // segment and a barrier (bandwidth: the copy engines drive NVLink faster
 // than the few blocks gs_copy may use).
-func (t *gpuTeam) move(segs []gpuSeg, n uintptr, s cuda.Stream) error {
+func (t *gpuTeam) move(pre, segs []gpuSeg, n uintptr, s cuda.Stream) error {
 	if int(n) < t.cfg.ceMin {
-		return t.copyKernel(segs, copyGrid(n), s)
+		return t.copyKernel(pre, segs, copyGrid(n), s)
+	}
+	for _, sg := range pre {
+		if sg.n > 0 {
+			if err := t.g.d.MemcpyDtoDAsync(t.g.ctx, sg.dst, sg.src, sg.n, s); err != nil {
+				return err
+			}
+		}
 	}
 	return t.moveCE(segs, s)
 }
 
-// copyKernel launches gs_copy with segs between two barriers of all ranks,
-// in grid (which must be the same on every rank).
-func (t *gpuTeam) copyKernel(segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error {
+// copyKernel launches gs_copy: pre, then a barrier of all ranks, segs and
+// a barrier, in grid (which must be the same on every rank).
+func (t *gpuTeam) copyKernel(pre, segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error {
 	f, err := t.function(cuda.CopyKernel)
 	if err != nil {
 		return err
@@ -151,12 +167,20 @@ func (t *gpuTeam) copyKernel(segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error
 	t.used = true
 	p := cuda.CopyParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank),
 		Sync: cuda.SyncStart | cuda.SyncEnd}
-	for _, sg := range segs {
-		if sg.n == 0 {
-			continue
+	for i, part := range [][]gpuSeg{pre, segs} {
+		for _, sg := range part {
+			if sg.n == 0 {
+				continue
+			}
+			if p.NSeg == cuda.MaxSegs {
+				return fmt.Errorf("gs_copy takes %d segments at most", cuda.MaxSegs)
+			}
+			p.Dst[p.NSeg], p.Src[p.NSeg], p.Bytes[p.NSeg] = sg.dst, sg.src, uint64(sg.n)
+			p.NSeg++
 		}
-		p.Dst[p.NSeg], p.Src[p.NSeg], p.Bytes[p.NSeg] = sg.dst, sg.src, uint64(sg.n)
-		p.NSeg++
+		if i == 0 {
+			p.NPre = p.NSeg
+		}
 	}
 	_, block := cuda.CopyGrid(0)
 	return t.g.d.Launch(f, grid, block, 0, s, &p)
@@ -182,18 +206,16 @@ func chunks(total, size uintptr, fn func(at, n uintptr) error) error {
 func (t *gpuTeam) broadcast(op *Op, s cuda.Stream) error {
 	total := uintptr(op.Count * op.DType.Size())
 	return chunks(total, t.stage, func(at, n uintptr) error {
-		var segs []gpuSeg
+		var pre, segs []gpuSeg
 		if t.rank == op.Root {
-			if err := t.stageIn(0, op.In+at, n, s); err != nil {
-				return err
-			}
+			pre = append(pre, t.staged(0, op.In+at, n))
 			if op.Out != op.In {
 				segs = append(segs, gpuSeg{op.Out + at, op.In + at, n})
 			}
 		} else {
 			segs = append(segs, gpuSeg{op.Out + at, t.stages[op.Root], n})
 		}
-		return t.move(segs, n, s)
+		return t.move(pre, segs, n, s)
 	})
 }
 
@@ -202,16 +224,13 @@ func (t *gpuTeam) broadcast(op *Op, s cuda.Stream) error {
 func (t *gpuTeam) gather(op *Op, s cuda.Stream, root int) error {
 	total := uintptr(op.Count * op.DType.Size())
 	return chunks(total, t.stage, func(at, n uintptr) error {
-		if err := t.stageIn(0, op.In+at, n, s); err != nil {
-			return err
-		}
 		var segs []gpuSeg
 		if root < 0 || t.rank == root {
 			for r, pc := range op.OutPieces {
 				segs = append(segs, gpuSeg{pc.Addr + at, t.stages[r], n})
 			}
 		}
-		return t.move(segs, n, s)
+		return t.move([]gpuSeg{t.staged(0, op.In+at, n)}, segs, n, s)
 	})
 }
 
@@ -223,15 +242,14 @@ func (t *gpuTeam) region() uintptr { return (t.stage / uintptr(t.world)) &^ 15 }
 func (t *gpuTeam) scatter(op *Op, s cuda.Stream) error {
 	total, reg := uintptr(op.Count*op.DType.Size()), t.region()
 	return chunks(total, reg, func(at, n uintptr) error {
+		var pre []gpuSeg
 		if t.rank == op.Root {
 			for r, pc := range op.InPieces {
-				if err := t.stageIn(uintptr(r)*reg, pc.Addr+at, n, s); err != nil {
-					return err
-				}
+				pre = append(pre, t.staged(uintptr(r)*reg, pc.Addr+at, n))
 			}
 		}
 		seg := gpuSeg{op.Out + at, t.stages[op.Root] + uintptr(t.rank)*reg, n}
-		return t.move([]gpuSeg{seg}, n, s)
+		return t.move(pre, []gpuSeg{seg}, n, s)
 	})
 }
 
@@ -251,7 +269,7 @@ func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.
 		grid, block = cuda.ReduceGridLimit(algo, p.Numel, es, t.world, t.cfg.bigBlocks)
 	}
 	if p.Out == 0 && p.In == 0 && algo == cuda.OneShot { // nothing to stage or to reduce here
-		return t.copyKernel(nil, grid, s)
+		return t.copyKernel(nil, nil, grid, s)
 	}
 	k, post, err := cuda.ReduceKernel(algo, op.DType, op.RedOp)
 	if err != nil {
@@ -410,15 +428,13 @@ func (t *gpuTeam) allToAllChunks(op *Op, s cuda.Stream, longest uintptr) error {
 	es := uintptr(op.DType.Size())
 	reg := t.region()
 	return chunks(longest, reg, func(at, _ uintptr) error {
-		segs := make([]gpuSeg, 0, t.world)
+		pre, segs := make([]gpuSeg, 0, t.world), make([]gpuSeg, 0, t.world)
 		for j := range t.world {
 			in, out := op.InPieces[j], op.OutPieces[j]
-			if err := t.stageIn(uintptr(j)*reg, in.Addr+at, clip(uintptr(in.Count)*es, at, reg), s); err != nil {
-				return err
-			}
+			pre = append(pre, t.staged(uintptr(j)*reg, in.Addr+at, clip(uintptr(in.Count)*es, at, reg)))
 			segs = append(segs, gpuSeg{out.Addr + at, t.stages[j] + uintptr(t.rank)*reg, clip(uintptr(out.Count)*es, at, reg)})
 		}
-		return t.move(segs, reg, s)
+		return t.move(pre, segs, reg, s)
 	})
 }
 

@@ -7,7 +7,7 @@
 
 #define GS_MAX_RANKS 8
 #define GS_MAX_BLOCKS 64
-#define GS_MAX_SEGS 8
+#define GS_MAX_SEGS 16
 #define GS_PAD_BYTES 8192
 #define GS_PAD_FLAGS 0
 #define GS_PAD_COUNTERS 512
@@ -43,16 +43,17 @@ struct gs_ar_params { // 184 bytes, Go: cuda.ARParams
 	int rank;                                // offset 180
 };
 
-struct gs_copy_params { // 280 bytes, Go: cuda.CopyParams
+struct gs_copy_params { // 480 bytes, Go: cuda.CopyParams
 	void *dst[GS_MAX_SEGS];                  // offset 0
-	const void *src[GS_MAX_SEGS];            // offset 64
-	unsigned long long bytes[GS_MAX_SEGS];   // offset 128
-	unsigned int *pads[GS_MAX_RANKS];        // offset 192
-	unsigned long long timeout_ns;           // offset 256
-	int nseg;                                // offset 264
-	int world;                               // offset 268
-	int rank;                                // offset 272
-	int sync;                                // offset 276
+	const void *src[GS_MAX_SEGS];            // offset 128
+	unsigned long long bytes[GS_MAX_SEGS];   // offset 256
+	unsigned int *pads[GS_MAX_RANKS];        // offset 384
+	unsigned long long timeout_ns;           // offset 448
+	int nseg;                                // offset 456
+	int npre;                                // offset 460
+	int world;                               // offset 464
+	int rank;                                // offset 468
+	int sync;                                // offset 472
 };
 
 struct gs_barrier_params { // 80 bytes, Go: cuda.BarrierParams

@@ -13,7 +13,7 @@ import (
 const (
 	MaxRanks     = 8   // peers a kernel can address (GS_MAX_RANKS)
 	MaxBlocks    = 64  // blocks a barrier-using kernel may launch (GS_MAX_BLOCKS)
-	MaxSegs      = 8   // segments of one gs_copy launch (GS_MAX_SEGS)
+	MaxSegs      = 16  // segments of one gs_copy launch (GS_MAX_SEGS): a stage and a pull per rank
 	BlockThreads = 512 // threads per block of the data kernels (GS_BLOCK_THREADS)
 
 	// Signal pad layout, in 32-bit words (see kernels/common.cuh).
@@ -134,6 +134,7 @@ type CopyParams struct {
 	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
 	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"`
 	NSeg      int32             `cuda:"nseg,int"`
+	NPre      int32             `cuda:"npre,int"` // the first NPre segments stage before the start barrier
 	World     int32             `cuda:"world,int"`
 	Rank      int32             `cuda:"rank,int"`
 	Sync      int32             `cuda:"sync,int"` // SyncStart | SyncEnd
