@@ -96,9 +96,12 @@ typedef struct gosym_piece {
  * device >= 0 names the CUDA device (ordinal) holding every buffer of the op;
  * the op is then enqueued on stream (a CUstream, 0: the legacy default
  * stream) before gosym_op_post returns, and its work is complete on the host
- * at once: the stream carries the ordering. CUDA ops so far: ALLREDUCE and
- * BARRIER; others fail with GOSYM_ERR_NOT_SUPPORTED.
+ * at once: the stream carries the ordering. Every collective runs on CUDA
+ * memory; SEND and RECV fail with GOSYM_ERR_NOT_SUPPORTED. flags:
+ * GOSYM_OP_CAPTURING says the stream is being captured into a CUDA graph
+ * (the op then prefers the kernels that replay fastest).
  */
+#define GOSYM_OP_CAPTURING 1
 typedef struct gosym_op_desc {
   uint32_t struct_size; /* sizeof(gosym_op_desc), for forward compatibility */
   int32_t op;
@@ -117,7 +120,7 @@ typedef struct gosym_op_desc {
   int32_t n_out;
   uint64_t stream; /* CUstream of a CUDA op */
   int32_t device;  /* CUDA device ordinal, -1: host memory */
-  int32_t _pad;    /* zero */
+  int32_t flags;   /* GOSYM_OP_* bits; 0 for host ops */
 } gosym_op_desc;
 
 /* Library. */

@@ -238,7 +238,7 @@ func gosym_op_post(h C.uint64_t, d *C.gosym_cdesc, out *C.uint64_t) (rc C.int32_
 	if op.OutPieces, err = pieces(d.out_pieces, d.n_out); err != nil {
 		return ret(err)
 	}
-	w, err := ep.PostCUDA(op, int(d.device), uintptr(d.stream))
+	w, err := ep.PostCUDA(op, int(d.device), uintptr(d.stream), d.flags&C.GOSYM_OP_CAPTURING != 0)
 	if err != nil {
 		return ret(err)
 	}

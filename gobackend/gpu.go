@@ -36,8 +36,9 @@ import (
 
 // gpuArgs says where a posted CUDA op runs.
 type gpuArgs struct {
-	device int         // CUDA device ordinal
-	stream cuda.Stream // the caller's stream
+	device    int         // CUDA device ordinal
+	stream    cuda.Stream // the caller's stream
+	capturing bool        // the stream is being captured into a CUDA graph
 	// task, when set, runs instead of an op: group-wide setup that must
 	// happen in collective order (contiguous views).
 	task func(who symm.Who, deadline time.Time) error
@@ -118,11 +119,12 @@ func (g *gpuState) stats(m map[string]any) {
 }
 
 // PostCUDA posts an op on CUDA device memory of device (an ordinal; a
-// negative device means host memory, as Post). Send and recv do not run
+// negative device means host memory, as Post); capturing says the stream
+// is being captured into a CUDA graph. Send and recv do not run
 // on the CUDA data plane yet. The op is enqueued on stream before
 // PostCUDA returns, after every collective posted before it; the returned
 // Work is already complete on the host.
-func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
+func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
 	if device < 0 {
 		return e.Post(op)
 	}
@@ -139,7 +141,7 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
 			op.Kind, device, e.Name, d)
 	}
-	return e.runQueued(op, gpuArgs{device: device, stream: cuda.Stream(stream)})
+	return e.runQueued(op, gpuArgs{device: device, stream: cuda.Stream(stream), capturing: capturing})
 }
 
 // runQueued queues op with its CUDA arguments on the collective queue and
@@ -219,6 +221,7 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 	}
 	g.ops.Add(1)
 	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
+	t.capturing = a.capturing
 	err := t.run(op, a.stream, agree)
 	var coded *status.Error
 	if err != nil && !errors.As(err, &coded) {
@@ -236,6 +239,7 @@ type gpuConfig struct {
 	ceMin      int // GOSYM_GPU_CE_MIN: data-movement chunks of at least this many bytes use the copy engines
 	directMin  int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
 	semaMin    int // GOSYM_GPU_SEMA_MIN: reductions of at least this many bytes use the semaphore protocol
+	fuseMax    int // GOSYM_GPU_FUSE_MAX: one-shot chunks of at most this many bytes stage inside the kernel, outside graph capture
 }
 
 func gpuConfigFromEnv() gpuConfig {
@@ -246,6 +250,7 @@ func gpuConfigFromEnv() gpuConfig {
 		ceMin:      envInt("GOSYM_GPU_CE_MIN", 1<<20),
 		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 32<<20),
 		semaMin:    envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
+		fuseMax:    envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
 	}
 }
 
@@ -493,6 +498,7 @@ type gpuTeam struct {
 	ipc         map[gpuIPCKey]uintptr           // peers' allocations mapped here (gpu_direct.go)
 	counters    *gpuCounters
 	algos       *gpuAlgoStats
+	capturing   bool // the current op's stream is being captured (a CUDA graph)
 	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
 }
 

@@ -336,8 +336,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         right after the op."""
         idx = self._cuda_index(idx)
         raw = _raw_stream(idx)
+        flags = _lib.OP_CAPTURING if torch.cuda.is_current_stream_capturing() else 0
         for desc, _, cb in built:
-            self._cuda_post(_lib.on_stream(desc, raw, idx), idx)
+            self._cuda_post(_lib.on_stream(desc, raw, idx, flags), idx)
             for t, tmp in cb or ():
                 t.copy_(tmp)
         return CudaWork(out, idx, raw)
