@@ -2,7 +2,7 @@
 tensors for every dtype x op x size class against NCCL on the same inputs and an
 exact reference; broadcast, all_gather, reduce_scatter, reduce, all_to_all (equal,
 uneven and list), gather and scatter the same way; guard elements around the output, bitwise identity across ranks
-(digests compared by the test), 1000 back-to-back ops under random per-rank GPU
+(digests compared by the test), 10k back-to-back ops under random per-rank GPU
 delays with no host sync, the host not waiting for the GPU, a CUDA graph of 10
 all_reduce replayed 100 times, barrier semantics, clear errors for what the data
 plane does not run, and host collectives on the same group afterwards.
@@ -384,18 +384,18 @@ def noncontiguous(ck, rank, world, dev, digests):
 
 
 def back_to_back(ck, rank, world, dev, digests):
-    """1000 all_reduce with no host sync while each rank delays its stream at random; now
+    """10k all_reduce with no host sync while each rank delays its stream at random; now
     and then a larger op (several staging chunks with a small GOSYM_GPU_STAGE_BYTES)."""
     rng = random.Random(1234 + rank)
-    N, n = 1000, 1027
+    N, n = 10_000, 1027
     rows = (torch.arange(N, dtype=torch.float32, device=dev)[:, None] * world + rank).expand(N, n)
     rows = rows.contiguous()
     extras = []
     for i in range(N):
-        if rng.random() < 0.3:
-            torch.cuda._sleep(rng.randint(1_000, 300_000))
+        if rng.random() < 0.1:
+            torch.cuda._sleep(rng.randint(1_000, 200_000))
         dist.all_reduce(rows[i])
-        if i % 97 == 0:
+        if i % 997 == 0:
             e = torch.full((600_003,), float(i + rank), device=dev)
             dist.all_reduce(e)
             extras.append((i, e))
@@ -403,7 +403,7 @@ def back_to_back(ck, rank, world, dev, digests):
     exp = (torch.arange(N, dtype=torch.float32, device=dev) * world * world +
            world * (world - 1) / 2)[:, None].expand(N, n)
     why = wc.compare(rows, exp.contiguous())
-    ck.check("back_to_back: 1000 ops under random delays", why is None, why or "")
+    ck.check("back_to_back: 10k ops under random delays", why is None, why or "")
     for i, e in extras:
         why = wc.compare(e, torch.full_like(e, float(i * world + world * (world - 1) / 2)))
         ck.check(f"back_to_back: large op at {i}", why is None, why or "")
