@@ -498,7 +498,7 @@ type gpuTeam struct {
 	ipc         map[gpuIPCKey]uintptr           // peers' allocations mapped here (gpu_direct.go)
 	counters    *gpuCounters
 	algos       *gpuAlgoStats
-	capturing   bool // the current op's stream is being captured (a CUDA graph)
+	capturing   bool            // the current op's stream is being captured (a CUDA graph)
 	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
 }
 
