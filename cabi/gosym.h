@@ -101,9 +101,12 @@ typedef struct gosym_piece {
  * device >= 0 names the CUDA device (ordinal) holding every buffer of the op;
  * the op is then enqueued on stream (a CUstream, 0: the legacy default
  * stream) before gosym_op_post returns, and its work is complete on the host
- * at once: the stream carries the ordering. CUDA ops so far: ALLREDUCE and
- * BARRIER; others fail with GOSYM_ERR_NOT_SUPPORTED.
+ * at once: the stream carries the ordering. Every collective runs on CUDA
+ * memory; SEND and RECV fail with GOSYM_ERR_NOT_SUPPORTED. flags:
+ * GOSYM_OP_CAPTURING says the stream is being captured into a CUDA graph
+ * (the op then prefers the kernels that replay fastest).
  */
+#define GOSYM_OP_CAPTURING 1
 typedef struct gosym_op_desc {
   uint32_t struct_size; /* sizeof(gosym_op_desc), for forward compatibility */
   int32_t op;
@@ -122,7 +125,7 @@ typedef struct gosym_op_desc {
   int32_t n_out;
   uint64_t stream; /* CUstream of a CUDA op */
   int32_t device;  /* CUDA device ordinal, -1: host memory */
-  int32_t _pad;    /* zero */
+  int32_t flags;   /* GOSYM_OP_* bits; 0 for host ops */
 } gosym_op_desc;
 
 /* Library. */
@@ -191,6 +194,23 @@ int32_t gosym_mem_import(const uint8_t *blob, uint64_t len, int64_t timeout_ms,
                          uint64_t *out_memh);
 /* The memh's fields (exporter's and local address/length, mode, bindings) as JSON. */
 int32_t gosym_mem_info(uint64_t memh, char *buf, uint64_t cap, uint64_t *len);
+
+/*
+ * Symmetric GPU memory. cuda_alloc: a shareable VMM allocation of at least
+ * nbytes on CUDA device `device`, mapped here; *out_size is its size (a
+ * multiple of the allocation granularity). contiguous_view is collective over
+ * the endpoint's group (every rank calls it, with a buffer of the same size
+ * and the same offset): buf is a GPU buffer or the memh of a gosym_mem_alloc
+ * region; *out_addr is where the buffer starts in row 0 of a range whose row
+ * r, *out_stride bytes further per row, aliases rank r's buffer (the caller
+ * adds the offset). Each view handle is released once with view_release.
+ */
+int32_t gosym_cuda_alloc(int32_t device, uint64_t nbytes, uint64_t *out_buf,
+                         uint64_t *out_addr, uint64_t *out_size);
+int32_t gosym_cuda_free(uint64_t buf);
+int32_t gosym_contiguous_view(uint64_t endpoint, uint64_t buf, uint64_t offset,
+                              uint64_t *out_view, uint64_t *out_addr, uint64_t *out_stride);
+int32_t gosym_view_release(uint64_t view);
 
 /* Process-wide counters (live handles, fds, mappings) as JSON. */
 int32_t gosym_stats(char *buf, uint64_t cap, uint64_t *len);

@@ -62,3 +62,16 @@ func getMemh(h uint64) (*gobackend.Memh, error) {
 	}
 	return nil, gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live memory handle", h)
 }
+
+// take removes handle h and returns its object when it is a T (what names
+// T in the error): for the functions that release what a handle holds.
+func take[T any](h uint64, what string) (T, error) {
+	handles.mu.Lock()
+	defer handles.mu.Unlock()
+	v, ok := handles.objs[h].(T)
+	if !ok {
+		return v, gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live %s handle", h, what)
+	}
+	delete(handles.objs, h)
+	return v, nil
+}

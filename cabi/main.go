@@ -257,7 +257,7 @@ func gosym_op_post(h C.uint64_t, d *C.gosym_cdesc, out *C.uint64_t) (rc C.int32_
 	if err != nil {
 		return ret(err)
 	}
-	w, err := ep.PostCUDA(op, int(d.device), uintptr(d.stream))
+	w, err := ep.PostCUDA(op, int(d.device), uintptr(d.stream), d.flags&C.GOSYM_OP_CAPTURING != 0)
 	if err != nil {
 		return ret(err)
 	}
@@ -276,7 +276,7 @@ func gosym_op_run(h C.uint64_t, d *C.gosym_cdesc) (rc C.int32_t) {
 	if err != nil {
 		return ret(err)
 	}
-	return ret(ep.RunCUDA(op, int(d.device), uintptr(d.stream)))
+	return ret(ep.RunCUDA(op, int(d.device), uintptr(d.stream), d.flags&C.GOSYM_OP_CAPTURING != 0))
 }
 
 //export gosym_work_wait
@@ -423,4 +423,71 @@ func gosym_mem_info(h C.uint64_t, buf *C.char, capacity C.uint64_t, length *C.ui
 		"shareable": m.Shareable(), "bindings": m.Bindings(),
 	})
 	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
+}
+
+//export gosym_cuda_alloc
+func gosym_cuda_alloc(device C.int32_t, n C.uint64_t, out, outAddr, outSize *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if out == nil || outAddr == nil || outSize == nil || device < 0 || n == 0 || uint64(n) > 1<<46 {
+		return ret(errArg("cuda_alloc: bad device %d, size %d or null output", int32(device), uint64(n)))
+	}
+	b, err := gobackend.GPUAlloc(int(device), int(n))
+	if err != nil {
+		return ret(err)
+	}
+	*out = C.uint64_t(handles.add(b))
+	*outAddr, *outSize = C.uint64_t(b.Addr()), C.uint64_t(b.Size())
+	return C.GOSYM_OK
+}
+
+//export gosym_cuda_free
+func gosym_cuda_free(h C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	b, err := take[*gobackend.GPUBuf](uint64(h), "GPU buffer")
+	if err != nil {
+		return ret(err)
+	}
+	return ret(b.Free())
+}
+
+//export gosym_contiguous_view
+func gosym_contiguous_view(ep, buf, offset C.uint64_t, out, outAddr, outStride *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if out == nil || outAddr == nil || outStride == nil {
+		return ret(errArg("contiguous_view: null output"))
+	}
+	e, err := getEndpoint(uint64(ep))
+	if err != nil {
+		return ret(err)
+	}
+	var v *gobackend.View
+	switch b := handles.get(uint64(buf)).(type) {
+	case *gobackend.GPUBuf:
+		v, err = e.ContiguousView(b, uintptr(offset))
+	case *gobackend.Memh:
+		src, serr := gobackend.HostViewSource(b)
+		if serr != nil {
+			return ret(serr)
+		}
+		v, err = e.ContiguousView(src, uintptr(offset))
+	default:
+		return ret(gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is neither a GPU buffer nor a memh handle", uint64(buf)))
+	}
+	if err != nil {
+		return ret(err)
+	}
+	*out = C.uint64_t(handles.add(v))
+	*outAddr, *outStride = C.uint64_t(v.Addr()), C.uint64_t(v.Stride())
+	return C.GOSYM_OK
+}
+
+//export gosym_view_release
+func gosym_view_release(h C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	v, err := take[*gobackend.View](uint64(h), "view")
+	if err != nil {
+		return ret(err)
+	}
+	v.Release()
+	return C.GOSYM_OK
 }

@@ -97,7 +97,8 @@ type Endpoint struct {
 	sends   []*queue
 	recvs   []*inbox
 	workers sync.WaitGroup
-	gpu     gpuState // the CUDA data plane (gpu.go)
+	gpu     gpuState  // the CUDA data plane (gpu.go)
+	views   viewCache // contiguous views of GPU buffers (gpu_mem.go)
 
 	stats Stats
 }
@@ -273,6 +274,9 @@ func (e *Endpoint) peerQueue(qs []*queue, peer int, run func(*Work) error) *queu
 func (e *Endpoint) runColl(w *Work) error {
 	e.stats.Barriers.Add(1)
 	if a, ok := e.gpu.take(w.op.Seq); ok {
+		if a.task != nil {
+			return a.task(w.op.Who(), time.Now().Add(e.Timeout))
+		}
 		return e.runGPU(&w.op, a, time.Now().Add(e.Timeout))
 	}
 	return e.exec.Run(&w.op, time.Now().Add(e.Timeout))
@@ -324,6 +328,7 @@ func (e *Endpoint) Destroy() error {
 		e.bind.close()
 	}
 	e.gpu.close() // GPU mappings go before the links and the team
+	e.views.closeViews()
 	if e.team != nil {
 		e.team.Close()
 	}

@@ -21,6 +21,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,8 +36,12 @@ import (
 
 // gpuArgs says where a posted CUDA op runs.
 type gpuArgs struct {
-	device int         // CUDA device ordinal
-	stream cuda.Stream // the caller's stream
+	device    int         // CUDA device ordinal
+	stream    cuda.Stream // the caller's stream
+	capturing bool        // the stream is being captured into a CUDA graph
+	// task, when set, runs instead of an op: group-wide setup that must
+	// happen in collective order (contiguous views).
+	task func(who symm.Who, deadline time.Time) error
 }
 
 // gpuState is an endpoint's CUDA side. CUDA ops go through the collective
@@ -56,6 +61,8 @@ type gpuState struct {
 	device   atomic.Int32 // ordinal + 1 once set up, for stats
 	stage    atomic.Int64
 	counters gpuCounters
+	algos    gpuAlgoStats // which reduction algorithm ran (gpu_sema.go)
+	nvls     atomic.Bool  // a multicast object is bound over the group's buffers
 }
 
 // gpuCounters count what the data plane did, for the endpoint's stats.
@@ -107,14 +114,17 @@ func (g *gpuState) stats(m map[string]any) {
 	m["gpu_direct_ops"] = g.counters.directOps.Load()
 	m["gpu_ipc_opens"] = g.counters.ipcOpens.Load()
 	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
+	m["gpu_nvls"] = g.nvls.Load()
+	g.algos.stats(m)
 }
 
 // PostCUDA posts an op on CUDA device memory of device (an ordinal; a
-// negative device means host memory, as Post). Send and recv do not run
+// negative device means host memory, as Post); capturing says the stream
+// is being captured into a CUDA graph. Send and recv do not run
 // on the CUDA data plane yet. The op is enqueued on stream before
 // PostCUDA returns, after every collective posted before it; the returned
 // Work is already complete on the host.
-func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
+func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
 	if device < 0 {
 		return e.Post(op)
 	}
@@ -132,6 +142,14 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
 			op.Kind, device, e.Name, d)
 	}
+	return e.runQueued(op, gpuArgs{device: device, stream: cuda.Stream(stream), capturing: capturing})
+}
+
+// runQueued queues op with its CUDA arguments on the collective queue and
+// waits until it ran. That usually runs the queue on this thread, so a CUDA
+// op is enqueued here, in stream order with whatever the caller enqueues
+// next.
+func (e *Endpoint) runQueued(op *Op, a gpuArgs) (*Work, error) {
 	e.mu.Lock()
 	if err := e.usable(op.Kind); err != nil {
 		e.mu.Unlock()
@@ -140,12 +158,10 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 	e.seq++
 	w := &Work{op: *op, q: e.coll, done: make(chan struct{})}
 	w.op.Seq = e.seq
-	e.gpu.add(w.op.Seq, gpuArgs{device: device, stream: cuda.Stream(stream)})
+	e.gpu.add(w.op.Seq, a)
 	e.stats.Posted.Add(1)
 	e.coll.push(w, false)
 	e.mu.Unlock()
-	// Usually runs the queue on this thread: the enqueue happens here, in
-	// stream order with whatever the caller enqueues next.
 	if err := w.Wait(-1); err != nil {
 		return nil, err
 	}
@@ -154,11 +170,21 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr) (*Work, error) {
 
 // RunCUDA is Run for an op that PostCUDA takes: a host op (device < 0) runs
 // to completion; a CUDA op is done on the host once it is enqueued.
-func (e *Endpoint) RunCUDA(op *Op, device int, stream uintptr) error {
+func (e *Endpoint) RunCUDA(op *Op, device int, stream uintptr, capturing bool) error {
 	if device < 0 {
 		return e.Run(op)
 	}
-	_, err := e.PostCUDA(op, device, stream)
+	_, err := e.PostCUDA(op, device, stream, capturing)
+	return err
+}
+
+// runTask runs task on every rank in collective order, as the op named
+// name: it may talk to the peers (links, team barriers) like a collective.
+func (e *Endpoint) runTask(name string, task func(who symm.Who, deadline time.Time) error) error {
+	_, err := e.runQueued(&Op{Kind: coll.Barrier}, gpuArgs{device: -1, task: func(who symm.Who, deadline time.Time) error {
+		who.Op = name
+		return task(who, deadline)
+	}})
 	return err
 }
 
@@ -182,7 +208,19 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 			}
 			return err
 		}
-		t.counters = &g.counters
+		// Every rank asks, so that the gate's answer is agreed; on the lent
+		// machines it is no (their safety variables) and nothing multicast
+		// is ever called.
+		mc, err := e.setupNVLS(t, op.Who(), deadline)
+		switch {
+		case err == nil:
+			t.nvls = mc
+			g.nvls.Store(true)
+		case status.CodeOf(err) != status.NotSupported: // links or barrier broke
+			t.close()
+			return err
+		}
+		t.counters, t.algos = &g.counters, &g.algos
 		g.team = t
 		g.device.Store(int32(a.device) + 1)
 		g.stage.Store(int64(t.stage))
@@ -194,6 +232,7 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 	}
 	g.ops.Add(1)
 	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
+	t.capturing = a.capturing
 	err := t.run(op, a.stream, agree)
 	var coded *status.Error
 	if err != nil && !errors.As(err, &coded) {
@@ -210,6 +249,8 @@ type gpuConfig struct {
 	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of chunks of at least twoShotMin bytes (bandwidth-bound)
 	ceMin      int // GOSYM_GPU_CE_MIN: data-movement chunks of at least this many bytes use the copy engines
 	directMin  int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
+	semaMin    int // GOSYM_GPU_SEMA_MIN: reductions of at least this many bytes use the semaphore protocol
+	fuseMax    int // GOSYM_GPU_FUSE_MAX: one-shot chunks of at most this many bytes stage inside the kernel, outside graph capture
 }
 
 func gpuConfigFromEnv() gpuConfig {
@@ -219,15 +260,14 @@ func gpuConfigFromEnv() gpuConfig {
 		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
 		ceMin:      envInt("GOSYM_GPU_CE_MIN", 1<<20),
 		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 32<<20),
+		semaMin:    envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
+		fuseMax:    envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
 	}
 }
 
-// gpuHello is what a rank tells each peer about its buffer (with its fd).
-const (
-	gpuHelloMagic   = 0x50475347 // "GSGP"
-	gpuHelloVersion = 1
-	gpuHelloBytes   = 24
-)
+// gpuHelloMagic marks a rank's announcement of its GPU buffer (its size,
+// with its fd).
+const gpuHelloMagic = 0x50475347 // "GSGP"
 
 // startGPU sets up the group's CUDA data plane on every rank together.
 // Local failures do not stop this rank from taking part in the exchange and
@@ -244,60 +284,28 @@ func (e *Endpoint) startGPU(device int, who symm.Who, deadline time.Time) (*gpuT
 	if local == nil {
 		fd, local = t.exportFD()
 	}
-	hello := make([]byte, gpuHelloBytes)
-	le := binary.LittleEndian
-	le.PutUint32(hello[0:], gpuHelloMagic)
-	le.PutUint32(hello[4:], gpuHelloVersion)
-	le.PutUint32(hello[8:], uint32(e.Rank))
-	var fds []int
-	if local == nil {
-		le.PutUint32(hello[12:], 1)
-		le.PutUint64(hello[16:], uint64(t.size))
-		fds = []int{fd}
-	}
-	var linkErr error
-	for _, l := range e.mesh.Links {
-		if l != nil {
-			if err := l.Send(hello, fds, deadline); err != nil && linkErr == nil {
-				linkErr = err
-			}
-		}
-	}
+	body := make([]byte, 8)
+	binary.LittleEndian.PutUint64(body, uint64(t.size))
+	msgs, err := e.exchangeFD(gpuHelloMagic, body, fd, deadline)
 	if fd >= 0 {
 		unix.Close(fd)
 	}
-	for r, l := range e.mesh.Links {
-		if l == nil {
-			continue
-		}
-		msg, got, err := l.Recv(deadline)
-		switch {
-		case err != nil:
-			if linkErr == nil {
-				linkErr = err
-			}
-		case len(msg) != gpuHelloBytes || le.Uint32(msg) != gpuHelloMagic || le.Uint32(msg[4:]) != gpuHelloVersion ||
-			int(le.Uint32(msg[8:])) != r:
-			if linkErr == nil {
-				linkErr = fmt.Errorf("rank %d sent a malformed CUDA buffer announcement", r)
-			}
-		case le.Uint32(msg[12:]) != 1 || len(got) != 1:
-			if local == nil {
-				local = fmt.Errorf("rank %d could not set up its GPU buffer", r)
-			}
-		case local == nil && uintptr(le.Uint64(msg[16:])) != t.size:
-			local = fmt.Errorf("rank %d's GPU buffer has %d bytes, this rank's %d (different GPUs?)", r, le.Uint64(msg[16:]), t.size)
-		case local == nil:
-			local = t.importPeer(r, got[0])
-		}
-		for _, f := range got {
-			unix.Close(f)
-		}
-	}
-	if linkErr != nil { // the links are out of step: the group cannot go on
+	if err != nil { // the links are out of step: the group cannot go on
 		t.close()
-		return nil, status.Wrap(status.Peer, linkErr, "gosym: %s", who)
+		return nil, status.Wrap(status.Peer, err, "gosym: %s", who)
 	}
+	for r, m := range msgs {
+		switch {
+		case r == e.Rank || local != nil:
+		case !m.ok:
+			local = fmt.Errorf("rank %d could not set up its GPU buffer", r)
+		case uintptr(binary.LittleEndian.Uint64(m.body)) != t.size:
+			local = fmt.Errorf("rank %d's GPU buffer has %d bytes, this rank's %d (different GPUs?)", r, binary.LittleEndian.Uint64(m.body), t.size)
+		default:
+			local = t.importPeer(r, m.fd)
+		}
+	}
+	closeFDX(msgs)
 	if local == nil {
 		local = t.zeroPad()
 	}
@@ -500,6 +508,9 @@ type gpuTeam struct {
 	used        bool                            // kernels were enqueued: close must wait for them
 	ipc         map[gpuIPCKey]uintptr           // peers' allocations mapped here (gpu_direct.go)
 	counters    *gpuCounters
+	algos       *gpuAlgoStats
+	capturing   bool            // the current op's stream is being captured (a CUDA graph)
+	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
 }
 
 // gpuMapping is one rank's buffer as mapped here; each field records a step
@@ -611,6 +622,12 @@ func (t *gpuTeam) close() {
 		if err := g.d.CtxSynchronize(g.ctx); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
 			debugf("rank %d: cuCtxSynchronize before unmapping the GPU buffers: %v", t.rank, err)
 		}
+	}
+	if t.nvls != nil { // the multicast object goes before the buffers it covers
+		if err := t.nvls.Close(); err != nil {
+			debugf("rank %d: releasing the multicast object: %v", t.rank, err)
+		}
+		t.nvls = nil
 	}
 	t.closeIPC()
 	for r := range t.bufs {

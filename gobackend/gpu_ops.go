@@ -3,12 +3,15 @@ package gobackend
 // The collectives of the CUDA data plane. Each op is enqueued on the
 // caller's stream as a loop over chunks of the symmetric staging; a chunk is
 //
-//	stage  copy what this rank contributes into its own staging
-//	       (cuMemcpyDtoDAsync, the copy engine);
-//	move   one kernel launch that waits for every rank (its data is staged),
-//	       pulls or reduces from the peers' staging over NVLink into this
-//	       rank's output, and waits for every rank again (the staging may be
-//	       reused by the next chunk).
+//	stage  copy what this rank contributes into its own staging;
+//	move   wait for every rank (its data is staged), pull or reduce from
+//	       the peers' staging over NVLink into this rank's output, and wait
+//	       for every rank again (the staging may be reused by the next chunk).
+//
+// Below ceMin (data movement) or twoShotMin (reductions) both happen in one
+// launch: block b stages exactly the byte range that block b of every peer
+// later pulls, so the per-block barrier between them covers it. Larger
+// chunks stage with the copy engines (cuMemcpyDtoDAsync).
 //
 // The move kernels are gs_copy (up to MaxSegs copies, for broadcast,
 // gather, scatter, all_gather, all_to_all) and the one-shot reduction of
@@ -24,10 +27,10 @@ package gobackend
 
 import (
 	"encoding/binary"
+	"fmt"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
-	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -52,14 +55,13 @@ func gpuKernelSupport(op *Op) error {
 
 // run enqueues op on stream s.
 func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
+	if op.Kind == coll.AllReduce || op.Kind == coll.Reduce {
+		return t.reduction(op, s, agree)
+	}
 	if done, err := t.direct(op, s, agree); done || err != nil {
 		return err
 	}
 	switch op.Kind {
-	case coll.AllReduce:
-		return t.reduce(op, s, -1)
-	case coll.Reduce:
-		return t.reduce(op, s, op.Root)
 	case coll.ReduceScatter:
 		return t.reduceScatter(op, s)
 	case coll.Broadcast:
@@ -78,6 +80,45 @@ func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
 	return status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors", op.Kind)
 }
 
+// reduction runs all_reduce or reduce with the algorithm for its size, and
+// counts it: NVLS where a multicast object is bound and its kernels take
+// the type and op; the direct two-shot on the peers' buffers for large
+// in-place all_reduce; the semaphore protocol from semaMin bytes (off by
+// default: measured slower than the kernels' block barriers, see
+// docs/ARCHITECTURE.md); else one-shot or two-shot over the staging.
+func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
+	root := -1
+	if op.Kind == coll.Reduce {
+		root = op.Root
+	}
+	n := op.Count * op.DType.Size()
+	if t.nvls != nil {
+		if _, err := cuda.NVLSKernel(op.DType, op.RedOp); err == nil {
+			t.algos.Add(gpuAlgoNVLS, t.rank, op)
+			return t.nvlsReduce(op, s, root, nvlsStageAddr(t.nvls))
+		}
+	}
+	if root < 0 {
+		done, err := t.direct(op, s, agree)
+		if done {
+			t.algos.Add(gpuAlgoTwoShot, t.rank, op)
+		}
+		if done || err != nil {
+			return err
+		}
+	}
+	if n >= t.cfg.semaMin && t.g.d.HasStreamMemOps() {
+		t.algos.Add(gpuAlgoSema, t.rank, op)
+		return t.semaReduce(op, s, root)
+	}
+	if root < 0 && t.world > 1 && n >= t.cfg.twoShotMin {
+		t.algos.Add(gpuAlgoTwoShot, t.rank, op)
+	} else {
+		t.algos.Add(gpuAlgoOneShot, t.rank, op)
+	}
+	return t.reduce(op, s, root)
+}
+
 // gpuSeg is one copy of a gs_copy launch.
 type gpuSeg struct {
 	dst, src uintptr
@@ -92,31 +133,33 @@ func (t *gpuTeam) stageIn(off, src, n uintptr, s cuda.Stream) error {
 	return t.g.d.MemcpyDtoDAsync(t.g.ctx, t.stages[t.rank]+off, src, n, s)
 }
 
-// move makes segs, copies of a chunk of n bytes (n is the same on every
-// rank), between two barriers of all ranks: one gs_copy launch for chunks
-// below ceMin (latency: one launch), else a barrier, a copy-engine copy per
+// staged is the segment that copies n bytes from src into this rank's
+// staging at off.
+func (t *gpuTeam) staged(off, src, n uintptr) gpuSeg { return gpuSeg{t.stages[t.rank] + off, src, n} }
+
+// move stages pre (segments into this rank's staging), then makes segs
+// between two barriers of all ranks, for a chunk of n bytes (n is the same
+// on every rank): one gs_copy launch for chunks below ceMin (latency: the
+// kernel stages too), else copy-engine copies for pre, a barrier, one per
 // segment and a barrier (bandwidth: the copy engines drive NVLink faster
 // than the few blocks gs_copy may use).
-func (t *gpuTeam) move(segs []gpuSeg, n uintptr, s cuda.Stream) error {
+func (t *gpuTeam) move(pre, segs []gpuSeg, n uintptr, s cuda.Stream) error {
 	if int(n) < t.cfg.ceMin {
-		return t.copyKernel(segs, copyGrid(n), s)
+		return t.copyKernel(pre, segs, copyGrid(n), s)
 	}
-	if err := t.barrier(s); err != nil {
-		return err
-	}
-	for _, sg := range segs {
+	for _, sg := range pre {
 		if sg.n > 0 {
 			if err := t.g.d.MemcpyDtoDAsync(t.g.ctx, sg.dst, sg.src, sg.n, s); err != nil {
 				return err
 			}
 		}
 	}
-	return t.barrier(s)
+	return t.moveCE(segs, s)
 }
 
-// copyKernel launches gs_copy with segs between two barriers of all ranks,
-// in grid (which must be the same on every rank).
-func (t *gpuTeam) copyKernel(segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error {
+// copyKernel launches gs_copy: pre, then a barrier of all ranks, segs and
+// a barrier, in grid (which must be the same on every rank).
+func (t *gpuTeam) copyKernel(pre, segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error {
 	f, err := t.function(cuda.CopyKernel)
 	if err != nil {
 		return err
@@ -124,12 +167,20 @@ func (t *gpuTeam) copyKernel(segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error
 	t.used = true
 	p := cuda.CopyParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank),
 		Sync: cuda.SyncStart | cuda.SyncEnd}
-	for _, sg := range segs {
-		if sg.n == 0 {
-			continue
+	for i, part := range [][]gpuSeg{pre, segs} {
+		for _, sg := range part {
+			if sg.n == 0 {
+				continue
+			}
+			if p.NSeg == cuda.MaxSegs {
+				return fmt.Errorf("gs_copy takes %d segments at most", cuda.MaxSegs)
+			}
+			p.Dst[p.NSeg], p.Src[p.NSeg], p.Bytes[p.NSeg] = sg.dst, sg.src, uint64(sg.n)
+			p.NSeg++
 		}
-		p.Dst[p.NSeg], p.Src[p.NSeg], p.Bytes[p.NSeg] = sg.dst, sg.src, uint64(sg.n)
-		p.NSeg++
+		if i == 0 {
+			p.NPre = p.NSeg
+		}
 	}
 	_, block := cuda.CopyGrid(0)
 	return t.g.d.Launch(f, grid, block, 0, s, &p)
@@ -155,18 +206,16 @@ func chunks(total, size uintptr, fn func(at, n uintptr) error) error {
 func (t *gpuTeam) broadcast(op *Op, s cuda.Stream) error {
 	total := uintptr(op.Count * op.DType.Size())
 	return chunks(total, t.stage, func(at, n uintptr) error {
-		var segs []gpuSeg
+		var pre, segs []gpuSeg
 		if t.rank == op.Root {
-			if err := t.stageIn(0, op.In+at, n, s); err != nil {
-				return err
-			}
+			pre = append(pre, t.staged(0, op.In+at, n))
 			if op.Out != op.In {
 				segs = append(segs, gpuSeg{op.Out + at, op.In + at, n})
 			}
 		} else {
 			segs = append(segs, gpuSeg{op.Out + at, t.stages[op.Root], n})
 		}
-		return t.move(segs, n, s)
+		return t.move(pre, segs, n, s)
 	})
 }
 
@@ -175,16 +224,13 @@ func (t *gpuTeam) broadcast(op *Op, s cuda.Stream) error {
 func (t *gpuTeam) gather(op *Op, s cuda.Stream, root int) error {
 	total := uintptr(op.Count * op.DType.Size())
 	return chunks(total, t.stage, func(at, n uintptr) error {
-		if err := t.stageIn(0, op.In+at, n, s); err != nil {
-			return err
-		}
 		var segs []gpuSeg
 		if root < 0 || t.rank == root {
 			for r, pc := range op.OutPieces {
 				segs = append(segs, gpuSeg{pc.Addr + at, t.stages[r], n})
 			}
 		}
-		return t.move(segs, n, s)
+		return t.move([]gpuSeg{t.staged(0, op.In+at, n)}, segs, n, s)
 	})
 }
 
@@ -196,29 +242,21 @@ func (t *gpuTeam) region() uintptr { return (t.stage / uintptr(t.world)) &^ 15 }
 func (t *gpuTeam) scatter(op *Op, s cuda.Stream) error {
 	total, reg := uintptr(op.Count*op.DType.Size()), t.region()
 	return chunks(total, reg, func(at, n uintptr) error {
+		var pre []gpuSeg
 		if t.rank == op.Root {
 			for r, pc := range op.InPieces {
-				if err := t.stageIn(uintptr(r)*reg, pc.Addr+at, n, s); err != nil {
-					return err
-				}
+				pre = append(pre, t.staged(uintptr(r)*reg, pc.Addr+at, n))
 			}
 		}
 		seg := gpuSeg{op.Out + at, t.stages[op.Root] + uintptr(t.rank)*reg, n}
-		return t.move([]gpuSeg{seg}, n, s)
+		return t.move(pre, []gpuSeg{seg}, n, s)
 	})
 }
 
 // reduceParams is the ARParams every reduction of op starts from.
 func (t *gpuTeam) reduceParams(op *Op) cuda.ARParams {
-	p := cuda.ARParams{Peers: t.stages, Pads: t.pads, TimeoutNs: t.timeoutNs, Scale: 1,
+	return cuda.ARParams{Peers: t.stages, Pads: t.pads, TimeoutNs: t.timeoutNs, Scale: reduceScale(op, t.world),
 		World: int32(t.world), Rank: int32(t.rank)}
-	switch op.RedOp {
-	case dtype.Avg:
-		p.Scale = float32(t.world)
-	case dtype.PremulSum:
-		p.Scale = float32(op.Scale)
-	}
-	return p
 }
 
 // reduceKernel launches the one- or two-shot kernel of op with p, or, on a
@@ -230,8 +268,8 @@ func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.
 	if algo == cuda.TwoShot || int(p.Numel)*es >= t.cfg.twoShotMin {
 		grid, block = cuda.ReduceGridLimit(algo, p.Numel, es, t.world, t.cfg.bigBlocks)
 	}
-	if p.Out == 0 && algo == cuda.OneShot {
-		return t.copyKernel(nil, grid, s)
+	if p.Out == 0 && p.In == 0 && algo == cuda.OneShot { // nothing to stage or to reduce here
+		return t.copyKernel(nil, nil, grid, s)
 	}
 	k, post, err := cuda.ReduceKernel(algo, op.DType, op.RedOp)
 	if err != nil {
@@ -248,8 +286,9 @@ func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.
 
 // reduce is all_reduce (root < 0) and reduce (only root writes its
 // output), per chunk of staging:
-//   - one-shot (small chunks): the kernel reads every rank's staging and
-//     writes the output;
+//   - one-shot (small chunks): a copy into the staging, then one launch
+//     that reads every rank's staging and writes the output (chunks of at
+//     most fuseMax bytes outside graph capture: one launch that stages too);
 //   - two-shot (all_reduce chunks of at least twoShotMin bytes): rank r
 //     reduces slice r of every staging and writes it into every rank's
 //     staging, then a copy to the output; each rank moves 1/world of the
@@ -269,10 +308,14 @@ func (t *gpuTeam) reduce(op *Op, s cuda.Stream, root int) error {
 		if root < 0 && t.world > 1 && int(n) >= t.cfg.twoShotMin {
 			algo = cuda.TwoShot
 		}
-		if err := t.stageIn(0, op.In+at, n, s); err != nil {
+		p.Numel, p.Out, p.SrcOffset, p.In = uint64(n/es), op.Out+at, 0, 0
+		// Fused staging saves a driver call per chunk (~20 µs eager on 2×H200)
+		// but replays ~0.5-2 µs slower in a CUDA graph than copy + kernel.
+		if algo == cuda.OneShot && int(n) <= t.cfg.fuseMax && !t.capturing {
+			p.In = op.In + at // the kernel stages it (one launch, no copy)
+		} else if err := t.stageIn(0, op.In+at, n, s); err != nil {
 			return err
 		}
-		p.Numel, p.Out, p.SrcOffset = uint64(n/es), op.Out+at, 0
 		if root >= 0 && t.rank != root {
 			p.Out = 0
 		}
@@ -312,6 +355,13 @@ func (t *gpuTeam) reduceScatter(op *Op, s cuda.Stream) error {
 // rank j's staging into its piece from j.
 func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 	es := uintptr(op.DType.Size())
+	if n, ok := uniform(op); ok && int(n*es) < t.cfg.directMin {
+		// The equal-split all_to_all_single: every rank moves n elements to and
+		// from every rank, so every rank knows the chunk count without asking.
+		// (A rank whose splits differ asks; the others do not answer, and the
+		// op fails at the group timeout, as an all_reduce of mismatched counts.)
+		return t.allToAllChunks(op, s, n*es)
+	}
 	w := t.world
 	le := binary.LittleEndian
 	// the splits, then (gpu_direct.go) this rank's input region and pieces
@@ -372,18 +422,35 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 			return t.moveCE(segs, s)
 		}
 	}
+	return t.allToAllChunks(op, s, longest)
+}
+
+// allToAllChunks runs all_to_all staged, in chunks of one region, for a
+// longest piece (over all ranks) of longest bytes.
+func (t *gpuTeam) allToAllChunks(op *Op, s cuda.Stream, longest uintptr) error {
+	es := uintptr(op.DType.Size())
 	reg := t.region()
 	return chunks(longest, reg, func(at, _ uintptr) error {
-		segs := make([]gpuSeg, 0, w)
-		for j := range w {
+		pre, segs := make([]gpuSeg, 0, t.world), make([]gpuSeg, 0, t.world)
+		for j := range t.world {
 			in, out := op.InPieces[j], op.OutPieces[j]
-			if err := t.stageIn(uintptr(j)*reg, in.Addr+at, clip(uintptr(in.Count)*es, at, reg), s); err != nil {
-				return err
-			}
+			pre = append(pre, t.staged(uintptr(j)*reg, in.Addr+at, clip(uintptr(in.Count)*es, at, reg)))
 			segs = append(segs, gpuSeg{out.Addr + at, t.stages[j] + uintptr(t.rank)*reg, clip(uintptr(out.Count)*es, at, reg)})
 		}
-		return t.move(segs, reg, s)
+		return t.move(pre, segs, reg, s)
 	})
+}
+
+// uniform reports whether every input and output piece of op has the same
+// count n.
+func uniform(op *Op) (n uintptr, ok bool) {
+	c := op.InPieces[0].Count
+	for j := range op.InPieces {
+		if op.InPieces[j].Count != c || op.OutPieces[j].Count != c {
+			return 0, false
+		}
+	}
+	return uintptr(c), true
 }
 
 // clip is how many of a piece's total bytes lie in [at, at+size).

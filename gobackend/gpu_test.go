@@ -26,7 +26,7 @@ func postCUDAAll(eps []*Endpoint, device func(r int) int, stream func(r int) uin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[r] = ep.PostCUDA(mk(r), device(r), stream(r))
+			_, errs[r] = ep.PostCUDA(mk(r), device(r), stream(r), false)
 		}()
 	}
 	wg.Wait()
@@ -57,7 +57,7 @@ func TestPostCUDARefusesOtherOpsLocally(t *testing.T) {
 		{Kind: coll.AllReduce, DType: dtype.Int8, RedOp: dtype.Max, Count: 4, In: addr(buf), Out: addr(buf)},
 		{Kind: coll.AllReduce, DType: dtype.Int32, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
 	} {
-		_, err := eps[0].PostCUDA(op, 0, 0)
+		_, err := eps[0].PostCUDA(op, 0, 0, false)
 		require.Error(t, err, "%s %s", op.Kind, op.DType)
 		require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
 	}
@@ -168,7 +168,7 @@ func TestCUDAAllReduce(t *testing.T) {
 	require.Equal(t, []error{nil, nil}, errs)
 	// A CUDA op on another device than the group's is refused.
 	if ndev > 1 {
-		_, err := eps[0].PostCUDA(&Op{Kind: coll.Barrier}, 1, 0)
+		_, err := eps[0].PostCUDA(&Op{Kind: coll.Barrier}, 1, 0, false)
 		require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
 		require.False(t, errors.Is(err, cuda.ErrNoCUDA))
 	}

@@ -3,10 +3,14 @@
 // custom all-reduce and PyTorch's symmetric-memory one-/two-shot kernels.
 //
 //   gs_oneshot_<type>_<op>  every rank reads all peers and writes its own
+//                           (with in set, it first stages in itself)
 //                           out (pull); with src_offset = rank * numel it is
 //                           the reduce-scatter half of a two-shot.
 //   gs_twoshot_<type>_<op>  in place: rank r reduces slice r from all peers
 //                           and writes it into every peer's buffer (push).
+//   gs_pull_<type>_<op>     one-shot without its barriers: the caller orders
+//                           the launch after every peer's input is ready and
+//                           before anyone reuses it (the semaphore protocol).
 //
 // types: f32, f16, bf16 (fp32 accumulation), i32, i64; ops: sum, prod, min,
 // max. AVG and PREMUL_SUM are sum with post = GS_POST_DIV / GS_POST_MUL.
@@ -46,7 +50,7 @@ template <class T, class Op>
 __device__ __forceinline__ void gs_reduce_range(const char *const *src, int world,
                                                 char *const *dst, int ndst, gs_u64 lo,
                                                 gs_u64 hi, gs_u64 head, float scale,
-                                                int post) {
+                                                int post, gs_u64 g, gs_u64 stride) {
 	typedef typename T::S S;
 	typedef typename T::A A;
 	const int N = GsPack<T>::kN;
@@ -58,7 +62,6 @@ __device__ __forceinline__ void gs_reduce_range(const char *const *src, int worl
 		if (vlo >= vhi)
 			vlo = vhi = hi;
 	}
-	const gs_u64 g = gs_thread_index(), stride = gs_thread_count();
 
 	for (gs_u64 i = lo + g; i < vlo; i += stride) {
 		const S r = gs_finish<T, Op>(gs_fold1<T, Op>(src, world, i), scale, post);
@@ -131,20 +134,84 @@ __device__ __forceinline__ gs_u64 gs_head_of(const char *const *ptrs, gs_u64 cou
 	return head < count ? head : count;
 }
 
-template <class T, class Op>
-__device__ __forceinline__ void gs_oneshot(const gs_ar_params &p) {
-	if (!gs_config_ok(p.pads, p.world, p.rank))
-		return;
-	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
-		return;
+// Every element of every peer into this rank's out.
+template <class T, class Op> __device__ __forceinline__ void gs_pull_all(const gs_ar_params &p) {
 	const char *ptrs[GS_MAX_RANKS + 1];
 	gs_sources<T>(p, ptrs);
 	ptrs[GS_MAX_RANKS] = (const char *)p.out;
 	char *const dst[1] = {(char *)p.out};
 	const gs_u64 head = gs_head_of<T>(ptrs, p.numel);
-	gs_reduce_range<T, Op>(ptrs, p.world, dst, 1, 0, p.numel, head, p.scale, p.post);
+	gs_reduce_range<T, Op>(ptrs, p.world, dst, 1, 0, p.numel, head, p.scale, p.post,
+	                       gs_thread_index(), gs_thread_count());
+}
+
+// Copies elements [lo, hi) of src to dst with this block's threads: 16-byte
+// vectors where the two are co-aligned, elements elsewhere.
+template <class S>
+__device__ __forceinline__ void gs_block_copy(S *dst, const S *src, gs_u64 lo, gs_u64 hi) {
+	const gs_u64 t = threadIdx.x, n = blockDim.x;
+	const gs_u64 V = 16 / sizeof(S);
+	gs_u64 a = hi, b = hi; // the vector part [a, b)
+	if ((((gs_u64)(dst + lo) ^ (gs_u64)(src + lo)) & 15u) == 0) {
+		const gs_u64 mis = (gs_u64)(dst + lo) & 15u;
+		a = lo + ((16u - mis) & 15u) / sizeof(S);
+		a = a < hi ? a : hi;
+		b = a + (hi - a) / V * V;
+	}
+	for (gs_u64 i = lo + t; i < a; i += n)
+		dst[i] = src[i];
+	for (gs_u64 v = t; v < (b - a) / V; v += n)
+		((gs_v16 *)(dst + a))[v] = ((const gs_v16 *)(src + a))[v];
+	for (gs_u64 i = b + t; i < hi; i += n)
+		dst[i] = src[i];
+}
+
+// One-shot with the staging copy fused in (p.in set): block b copies its
+// range of this rank's input into this rank's staging, the block barrier
+// then tells peer block b that exactly that range is there, and block b
+// reduces the same range from every peer. One launch per chunk instead of a
+// copy and a launch. A rank with no output (reduce, p.out == 0) only stages.
+template <class T, class Op> __device__ __forceinline__ void gs_oneshot_fused(const gs_ar_params &p) {
+	typedef typename T::S S;
+	const gs_u64 N = GsPack<T>::kN;
+	const gs_u64 per = ((p.numel + gridDim.x - 1) / gridDim.x + N - 1) / N * N;
+	gs_u64 lo = (gs_u64)blockIdx.x * per, hi = lo + per;
+	lo = lo < p.numel ? lo : p.numel;
+	hi = hi < p.numel ? hi : p.numel;
+	gs_block_copy<S>((S *)p.peers[p.rank] + p.src_offset, (const S *)p.in, lo, hi);
+	__threadfence_system();
+	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
+		return;
+	if (p.out) {
+		const char *ptrs[GS_MAX_RANKS + 1];
+		gs_sources<T>(p, ptrs);
+		ptrs[GS_MAX_RANKS] = (const char *)p.out;
+		char *const dst[1] = {(char *)p.out};
+		const gs_u64 head = gs_head_of<T>(ptrs, p.numel);
+		gs_reduce_range<T, Op>(ptrs, p.world, dst, 1, lo, hi, head, p.scale, p.post,
+		                       threadIdx.x, blockDim.x);
+	}
+	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+}
+
+template <class T, class Op>
+__device__ __forceinline__ void gs_oneshot(const gs_ar_params &p) {
+	if (!gs_config_ok(p.pads, p.world, p.rank))
+		return;
+	if (p.in) {
+		gs_oneshot_fused<T, Op>(p);
+		return;
+	}
+	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
+		return;
+	gs_pull_all<T, Op>(p);
 	// Peers may overwrite their inputs once everyone has read them.
 	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+}
+
+template <class T, class Op> __device__ __forceinline__ void gs_pull(const gs_ar_params &p) {
+	if (gs_config_ok(p.pads, p.world, p.rank))
+		gs_pull_all<T, Op>(p);
 }
 
 template <class T, class Op>
@@ -174,7 +241,8 @@ __device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
 		lo = r == 0 ? 0 : (head + r * per < vend ? head + r * per : vend);
 		hi = r + 1 == W ? n : (head + (r + 1) * per < vend ? head + (r + 1) * per : vend);
 	}
-	gs_reduce_range<T, Op>(ptrs, p.world, dst, p.world, lo, hi, head, p.scale, p.post);
+	gs_reduce_range<T, Op>(ptrs, p.world, dst, p.world, lo, hi, head, p.scale, p.post,
+	                       gs_thread_index(), gs_thread_count());
 	// Every slice has landed everywhere once all ranks pass this.
 	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
 }
@@ -185,15 +253,14 @@ __device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
 		gs_##algo<T, Op>(p);                                                           \
 	}
 
+#define GS_AR_OPS(algo, tname, T)                                                             \
+	GS_AR_KERNEL(algo, tname, T, sum, GsSum)                                               \
+	GS_AR_KERNEL(algo, tname, T, prod, GsProd)                                             \
+	GS_AR_KERNEL(algo, tname, T, min, GsMin)                                               \
+	GS_AR_KERNEL(algo, tname, T, max, GsMax)
+
 #define GS_AR_KERNELS(tname, T)                                                               \
-	GS_AR_KERNEL(oneshot, tname, T, sum, GsSum)                                            \
-	GS_AR_KERNEL(oneshot, tname, T, prod, GsProd)                                          \
-	GS_AR_KERNEL(oneshot, tname, T, min, GsMin)                                            \
-	GS_AR_KERNEL(oneshot, tname, T, max, GsMax)                                            \
-	GS_AR_KERNEL(twoshot, tname, T, sum, GsSum)                                            \
-	GS_AR_KERNEL(twoshot, tname, T, prod, GsProd)                                          \
-	GS_AR_KERNEL(twoshot, tname, T, min, GsMin)                                            \
-	GS_AR_KERNEL(twoshot, tname, T, max, GsMax)
+	GS_AR_OPS(oneshot, tname, T) GS_AR_OPS(twoshot, tname, T) GS_AR_OPS(pull, tname, T)
 
 GS_AR_KERNELS(f32, GsF32)
 GS_AR_KERNELS(f16, GsF16)

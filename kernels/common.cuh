@@ -18,10 +18,22 @@ typedef unsigned long long gs_u64;
 //   counters[b][dst] our own count of barriers block b passed toward dst,
 //                    local, never read by a peer;
 //   error words      the first error this rank saw: code, detail, and a
-//                    mask of the ranks that did not arrive.
+//                    mask of the ranks that did not arrive;
+//   sema ready[src]  set (GS_SEMA_SET) by rank src when its input is staged
+//   sema done[src]   set by rank src when it no longer reads our staging
+//                    (for reduce: when the root released us). Written by
+//                    stream memory operations (sema.go), waited on and
+//                    consumed (back to 0) by the pad's owner only.
 // Counters only grow, so a pad is zeroed once when it is allocated and never
-// reset between collectives; that is also what makes replaying a captured
-// CUDA graph safe.
+// reset between collectives; semaphores are back to 0 after every protocol
+// round. Both are what makes replaying a captured CUDA graph safe.
+static_assert(GS_PAD_COUNTERS >= GS_PAD_FLAGS + GS_MAX_BLOCKS * GS_MAX_RANKS, "pad: flags overlap");
+static_assert(GS_PAD_ERROR >= GS_PAD_COUNTERS + GS_MAX_BLOCKS * GS_MAX_RANKS, "pad: counters overlap");
+static_assert(GS_PAD_SEMA_READY > GS_PAD_ERROR_MISSING && GS_PAD_SEMA_READY % 16 == 0,
+              "pad: semaphores overlap the error words");
+static_assert(GS_PAD_SEMA_DONE >= GS_PAD_SEMA_READY + GS_MAX_RANKS, "pad: semaphores overlap");
+static_assert(GS_PAD_USED >= GS_PAD_SEMA_DONE + GS_MAX_RANKS && GS_PAD_USED * 4 <= GS_PAD_BYTES,
+              "pad: layout does not fit");
 
 // ---- memory ordering --------------------------------------------------------
 //
@@ -84,6 +96,29 @@ __device__ __forceinline__ bool gs_config_ok(gs_u32 *const *pads, int world, int
 	return true;
 }
 
+// Polls *flag (acquire) until done(value); false if that took longer than
+// timeout_ns (0 waits forever).
+template <class Done>
+__device__ __forceinline__ bool gs_poll(const gs_u32 *flag, Done done, gs_u64 timeout_ns) {
+	gs_u64 start = 0;
+	while (!done(gs_ld_acquire(flag))) {
+		if (timeout_ns == 0)
+			continue;
+		const gs_u64 now = gs_globaltimer();
+		if (start == 0)
+			start = now;
+		else if (now - start > timeout_ns)
+			return false;
+	}
+	return true;
+}
+
+// A barrier flag has reached want (cyclic comparison).
+struct GsReached {
+	gs_u32 want;
+	__device__ __forceinline__ bool operator()(gs_u32 v) const { return (int)(v - want) >= 0; }
+};
+
 // Barrier between block blockIdx.x of every rank (the pattern of vLLM's
 // custom all-reduce after PR #8558 and of PyTorch's sync_remote_blocks).
 // Thread t < world handles peer t: it bumps its local counter, publishes the
@@ -107,20 +142,9 @@ __device__ __forceinline__ bool gs_block_barrier(gs_u32 *const *pads, int world,
 		const gs_u32 want = *counter + 1u;
 		*counter = want;
 		gs_st_release(pads[t] + GS_PAD_FLAGS + slot + rank, want);
-		const gs_u32 *flag = own + GS_PAD_FLAGS + slot + t;
-		gs_u64 start = 0;
-		while ((int)(gs_ld_acquire(flag) - want) < 0) {
-			if (timeout_ns == 0)
-				continue;
-			const gs_u64 now = gs_globaltimer();
-			if (start == 0) {
-				start = now;
-			} else if (now - start > timeout_ns) {
-				gs_record_error(own, GS_ERR_TIMEOUT, (blockIdx.x << 8) | (gs_u32)t,
-				                1u << t);
-				failed = 1;
-				break;
-			}
+		if (!gs_poll(own + GS_PAD_FLAGS + slot + t, GsReached{want}, timeout_ns)) {
+			gs_record_error(own, GS_ERR_TIMEOUT, (blockIdx.x << 8) | (gs_u32)t, 1u << t);
+			failed = 1;
 		}
 	}
 	return !__syncthreads_or(failed);

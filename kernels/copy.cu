@@ -3,48 +3,65 @@
 //   gs_copy     up to GS_MAX_SEGS (dst, src, bytes) copies in one launch, for
 //               all-gather and all-to-all over peer mappings; sync adds a
 //               barrier before (peers' data ready) and/or after (peers may
-//               reuse their buffers). Uses the widest access (16/8/4/2/1
-//               bytes) that dst and src are co-aligned for.
+//               reuse their buffers); the first npre segments stage this
+//               rank's data before the first barrier. Uses the widest access
+//               (16/8/4/2/1 bytes) that dst and src are co-aligned for.
 //   gs_barrier  a stream-ordered barrier of all ranks: launch 1 block of 32.
+//   gs_sema_wait  the waiting half of the semaphore protocol (sema.go):
+//               launch 1 block of 32.
 #include "common.cuh"
 
+// Thread g of stride threads copies its share of a segment.
 template <class W>
-__device__ __forceinline__ void gs_copy_units(char *dst, const char *src, gs_u64 units) {
-	const gs_u64 g = gs_thread_index(), stride = gs_thread_count();
+__device__ __forceinline__ void gs_copy_units(char *dst, const char *src, gs_u64 units, gs_u64 g,
+                                              gs_u64 stride) {
 	for (gs_u64 i = g; i < units; i += stride)
 		((W *)dst)[i] = ((const W *)src)[i];
 }
 
-__device__ __forceinline__ void gs_copy_bytes(char *dst, const char *src, gs_u64 lo, gs_u64 hi) {
-	const gs_u64 g = gs_thread_index(), stride = gs_thread_count();
+__device__ __forceinline__ void gs_copy_bytes(char *dst, const char *src, gs_u64 lo, gs_u64 hi,
+                                              gs_u64 g, gs_u64 stride) {
 	for (gs_u64 i = lo + g; i < hi; i += stride)
 		dst[i] = src[i];
 }
 
-__device__ __forceinline__ void gs_copy_seg(char *dst, const char *src, gs_u64 bytes) {
+__device__ __forceinline__ void gs_copy_seg(char *dst, const char *src, gs_u64 bytes, gs_u64 g,
+                                            gs_u64 stride) {
 	const gs_u64 x = ((gs_u64)dst ^ (gs_u64)src) & 15u;
 	const gs_u64 w = x == 0 ? 16u : (x & (~x + 1u)); // lowest set bit
 	gs_u64 head = (w - ((gs_u64)dst & (w - 1u))) & (w - 1u);
 	head = head < bytes ? head : bytes;
 	const gs_u64 units = (bytes - head) / w, tail = head + units * w;
-	gs_copy_bytes(dst, src, 0, head);
+	gs_copy_bytes(dst, src, 0, head, g, stride);
 	switch (w) {
 	case 16:
-		gs_copy_units<gs_v16>(dst + head, src + head, units);
+		gs_copy_units<gs_v16>(dst + head, src + head, units, g, stride);
 		break;
 	case 8:
-		gs_copy_units<gs_u64>(dst + head, src + head, units);
+		gs_copy_units<gs_u64>(dst + head, src + head, units, g, stride);
 		break;
 	case 4:
-		gs_copy_units<gs_u32>(dst + head, src + head, units);
+		gs_copy_units<gs_u32>(dst + head, src + head, units, g, stride);
 		break;
 	case 2:
-		gs_copy_units<unsigned short>(dst + head, src + head, units);
+		gs_copy_units<unsigned short>(dst + head, src + head, units, g, stride);
 		break;
 	default:
-		gs_copy_bytes(dst + head, src + head, 0, units);
+		gs_copy_bytes(dst + head, src + head, 0, units, g, stride);
 	}
-	gs_copy_bytes(dst, src, tail, bytes);
+	gs_copy_bytes(dst, src, tail, bytes, g, stride);
+}
+
+// This block's share of a segment when the launch stages (p.npre > 0): the
+// same byte range [lo, hi) of every segment of a given length, whatever the
+// alignment, so that block b of the rank that stages a range and block b of
+// the rank that pulls it agree on the range their block barrier covers.
+__device__ __forceinline__ void gs_copy_block_share(char *dst, const char *src, gs_u64 bytes) {
+	const gs_u64 per = ((bytes + gridDim.x - 1) / gridDim.x + 15u) / 16u * 16u;
+	gs_u64 lo = (gs_u64)blockIdx.x * per, hi = lo + per;
+	lo = lo < bytes ? lo : bytes;
+	hi = hi < bytes ? hi : bytes;
+	gs_copy_seg(dst + lo, src + lo, hi - lo, threadIdx.x, blockDim.x);
 }
 
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy(gs_copy_params p) {
@@ -55,12 +72,28 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy(gs_copy_p
 			gs_record_error(p.pads[p.rank], GS_ERR_CONFIG, (gs_u32)p.nseg, 0);
 		return;
 	}
+	if (p.npre < 0 || p.npre > p.nseg) {
+		if (threadIdx.x == 0)
+			gs_record_error(p.pads[p.rank], GS_ERR_CONFIG, (gs_u32)p.npre, 1);
+		return;
+	}
+	// Staging: segments [0, npre) copy this rank's data into its own staging
+	// before the start barrier (so the launch replaces a copy and a launch).
+	for (int s = 0; s < p.npre; ++s)
+		gs_copy_block_share((char *)p.dst[s], (const char *)p.src[s], p.bytes[s]);
+	if (p.npre > 0)
+		__threadfence_system();
 	if ((p.sync & GS_SYNC_START) && !gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
 		return;
 #pragma unroll
 	for (int s = 0; s < GS_MAX_SEGS; ++s)
-		if (s < p.nseg)
-			gs_copy_seg((char *)p.dst[s], (const char *)p.src[s], p.bytes[s]);
+		if (s >= p.npre && s < p.nseg) {
+			if (p.npre > 0)
+				gs_copy_block_share((char *)p.dst[s], (const char *)p.src[s], p.bytes[s]);
+			else
+				gs_copy_seg((char *)p.dst[s], (const char *)p.src[s], p.bytes[s], gs_thread_index(),
+				            gs_thread_count());
+		}
 	if (p.sync & GS_SYNC_END)
 		gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
 }
@@ -69,4 +102,34 @@ extern "C" __global__ void __launch_bounds__(32) gs_barrier(gs_barrier_params p)
 	if (!gs_config_ok(p.pads, p.world, p.rank))
 		return;
 	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+}
+
+// A semaphore is set.
+struct GsIsSet {
+	__device__ __forceinline__ bool operator()(gs_u32 v) const { return v == GS_SEMA_SET; }
+};
+
+// Waits until every rank r in mask has set semaphore word + r of this rank's
+// pad, then consumes it (back to 0), so that every protocol round leaves
+// the semaphores as it found them: what makes back-to-back rounds and
+// replays of a captured graph safe with constant-valued stream writes. A
+// rank that does not arrive within timeout_ns (0: wait forever) is named in
+// the pad's error words (detail: word << 8 | rank) and its semaphore is left
+// alone. Thread r handles rank r.
+extern "C" __global__ void __launch_bounds__(32) gs_sema_wait(gs_sema_params p) {
+	const int t = threadIdx.x;
+	if (!p.pad || (p.word != GS_PAD_SEMA_READY && p.word != GS_PAD_SEMA_DONE) || gridDim.x != 1 ||
+	    blockDim.x < GS_MAX_RANKS || (p.mask >> GS_MAX_RANKS) != 0) {
+		if (t == 0 && blockIdx.x == 0)
+			gs_record_error(p.pad, GS_ERR_CONFIG, (gs_u32)p.word, 0);
+		return;
+	}
+	if (t >= GS_MAX_RANKS || ((p.mask >> t) & 1u) == 0)
+		return;
+	gs_u32 *sem = p.pad + p.word + t;
+	if (!gs_poll(sem, GsIsSet{}, p.timeout_ns)) {
+		gs_record_error(p.pad, GS_ERR_TIMEOUT, ((gs_u32)p.word << 8) | (gs_u32)t, 1u << t);
+		return;
+	}
+	gs_st_release(sem, 0u);
 }

@@ -10,7 +10,7 @@ import (
 )
 
 func TestSources(t *testing.T) {
-	require.Equal(t, []string{"allreduce.cu", "copy.cu"}, Sources())
+	require.Equal(t, []string{"allreduce.cu", "copy.cu", "nvls.cu"}, Sources())
 }
 
 // Every source expands to one program: headers pasted in once each, no

@@ -7,13 +7,16 @@
 
 #define GS_MAX_RANKS 8
 #define GS_MAX_BLOCKS 64
-#define GS_MAX_SEGS 8
+#define GS_MAX_SEGS 16
 #define GS_PAD_BYTES 8192
 #define GS_PAD_FLAGS 0
 #define GS_PAD_COUNTERS 512
 #define GS_PAD_ERROR 1024
 #define GS_PAD_ERROR_DETAIL 1025
 #define GS_PAD_ERROR_MISSING 1026
+#define GS_PAD_SEMA_READY 1040
+#define GS_PAD_SEMA_DONE 1048
+#define GS_PAD_USED 1056
 #define GS_ERR_TIMEOUT 1
 #define GS_ERR_CONFIG 2
 #define GS_SYNC_START 1
@@ -21,31 +24,36 @@
 #define GS_POST_NONE 0
 #define GS_POST_MUL 1
 #define GS_POST_DIV 2
+#define GS_SEMA_SET 1
+#define GS_NVLS_ONESHOT 1
+#define GS_NVLS_INPLACE 2
 #define GS_BLOCK_THREADS 512
 
-struct gs_ar_params { // 176 bytes, Go: cuda.ARParams
+struct gs_ar_params { // 184 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
 	unsigned int *pads[GS_MAX_RANKS];        // offset 64
 	void *out;                               // offset 128
-	unsigned long long numel;                // offset 136
-	unsigned long long src_offset;           // offset 144
-	unsigned long long timeout_ns;           // offset 152
-	float scale;                             // offset 160
-	int post;                                // offset 164
-	int world;                               // offset 168
-	int rank;                                // offset 172
+	const void *in;                          // offset 136
+	unsigned long long numel;                // offset 144
+	unsigned long long src_offset;           // offset 152
+	unsigned long long timeout_ns;           // offset 160
+	float scale;                             // offset 168
+	int post;                                // offset 172
+	int world;                               // offset 176
+	int rank;                                // offset 180
 };
 
-struct gs_copy_params { // 280 bytes, Go: cuda.CopyParams
+struct gs_copy_params { // 480 bytes, Go: cuda.CopyParams
 	void *dst[GS_MAX_SEGS];                  // offset 0
-	const void *src[GS_MAX_SEGS];            // offset 64
-	unsigned long long bytes[GS_MAX_SEGS];   // offset 128
-	unsigned int *pads[GS_MAX_RANKS];        // offset 192
-	unsigned long long timeout_ns;           // offset 256
-	int nseg;                                // offset 264
-	int world;                               // offset 268
-	int rank;                                // offset 272
-	int sync;                                // offset 276
+	const void *src[GS_MAX_SEGS];            // offset 128
+	unsigned long long bytes[GS_MAX_SEGS];   // offset 256
+	unsigned int *pads[GS_MAX_RANKS];        // offset 384
+	unsigned long long timeout_ns;           // offset 448
+	int nseg;                                // offset 456
+	int npre;                                // offset 460
+	int world;                               // offset 464
+	int rank;                                // offset 468
+	int sync;                                // offset 472
 };
 
 struct gs_barrier_params { // 80 bytes, Go: cuda.BarrierParams
@@ -53,6 +61,23 @@ struct gs_barrier_params { // 80 bytes, Go: cuda.BarrierParams
 	unsigned long long timeout_ns;           // offset 64
 	int world;                               // offset 72
 	int rank;                                // offset 76
+};
+
+struct gs_sema_params { // 24 bytes, Go: cuda.SemaParams
+	unsigned int *pad;                       // offset 0
+	unsigned long long timeout_ns;           // offset 8
+	int word;                                // offset 16
+	unsigned int mask;                       // offset 20
+};
+
+struct gs_nvls_params { // 48 bytes, Go: cuda.NVLSParams
+	void *mc;                                // offset 0
+	void *out;                               // offset 8
+	unsigned int *pad;                       // offset 16
+	unsigned long long numel;                // offset 24
+	int mode;                                // offset 32
+	int world;                               // offset 36
+	int rank;                                // offset 40
 };
 
 #endif // GOSYM_PARAMS_CUH

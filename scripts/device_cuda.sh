@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [graph]  (default: all)
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [graph] [sanitize]  (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 for kv in NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1; do
@@ -16,7 +16,7 @@ export PYTHONPATH=python PYTHONUNBUFFERED=1
 out="${OUT:-/tmp/gosym-device}"
 mkdir -p "$out"
 steps=("$@")
-((${#steps[@]})) || steps=(check test bench graph)
+((${#steps[@]})) || steps=(check test bench graph sanitize)
 nvidia-smi -L
 for s in "${steps[@]}"; do
 	case "$s" in
@@ -26,13 +26,26 @@ for s in "${steps[@]}"; do
 		echo "exit $?"; grep -E "FAIL|passed|failed" "$out/gpu_check.out" | tail -15 ;;
 	test)
 		echo "== pytest tests/test_cuda.py"
-		timeout 420 python3 -m pytest -q --timeout=400 -p no:cacheprovider tests/test_cuda.py \
+		timeout 420 python3 -m pytest -q --timeout=400 -p no:cacheprovider tests/test_cuda.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
 			--junitxml="$out/test_cuda.xml" 2>&1 | tail -40
 		cp -r /tmp/pytest-of-*/ "$out/pytest-tmp" 2>/dev/null || true ;;
 	bench)
 		echo "== bench eager"
 		timeout 400 python3 -m gosym.bench --device cuda --sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M,256M \
 			--target-time 0.1 --json "$out/bench-cuda-eager.json" --plot "$out/bench-cuda-eager.png" 2>&1 | tail -80 ;;
+	sanitize)
+		echo "== compute-sanitizer memcheck"
+		if command -v compute-sanitizer >/dev/null || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
+			cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+			GOSYM_GPU_STAGE_BYTES=$((1 << 20)) timeout 300 torchrun --nproc-per-node 2 --no-python "$cs" --tool memcheck \
+				--target-processes all --error-exitcode 9 --print-limit 20 python3 scripts/sanitize_cuda.py 2>&1 | tail -30
+			echo "sanitizer exit ${PIPESTATUS[0]}"
+			GOSYM_GPU_DIRECT_MIN=1 timeout 300 torchrun --nproc-per-node 2 --no-python "$cs" --tool memcheck \
+				--target-processes all --error-exitcode 9 --print-limit 20 python3 scripts/sanitize_cuda.py 2>&1 | tail -30
+			echo "sanitizer (direct path) exit ${PIPESTATUS[0]}"
+		else
+			echo "no compute-sanitizer on this machine"
+		fi ;;
 	graph)
 		echo "== bench graph"
 		timeout 300 python3 -m gosym.bench --device cuda --ops all_reduce --cuda-graph 10 \

@@ -49,6 +49,32 @@ def cuda_direct_job(tmp_path_factory):
                         env={"GOSYM_GPU_STAGE_BYTES": str(1 << 20), "GOSYM_GPU_DIRECT_MIN": "1"})
 
 
+@pytest.fixture(scope="module")
+def cuda_sema_job(tmp_path_factory):
+    """The same worker with every all_reduce and reduce on the semaphore protocol (issue
+    #6's unicast path: stream-memop signals, per-peer semaphores, the pull kernel)."""
+    if _device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    out = tmp_path_factory.mktemp("cuda_sema") / "out"
+    return run_torchrun("cuda_worker", 2, ["--timeout", 120], timeout=600, outdir=out,
+                        env={"GOSYM_GPU_STAGE_BYTES": str(1 << 20), "GOSYM_GPU_SEMA_MIN": "1"})
+
+
+def test_sema_path(cuda_sema_job):
+    cuda_sema_job.assert_ok()
+    r0, r1 = cuda_sema_job.results
+    assert r0["passed"] >= 700, "the worker ran suspiciously few checks"
+    differ = sorted(k for k in r0["digests"] if r0["digests"][k] != r1["digests"].get(k))
+    assert not differ, f"ranks got different bits in {differ[:10]}"
+    assert r0.get("graph") == "captured", r0.get("graph")
+    st = r0["stats"]
+    # all but the empty all_reduce (one-shot, nothing to do) and the 32 MiB int64 ones
+    # (the direct two-shot on the peers' buffers comes first)
+    assert st["gpu_algo_sema_unicast"] > 1000, st
+    assert st["gpu_algo_oneshot"] + st["gpu_algo_twoshot"] <= 8, st
+    assert st["gpu_nvls"] is False and st["gpu_algo_nvls"] == 0, st
+
+
 def test_direct_path(cuda_direct_job):
     cuda_direct_job.assert_ok()
     r0, r1 = cuda_direct_job.results

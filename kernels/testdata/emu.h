@@ -49,3 +49,7 @@ inline unsigned long long gs_emu_globaltimer() {
 	return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
 }
 inline void gs_emu_spin() { std::this_thread::yield(); }
+// Multicast (nvls.cu): rank r's copy of the byte at multicast address mc,
+// and how many ranks are bound; defined by the program that includes emu.h.
+char *gs_emu_mc_peer(const void *mc, int r);
+int gs_emu_mc_world(const void *mc);

@@ -1,13 +1,16 @@
-// Runs the kernels of allreduce.cu and copy.cu on the host (see emu.h) over
+// Runs the kernels of allreduce.cu, copy.cu and nvls.cu on the host (see
+// emu.h; multicast is emulated by mapping addresses to every rank's copy) over
 // randomised cases and checks every output element, bit for bit, against a
 // reference written independently of the kernels. Prints one line per
 // failure and a final "N passed, M failed" line; exits non-zero on failure.
 #include "allreduce.cu"
 #include "copy.cu"
+#include "nvls.cu"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -54,9 +57,12 @@ static const size_t dt_size[] = {4, 2, 2, 4, 8};
 
 typedef void (*ArKernel)(gs_ar_params);
 #define ROW(a, t) {gs_##a##_##t##_sum, gs_##a##_##t##_prod, gs_##a##_##t##_min, gs_##a##_##t##_max}
-static const ArKernel kernels[2][NDT][NOP] = {
+enum ALGO { ONESHOT, TWOSHOT, PULL, NALGO };
+static const char *algo_name[] = {"oneshot", "twoshot", "pull"};
+static const ArKernel kernels[NALGO][NDT][NOP] = {
     {ROW(oneshot, f32), ROW(oneshot, f16), ROW(oneshot, bf16), ROW(oneshot, i32), ROW(oneshot, i64)},
     {ROW(twoshot, f32), ROW(twoshot, f16), ROW(twoshot, bf16), ROW(twoshot, i32), ROW(twoshot, i64)},
+    {ROW(pull, f32), ROW(pull, f16), ROW(pull, bf16), ROW(pull, i32), ROW(pull, i64)},
 };
 
 static float f16_to_f32(uint16_t h) {
@@ -289,6 +295,10 @@ static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const st
 	for (auto &b : in)
 		orig.emplace_back(b.data(), b.data() + total * es);
 
+	// Not emulated: the one-shot kernel's fused staging (p.in). Its block
+	// barrier orders every thread's staging writes before any peer reads
+	// them (__syncthreads), which this emulation, running a block's threads
+	// one after another, cannot do; the GPU suite covers it (tests/test_cuda.py).
 	std::vector<gs_ar_params> ps(world);
 	float scale = post == GS_POST_DIV ? (float)world : 0.375f;
 	for (int r = 0; r < world; ++r) {
@@ -311,7 +321,7 @@ static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const st
 
 	char name[256];
 	snprintf(name, sizeof name, "%s %s %s world=%d n=%zu mis0=%zu omis=%zu grid=%u block=%u post=%d%s",
-	         algo ? "twoshot" : "oneshot", dt_name[dt], op_name[op], world, n, mis[0], omis, grid, block,
+	         algo_name[algo], dt_name[dt], op_name[op], world, n, mis[0], omis, grid, block,
 	         post, scatter ? " scatter" : "");
 	std::string err = pads.errors();
 	if (!err.empty())
@@ -325,13 +335,13 @@ static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const st
 			src.push_back(orig[q].data() + (scatter ? r * n * es : 0));
 		for (size_t i = 0; i < n; ++i) {
 			reference(dt, op, post, scale, src, i, want);
-			const unsigned char *got = algo == 0 ? out[r].data() + i * es : in[r].data() + i * es;
+			const unsigned char *got = algo != TWOSHOT ? out[r].data() + i * es : in[r].data() + i * es;
 			if (!same(dt, got, want))
 				return fail(std::string(name) + ": rank " + std::to_string(r) + " element " +
 				            std::to_string(i) + " wrong");
 		}
-		if (algo == 0 && total > 0 && memcmp(in[r].data(), orig[r].data(), total * es) != 0)
-			return fail(std::string(name) + ": one-shot modified its input");
+		if (algo != TWOSHOT && total > 0 && memcmp(in[r].data(), orig[r].data(), total * es) != 0)
+			return fail(std::string(name) + ": a pulling kernel modified its input");
 	}
 	passed++;
 }
@@ -433,6 +443,224 @@ static void config_case() {
 	passed++;
 }
 
+// ---- semaphores ------------------------------------------------------------------
+
+static void sema_set(Pads &pads, int dst, int word, int src) {
+	__atomic_store_n(&pads.at(dst)[word + src], (unsigned)GS_SEMA_SET, __ATOMIC_SEQ_CST);
+}
+
+static gs_sema_params sema_params(Pads &pads, int rank, int word, unsigned mask, unsigned long long timeout) {
+	gs_sema_params p;
+	memset(&p, 0, sizeof p);
+	p.pad = pads.at(rank);
+	p.timeout_ns = timeout;
+	p.word = word;
+	p.mask = mask;
+	return p;
+}
+
+// gs_sema_wait against peers that signal from their own threads, later:
+// it waits for exactly the ranks of its mask, consumes their semaphores
+// and leaves the others alone.
+static void sema_wait_case(int world, int iters) {
+	Pads pads(world);
+	for (int it = 0; it < iters; ++it) {
+		const int word = it % 2 ? GS_PAD_SEMA_DONE : GS_PAD_SEMA_READY;
+		std::vector<std::thread> th;
+		for (int r = 1; r < world; ++r)
+			th.emplace_back([&, r] {
+				for (int k = 0; k < (int)(rng() % 3); ++k)
+					std::this_thread::yield();
+				sema_set(pads, 0, word, r);
+			});
+		unsigned mask = 0;
+		for (int r = 1; r < world; ++r)
+			mask |= 1u << r;
+		run_rank(gs_sema_wait, sema_params(pads, 0, word, mask, 5000000000ull), 1, 32);
+		for (auto &t : th)
+			t.join();
+		for (int r = 0; r < GS_MAX_RANKS; ++r)
+			if (pads.at(0)[GS_PAD_SEMA_READY + r] || pads.at(0)[GS_PAD_SEMA_DONE + r])
+				return fail("sema_wait world=" + std::to_string(world) + ": semaphore of rank " +
+				            std::to_string(r) + " not consumed");
+	}
+	// A semaphore outside the mask stays set.
+	sema_set(pads, 0, GS_PAD_SEMA_READY, world - 1);
+	run_rank(gs_sema_wait, sema_params(pads, 0, GS_PAD_SEMA_READY, 0, 1000000), 1, 32);
+	if (pads.at(0)[GS_PAD_SEMA_READY + world - 1] != GS_SEMA_SET)
+		return fail("sema_wait consumed a semaphore outside its mask");
+	std::string err = pads.errors();
+	if (!err.empty())
+		return fail("sema_wait: pad errors" + err);
+	passed++;
+}
+
+// Rank 2 never signals: the wait gives up, names rank 2, consumes rank 1's.
+static void sema_timeout_case() {
+	Pads pads(3);
+	sema_set(pads, 0, GS_PAD_SEMA_DONE, 1);
+	run_rank(gs_sema_wait, sema_params(pads, 0, GS_PAD_SEMA_DONE, 6u, 2000000), 1, 32);
+	unsigned *pad = pads.at(0);
+	if (pad[GS_PAD_ERROR] != GS_ERR_TIMEOUT || pad[GS_PAD_ERROR_MISSING] != 4u ||
+	    pad[GS_PAD_ERROR_DETAIL] != ((unsigned)GS_PAD_SEMA_DONE << 8 | 2u) || pad[GS_PAD_SEMA_DONE + 1] != 0)
+		return fail("sema timeout: error words " + std::to_string(pad[GS_PAD_ERROR]) + "," +
+		            std::to_string(pad[GS_PAD_ERROR_DETAIL]) + "," + std::to_string(pad[GS_PAD_ERROR_MISSING]));
+	Pads bad(1);
+	run_rank(gs_sema_wait, sema_params(bad, 0, GS_PAD_ERROR, 1u, 0), 1, 32);
+	run_rank(gs_sema_wait, sema_params(bad, 0, GS_PAD_SEMA_READY, 1u << GS_MAX_RANKS, 0), 1, 32);
+	if (bad.at(0)[GS_PAD_ERROR] != GS_ERR_CONFIG)
+		return fail("sema_wait: a bad word or mask was not reported");
+	passed++;
+}
+
+// ---- multicast (nvls.cu) ------------------------------------------------------------
+
+// The emulated multicast object: a reserved range (never touched itself)
+// and every rank's buffer of the same size; an address at offset o of the
+// range means offset o of every buffer. Multimem accesses must be aligned
+// to their size and inside the range, or the emulation aborts, as a GPU
+// would fault.
+static struct {
+	unsigned char *va = nullptr;
+	size_t size = 0;
+	std::vector<unsigned char *> bufs;
+} mc;
+
+char *gs_emu_mc_peer(const void *p, int r) {
+	const size_t off = (size_t)((const unsigned char *)p - mc.va);
+	if ((const unsigned char *)p < mc.va || off + 4 > mc.size || off % 4 != 0) {
+		fprintf(stderr, "multicast access at offset %zd outside the mapping or misaligned\n", (ssize_t)off);
+		abort();
+	}
+	return (char *)mc.bufs[r] + off;
+}
+int gs_emu_mc_world(const void *) { return (int)mc.bufs.size(); }
+
+static const size_t kMcGuard = 64;
+
+struct Aligned { // 64-byte aligned bytes, filled with 0xab
+	unsigned char *p;
+	size_t n;
+	explicit Aligned(size_t n_) : p((unsigned char *)aligned_alloc(64, (n_ + 63) / 64 * 64)), n(n_) {
+		memset(p, 0xab, n);
+	}
+	~Aligned() { free(p); }
+	Aligned(const Aligned &) = delete;
+	Aligned &operator=(const Aligned &) = delete;
+};
+
+// One NVLS kernel call over world ranks whose data start mis bytes into
+// the mapping (after a guard); one-shot writes to outs that start omis bytes
+// past a 16-byte boundary.
+static void nvls_case(DT dt, OP op, int mode, int world, size_t n, size_t mis, size_t omis, unsigned grid,
+                      unsigned block) {
+	typedef void (*K)(gs_nvls_params);
+	K k = nullptr;
+	if (dt == F32 && op == SUM)
+		k = gs_nvls_f32_sum;
+	if (dt == F16)
+		k = op == SUM ? gs_nvls_f16_sum : op == MIN ? gs_nvls_f16_min : gs_nvls_f16_max;
+	if (dt == BF16)
+		k = op == SUM ? gs_nvls_bf16_sum : op == MIN ? gs_nvls_bf16_min : gs_nvls_bf16_max;
+	const size_t es = dt_size[dt], bytes = n * es, size = 2 * kMcGuard + bytes + 16;
+	std::vector<std::unique_ptr<Aligned>> bufs, outs;
+	std::vector<std::vector<unsigned char>> orig;
+	Aligned va(size);
+	mc.va = va.p;
+	mc.size = size;
+	mc.bufs.clear();
+	for (int r = 0; r < world; ++r) {
+		bufs.emplace_back(new Aligned(size));
+		fill(dt, op, bufs[r]->p, size / es, op != SUM); // the guards hold valid numbers too
+		orig.emplace_back(bufs[r]->p, bufs[r]->p + size);
+		mc.bufs.push_back(bufs[r]->p);
+		outs.emplace_back(new Aligned(bytes + 2 * kGuard + 16));
+	}
+	Pads pads(world);
+	std::vector<gs_nvls_params> ps(world);
+	for (int r = 0; r < world; ++r) {
+		gs_nvls_params &p = ps[r];
+		memset(&p, 0, sizeof p);
+		p.mc = mc.va + kMcGuard + mis;
+		p.out = outs[r]->p + kGuard + omis;
+		p.pad = pads.at(r);
+		p.numel = n;
+		p.mode = mode;
+		p.world = world;
+		p.rank = r;
+	}
+	run_all(k, ps, grid, block);
+
+	char name[256];
+	snprintf(name, sizeof name, "nvls %s %s %s world=%d n=%zu mis=%zu omis=%zu grid=%u block=%u",
+	         mode == GS_NVLS_INPLACE ? "inplace" : "oneshot", dt_name[dt], op_name[op], world, n, mis, omis,
+	         grid, block);
+	std::string err = pads.errors();
+	if (!err.empty())
+		return fail(std::string(name) + ": pad errors" + err);
+	const size_t a0 = kMcGuard + mis, a1 = a0 + bytes, w1 = (a1 + 3) & ~(size_t)3;
+	std::vector<const unsigned char *> src;
+	for (int r = 0; r < world; ++r)
+		src.push_back(orig[r].data() + a0);
+	unsigned char want[8];
+	for (int r = 0; r < world; ++r) {
+		const unsigned char *got = mode == GS_NVLS_INPLACE ? bufs[r]->p + a0 : outs[r]->p + kGuard + omis;
+		for (size_t i = 0; i < n; ++i) {
+			reference(dt, op, GS_POST_NONE, 1, src, i, want);
+			if (!same(dt, got + i * es, want))
+				return fail(std::string(name) + ": rank " + std::to_string(r) + " element " +
+				            std::to_string(i) + " wrong");
+		}
+		// Outside [a0, a1) nothing changes, but for the documented scratch
+		// half word after an odd 16-bit range in place.
+		for (size_t b = 0; b < size; ++b) {
+			const bool data = mode == GS_NVLS_INPLACE && b >= a0 && b < (n ? w1 : a0);
+			if (!data && bufs[r]->p[b] != orig[r][b])
+				return fail(std::string(name) + ": rank " + std::to_string(r) + " buffer byte " +
+				            std::to_string(b) + " changed");
+		}
+		for (size_t b = 0; b < outs[r]->n; ++b) {
+			const bool data = mode == GS_NVLS_ONESHOT && b >= kGuard + omis && b < kGuard + omis + bytes;
+			if (!data && outs[r]->p[b] != 0xab)
+				return fail(std::string(name) + ": rank " + std::to_string(r) + " out byte " +
+				            std::to_string(b) + " written");
+		}
+	}
+	passed++;
+}
+
+// Bad launches are reported on the pad, not run: an unknown mode, in place
+// from a start that is not 4-byte aligned, a misaligned out.
+static void nvls_config_case() {
+	Aligned va(256), buf(256), out(256);
+	mc.va = va.p;
+	mc.size = 256;
+	mc.bufs.assign(1, buf.p);
+	const struct {
+		int mode;
+		size_t mis, omis;
+	} bad[] = {{0, 0, 0}, {3, 0, 0}, {GS_NVLS_INPLACE, 2, 0}, {GS_NVLS_ONESHOT, 0, 1}, {GS_NVLS_ONESHOT, 1, 0}};
+	for (const auto &b : bad) {
+		Pads pads(1);
+		gs_nvls_params p;
+		memset(&p, 0, sizeof p);
+		p.mc = va.p + 64 + b.mis;
+		p.out = out.p + 64 + b.omis;
+		p.pad = pads.at(0);
+		p.numel = 8;
+		p.mode = b.mode;
+		p.world = 1;
+		run_rank(gs_nvls_bf16_sum, p, 1, 32);
+		if (pads.at(0)[GS_PAD_ERROR] != GS_ERR_CONFIG)
+			return fail("nvls config: mode " + std::to_string(b.mode) + " mis " + std::to_string(b.mis) +
+			            " omis " + std::to_string(b.omis) + " not reported");
+	}
+	for (size_t i = 0; i < 256; ++i)
+		if (buf.p[i] != 0xab || out.p[i] != 0xab)
+			return fail("nvls config: a refused launch wrote memory");
+	passed++;
+}
+
 int main() {
 	std::vector<Pads> pads;
 	for (int w = 0; w <= GS_MAX_RANKS; ++w)
@@ -442,7 +670,7 @@ int main() {
 	const int worlds[] = {1, 2, 3, 4, 8};
 	const unsigned grids[] = {1, 3, 24};
 	const unsigned blocks[] = {32, 64, 512};
-	for (int algo = 0; algo < 2; ++algo)
+	for (int algo = 0; algo < NALGO; ++algo)
 		for (int dt = 0; dt < NDT; ++dt)
 			for (int op = 0; op < NOP; ++op)
 				for (int k = 0; k < 14; ++k) {
@@ -458,7 +686,7 @@ int main() {
 						size_t m = (rng() % (16 / es)) * es;
 						for (auto &x : mis)
 							x = m;
-						omis = algo == 0 ? m : 0;
+						omis = algo != TWOSHOT ? m : 0;
 						break;
 					}
 					case 2: // different alignments: all scalar
@@ -471,13 +699,13 @@ int main() {
 					int post = GS_POST_NONE;
 					if (op == SUM && dt <= BF16 && k % 3 != 0)
 						post = k % 3 == 1 ? GS_POST_DIV : GS_POST_MUL;
-					bool scatter = algo == 0 && k % 5 == 4;
+					bool scatter = algo != TWOSHOT && k % 5 == 4;
 					allreduce_case(algo, (DT)dt, (OP)op, world, n, mis, omis, grids[rng() % 3],
 					               blocks[rng() % 3], post, scatter, pads[world]);
 				}
 	// Larger cases on the vector path, with every world size.
 	for (int world = 1; world <= GS_MAX_RANKS; ++world)
-		for (int algo = 0; algo < 2; ++algo)
+		for (int algo = 0; algo < NALGO; ++algo)
 			allreduce_case(algo, BF16, SUM, world, (1 << 16) + 3, std::vector<size_t>(world, 0), 0, 24, 512,
 			               GS_POST_NONE, false, pads[world]);
 	for (int world : worlds)
@@ -487,6 +715,27 @@ int main() {
 		barrier_case(world, pads[world], 5);
 	timeout_case();
 	config_case();
+	for (int world : worlds)
+		sema_wait_case(world, 20);
+	sema_timeout_case();
+	const struct {
+		DT dt;
+		OP op;
+	} nvls[] = {{F32, SUM}, {F16, SUM}, {F16, MIN}, {F16, MAX}, {BF16, SUM}, {BF16, MIN}, {BF16, MAX}};
+	for (const auto &c : nvls)
+		for (int k = 0; k < 40; ++k) {
+			const size_t es = dt_size[c.dt];
+			const int mode = k % 2 ? GS_NVLS_INPLACE : GS_NVLS_ONESHOT;
+			size_t mis = (rng() % (16 / es)) * es;
+			if (mode == GS_NVLS_INPLACE)
+				mis &= ~(size_t)3;
+			nvls_case(c.dt, c.op, mode, worlds[rng() % 5], sizes[rng() % (sizeof sizes / sizeof sizes[0])], mis,
+			          (rng() % (16 / es)) * es, grids[rng() % 3], blocks[rng() % 3]);
+		}
+	for (int world = 1; world <= GS_MAX_RANKS; ++world)
+		for (int mode : {GS_NVLS_ONESHOT, GS_NVLS_INPLACE})
+			nvls_case(BF16, SUM, mode, world, (1 << 16) + 3, 0, 0, 24, 512);
+	nvls_config_case();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }

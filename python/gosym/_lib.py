@@ -105,7 +105,7 @@ class OpDesc(ctypes.Structure):
         ("n_out", c_int32),
         ("stream", c_uint64),
         ("device", c_int32),
-        ("_pad", c_int32),
+        ("flags", c_int32),
     ]
 
 
@@ -128,13 +128,16 @@ def pack_desc(op, dtype, red_op, scale, root, peer, tag, count, in_addr, out_add
                       in_addr, out_addr, in_pieces, out_pieces, n_in, n_out, stream, device, 0)
 
 
-_STREAM_AT = 88  # offset of (stream, device, _pad) at the end of a packed desc
+_STREAM_AT = 88  # offset of (stream, device, flags) at the end of a packed desc
 _TAIL = struct.Struct("@Qii")
 
 
-def on_stream(desc: bytes, stream: int, device: int) -> bytes:
-    """desc, moved onto CUstream stream of CUDA device ordinal device."""
-    return desc[:_STREAM_AT] + _TAIL.pack(stream, device, 0)
+OP_CAPTURING = 1  # GOSYM_OP_CAPTURING
+
+
+def on_stream(desc: bytes, stream: int, device: int, flags: int = 0) -> bytes:
+    """desc, moved onto CUstream stream of CUDA device ordinal device (flags: GOSYM_OP_*)."""
+    return desc[:_STREAM_AT] + _TAIL.pack(stream, device, flags)
 
 
 _u64p = POINTER(c_uint64)
@@ -164,6 +167,10 @@ _SIGNATURES = {
     "gosym_mem_pack": (c_int32, [c_uint64, c_void_p, c_uint64, _u64p]),
     "gosym_mem_import": (c_int32, [c_char_p, c_uint64, c_int64, _u64p]),
     "gosym_mem_info": (c_int32, [c_uint64, c_void_p, c_uint64, _u64p]),
+    "gosym_cuda_alloc": (c_int32, [c_int32, c_uint64, _u64p, _u64p, _u64p]),
+    "gosym_cuda_free": (c_int32, [c_uint64]),
+    "gosym_contiguous_view": (c_int32, [c_uint64, c_uint64, c_uint64, _u64p, _u64p, _u64p]),
+    "gosym_view_release": (c_int32, [c_uint64]),
 }
 
 

@@ -220,6 +220,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
+        self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
         self._h = _bootstrap(store, rank, size, timeout, name)
         self._completer = Completer(name)
         self._finalizer = weakref.finalize(self, _destroy, self._h, self._completer, name)
@@ -270,6 +271,11 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def abort(self):
         self.shutdown()
+
+    def _endpoint(self) -> int:
+        if not self._h:
+            raise RuntimeError("gosym: the process group has been shut down")
+        return self._h
 
     def _stats_json(self) -> str:
         if not self._h:
@@ -359,8 +365,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         right after the op."""
         idx = self._cuda_index(idx)
         raw = _raw_stream(idx)
+        flags = _lib.OP_CAPTURING if torch.cuda.is_current_stream_capturing() else 0
         for desc, _, cb in built:
-            self._cuda_post(_lib.on_stream(desc, raw, idx), idx)
+            self._cuda_post(_lib.on_stream(desc, raw, idx, flags), idx)
             for t, tmp in cb or ():
                 t.copy_(tmp)
         return CudaWork(out, idx, raw)

@@ -84,7 +84,8 @@ def parse_args(argv):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--backends", default=None,
                    help="comma list (default gosym,gloo on cpu, gosym,nccl on cuda); on cuda "
-                        "also symm-1shot, symm-2shot: PyTorch symmetric memory's all_reduce")
+                        "also symm-1shot, symm-2shot: PyTorch symmetric memory's all_reduce, and "
+                        "gosym-sema: gosym's all_reduce by the semaphore protocol")
     p.add_argument("--ops", default=",".join(OPS), help="comma list from: " + ",".join(OPS))
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help=f"comma list of per-rank input sizes in bytes (default {DEFAULT_SIZES})")
@@ -117,7 +118,7 @@ def parse_args(argv):
         p.error(f"unknown ops {bad}; choose from {list(OPS)}")
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.backends is None:
-        args.backends = "gosym,nccl,symm-1shot,symm-2shot" if args.device == "cuda" else \
+        args.backends = "gosym,nccl,gosym-sema,symm-1shot,symm-2shot" if args.device == "cuda" else \
             "gosym,gosym-bound,gloo"
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.cuda_graph and args.device != "cuda":
@@ -407,6 +408,17 @@ class Bench:
                 self.groups["gosym"] = g
         if "gosym-bound" in args.backends and "gosym" in self.groups and args.device == "cpu":
             self.groups["gosym-bound"] = self.groups["gosym"]
+        if "gosym-sema" in args.backends and "gosym" in self.groups and args.device == "cuda":
+            # A second gosym group whose reductions all take the semaphore protocol: the
+            # CUDA tunables are read when a group's first CUDA op sets it up.
+            os.environ["GOSYM_GPU_SEMA_MIN"] = "1"
+            try:
+                g = dist.new_group(backend="gosym", timeout=timeout)
+                dist.all_reduce(self.torch.zeros(1, device=self.device), group=g)
+                self.torch.cuda.synchronize()
+                self.groups["gosym-sema"] = g
+            finally:
+                del os.environ["GOSYM_GPU_SEMA_MIN"]
         for b in args.backends:
             if b.startswith("gosym"):
                 continue
@@ -537,8 +549,8 @@ class Bench:
                 for b in measured:
                     if self.failures.get(b, 0) >= args.max_errors:
                         continue
-                    if b.startswith("symm-") and op != "all_reduce":
-                        continue  # PyTorch's symmetric-memory kernels are all-reduces
+                    if b.startswith(("symm-", "gosym-sema")) and op != "all_reduce":
+                        continue  # all-reduce algorithms only
                     bc = case.bound(self.gosym) if b == "gosym-bound" else case
                     if b.startswith("symm-"):
                         bc = case.symmetric(b, self.groups[b])

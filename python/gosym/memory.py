@@ -19,7 +19,8 @@ import torch
 
 from . import _lib
 
-__all__ = ["MemHandle", "empty", "empty_like", "mem_import", "mem_map", "mem_unmap"]
+__all__ = ["MemHandle", "contiguous_view", "empty", "empty_like", "mem_import", "mem_map",
+           "mem_unmap"]
 
 
 class MemHandle:
@@ -113,21 +114,121 @@ def _wrap(addr: int, nbytes: int, shape, dtype, handle: MemHandle) -> torch.Tens
     return flat[: n * torch.empty((), dtype=dtype).element_size()].view(dtype).view(shape)
 
 
+class _CudaMemory:
+    """Device memory owned by the library (a symmetric allocation, or a contiguous view),
+    handed to torch through __cuda_array_interface__: torch.as_tensor keeps this object
+    alive as long as any tensor uses the memory, and its finalizer gives the memory back
+    (the library waits for the device to be idle first)."""
+
+    def __init__(self, handle: int, addr: int, nbytes: int, release):
+        self.handle, self.addr, self.nbytes = handle, addr, nbytes
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (addr, False), "version": 3}
+        weakref.finalize(self, release, handle)
+
+    def tensor(self, device: torch.device) -> torch.Tensor:
+        return torch.as_tensor(self, device=device)
+
+
+def _cuda_free(handle: int) -> None:
+    _lib.check(_lib.lib.gosym_cuda_free(handle))
+
+
+def _view_release(handle: int) -> None:
+    _lib.check(_lib.lib.gosym_view_release(handle))
+
+
+# Symmetric CUDA allocations and gosym.empty host regions by address, to find the one a
+# tensor lies in (its storage's data pointer).
+_cuda_owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_host_owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _cuda_empty(size, dtype, device: torch.device) -> torch.Tensor:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    nbytes = math.prod(size) * torch.empty((), dtype=dtype).element_size()
+    h, addr, cap = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+    _lib.check(_lib.lib.gosym_cuda_alloc(idx, max(nbytes, 1), ctypes.byref(h), ctypes.byref(addr),
+                                         ctypes.byref(cap)))
+    owner = _CudaMemory(h.value, addr.value, cap.value, _cuda_free)
+    _cuda_owners[owner.addr] = owner
+    flat = owner.tensor(torch.device("cuda", idx))
+    return flat[:nbytes].view(dtype).view(size)
+
+
 def empty(*size, dtype: torch.dtype | None = None, device="cpu") -> torch.Tensor:
-    """Like torch.empty, in memory the ranks of a group can share (zero-copy collectives)."""
+    """Like torch.empty, in memory the ranks of a group can share (zero-copy collectives on
+    CPU; on CUDA, a VMM allocation that contiguous_view can map side by side)."""
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     dtype = dtype or torch.get_default_dtype()
-    if torch.device(device).type != "cpu":
-        raise NotImplementedError("gosym: gosym.empty on CUDA needs the CUDA data plane")
     if any(int(s) < 0 for s in size):
         raise ValueError(f"gosym: negative size {size}")
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _cuda_empty(tuple(int(s) for s in size), dtype, device)
+    if device.type != "cpu":
+        raise NotImplementedError(f"gosym: gosym.empty on {device} is not supported")
     nbytes = math.prod(size) * torch.empty((), dtype=dtype).element_size()
     h, addr = ctypes.c_uint64(), ctypes.c_uint64()
     _lib.check(_lib.lib.gosym_mem_alloc(max(nbytes, 1), ctypes.byref(h), ctypes.byref(addr)))
-    return _wrap(addr.value, max(nbytes, 1), size, dtype, MemHandle(h.value))
+    handle = MemHandle(h.value)
+    _host_owners[addr.value] = handle
+    return _wrap(addr.value, max(nbytes, 1), size, dtype, handle)
 
 
 def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """gosym.empty with t's shape (and dtype unless given)."""
-    return empty(tuple(t.shape), dtype=dtype or t.dtype)
+    """gosym.empty with t's shape, device (and dtype unless given)."""
+    return empty(tuple(t.shape), dtype=dtype or t.dtype, device=t.device)
+
+
+def _gosym_group(group):
+    from torch import distributed as dist
+
+    from .backend import ProcessGroupGosym
+
+    pg = dist.distributed_c10d._get_default_group() if group is None else group
+    if not isinstance(pg, ProcessGroupGosym):
+        raise ValueError(f"gosym: contiguous_view needs a gosym process group, got {pg!r}")
+    return pg
+
+
+def contiguous_view(t: torch.Tensor, group=None) -> torch.Tensor:
+    """A [world, *t.shape] tensor on t's device whose row r aliases rank r's t.
+
+    Collective over group (default: the default group): every rank calls it with a tensor
+    at the same offset of a gosym.empty buffer (CUDA or CPU) of the same size. Rows are one
+    reserved address range with each rank's allocation mapped into its slot (the row stride
+    is the allocation size, padded to the granularity or the page size). The same buffer gives
+    back the same view while it is alive; the view keeps the peers' memory mapped as long
+    as it is referenced, even after the buffers are freed."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"gosym: contiguous_view needs a tensor, got {type(t).__name__}")
+    pg = _gosym_group(group)
+    base = t.untyped_storage().data_ptr()
+    owner = (_cuda_owners if t.is_cuda else _host_owners).get(base)
+    if owner is None:
+        raise ValueError("gosym: contiguous_view needs a tensor in memory from gosym.empty "
+                         f"(on {t.device.type}); other memory cannot be mapped side by side")
+    off = t.data_ptr() - base
+    h, addr, stride = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+    _lib.check(_lib.lib.gosym_contiguous_view(pg._endpoint(), owner.handle, off, ctypes.byref(h),
+                                              ctypes.byref(addr), ctypes.byref(stride)))
+    es = t.element_size()
+    key = (owner.handle, off, tuple(t.shape), tuple(t.stride()), t.dtype)
+    cached = pg._views.get(key)
+    if cached is not None and cached.data_ptr() == addr.value + off:
+        _view_release(h.value)  # the cached tensor holds its own reference
+        return cached
+    world = pg.size()
+    span = (stride.value * world) // es * es  # from the buffer's start in row 0
+    if t.is_cuda:
+        big = _CudaMemory(h.value, addr.value, span, _view_release).tensor(t.device)
+    else:
+        buf = (ctypes.c_char * span).from_address(addr.value)
+        weakref.finalize(buf, _view_release, h.value)
+        big = torch.frombuffer(buf, dtype=torch.uint8)
+    view = torch.as_strided(big.view(t.dtype), (world, *t.shape),
+                            (stride.value // es, *t.stride()), off // es)
+    pg._views[key] = view
+    return view

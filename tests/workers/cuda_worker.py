@@ -2,7 +2,7 @@
 tensors for every dtype x op x size class against NCCL on the same inputs and an
 exact reference; broadcast, all_gather, reduce_scatter, reduce, all_to_all (equal,
 uneven and list), gather and scatter the same way; guard elements around the output, bitwise identity across ranks
-(digests compared by the test), 1000 back-to-back ops under random per-rank GPU
+(digests compared by the test), 10k back-to-back ops under random per-rank GPU
 delays with no host sync, the host not waiting for the GPU, a CUDA graph of 10
 all_reduce replayed 100 times, barrier semantics, clear errors for what the data
 plane does not run, and host collectives on the same group afterwards.
@@ -13,6 +13,7 @@ reference serves for every op, whatever order a backend adds in.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import random
@@ -267,12 +268,13 @@ def uneven(ck, rank, world, dev, digests):
         why = wc.compare(out, ins[rank])
         ck.check(case, why is None, why or "")
 
-    # rank 0 sends one row more to rank 1 than rank 1 expects
+    # rank 0 sends one row more to rank 1 than rank 1 expects (no rank has equal splits:
+    # those skip the agreement, see docs/ARCHITECTURE.md)
     if world > 1:
         inp = torch.zeros(world * 4, cols, device=dev)
         out = torch.zeros(world * 4, cols, device=dev)
-        ins_s = [4] * world
-        outs_s = [4] * world
+        ins_s = [2, 6] + [4] * (world - 2)
+        outs_s = [3, 5] + [4] * (world - 2)
         if rank == 0:
             ins_s = [3, 5] + [4] * (world - 2)
         e = ck.expect_error("all_to_all_single: mismatched splits", dist.all_to_all_single,
@@ -283,6 +285,84 @@ def uneven(ck, rank, world, dev, digests):
     t = torch.full((8,), float(rank), device=dev)
     dist.all_reduce(t)
     ck.check("all_reduce after the mismatch", bool((t == world * (world - 1) / 2).all()))
+
+
+def symmetric(ck, rank, world, dev, digests):
+    """gosym.empty on CUDA and the contiguous view: row r aliases rank r's buffer (read
+    and write), on this rank's device, with a padded row stride; the same buffer gives the
+    same view, another buffer with equal contents another; a tensor at an offset into its
+    buffer works; the view outlives the buffer; collectives run on such tensors; mismatched
+    sizes fail on every rank; views and buffers are given back."""
+    import gosym
+
+    def sync():
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+
+    base_handles = gosym.process_stats().get("handles")
+    n, cols = 1000, 3  # 12000 bytes: far from a multiple of the 2 MiB granularity
+    x = gosym.empty(n, cols, dtype=torch.float32, device=dev)
+    ck.check("empty: on this device", x.device == dev and x.shape == (n, cols), str(x.device))
+    x.copy_(torch.arange(n * cols, device=dev, dtype=torch.float32).view(n, cols) + 1000 * rank)
+    sync()
+    v = gosym.contiguous_view(x)
+    ck.check("view: shape and device", v.shape == (world, n, cols) and v.device == dev,
+             f"{tuple(v.shape)} {v.device}")
+    ck.check("view: padded row stride", v.stride(0) * 4 >= n * cols * 4 and (v.stride(0) * 4) %
+             (2 << 20) == 0, str(v.stride()))
+    for r in range(world):
+        exp = torch.arange(n * cols, device=dev, dtype=torch.float32).view(n, cols) + 1000 * r
+        why = wc.compare(v[r], exp)
+        ck.check(f"view: row {r} is rank {r}'s buffer", why is None, why or "")
+    # write into the next rank's row (once every rank has read its rows); it sees it in
+    # its own buffer
+    sync()
+    v[(rank + 1) % world][0].fill_(-1.0 - rank)
+    sync()
+    ck.check("view: a peer's write lands in this rank's buffer",
+             bool((x[0] == -1.0 - (rank - 1) % world).all()), str(x[0].tolist()))
+    v2 = gosym.contiguous_view(x)
+    ck.check("view: same buffer, same view", v2 is v and v2.data_ptr() == v.data_ptr())
+    y = gosym.empty(n, cols, dtype=torch.float32, device=dev)
+    y.copy_(x)
+    sync()
+    vy = gosym.contiguous_view(y)
+    ck.check("view: equal contents elsewhere, another view", vy.data_ptr() != v.data_ptr())
+    # a tensor at an offset of its buffer
+    part = x[10:20]
+    vp = gosym.contiguous_view(part)
+    sync()
+    why = wc.compare(vp[(rank + 1) % world], v[(rank + 1) % world][10:20])
+    ck.check("view: a tensor at an offset into its buffer", why is None and vp.shape == (world, 10, cols),
+             why or str(tuple(vp.shape)))
+    # collectives on symmetric memory
+    z = gosym.empty(4099, dtype=torch.float32, device=dev)
+    z.fill_(float(rank + 1))
+    dist.all_reduce(z)
+    ck.check("all_reduce on gosym.empty CUDA memory", bool((z == world * (world + 1) / 2).all()))
+    # the view outlives its buffer
+    keep = v[(rank + 1) % world][5:7].clone()
+    del x, v2, part, vp
+    gc.collect()
+    sync()
+    why = wc.compare(v[(rank + 1) % world][5:7], keep)
+    ck.check("view: outlives the buffer", why is None, why or "")
+    # sizes that differ across ranks: every rank fails alike
+    bad = gosym.empty(64 * (1 + (rank == 0)) << 20, dtype=torch.uint8, device=dev)
+    e = ck.expect_error("view: sizes differ", gosym.contiguous_view, bad)
+    if e is not None:
+        ck.check("view: sizes differ names the ranks", "rank" in str(e), wc.error_text(e))
+    not_sym = torch.empty(8, device=dev)
+    e = ck.expect_error("view: a caching-allocator tensor", gosym.contiguous_view, not_sym)
+    if e is not None:
+        ck.check("view: caching-allocator tensor is a ValueError", isinstance(e, ValueError),
+                 wc.error_text(e))
+    del v, vy, y, z, bad, keep
+    gc.collect()
+    torch.cuda.synchronize()
+    after = gosym.process_stats().get("handles")
+    ck.check("views and buffers given back", after == base_handles, f"{base_handles} -> {after}")
 
 
 def noncontiguous(ck, rank, world, dev, digests):
@@ -304,18 +384,18 @@ def noncontiguous(ck, rank, world, dev, digests):
 
 
 def back_to_back(ck, rank, world, dev, digests):
-    """1000 all_reduce with no host sync while each rank delays its stream at random; now
+    """10k all_reduce with no host sync while each rank delays its stream at random; now
     and then a larger op (several staging chunks with a small GOSYM_GPU_STAGE_BYTES)."""
     rng = random.Random(1234 + rank)
-    N, n = 1000, 1027
+    N, n = 10_000, 1027
     rows = (torch.arange(N, dtype=torch.float32, device=dev)[:, None] * world + rank).expand(N, n)
     rows = rows.contiguous()
     extras = []
     for i in range(N):
-        if rng.random() < 0.3:
-            torch.cuda._sleep(rng.randint(1_000, 300_000))
+        if rng.random() < 0.1:
+            torch.cuda._sleep(rng.randint(1_000, 200_000))
         dist.all_reduce(rows[i])
-        if i % 97 == 0:
+        if i % 997 == 0:
             e = torch.full((600_003,), float(i + rank), device=dev)
             dist.all_reduce(e)
             extras.append((i, e))
@@ -323,7 +403,7 @@ def back_to_back(ck, rank, world, dev, digests):
     exp = (torch.arange(N, dtype=torch.float32, device=dev) * world * world +
            world * (world - 1) / 2)[:, None].expand(N, n)
     why = wc.compare(rows, exp.contiguous())
-    ck.check("back_to_back: 1000 ops under random delays", why is None, why or "")
+    ck.check("back_to_back: 10k ops under random delays", why is None, why or "")
     for i, e in extras:
         why = wc.compare(e, torch.full_like(e, float(i * world + world * (world - 1) / 2)))
         ck.check(f"back_to_back: large op at {i}", why is None, why or "")
@@ -454,6 +534,8 @@ def main():
     ck.info["matrix_s"] = round(time.perf_counter() - t0, 2)
     ck.run("movement", movement, ck, rank, world, dev, nccl, digests)
     ck.run("uneven", uneven, ck, rank, world, dev, digests)
+    if args.backend == "gosym":
+        ck.run("symmetric", symmetric, ck, rank, world, dev, digests)
     ck.run("noncontiguous", noncontiguous, ck, rank, world, dev, digests)
     ck.run("back_to_back", back_to_back, ck, rank, world, dev, digests)
     ck.run("host_does_not_wait", host_does_not_wait, ck, rank, world, dev)

@@ -1,6 +1,7 @@
 /* Loader half of the dispatch tables (see dispatch.h). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <link.h>
 #include <stdio.h>
 #include <string.h>
@@ -58,15 +59,23 @@ int gscu_dlpath(void *lib, char *out, size_t outlen) {
 
 long long gscu_fake_calls[GSCU_NUM_DRIVER_FUNCS];
 CUresult gscu_fake_result[GSCU_NUM_DRIVER_FUNCS];
+long long gscu_fake_fail_at[GSCU_NUM_DRIVER_FUNCS];
+int gscu_fake_log_fn[GSCU_FAKE_LOG];
+unsigned long long gscu_fake_log_arg[GSCU_FAKE_LOG];
+int gscu_fake_log_n;
 long long gscu_fake_lookups_mc;
 int gscu_fake_attr[256];
 int gscu_fake_version;
 char gscu_fake_missing[1024];
 static CUcontext fake_current;
+static unsigned long long fake_next; /* handles and addresses handed out */
 
 void gscu_fake_reset(void) {
 	memset(gscu_fake_calls, 0, sizeof gscu_fake_calls);
 	memset(gscu_fake_result, 0, sizeof gscu_fake_result);
+	memset(gscu_fake_fail_at, 0, sizeof gscu_fake_fail_at);
+	gscu_fake_log_n = 0;
+	fake_next = 0;
 	memset(gscu_fake_attr, 0, sizeof gscu_fake_attr);
 	memset(gscu_fake_missing, 0, sizeof gscu_fake_missing);
 	gscu_fake_lookups_mc = 0;
@@ -74,19 +83,38 @@ void gscu_fake_reset(void) {
 	fake_current = NULL;
 }
 
-#define FAKE(tier, name, dl, ver, params, args)                                               \
-	static CUresult fake_##name params {                                                  \
-		gscu_fake_calls[GSCU_IDX_##name]++;                                           \
-		return gscu_fake_result[GSCU_IDX_##name];                                     \
+/* Counts and logs call i (arg: the handle or address it is about, or 0)
+ * and says what it returns. */
+static CUresult fake_enter(int i, unsigned long long arg) {
+	long long n = ++gscu_fake_calls[i];
+	if (gscu_fake_log_n < GSCU_FAKE_LOG) {
+		gscu_fake_log_fn[gscu_fake_log_n] = i;
+		gscu_fake_log_arg[gscu_fake_log_n++] = arg;
 	}
+	if (gscu_fake_fail_at[i] != 0 && n == gscu_fake_fail_at[i])
+		return GSCU_FAKE_FAILED;
+	return gscu_fake_result[i];
+}
+
+/* Sets the logged arg of the latest call (for outputs known only later). */
+static void fake_log_result(unsigned long long arg) {
+	if (gscu_fake_log_n > 0 && gscu_fake_log_n <= GSCU_FAKE_LOG)
+		gscu_fake_log_arg[gscu_fake_log_n - 1] = arg;
+}
+
+#define FAKE(tier, name, dl, ver, params, args)                                               \
+	static CUresult fake_##name params { return fake_enter(GSCU_IDX_##name, 0); }
 GSCU_DRIVER_FUNCS(FAKE)
 #undef FAKE
 
-/* Stubs that also fill in their outputs. */
-#define COUNT(name)                                                                           \
-	gscu_fake_calls[GSCU_IDX_##name]++;                                                   \
-	if (gscu_fake_result[GSCU_IDX_##name] != GSCU_SUCCESS)                                \
-		return gscu_fake_result[GSCU_IDX_##name];
+/* Stubs that also fill in their outputs or log what they work on. */
+#define COUNT_ARG(name, arg)                                                                  \
+	do {                                                                                  \
+		CUresult r_ = fake_enter(GSCU_IDX_##name, (arg));                             \
+		if (r_ != GSCU_SUCCESS)                                                       \
+			return r_;                                                            \
+	} while (0)
+#define COUNT(name) COUNT_ARG(name, 0)
 
 static CUresult special_cuDriverGetVersion(int *v) {
 	COUNT(cuDriverGetVersion);
@@ -128,11 +156,99 @@ static CUresult special_cuCtxSetCurrent(CUcontext c) {
 static CUresult special_cuMulticastCreate(CUmemGenericAllocationHandle *h,
                                           const CUmulticastObjectProp *prop) {
 	(void)prop;
-	COUNT(cuMulticastCreate);
+	COUNT_ARG(cuMulticastCreate, 0x6d63);
 	*h = 0x6d63;
 	return GSCU_SUCCESS;
 }
+static CUresult special_cuMulticastGetGranularity(size_t *g, const CUmulticastObjectProp *prop,
+                                                  int option) {
+	(void)prop;
+	(void)option;
+	COUNT(cuMulticastGetGranularity);
+	*g = 2 << 20;
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMulticastAddDevice(CUmemGenericAllocationHandle h, CUdevice d) {
+	(void)d;
+	COUNT_ARG(cuMulticastAddDevice, h);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMulticastBindMem(CUmemGenericAllocationHandle h, size_t mcOff,
+                                           CUmemGenericAllocationHandle mem, size_t memOff,
+                                           size_t size, unsigned long long flags) {
+	(void)mcOff, (void)mem, (void)memOff, (void)size, (void)flags;
+	COUNT_ARG(cuMulticastBindMem, h);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMulticastUnbind(CUmemGenericAllocationHandle h, CUdevice d, size_t off,
+                                          size_t size) {
+	(void)d, (void)off, (void)size;
+	COUNT_ARG(cuMulticastUnbind, h);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+                                    const CUmemAllocationProp *prop, unsigned long long flags) {
+	(void)size, (void)prop, (void)flags;
+	COUNT(cuMemCreate);
+	*h = 0x20000 + ++fake_next;
+	fake_log_result(*h);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
+                                                       int type) {
+	(void)os, (void)type;
+	COUNT(cuMemImportFromShareableHandle);
+	*h = 0x10000 + ++fake_next;
+	fake_log_result(*h);
+	return GSCU_SUCCESS;
+}
+/* Exports are real descriptors (of /dev/null), so that tests see leaks. */
+static CUresult special_cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
+                                                     int type, unsigned long long flags) {
+	(void)type, (void)flags;
+	COUNT_ARG(cuMemExportToShareableHandle, h);
+	int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+	*(int *)out = fd;
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemRelease(CUmemGenericAllocationHandle h) {
+	COUNT_ARG(cuMemRelease, h);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align,
+                                            CUdeviceptr addr, unsigned long long flags) {
+	(void)size, (void)align, (void)addr, (void)flags;
+	COUNT(cuMemAddressReserve);
+	*p = 0x7f0000000000ull + (++fake_next << 32);
+	fake_log_result(*p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemAddressFree(CUdeviceptr p, size_t size) {
+	(void)size;
+	COUNT_ARG(cuMemAddressFree, p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemMap(CUdeviceptr p, size_t size, size_t off,
+                                 CUmemGenericAllocationHandle h, unsigned long long flags) {
+	(void)size, (void)off, (void)h, (void)flags;
+	COUNT_ARG(cuMemMap, p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemUnmap(CUdeviceptr p, size_t size) {
+	(void)size;
+	COUNT_ARG(cuMemUnmap, p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc,
+                                       size_t count) {
+	(void)size, (void)desc, (void)count;
+	COUNT_ARG(cuMemSetAccess, p);
+	return GSCU_SUCCESS;
+}
 #undef COUNT
+#undef COUNT_ARG
 
 static const struct {
 	const char *name;
@@ -146,6 +262,19 @@ static const struct {
     {"cuCtxGetCurrent", (void *)special_cuCtxGetCurrent},
     {"cuCtxSetCurrent", (void *)special_cuCtxSetCurrent},
     {"cuMulticastCreate", (void *)special_cuMulticastCreate},
+    {"cuMulticastGetGranularity", (void *)special_cuMulticastGetGranularity},
+    {"cuMulticastAddDevice", (void *)special_cuMulticastAddDevice},
+    {"cuMulticastBindMem", (void *)special_cuMulticastBindMem},
+    {"cuMulticastUnbind", (void *)special_cuMulticastUnbind},
+    {"cuMemCreate", (void *)special_cuMemCreate},
+    {"cuMemImportFromShareableHandle", (void *)special_cuMemImportFromShareableHandle},
+    {"cuMemExportToShareableHandle", (void *)special_cuMemExportToShareableHandle},
+    {"cuMemRelease", (void *)special_cuMemRelease},
+    {"cuMemAddressReserve", (void *)special_cuMemAddressReserve},
+    {"cuMemAddressFree", (void *)special_cuMemAddressFree},
+    {"cuMemMap", (void *)special_cuMemMap},
+    {"cuMemUnmap", (void *)special_cuMemUnmap},
+    {"cuMemSetAccess", (void *)special_cuMemSetAccess},
 };
 
 static void *const fake_fns[] = {

@@ -377,11 +377,20 @@ int gscu_driver_sym_present(const gscu_driver *t, int i);
 const char *gscu_nvrtc_sym_name(int i);
 int gscu_nvrtc_sym_present(const gscu_nvrtc *t, int i);
 
-/* Fake driver of the tests: every stub counts its calls and returns
- * gscu_fake_result[i]; a few fill in outputs from the fields below. Names
- * listed in gscu_fake_missing (comma-separated) resolve to NULL. */
+/* Fake driver of the tests: every stub counts its calls, logs them in
+ * order (with the handle or address it works on, for the stubs that fill
+ * in outputs: distinct handles, addresses, real /dev/null fds for exports)
+ * and returns gscu_fake_result[i], or GSCU_FAKE_FAILED for the call whose
+ * count reaches gscu_fake_fail_at[i]. Names listed in gscu_fake_missing
+ * (comma-separated) resolve to NULL. */
+#define GSCU_FAKE_LOG 4096
+#define GSCU_FAKE_FAILED 999 /* CUDA_ERROR_UNKNOWN */
 extern long long gscu_fake_calls[GSCU_NUM_DRIVER_FUNCS];
 extern CUresult gscu_fake_result[GSCU_NUM_DRIVER_FUNCS];
+extern long long gscu_fake_fail_at[GSCU_NUM_DRIVER_FUNCS];
+extern int gscu_fake_log_fn[GSCU_FAKE_LOG];
+extern unsigned long long gscu_fake_log_arg[GSCU_FAKE_LOG];
+extern int gscu_fake_log_n;
 extern long long gscu_fake_lookups_mc; /* multicast names looked up */
 extern int gscu_fake_attr[256];
 extern int gscu_fake_version;

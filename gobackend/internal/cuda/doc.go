@@ -16,14 +16,20 @@
 //
 // Multicast (NVLink SHARP) sits behind MulticastAllowed: its functions are
 // not even looked up until Driver.EnableMulticast has passed that gate, and
-// their C wrappers refuse to call through until then.
+// their C wrappers refuse to call through until then. SetupMulticast is the
+// collective sequence that binds one multicast object over a group's
+// buffers; it asks the gate on every rank first.
+//
+// Sema runs the semaphore protocol of reduce and all_reduce (per-peer
+// semaphores in the signal pads, set by stream memory operations) with the
+// pull kernel or, over a multicast mapping, the NVLS kernels.
 //
 // Methods that take a Context make it current for the one driver call and
 // restore the calling thread's previous context afterwards, because Go code
 // here runs on threads the CUDA runtime of torch uses too.
 //
 // Kernels take one parameter struct each (ARParams, CopyParams,
-// BarrierParams). The Go structs, through their cuda tags, are the only
+// BarrierParams, SemaParams, NVLSParams). The Go structs, through their cuda tags, are the only
 // description of those parameters: kernels/params.cuh is generated from them,
 // Launch derives the argument list from the Kernel table and copies the
 // values into C storage for the driver, and a test compiles the kernels to

@@ -102,3 +102,25 @@ func fakeCurrentContext(d *Driver) Context {
 
 // fakeSetCurrentContext sets it.
 func fakeSetCurrentContext(d *Driver, c Context) { C.gscu_cuCtxSetCurrent(d.t, cCtx(c)) }
+
+// fakeFailAt makes the n-th call (counted from the fake's reset) of the
+// stub of name fail with CUDA_ERROR_UNKNOWN.
+func fakeFailAt(name string, n int64) { C.gscu_fake_fail_at[fakeIndex(name)] = C.longlong(n) }
+
+// fakeCall is one logged call of the fake: the function and the handle or
+// address it worked on (0 for stubs that do not say).
+type fakeCall struct {
+	Name string
+	Arg  uint64
+}
+
+// fakeLog is every call of the fake since its reset, in order.
+func fakeLog() []fakeCall {
+	n := min(int(C.gscu_fake_log_n), int(C.GSCU_FAKE_LOG))
+	out := make([]fakeCall, n)
+	for i := range out {
+		out[i] = fakeCall{Name: C.GoString(C.gscu_driver_sym_name(C.gscu_fake_log_fn[i])),
+			Arg: uint64(C.gscu_fake_log_arg[i])}
+	}
+	return out
+}

@@ -16,6 +16,9 @@ const (
 	OneShot Algo = iota
 	// TwoShot: each rank reduces 1/world and pushes it to every peer, in place.
 	TwoShot
+	// Pull: one-shot without the kernel's own barriers, for callers that
+	// order the launch themselves (the semaphore protocol of sema.go).
+	Pull
 )
 
 func (a Algo) String() string {
@@ -24,6 +27,8 @@ func (a Algo) String() string {
 		return "oneshot"
 	case TwoShot:
 		return "twoshot"
+	case Pull:
+		return "pull"
 	}
 	return fmt.Sprintf("algo(%d)", int(a))
 }
@@ -50,10 +55,11 @@ var (
 
 // The kernels of package kernels, by name.
 var (
-	CopyKernel    = &Kernel{Name: "gs_copy", Source: "copy.cu", Params: []*Struct{copyLayout}}
-	BarrierKernel = &Kernel{Name: "gs_barrier", Source: "copy.cu", Params: []*Struct{barrierLayout}}
-	allKernels    = buildKernels()
-	kernelByName  = func() map[string]*Kernel {
+	CopyKernel     = &Kernel{Name: "gs_copy", Source: "copy.cu", Params: []*Struct{copyLayout}}
+	BarrierKernel  = &Kernel{Name: "gs_barrier", Source: "copy.cu", Params: []*Struct{barrierLayout}}
+	SemaWaitKernel = &Kernel{Name: "gs_sema_wait", Source: "copy.cu", Params: []*Struct{semaLayout}}
+	allKernels     = buildKernels()
+	kernelByName   = func() map[string]*Kernel {
 		m := map[string]*Kernel{}
 		for _, k := range allKernels {
 			m[k.Name] = k
@@ -66,15 +72,38 @@ func reduceKernelName(a Algo, typ, op string) string {
 	return "gs_" + a.String() + "_" + typ + "_" + op
 }
 
+// NVLSSource holds the multimem (NVLink SHARP) kernels. It compiles for
+// sm_90 and newer only, and nothing launches its kernels unless a multicast
+// object exists, which only MulticastAllowed can let happen.
+const NVLSSource = "nvls.cu"
+
+// The (type, operator) pairs multimem.ld_reduce has: PTX knows no f32
+// min/max, no product, and accumulates f16/bf16 sums in fp32 (.acc::f32).
+var nvlsPairs = []struct {
+	dt dtype.DType
+	op dtype.RedOp
+}{
+	{dtype.Float32, dtype.Sum},
+	{dtype.Float16, dtype.Sum}, {dtype.Float16, dtype.Min}, {dtype.Float16, dtype.Max},
+	{dtype.BFloat16, dtype.Sum}, {dtype.BFloat16, dtype.Min}, {dtype.BFloat16, dtype.Max},
+}
+
+func nvlsKernelName(typ, op string) string { return "gs_nvls_" + typ + "_" + op }
+
 func buildKernels() []*Kernel {
-	ks := []*Kernel{CopyKernel, BarrierKernel}
-	for _, a := range []Algo{OneShot, TwoShot} {
+	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel}
+	for _, a := range []Algo{OneShot, TwoShot, Pull} {
 		for _, t := range reduceTypes {
 			for _, op := range []string{"sum", "prod", "min", "max"} {
 				ks = append(ks, &Kernel{Name: reduceKernelName(a, t.name, op), Source: "allreduce.cu",
 					Params: []*Struct{arLayout}})
 			}
 		}
+	}
+	for _, p := range nvlsPairs {
+		t, o, _ := kernelParts(p.dt, p.op)
+		ks = append(ks, &Kernel{Name: nvlsKernelName(t.name, o.name), Source: NVLSSource,
+			Params: []*Struct{nvlsLayout}})
 	}
 	return ks
 }
@@ -101,17 +130,50 @@ func ReduceKernel(a Algo, dt dtype.DType, op dtype.RedOp) (*Kernel, int32, error
 	if err := dtype.Supports(dt, op); err != nil {
 		return nil, 0, fmt.Errorf("%w: %v", ErrNotSupported, err)
 	}
+	t, o, ok := kernelParts(dt, op)
+	k := kernelByName[reduceKernelName(a, t.name, o.name)]
+	if !ok || k == nil {
+		return nil, 0, fmt.Errorf("%w: no %s kernel for %s %s", ErrNotSupported, a, dt, op)
+	}
+	return k, o.post, nil
+}
+
+// kernelParts are the kernel name parts of (dt, op).
+func kernelParts(dt dtype.DType, op dtype.RedOp) (typeName, opName, bool) {
 	ti := slices.IndexFunc(reduceTypes, func(t typeName) bool { return t.dt == dt })
 	oi := slices.IndexFunc(reduceOps, func(o opName) bool { return o.op == op })
 	if ti < 0 || oi < 0 {
-		return nil, 0, fmt.Errorf("%w: no %s kernel for %s %s", ErrNotSupported, a, dt, op)
+		return typeName{}, opName{}, false
 	}
-	k := kernelByName[reduceKernelName(a, reduceTypes[ti].name, reduceOps[oi].name)]
-	if k == nil {
-		return nil, 0, fmt.Errorf("%w: no %s kernel for %s %s", ErrNotSupported, a, dt, op)
-	}
-	return k, reduceOps[oi].post, nil
+	return reduceTypes[ti], reduceOps[oi], true
 }
+
+// NVLSKernel picks the multimem kernel for (dt, op). Only SUM, MIN and MAX
+// of float32 (SUM only), float16 and bfloat16 exist; anything else wraps
+// ErrNotSupported (the caller falls back to a unicast kernel).
+func NVLSKernel(dt dtype.DType, op dtype.RedOp) (*Kernel, error) {
+	for _, p := range nvlsPairs {
+		if p.dt == dt && p.op == op {
+			t, o, _ := kernelParts(dt, op)
+			return kernelByName[nvlsKernelName(t.name, o.name)], nil
+		}
+	}
+	return nil, fmt.Errorf("%w: multimem.ld_reduce has no %s %s", ErrNotSupported, dt, op)
+}
+
+// NVLSGrid is the launch shape of an NVLS kernel for numel elements of
+// esize bytes; mode NVLSInPlace splits the work over world ranks. Every
+// rank computes the same grid.
+func NVLSGrid(mode int32, numel uint64, esize, world int) (grid, block Dim3) {
+	a := OneShot
+	if mode == NVLSInPlace {
+		a = TwoShot
+	}
+	return ReduceGridLimit(a, numel, esize, world, MaxBlocks)
+}
+
+// SemaWaitGrid is the launch shape of gs_sema_wait.
+func SemaWaitGrid() (grid, block Dim3) { return D1(1), D1(32) }
 
 // ReduceGrid is the launch shape of an all-reduce kernel for numel elements
 // of esize bytes. It depends only on its arguments, so every rank of a

@@ -53,7 +53,8 @@ type Kernel struct {
 }
 
 // Param is a value that can be passed as a kernel parameter: one of the
-// parameter structs of this package (ARParams, CopyParams, BarrierParams).
+// parameter structs of this package (ARParams, CopyParams, BarrierParams,
+// SemaParams, NVLSParams).
 type Param interface {
 	kernelParam() (*Struct, unsafe.Pointer)
 }
@@ -63,6 +64,8 @@ func (p *CopyParams) kernelParam() (*Struct, unsafe.Pointer) { return copyLayout
 func (p *BarrierParams) kernelParam() (*Struct, unsafe.Pointer) {
 	return barrierLayout, unsafe.Pointer(p)
 }
+func (p *SemaParams) kernelParam() (*Struct, unsafe.Pointer) { return semaLayout, unsafe.Pointer(p) }
+func (p *NVLSParams) kernelParam() (*Struct, unsafe.Pointer) { return nvlsLayout, unsafe.Pointer(p) }
 
 // Module is a loaded CUBIN/PTX image, bound to the context it was loaded in.
 type Module struct {

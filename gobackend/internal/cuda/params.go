@@ -13,7 +13,7 @@ import (
 const (
 	MaxRanks     = 8   // peers a kernel can address (GS_MAX_RANKS)
 	MaxBlocks    = 64  // blocks a barrier-using kernel may launch (GS_MAX_BLOCKS)
-	MaxSegs      = 8   // segments of one gs_copy launch (GS_MAX_SEGS)
+	MaxSegs      = 16  // segments of one gs_copy launch (GS_MAX_SEGS): a stage and a pull per rank
 	BlockThreads = 512 // threads per block of the data kernels (GS_BLOCK_THREADS)
 
 	// Signal pad layout, in 32-bit words (see kernels/common.cuh).
@@ -22,7 +22,15 @@ const (
 	PadErrorWord        = 2 * MaxBlocks * MaxRanks
 	PadErrorDetailWord  = PadErrorWord + 1
 	PadErrorMissingWord = PadErrorWord + 2 // bit r: rank r missed a barrier
-	PadBytes            = 8192             // one pad: one rank, one channel
+	// Semaphores of the stream-ordered protocol (sema.go), after the barrier
+	// and error words, on a 64-byte boundary: word PadSemaReadyWord+r is
+	// set by rank r when its input is staged for us, PadSemaDoneWord+r
+	// when it finished reading ours (or, for reduce, when the root released
+	// us). Only rank r sets its word (to SemaSet), only the pad's owner
+	// waits on it and consumes it (back to 0).
+	PadSemaReadyWord = PadErrorWord + 16
+	PadSemaDoneWord  = PadSemaReadyWord + MaxRanks
+	PadBytes         = 8192 // one pad: one rank, one channel
 
 	ErrTimeout = 1 // GS_ERR_TIMEOUT: a peer missed a barrier
 	ErrConfig  = 2 // GS_ERR_CONFIG: launch shape or parameters out of range
@@ -33,10 +41,16 @@ const (
 	PostNone = 0 // GS_POST_NONE
 	PostMul  = 1 // GS_POST_MUL: SUM result * scale (PREMUL_SUM)
 	PostDiv  = 2 // GS_POST_DIV: SUM result / scale (AVG)
+
+	SemaSet = 1 // GS_SEMA_SET: the value of a set semaphore (0: clear)
+
+	NVLSOneShot = 1 // GS_NVLS_ONESHOT: reduce all elements into out
+	NVLSInPlace = 2 // GS_NVLS_INPLACE: reduce this rank's slice, store it to every rank
 )
 
 const (
-	padUsedWords        = PadErrorWord + 4
+	padErrorEnd         = PadErrorWord + 3 // one past the error words
+	padUsedWords        = PadSemaDoneWord + MaxRanks
 	defaultReduceBlocks = 24 // PyTorch's one-shot limit (register-heavy kernels)
 	defaultCopyBlocks   = 32
 	vectorBytes         = 16
@@ -52,6 +66,10 @@ const (
 	_ = uint(1024 - BlockThreads)       // a block has at most 1024 threads
 	_ = uint(BlockThreads - 32)         // and a warp at least, for the barrier
 	_ = uint(32 - MaxRanks)             // a barrier uses one thread per peer
+	// The semaphores come after the error words, whole, 64-byte aligned.
+	_ = uint(PadSemaReadyWord - padErrorEnd)
+	_ = uint(PadSemaDoneWord - PadSemaReadyWord - MaxRanks)
+	_ = uint(0 - PadSemaReadyWord%16)
 )
 
 // headerConsts are the #defines of params.cuh, in order.
@@ -68,6 +86,9 @@ var headerConsts = []struct {
 	{"GS_PAD_ERROR", PadErrorWord},
 	{"GS_PAD_ERROR_DETAIL", PadErrorDetailWord},
 	{"GS_PAD_ERROR_MISSING", PadErrorMissingWord},
+	{"GS_PAD_SEMA_READY", PadSemaReadyWord},
+	{"GS_PAD_SEMA_DONE", PadSemaDoneWord},
+	{"GS_PAD_USED", padUsedWords},
 	{"GS_ERR_TIMEOUT", ErrTimeout},
 	{"GS_ERR_CONFIG", ErrConfig},
 	{"GS_SYNC_START", SyncStart},
@@ -75,6 +96,9 @@ var headerConsts = []struct {
 	{"GS_POST_NONE", PostNone},
 	{"GS_POST_MUL", PostMul},
 	{"GS_POST_DIV", PostDiv},
+	{"GS_SEMA_SET", SemaSet},
+	{"GS_NVLS_ONESHOT", NVLSOneShot},
+	{"GS_NVLS_INPLACE", NVLSInPlace},
 	{"GS_BLOCK_THREADS", BlockThreads},
 }
 
@@ -90,6 +114,7 @@ type ARParams struct {
 	Peers     [MaxRanks]uintptr `cuda:"peers,const void *,GS_MAX_RANKS"`
 	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
 	Out       uintptr           `cuda:"out,void *"`
+	In        uintptr           `cuda:"in,const void *"` // one-shot: stage this first (0: staged already)
 	Numel     uint64            `cuda:"numel,unsigned long long"`
 	SrcOffset uint64            `cuda:"src_offset,unsigned long long"` // in elements
 	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
@@ -109,6 +134,7 @@ type CopyParams struct {
 	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
 	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"`
 	NSeg      int32             `cuda:"nseg,int"`
+	NPre      int32             `cuda:"npre,int"` // the first NPre segments stage before the start barrier
 	World     int32             `cuda:"world,int"`
 	Rank      int32             `cuda:"rank,int"`
 	Sync      int32             `cuda:"sync,int"` // SyncStart | SyncEnd
@@ -120,6 +146,31 @@ type BarrierParams struct {
 	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"`
 	World     int32             `cuda:"world,int"`
 	Rank      int32             `cuda:"rank,int"`
+}
+
+// SemaParams is the parameter of gs_sema_wait (one block of 32 threads):
+// wait until every rank r in Mask has set semaphore Word+r of Pad (this
+// rank's pad), then consume it; a rank that does not within TimeoutNs is
+// named in the pad's error words.
+type SemaParams struct {
+	Pad       uintptr `cuda:"pad,unsigned int *"`
+	TimeoutNs uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
+	Word      int32   `cuda:"word,int"`                      // PadSemaReadyWord or PadSemaDoneWord
+	Mask      uint32  `cuda:"mask,unsigned int"`             // bit r: wait for rank r
+}
+
+// NVLSParams is the parameter of the multimem kernels of nvls.cu. Mc is
+// the multicast address of element 0 (every rank's copy of it); Out this
+// rank's output for NVLSOneShot (ignored in place); Pad, if set, receives
+// configuration errors.
+type NVLSParams struct {
+	Mc    uintptr `cuda:"mc,void *"`
+	Out   uintptr `cuda:"out,void *"`
+	Pad   uintptr `cuda:"pad,unsigned int *"`
+	Numel uint64  `cuda:"numel,unsigned long long"`
+	Mode  int32   `cuda:"mode,int"` // NVLSOneShot or NVLSInPlace
+	World int32   `cuda:"world,int"`
+	Rank  int32   `cuda:"rank,int"`
 }
 
 // Struct is the C layout of a kernel parameter struct, derived from the Go
@@ -240,7 +291,9 @@ var (
 	arLayout      = mustLayout("gs_ar_params", ARParams{})
 	copyLayout    = mustLayout("gs_copy_params", CopyParams{})
 	barrierLayout = mustLayout("gs_barrier_params", BarrierParams{})
-	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout}
+	semaLayout    = mustLayout("gs_sema_params", SemaParams{})
+	nvlsLayout    = mustLayout("gs_nvls_params", NVLSParams{})
+	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout, semaLayout, nvlsLayout}
 )
 
 // C renders the struct declaration, with offsets as comments.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/kernels"
 )
 
@@ -35,13 +36,13 @@ func TestParamLayouts(t *testing.T) {
 			}
 		})
 	}
-	require.Equal(t, uintptr(176), arLayout.Size)
+	require.Equal(t, uintptr(184), arLayout.Size)
 	off := map[string]uintptr{}
 	for _, f := range arLayout.Fields {
 		off[f.Name] = f.Offset
 	}
-	require.Equal(t, map[string]uintptr{"peers": 0, "pads": 64, "out": 128, "numel": 136,
-		"src_offset": 144, "timeout_ns": 152, "scale": 160, "post": 164, "world": 168, "rank": 172}, off)
+	require.Equal(t, map[string]uintptr{"peers": 0, "pads": 64, "out": 128, "in": 136, "numel": 144,
+		"src_offset": 152, "timeout_ns": 160, "scale": 168, "post": 172, "world": 176, "rank": 180}, off)
 }
 
 func TestLayoutRejectsBadTags(t *testing.T) {
@@ -88,10 +89,48 @@ func TestLayoutRejectsBadTags(t *testing.T) {
 }
 
 func TestPadLayoutFits(t *testing.T) {
+	// The barrier and error words stay where the kernels and cudacheck
+	// always found them; the semaphores come after them, whole.
+	require.Equal(t, []int{0, 512, 1024, 1025, 1026},
+		[]int{PadFlagsWord, PadCountersWord, PadErrorWord, PadErrorDetailWord, PadErrorMissingWord})
+	require.Greater(t, PadSemaReadyWord, PadErrorMissingWord)
+	require.GreaterOrEqual(t, PadSemaDoneWord, PadSemaReadyWord+MaxRanks)
+	require.GreaterOrEqual(t, padUsedWords, PadSemaDoneWord+MaxRanks)
+	require.Zero(t, PadSemaReadyWord%16, "semaphores start on a 64-byte boundary")
 	require.LessOrEqual(t, 4*padUsedWords, PadBytes)
 	require.Equal(t, 0, PadBytes%16)
 	require.LessOrEqual(t, defaultReduceBlocks, MaxBlocks)
 	require.LessOrEqual(t, defaultCopyBlocks, MaxBlocks)
+}
+
+func TestNVLSKernelChoice(t *testing.T) {
+	for _, c := range []struct {
+		dt   dtype.DType
+		op   dtype.RedOp
+		name string
+	}{
+		{dtype.Float32, dtype.Sum, "gs_nvls_f32_sum"}, {dtype.Float16, dtype.Max, "gs_nvls_f16_max"},
+		{dtype.BFloat16, dtype.Min, "gs_nvls_bf16_min"}, {dtype.BFloat16, dtype.Sum, "gs_nvls_bf16_sum"},
+	} {
+		k, err := NVLSKernel(c.dt, c.op)
+		require.NoError(t, err)
+		require.Equal(t, c.name, k.Name)
+		require.Equal(t, NVLSSource, k.Source)
+	}
+	// What PTX lacks, and what would need a scale after the switch's rounding.
+	for _, c := range []struct {
+		dt dtype.DType
+		op dtype.RedOp
+	}{{dtype.Float32, dtype.Min}, {dtype.Float32, dtype.Max}, {dtype.Float16, dtype.Product},
+		{dtype.Int32, dtype.Sum}, {dtype.BFloat16, dtype.Avg}, {dtype.Float32, dtype.PremulSum}} {
+		_, err := NVLSKernel(c.dt, c.op)
+		require.ErrorIs(t, err, ErrNotSupported, "%s %s", c.dt, c.op)
+	}
+	require.Len(t, KernelsIn(NVLSSource), 7)
+	k, post, err := ReduceKernel(Pull, dtype.BFloat16, dtype.Avg)
+	require.NoError(t, err)
+	require.Equal(t, "gs_pull_bf16_sum", k.Name)
+	require.EqualValues(t, PostDiv, post)
 }
 
 func TestKernelTable(t *testing.T) {

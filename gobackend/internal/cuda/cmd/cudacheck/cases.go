@@ -98,6 +98,13 @@ func (c *checker) runCases() {
 		return c.barrierCase(g, ps, 2, 200)
 	})
 	record("barrier timeout is reported (rank 1 absent, 5 ms)", func() error { return c.timeoutCase(g) })
+	record("semaphore wait timeout names the missing rank (rank 1 absent, 5 ms)", func() error {
+		return c.semaTimeoutCase(g)
+	})
+	for i, gi := range c.gpus {
+		record(fmt.Sprintf("nvls.cu on device %d: load, look up every multimem kernel (no launch, no multicast)", i),
+			func() error { return c.nvlsLoadCase(gi, i) })
+	}
 	record("stream memory operations (write/wait value, batch)", func() error { return c.memopsCase(g) })
 	record("pointer attributes, address range, IPC handle", func() error { return c.pointerCase(g) })
 	c.crossGPU()
@@ -484,14 +491,22 @@ func (c *checker) barrierCase(g *gpu, pads *padSet, world, times int) error {
 }
 
 func (c *checker) timeoutCase(g *gpu) error {
-	pads, err := c.newPads(g, 2) // left unusable afterwards, as documented
+	grid, block := cuda.BarrierGrid()
+	return c.expectTimeout(g, cuda.BarrierKernel, grid, block, func(pads *padSet) cuda.Param {
+		return &cuda.BarrierParams{Pads: pads.ptrs, TimeoutNs: 5_000_000, World: 2, Rank: 0}
+	}, -1)
+}
+
+// expectTimeout launches k on rank 0 of a fresh pair of pads (left
+// unusable afterwards, as documented) with rank 1 absent, and checks that it
+// gave up naming rank 1 (and, unless detail < 0, with that detail word).
+func (c *checker) expectTimeout(g *gpu, k *cuda.Kernel, grid, block cuda.Dim3, param func(*padSet) cuda.Param,
+	detail int64) error {
+	pads, err := c.newPads(g, 2)
 	if err != nil {
 		return err
 	}
-	fn := g.fns[cuda.BarrierKernel.Name]
-	grid, block := cuda.BarrierGrid()
-	p := cuda.BarrierParams{Pads: pads.ptrs, TimeoutNs: 5_000_000, World: 2, Rank: 0}
-	if err := c.d.Launch(fn, grid, block, 0, g.streams[0], &p); err != nil {
+	if err := c.d.Launch(g.fns[k.Name], grid, block, 0, g.streams[0], param(pads)); err != nil {
 		return err
 	}
 	if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
@@ -501,8 +516,10 @@ func (c *checker) timeoutCase(g *gpu) error {
 	if err != nil {
 		return err
 	}
-	if code, missing := le32(w), le32(w[8:]); code != cuda.ErrTimeout || missing != 2 {
-		return fmt.Errorf("error words code=%d missing=%#x, want code=%d missing=0x2", code, missing, cuda.ErrTimeout)
+	code, got, missing := le32(w), le32(w[4:]), le32(w[8:])
+	if code != cuda.ErrTimeout || missing != 2 || (detail >= 0 && int64(got) != detail) {
+		return fmt.Errorf("error words code=%d detail=%#x missing=%#x, want code=%d detail=%#x missing=0x2", code,
+			got, missing, cuda.ErrTimeout, detail)
 	}
 	return nil
 }
@@ -651,6 +668,7 @@ func (c *checker) crossGPU() {
 			}
 		}
 	}
+	c.semaCases(g0, g1, data, pads)
 	if c.quick {
 		return
 	}
@@ -781,12 +799,7 @@ func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, ite
 	if err := launch(); err != nil {
 		return err
 	}
-	for _, g := range gs {
-		if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
-			return err
-		}
-	}
-	if err := pads.errors(); err != nil {
+	if err := c.settle(gs, pads, false); err != nil {
 		return err
 	}
 	results := make([][]byte, 2)

@@ -87,6 +87,9 @@ func (c *checker) openGPU(ordinal int) (*gpu, error) {
 		g.streams = append(g.streams, s)
 	}
 	for _, src := range kernels.Sources() {
+		if src == cuda.NVLSSource {
+			continue // loaded on its own, by nvlsLoadCase: a failure there must not stop the rest
+		}
 		m, err := c.d.LoadKernels(ctx, c.comp, c.arch, src)
 		if err != nil {
 			return nil, fmt.Errorf("load %s: %w", src, err)

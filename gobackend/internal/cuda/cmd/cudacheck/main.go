@@ -5,7 +5,10 @@
 // one-shot and two-shot all-reduce with several "ranks" simulated on one GPU
 // (each rank its own buffers, pads and stream), the copy and barrier kernels,
 // stream memory operations, the barrier timeout, and, with two GPUs, real
-// cross-GPU runs over VMM mappings with a few timings.
+// cross-GPU runs over VMM mappings with a few timings, and the semaphore
+// protocol of issue #6 (cuda.Sema, the code the backend runs) with the pull
+// kernel: all_reduce and root-only reduce, 10k back-to-back ops. The NVLS
+// kernels (nvls.cu) are compiled, loaded and looked up, never launched.
 //
 // It never touches NVLink multicast: it refuses to start unless
 // NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
@@ -282,7 +285,13 @@ func record(name string, f func() error) {
 var errSkip = fmt.Errorf("skipped")
 
 func (c *checker) compileAll() error {
+	compiled := 0
 	for _, src := range kernels.Sources() {
+		if src == cuda.NVLSSource && c.arch < 90 {
+			fmt.Printf("compile %s: skipped, multimem needs sm_90 (device is sm_%d)\n", src, c.arch)
+			continue
+		}
+		compiled++
 		text, err := cuda.KernelSource(src)
 		if err != nil {
 			return err
@@ -318,7 +327,7 @@ func (c *checker) compileAll() error {
 		fmt.Printf("compile %s for sm_%d: %d bytes, %.0f ms cold, %.1f ms cached\n", src, c.arch, len(img), coldMs, cachedMs)
 	}
 	st := c.comp.Stats()
-	if st.Hits < int64(len(kernels.Sources())) {
+	if st.Hits < int64(compiled) {
 		return fmt.Errorf("compile cache: %+v, expected a hit per source", st)
 	}
 	return nil

@@ -7,6 +7,7 @@
 //   g++ -shared -fPIC -include kernels/testdata/emu.h -I kernels -I <cuda pkg>
 #include "allreduce.cu"
 #include "copy.cu"
+#include "nvls.cu"
 
 #include "dispatch.h"
 
@@ -125,18 +126,34 @@ template <class P> static void invoke(void *fn, void *param) {
 #define AR(a, t, o) {"gs_" #a "_" #t "_" #o, invoke<gs_ar_params>, (void *)gs_##a##_##t##_##o},
 #define AR_OPS(a, t) AR(a, t, sum) AR(a, t, prod) AR(a, t, min) AR(a, t, max)
 #define AR_TYPES(a) AR_OPS(a, f32) AR_OPS(a, f16) AR_OPS(a, bf16) AR_OPS(a, i32) AR_OPS(a, i64)
+#define NVLS(t, o) {"gs_nvls_" #t "_" #o, invoke<gs_nvls_params>, (void *)gs_nvls_##t##_##o},
 static CUfunc_st functions[] = {
-    AR_TYPES(oneshot) AR_TYPES(twoshot)
+    AR_TYPES(oneshot) AR_TYPES(twoshot) AR_TYPES(pull)
     {"gs_copy", invoke<gs_copy_params>, (void *)gs_copy},
     {"gs_barrier", invoke<gs_barrier_params>, (void *)gs_barrier},
+    {"gs_sema_wait", invoke<gs_sema_params>, (void *)gs_sema_wait},
+    NVLS(f32, sum) NVLS(f16, sum) NVLS(f16, min) NVLS(f16, max) NVLS(bf16, sum) NVLS(bf16, min)
+    NVLS(bf16, max)
 };
 static size_t param_size(const CUfunc_st *f) {
 	if (f->run == invoke<gs_copy_params>)
 		return sizeof(gs_copy_params);
 	if (f->run == invoke<gs_barrier_params>)
 		return sizeof(gs_barrier_params);
+	if (f->run == invoke<gs_sema_params>)
+		return sizeof(gs_sema_params);
+	if (f->run == invoke<gs_nvls_params>)
+		return sizeof(gs_nvls_params);
 	return sizeof(gs_ar_params);
 }
+
+// This driver has no multicast: an NVLS kernel that runs anyway stops the
+// process (cudacheck only loads them and looks them up).
+char *gs_emu_mc_peer(const void *, int) {
+	fprintf(stderr, "fakecuda: an NVLS kernel ran; there is no multicast here\n");
+	abort();
+}
+int gs_emu_mc_world(const void *) { return 0; }
 
 // ---- the API ----------------------------------------------------------------------
 

@@ -1,0 +1,145 @@
+package gobackend
+
+// Symmetric GPU memory for users: gosym.empty(..., device="cuda"). A GPUBuf
+// is one VMM allocation (cuMemCreate with a POSIX-fd handle, its size
+// rounded up to the granularity), mapped in this process for its device.
+// It is shareable: a contiguous view (view.go) exports its fd to the peers
+// and maps theirs side by side with it.
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// GPUBuf is a shareable VMM allocation of this process (gosym.empty on CUDA).
+type GPUBuf struct {
+	g    *gpuDevice
+	h    cuda.AllocHandle
+	va   uintptr
+	size uintptr // the allocation: the requested bytes rounded up to the granularity
+
+	mu    sync.Mutex
+	freed bool
+}
+
+// GPUAlloc allocates n bytes (at least 1) of shareable memory on device.
+func GPUAlloc(device, n int) (*GPUBuf, error) {
+	if n <= 0 {
+		return nil, status.Errorf(status.InvalidArg, "gosym: cannot allocate %d bytes", n)
+	}
+	g, err := openGPU(device)
+	if err != nil {
+		return nil, status.Wrap(status.NotSupported, err, "gosym: symmetric memory on cuda:%d", device)
+	}
+	b := &GPUBuf{g: g, size: (uintptr(n) + g.gran - 1) / g.gran * g.gran}
+	if b.h, err = g.d.MemCreate(g.ctx, g.dev, b.size, cuda.HandleTypePosixFD); err != nil {
+		return nil, status.Wrap(status.System, err, "gosym: allocating %d bytes on cuda:%d", b.size, device)
+	}
+	if b.va, err = g.mapHandles([]cuda.AllocHandle{b.h}, b.size); err != nil {
+		g.d.MemRelease(g.ctx, b.h)
+		return nil, status.Wrap(status.System, err, "gosym: mapping %d bytes on cuda:%d", b.size, device)
+	}
+	return b, nil
+}
+
+// Addr, Size and Device describe the allocation.
+func (b *GPUBuf) Addr() uintptr { return b.va }
+func (b *GPUBuf) Size() uintptr { return b.size }
+func (b *GPUBuf) Device() int   { return b.g.ordinal }
+
+// Free unmaps and releases the allocation (views keep their own mappings),
+// once the device is idle: a kernel may still use it. It is idempotent.
+func (b *GPUBuf) Free() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return nil
+	}
+	b.freed = true
+	b.g.d.CtxSynchronize(b.g.ctx)
+	b.g.unmapHandles(b.va, b.size, 1, 1)
+	return b.g.d.MemRelease(b.g.ctx, b.h)
+}
+
+// mapHandles reserves one range of len(hs) rows of stride bytes, maps hs[i]
+// into row i and grants this device access; on error nothing stays mapped.
+func (g *gpuDevice) mapHandles(hs []cuda.AllocHandle, stride uintptr) (uintptr, error) {
+	va, err := g.d.MemAddressReserve(g.ctx, stride*uintptr(len(hs)), g.gran)
+	if err != nil {
+		return 0, err
+	}
+	for i, h := range hs {
+		if err = g.d.MemMap(g.ctx, va+uintptr(i)*stride, stride, h); err != nil {
+			g.unmapHandles(va, stride, i, len(hs))
+			return 0, err
+		}
+	}
+	if err = g.d.MemSetAccess(g.ctx, va, stride*uintptr(len(hs)), []cuda.Device{g.dev}); err != nil {
+		g.unmapHandles(va, stride, len(hs), len(hs))
+		return 0, err
+	}
+	return va, nil
+}
+
+// unmapHandles undoes mapHandles: unmaps the first mapped of rows rows and
+// frees the range.
+func (g *gpuDevice) unmapHandles(va, stride uintptr, mapped, rows int) {
+	for i := range mapped {
+		g.d.MemUnmap(g.ctx, va+uintptr(i)*stride, stride)
+	}
+	g.d.MemAddressFree(g.ctx, va, stride*uintptr(rows))
+}
+
+// The GPUBuf as a view source.
+
+func (b *GPUBuf) rowBytes() uintptr { return b.size }
+func (b *GPUBuf) origin() uintptr   { return 0 }
+func (b *GPUBuf) device() int       { return b.g.ordinal }
+func (b *GPUBuf) idle()             { b.g.d.CtxSynchronize(b.g.ctx) }
+
+func (b *GPUBuf) exportFD() (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return -1, fmt.Errorf("the buffer was freed")
+	}
+	return b.g.d.MemExportFD(b.g.ctx, b.h)
+}
+
+func (b *GPUBuf) mapRows(rank int, fds []int) (uintptr, func(), error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return 0, nil, fmt.Errorf("the buffer was freed")
+	}
+	g := b.g
+	hs := make([]cuda.AllocHandle, len(fds))
+	var imported []cuda.AllocHandle
+	release := func() {
+		for _, h := range imported {
+			g.d.MemRelease(g.ctx, h)
+		}
+	}
+	for r, fd := range fds {
+		if r == rank {
+			hs[r] = b.h
+			continue
+		}
+		h, err := g.d.MemImportFD(g.ctx, fd)
+		if err != nil {
+			release()
+			return 0, nil, fmt.Errorf("import rank %d's buffer: %w", r, err)
+		}
+		hs[r] = h
+		imported = append(imported, h)
+	}
+	va, err := g.mapHandles(hs, b.size)
+	if err != nil {
+		release()
+		return 0, nil, err
+	}
+	return va, func() { g.unmapHandles(va, b.size, len(hs), len(hs)); release() }, nil
+}

@@ -1,0 +1,217 @@
+package gobackend
+
+// Contiguous views: ContiguousView is collective over a group: every rank
+// names a shareable buffer (and an offset into it); the ranks exchange the
+// buffers' fds over the authenticated links and each maps rank r's buffer
+// into row r of one reserved address range. The row stride is the buffers'
+// allocation size (a multiple of the GPU granularity or of the page size),
+// so a size that is not one leaves padding between rows. The result is a
+// [world, ...] tensor whose row r aliases rank r's buffer.
+//
+// Two kinds of buffer can be viewed, behind viewSource: GPU allocations
+// (gosym.empty on CUDA: VMM handles imported and mapped side by side) and
+// host regions (gosym.empty on CPU: memfds mapped MAP_FIXED side by side).
+//
+// Views are cached per group by (buffer, offset) and reference-counted: the
+// same buffer gives the same mapping while any holder keeps it; the last
+// release unmaps it. A view's mappings keep the memory alive on their own,
+// so a buffer freed while viewed stays readable through the view. Every
+// call is collective (one host round when every rank has the view cached),
+// so ranks whose caches differ stay in step.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/gosym/gosym/gobackend/internal/symm"
+)
+
+// viewSource is a buffer that can be viewed.
+type viewSource interface {
+	rowBytes() uintptr      // the allocation's size: the row stride
+	origin() uintptr        // where the caller's buffer starts in its row
+	exportFD() (int, error) // an fd a peer can map (the caller closes it)
+	// mapRows maps this buffer into row rank and fds[r] into row r of one
+	// new range; on error nothing stays mapped.
+	mapRows(rank int, fds []int) (va uintptr, unmap func(), err error)
+	idle()       // waits until nothing may still use the memory (the GPU)
+	device() int // CUDA ordinal, -1 for host memory
+}
+
+// View is a contiguous view of a group's buffers in this process.
+type View struct {
+	e      *Endpoint
+	key    viewKey
+	src    viewSource
+	va     uintptr
+	stride uintptr
+	undo   func()
+	once   sync.Once // undo runs once: Release and endpoint destroy may race
+	refs   int       // holders (under e.views.mu)
+}
+
+type viewKey struct {
+	src viewSource
+	off uintptr
+}
+
+// Addr is where the caller's buffer starts in row 0; row r starts Stride
+// bytes further per row.
+func (v *View) Addr() uintptr   { return v.va + v.src.origin() }
+func (v *View) Stride() uintptr { return v.stride }
+
+// viewCache holds a group's live views.
+type viewCache struct {
+	mu sync.Mutex
+	m  map[viewKey]*View
+}
+
+// viewMagic marks a contiguous-view announcement: buffer size and offset.
+const viewMagic = 0x57565347 // "GSVW"
+
+// ContiguousView returns (another reference to) the view of every rank's
+// buffer src, at offset off into it; every rank of the group calls it
+// together, like a collective. Release each reference once.
+func (e *Endpoint) ContiguousView(src viewSource, off uintptr) (*View, error) {
+	if off >= src.rowBytes() {
+		return nil, status.Errorf(status.InvalidArg, "gosym: contiguous_view: offset %d is past the buffer's %d bytes", off, src.rowBytes())
+	}
+	if d, want := int(e.gpu.device.Load())-1, src.device(); d >= 0 && want >= 0 && d != want {
+		return nil, status.Errorf(status.InvalidArg, "gosym: contiguous_view of a cuda:%d buffer, but group %q runs on cuda:%d on this rank",
+			want, e.Name, d)
+	}
+	key := viewKey{src, off}
+	var out *View
+	err := e.runTask("contiguous_view", func(who symm.Who, deadline time.Time) error {
+		e.views.mu.Lock()
+		have := e.views.m[key]
+		e.views.mu.Unlock()
+		// Every rank must take the same path: agree whether all have it.
+		flag := []byte{0}
+		if have != nil {
+			flag[0] = 1
+		}
+		all, err := e.team.Barrier(flag, who, deadline)
+		if err != nil {
+			return err
+		}
+		everyone := true
+		for _, f := range all {
+			everyone = everyone && len(f) == 1 && f[0] == 1
+		}
+		if !everyone {
+			v, err := e.makeView(key, who, deadline)
+			if err != nil {
+				return err
+			}
+			if have == nil {
+				have = v
+			} else { // this rank's own is still alive: keep it (the peers needed the exchange)
+				v.unmapOnce()
+			}
+		}
+		e.views.mu.Lock()
+		if e.views.m == nil {
+			e.views.m = map[viewKey]*View{}
+		}
+		e.views.m[key] = have
+		have.refs++
+		e.views.mu.Unlock()
+		out = have
+		return nil
+	})
+	return out, err
+}
+
+// makeView exchanges the buffers' fds and maps them side by side. Every
+// rank decides a size or offset mismatch from the same announcements, so
+// all fail alike; a local mapping failure is agreed on too.
+func (e *Endpoint) makeView(key viewKey, who symm.Who, deadline time.Time) (*View, error) {
+	src := key.src
+	fd, local := src.exportFD()
+	body := make([]byte, 16)
+	binary.LittleEndian.PutUint64(body, uint64(src.rowBytes()))
+	binary.LittleEndian.PutUint64(body[8:], uint64(src.origin()+key.off))
+	msgs, err := e.exchangeFD(viewMagic, body, fd, deadline)
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	if err != nil {
+		return nil, status.Wrap(status.Peer, err, "gosym: %s", who)
+	}
+	defer closeFDX(msgs)
+	le := binary.LittleEndian
+	for r, m := range msgs {
+		if sz, o := le.Uint64(m.body), le.Uint64(m.body[8:]); sz != uint64(src.rowBytes()) || o != uint64(src.origin()+key.off) {
+			return nil, status.Errorf(status.Mismatch, "gosym: %s: rank %d's buffer has %d bytes at offset %d, this rank's %d at %d (the same size and offset on every rank)",
+				who, r, sz, o, src.rowBytes(), src.origin()+key.off)
+		}
+	}
+	v := &View{e: e, key: key, src: src, stride: src.rowBytes(), undo: func() {}}
+	fds := make([]int, e.Size)
+	for r, m := range msgs {
+		fds[r] = m.fd
+		if r != e.Rank && !m.ok && local == nil {
+			local = fmt.Errorf("rank %d could not export its buffer", r)
+		}
+	}
+	if local == nil {
+		v.va, v.undo, local = src.mapRows(e.Rank, fds)
+	}
+	flag := []byte{1}
+	if local != nil {
+		flag[0] = 0
+	}
+	all, err := e.team.Barrier(flag, who, deadline)
+	var failed []int
+	for r, f := range all {
+		if len(f) != 1 || f[0] != 1 {
+			failed = append(failed, r)
+		}
+	}
+	if err != nil || len(failed) > 0 {
+		v.unmapOnce()
+		if err != nil {
+			return nil, err
+		}
+		return nil, status.Errorf(status.NotSupported, "gosym: %s: ranks %v could not map the view (this rank: %v)", who, failed, local)
+	}
+	return v, nil
+}
+
+// Release drops one reference; the last one unmaps the view, once nothing
+// may still use it.
+func (v *View) Release() {
+	c := &v.e.views
+	c.mu.Lock()
+	v.refs--
+	last := v.refs == 0
+	if last && c.m[v.key] == v {
+		delete(c.m, v.key)
+	}
+	c.mu.Unlock()
+	if last {
+		v.src.idle()
+		v.unmapOnce()
+	}
+}
+
+func (v *View) unmapOnce() { v.once.Do(v.undo) }
+
+// closeViews unmaps every view left at endpoint destroy (views still held
+// are released, not unmapped, later: unmapOnce makes that a no-op).
+func (c *viewCache) closeViews() {
+	c.mu.Lock()
+	m := c.m
+	c.m = nil
+	c.mu.Unlock()
+	for _, v := range m {
+		v.src.idle()
+		v.unmapOnce()
+	}
+}

@@ -1,0 +1,55 @@
+"""A short run of every CUDA collective for compute-sanitizer (memcheck): a few sizes,
+each result checked, staged and direct paths. Launch (2 GPUs, safety variables set):
+
+  torchrun --nproc-per-node 2 --no-python compute-sanitizer --tool memcheck \\
+      --target-processes all --error-exitcode 9 python3 scripts/sanitize_cuda.py
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import gosym  # noqa: E402,F401
+
+
+def main():
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    dist.init_process_group("gosym")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bad = 0
+    for n in (1, 1025, 600_003):
+        x = torch.full((n,), float(rank + 1), device=dev)
+        dist.all_reduce(x)
+        bad += int((x != world * (world + 1) / 2).sum())
+        out = torch.empty(n * world, device=dev)
+        dist.all_gather_into_tensor(out, torch.full((n,), float(rank), device=dev))
+        bad += int((out.view(world, n) != torch.arange(world, device=dev)[:, None]).sum())
+        rs = torch.empty(n, device=dev)
+        dist.reduce_scatter_tensor(rs, torch.ones(n * world, device=dev))
+        bad += int((rs != world).sum())
+        b = torch.full((n,), float(rank), device=dev)
+        dist.broadcast(b, src=world - 1)
+        bad += int((b != world - 1).sum())
+        a = torch.full((n * world,), float(rank), device=dev)
+        ao = torch.empty_like(a)
+        dist.all_to_all_single(ao, a)
+        bad += int((ao.view(world, n) != torch.arange(world, device=dev)[:, None]).sum())
+    y = gosym.empty(4096, device=dev)
+    y.fill_(float(rank))
+    v = gosym.contiguous_view(y)
+    dist.barrier()
+    torch.cuda.synchronize()
+    bad += int((v[:, 0] != torch.arange(world, device=dev)).sum())
+    torch.cuda.synchronize()
+    print(f"rank {rank}: {bad} wrong elements", flush=True)
+    dist.destroy_process_group()
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
