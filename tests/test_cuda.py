@@ -29,35 +29,32 @@ def _device_count() -> int:
         return 0
 
 
-@pytest.fixture(scope="module")
-def cuda_job(tmp_path_factory):
+def _worker_job(tmp_path_factory, name, **env):
+    """One launch of workers/cuda_worker.py on 2 GPUs with a 1 MiB staging (the large
+    cases run in several chunks) and env on top."""
     if _device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
-    out = tmp_path_factory.mktemp("cuda") / "out"
+    out = tmp_path_factory.mktemp(name) / "out"
     return run_torchrun("cuda_worker", 2, ["--timeout", 120], timeout=600, outdir=out,
-                        env={"GOSYM_GPU_STAGE_BYTES": str(1 << 20)})
+                        env={"GOSYM_GPU_STAGE_BYTES": str(1 << 20), **env})
+
+
+@pytest.fixture(scope="module")
+def cuda_job(tmp_path_factory):
+    return _worker_job(tmp_path_factory, "cuda")
 
 
 @pytest.fixture(scope="module")
 def cuda_direct_job(tmp_path_factory):
-    """The same worker with every op large enough for the direct path (peers' own buffers
-    through CUDA IPC); the staging stays small so that the fallback would chunk."""
-    if _device_count() < 2:
-        pytest.skip("needs 2 CUDA devices")
-    out = tmp_path_factory.mktemp("cuda_direct") / "out"
-    return run_torchrun("cuda_worker", 2, ["--timeout", 120], timeout=600, outdir=out,
-                        env={"GOSYM_GPU_STAGE_BYTES": str(1 << 20), "GOSYM_GPU_DIRECT_MIN": "1"})
+    """Every op large enough for the direct path (peers' own buffers through CUDA IPC)."""
+    return _worker_job(tmp_path_factory, "cuda_direct", GOSYM_GPU_DIRECT_MIN="1")
 
 
 @pytest.fixture(scope="module")
 def cuda_sema_job(tmp_path_factory):
-    """The same worker with every all_reduce and reduce on the semaphore protocol (issue
-    #6's unicast path: stream-memop signals, per-peer semaphores, the pull kernel)."""
-    if _device_count() < 2:
-        pytest.skip("needs 2 CUDA devices")
-    out = tmp_path_factory.mktemp("cuda_sema") / "out"
-    return run_torchrun("cuda_worker", 2, ["--timeout", 120], timeout=600, outdir=out,
-                        env={"GOSYM_GPU_STAGE_BYTES": str(1 << 20), "GOSYM_GPU_SEMA_MIN": "1"})
+    """Every all_reduce and reduce on the semaphore protocol (issue #6's unicast path:
+    stream-memop signals, per-peer semaphores, the pull kernel)."""
+    return _worker_job(tmp_path_factory, "cuda_sema", GOSYM_GPU_SEMA_MIN="1")
 
 
 def test_sema_path(cuda_sema_job):
