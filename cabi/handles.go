@@ -42,29 +42,17 @@ func (t *handleTable) len() int {
 	return len(t.objs)
 }
 
-func getEndpoint(h uint64) (*gobackend.Endpoint, error) {
-	if ep, ok := handles.get(h).(*gobackend.Endpoint); ok {
-		return ep, nil
+// get returns handle h's object when it is a T (what names T in the error).
+func get[T any](h uint64, what string) (T, error) {
+	v, ok := handles.get(h).(T)
+	if !ok {
+		return v, gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live %s handle", h, what)
 	}
-	return nil, gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live endpoint handle", h)
+	return v, nil
 }
 
-func getWork(h uint64) (*gobackend.Work, error) {
-	if w, ok := handles.get(h).(*gobackend.Work); ok {
-		return w, nil
-	}
-	return nil, gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live work handle", h)
-}
-
-func getMemh(h uint64) (*gobackend.Memh, error) {
-	if m, ok := handles.get(h).(*gobackend.Memh); ok {
-		return m, nil
-	}
-	return nil, gobackend.Errorf(gobackend.CodeInvalidHandle, "gosym: %d is not a live memory handle", h)
-}
-
-// take removes handle h and returns its object when it is a T (what names
-// T in the error): for the functions that release what a handle holds.
+// take is get that also removes the handle, under one lock: for the
+// functions that release what a handle holds.
 func take[T any](h uint64, what string) (T, error) {
 	handles.mu.Lock()
 	defer handles.mu.Unlock()
@@ -75,3 +63,9 @@ func take[T any](h uint64, what string) (T, error) {
 	delete(handles.objs, h)
 	return v, nil
 }
+
+func getEndpoint(h uint64) (*gobackend.Endpoint, error) {
+	return get[*gobackend.Endpoint](h, "endpoint")
+}
+func getWork(h uint64) (*gobackend.Work, error) { return get[*gobackend.Work](h, "work") }
+func getMemh(h uint64) (*gobackend.Memh, error) { return get[*gobackend.Memh](h, "memory") }

@@ -162,11 +162,10 @@ func gosym_endpoint_connect(h C.uint64_t, blobs *C.gosym_cu8, lens *C.gosym_cu64
 //export gosym_endpoint_destroy
 func gosym_endpoint_destroy(h C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)
-	ep, err := getEndpoint(uint64(h))
+	ep, err := take[*gobackend.Endpoint](uint64(h), "endpoint")
 	if err != nil {
 		return ret(err)
 	}
-	handles.remove(uint64(h))
 	return ret(ep.Destroy())
 }
 
@@ -286,11 +285,15 @@ func gosym_work_wait(h C.uint64_t, timeoutMs C.int64_t) (rc C.int32_t) {
 	if err != nil {
 		return ret(err)
 	}
-	t := time.Duration(timeoutMs) * time.Millisecond
-	if timeoutMs < 0 {
-		t = -1
+	return ret(w.Wait(waitTimeout(timeoutMs)))
+}
+
+// waitTimeout is the Wait timeout for an ABI timeout_ms (< 0: none).
+func waitTimeout(ms C.int64_t) time.Duration {
+	if ms < 0 {
+		return -1
 	}
-	return ret(w.Wait(t))
+	return time.Duration(ms) * time.Millisecond
 }
 
 //export gosym_work_test
@@ -310,11 +313,8 @@ func gosym_work_test(h C.uint64_t) (rc C.int32_t) {
 //export gosym_work_release
 func gosym_work_release(h C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)
-	if _, err := getWork(uint64(h)); err != nil {
-		return ret(err)
-	}
-	handles.remove(uint64(h))
-	return C.GOSYM_OK
+	_, err := take[*gobackend.Work](uint64(h), "work")
+	return ret(err)
 }
 
 // gosym_work_finish is wait + release: once the work completed (well or
@@ -328,11 +328,7 @@ func gosym_work_finish(h C.uint64_t, timeoutMs C.int64_t) (rc C.int32_t) {
 	if err != nil {
 		return ret(err)
 	}
-	t := time.Duration(timeoutMs) * time.Millisecond
-	if timeoutMs < 0 {
-		t = -1
-	}
-	waitErr := w.Wait(t)
+	waitErr := w.Wait(waitTimeout(timeoutMs))
 	done, err := w.Done()
 	if !done {
 		ret(waitErr) // the last error says how long the caller waited
@@ -374,11 +370,10 @@ func gosym_mem_map(addr, n C.uint64_t, device C.int32_t, out *C.uint64_t) (rc C.
 //export gosym_mem_unmap
 func gosym_mem_unmap(h C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)
-	m, err := getMemh(uint64(h))
+	m, err := take[*gobackend.Memh](uint64(h), "memory")
 	if err != nil {
 		return ret(err)
 	}
-	handles.remove(uint64(h))
 	return ret(gobackend.MemUnmap(m))
 }
 
