@@ -158,16 +158,7 @@ func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
 	inputs := make([][]byte, k.world)
 	ins := make([]*dbuf, k.world)
 	outs := make([]*dbuf, k.world)
-	defer func() {
-		for r := range ins {
-			if ins[r] != nil {
-				ins[r].free()
-			}
-			if outs[r] != nil {
-				outs[r].free()
-			}
-		}
-	}()
+	defer freeAll(ins, outs)
 	inLen := uintptr(total)*es + uintptr(k.mis)*es + guardBytes
 	outLen := uintptr(k.numel)*es + uintptr(k.outMis)*es + guardBytes
 	ps := make([]cuda.ARParams, k.world)
@@ -406,16 +397,7 @@ func (c *checker) copyCase(g *gpu, pads *padSet, world int, chunk uintptr) error
 	rng := rand.New(rand.NewPCG(3, 4))
 	ins, outs := make([]*dbuf, world), make([]*dbuf, world)
 	host := make([][]byte, world)
-	defer func() {
-		for r := range ins {
-			if ins[r] != nil {
-				ins[r].free()
-			}
-			if outs[r] != nil {
-				outs[r].free()
-			}
-		}
-	}()
+	defer freeAll(ins, outs)
 	var err error
 	for r := 0; r < world; r++ {
 		host[r] = make([]byte, chunk*uintptr(world))
@@ -760,13 +742,7 @@ func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, ite
 	rng := rand.New(rand.NewPCG(seedOf(k.String()), 9))
 	inputs := make([][]byte, 2)
 	outs := make([]*dbuf, 2)
-	defer func() {
-		for _, o := range outs {
-			if o != nil {
-				o.free()
-			}
-		}
-	}()
+	defer freeAll(outs)
 	ps := make([]cuda.ARParams, 2)
 	for r, g := range gs {
 		inputs[r] = genData(rng, k.dt, k.op, k.numel)

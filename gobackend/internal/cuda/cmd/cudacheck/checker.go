@@ -135,6 +135,18 @@ func (c *checker) alloc(g *gpu, size uintptr) (*dbuf, error) {
 
 func (b *dbuf) free() { _ = b.c.d.MemFree(b.ctx, b.ptr) }
 
+// freeAll frees every buffer of sets that was allocated (nil entries are
+// the ones a failed case never reached).
+func freeAll(sets ...[]*dbuf) {
+	for _, set := range sets {
+		for _, b := range set {
+			if b != nil {
+				b.free()
+			}
+		}
+	}
+}
+
 func (b *dbuf) fill(v byte) error {
 	host := make([]byte, b.size)
 	for i := range host {

@@ -147,15 +147,7 @@ func (c *checker) runSema(gs []*gpu, data [2]*vmem, pads *padSet, k semaCase) er
 	ms := c.semaRanks(gs, data, pads, k.memop)
 	inputs := make([][]byte, len(gs))
 	ins, outs := make([]*dbuf, len(gs)), make([]*dbuf, len(gs))
-	defer func() {
-		for r := range gs {
-			for _, b := range []*dbuf{ins[r], outs[r]} {
-				if b != nil {
-					b.free()
-				}
-			}
-		}
-	}()
+	defer freeAll(ins, outs)
 	var err error
 	for r, g := range gs {
 		inputs[r] = genData(rng, k.dt, dtype.Sum, k.numel)
@@ -241,11 +233,7 @@ func (c *checker) semaBackToBack(gs []*gpu, data [2]*vmem, pads *padSet, ops int
 	ms := c.semaRanks(gs, data, pads, memop)
 	rng := rand.New(rand.NewPCG(uint64(ops), 13))
 	var bufs []*dbuf
-	defer func() {
-		for _, b := range bufs {
-			b.free()
-		}
-	}()
+	defer func() { freeAll(bufs) }() // bufs grows below
 	alloc := func(g *gpu, size uintptr, fill byte) (*dbuf, error) {
 		b, err := c.alloc(g, size)
 		if err == nil {
