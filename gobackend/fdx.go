@@ -6,12 +6,18 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
-// An fd exchange: every rank sends every peer one announcement (a header,
-// a body, and at most one fd) over the authenticated mesh links, and
-// receives one from each. CUDA setup and contiguous views use it, inside
-// the collective queue, so their messages never interleave with others.
+// The group-wide exchanges of setup tasks (CUDA setup, NVLS setup,
+// contiguous views, the direct path), run inside the collective queue so
+// their messages never interleave with others:
+//   - an fd exchange: every rank sends every peer one announcement (a
+//     header, a body, and at most one fd) over the authenticated mesh
+//     links, and receives one from each;
+//   - an agreement: every rank says whether it succeeded (one byte through
+//     the host barrier) and learns which ranks did not.
 
 // fdxHeader is magic, version, sender rank, ok (1 when an fd is attached).
 const fdxHeader = 16
@@ -90,4 +96,33 @@ func closeFDX(msgs []fdxMsg) {
 			msgs[i].fd = -1
 		}
 	}
+}
+
+// agreeAll tells every rank whether this one succeeded and returns the
+// ranks that did not (the same list on every rank).
+func (e *Endpoint) agreeAll(ok bool, who symm.Who, deadline time.Time) ([]int, error) {
+	all, err := e.team.Barrier(okFlag(ok), who, deadline)
+	if err != nil {
+		return nil, err
+	}
+	return failedRanks(all), nil
+}
+
+// okFlag is the one byte of metadata an agreement publishes.
+func okFlag(ok bool) []byte {
+	if ok {
+		return []byte{1}
+	}
+	return []byte{0}
+}
+
+// failedRanks lists the ranks whose agreement metadata is not okFlag(true).
+func failedRanks(flags [][]byte) []int {
+	var failed []int
+	for r, f := range flags {
+		if len(f) != 1 || f[0] != 1 {
+			failed = append(failed, r)
+		}
+	}
+	return failed
 }

@@ -309,21 +309,13 @@ func (e *Endpoint) startGPU(device int, who symm.Who, deadline time.Time) (*gpuT
 	if local == nil {
 		local = t.zeroPad()
 	}
-	flag := []byte{1}
 	if local != nil {
-		flag[0] = 0
 		debugf("rank %d: CUDA data plane setup failed: %v", e.Rank, local)
 	}
-	metas, err := e.team.Barrier(flag, who, deadline)
+	failed, err := e.agreeAll(local == nil, who, deadline)
 	if err != nil {
 		t.close()
 		return nil, err
-	}
-	var failed []int
-	for r, m := range metas {
-		if len(m) != 1 || m[0] != 1 {
-			failed = append(failed, r)
-		}
 	}
 	if len(failed) > 0 {
 		t.close()
@@ -348,6 +340,7 @@ type gpuDevice struct {
 	ctx     cuda.Context
 	arch    int
 	gran    uintptr
+	memops  bool // the driver has the stream memory operations (the semaphore protocol)
 
 	mu   sync.Mutex
 	mods map[string]*gpuModule
@@ -437,7 +430,8 @@ func newGPUDevice(ordinal int) (*gpuDevice, error) {
 		d.ReleasePrimaryContext(dev)
 		return nil, err
 	}
-	return &gpuDevice{d: d, ordinal: ordinal, dev: dev, ctx: ctx, arch: arch, gran: gran, mods: map[string]*gpuModule{}}, nil
+	return &gpuDevice{d: d, ordinal: ordinal, dev: dev, ctx: ctx, arch: arch, gran: gran, memops: d.HasStreamMemOps(),
+		mods: map[string]*gpuModule{}}, nil
 }
 
 // module returns the loaded kernels of source, compiling them on first use.

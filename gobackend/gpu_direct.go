@@ -136,18 +136,9 @@ func (t *gpuTeam) openPeers(metas [][]byte, need func(r int) bool, who *Op, agre
 			p.local[r] = va
 		}
 	}
-	flag := []byte{0}
-	if local {
-		flag[0] = 1
-	}
-	all, err := agree(flag)
-	if err != nil {
+	all, err := agree(okFlag(local))
+	if err != nil || len(failedRanks(all)) > 0 {
 		return nil, false, err
-	}
-	for _, f := range all {
-		if len(f) != 1 || f[0] != 1 {
-			return nil, false, nil
-		}
 	}
 	return p, true, nil
 }

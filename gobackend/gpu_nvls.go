@@ -10,12 +10,8 @@ package gobackend
 // closed before the buffers.
 
 import (
-	"encoding/binary"
-	"fmt"
 	"os"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/status"
@@ -56,12 +52,8 @@ func (e *Endpoint) setupNVLS(t *gpuTeam, who symm.Who, deadline time.Time) (*cud
 // nvlsStageAddr is the multicast address of the stagings under b.
 func nvlsStageAddr(b *cuda.McBinding) uintptr { return b.Addr + gpuStageOff }
 
-// The root's message with the multicast object's fd.
-const (
-	nvlsMsgMagic   = 0x534d5347 // "GSMS"
-	nvlsMsgVersion = 1
-	nvlsMsgBytes   = 16
-)
+// nvlsMsgMagic marks the announcements of the multicast object's fd.
+const nvlsMsgMagic = 0x534d5347 // "GSMS"
 
 // nvlsPeers is cuda.McPeers over the group's authenticated links (the fd)
 // and its host barrier (the agreements). A failure of either is kept in
@@ -73,72 +65,31 @@ type nvlsPeers struct {
 	broken   error
 }
 
+// ShareFD is an fd exchange in which only the root attaches an fd.
 func (p *nvlsPeers) ShareFD(root, fd int) (int, error) {
-	le := binary.LittleEndian
-	e := p.e
-	if e.Rank == root {
-		msg := make([]byte, nvlsMsgBytes)
-		le.PutUint32(msg, nvlsMsgMagic)
-		le.PutUint32(msg[4:], nvlsMsgVersion)
-		le.PutUint32(msg[8:], uint32(root))
-		var fds []int
-		if fd >= 0 {
-			le.PutUint32(msg[12:], 1)
-			fds = []int{fd}
-		}
-		var first error // send to every peer anyway, keeping the links in step
-		for _, l := range e.mesh.Links {
-			if l != nil {
-				if err := l.Send(msg, fds, p.deadline); err != nil && first == nil {
-					first = err
-				}
-			}
-		}
-		if first != nil {
-			return -1, p.fail(first)
-		}
-		return -1, nil
+	if p.e.Rank != root {
+		fd = -1
 	}
-	msg, fds, err := e.mesh.Links[root].Recv(p.deadline)
+	msgs, err := p.e.exchangeFD(nvlsMsgMagic, nil, fd, p.deadline)
 	if err != nil {
 		return -1, p.fail(err)
 	}
-	want := 0
-	if len(msg) == nvlsMsgBytes {
-		want = int(le.Uint32(msg[12:]))
+	got := -1
+	if p.e.Rank != root {
+		got, msgs[root].fd = msgs[root].fd, -1 // the caller's to close
 	}
-	if len(msg) != nvlsMsgBytes || le.Uint32(msg) != nvlsMsgMagic || le.Uint32(msg[4:]) != nvlsMsgVersion ||
-		int(le.Uint32(msg[8:])) != root || want > 1 || len(fds) != want {
-		for _, f := range fds {
-			unix.Close(f)
-		}
-		return -1, p.fail(fmt.Errorf("rank %d sent a malformed multicast announcement", root))
-	}
-	if want == 0 {
-		return -1, nil
-	}
-	return fds[0], nil
+	closeFDX(msgs)
+	return got, nil
 }
 
 func (p *nvlsPeers) Agree(step string, ok bool) ([]int, error) {
-	flag := []byte{0}
-	if ok {
-		flag[0] = 1
-	}
 	who := p.who
 	who.Op += ": " + step
-	metas, err := p.e.team.Barrier(flag, who, p.deadline)
+	failed, err := p.e.agreeAll(ok, who, p.deadline)
 	if err != nil {
 		p.broken = err
-		return nil, err
 	}
-	var failed []int
-	for r, m := range metas {
-		if len(m) != 1 || m[0] != 1 {
-			failed = append(failed, r)
-		}
-	}
-	return failed, nil
+	return failed, err
 }
 
 func (p *nvlsPeers) fail(err error) error {

@@ -107,7 +107,7 @@ func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
 			return err
 		}
 	}
-	if n >= t.cfg.semaMin && t.g.d.HasStreamMemOps() {
+	if n >= t.cfg.semaMin && t.g.memops {
 		t.algos.Add(gpuAlgoSema, t.rank, op)
 		return t.semaReduce(op, s, root)
 	}
@@ -374,7 +374,7 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 		le.PutUint64(meta[16*w+gpuRegionBytes+8*r:], uint64(op.InPieces[r].Addr))
 		inTotal, localMax = inTotal+in, max(localMax, in, out)
 	}
-	if w > 1 && inTotal > 0 && int(localMax) >= min(t.cfg.ceMin, t.cfg.directMin) {
+	if w > 1 && inTotal > 0 && int(localMax) >= t.cfg.directMin { // no driver calls for ops that stay staged
 		spans := make([]gpuSpan, w)
 		for r, pc := range op.InPieces {
 			spans[r] = gpuSpan{pc.Addr, uintptr(pc.Count) * es}

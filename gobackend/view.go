@@ -92,19 +92,11 @@ func (e *Endpoint) ContiguousView(src viewSource, off uintptr) (*View, error) {
 		have := e.views.m[key]
 		e.views.mu.Unlock()
 		// Every rank must take the same path: agree whether all have it.
-		flag := []byte{0}
-		if have != nil {
-			flag[0] = 1
-		}
-		all, err := e.team.Barrier(flag, who, deadline)
+		lacking, err := e.agreeAll(have != nil, who, deadline)
 		if err != nil {
 			return err
 		}
-		everyone := true
-		for _, f := range all {
-			everyone = everyone && len(f) == 1 && f[0] == 1
-		}
-		if !everyone {
+		if len(lacking) > 0 {
 			v, err := e.makeView(key, who, deadline)
 			if err != nil {
 				return err
@@ -163,17 +155,7 @@ func (e *Endpoint) makeView(key viewKey, who symm.Who, deadline time.Time) (*Vie
 	if local == nil {
 		v.va, v.undo, local = src.mapRows(e.Rank, fds)
 	}
-	flag := []byte{1}
-	if local != nil {
-		flag[0] = 0
-	}
-	all, err := e.team.Barrier(flag, who, deadline)
-	var failed []int
-	for r, f := range all {
-		if len(f) != 1 || f[0] != 1 {
-			failed = append(failed, r)
-		}
-	}
+	failed, err := e.agreeAll(local == nil, who, deadline)
 	if err != nil || len(failed) > 0 {
 		v.unmapOnce()
 		if err != nil {
