@@ -249,8 +249,11 @@ type gpuConfig struct {
 	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of chunks of at least twoShotMin bytes (bandwidth-bound)
 	ceMin      int // GOSYM_GPU_CE_MIN: data-movement chunks of at least this many bytes use the copy engines
 	directMin  int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
-	semaMin    int // GOSYM_GPU_SEMA_MIN: reductions of at least this many bytes use the semaphore protocol
-	fuseMax    int // GOSYM_GPU_FUSE_MAX: one-shot chunks of at most this many bytes stage inside the kernel, outside graph capture
+	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
+	// reduce_scatter while the stream is captured into a CUDA graph
+	captureDirectMin int
+	semaMin          int // GOSYM_GPU_SEMA_MIN: reductions of at least this many bytes use the semaphore protocol
+	fuseMax          int // GOSYM_GPU_FUSE_MAX: one-shot chunks of at most this many bytes stage inside the kernel, outside graph capture
 }
 
 func gpuConfigFromEnv() gpuConfig {
@@ -260,8 +263,10 @@ func gpuConfigFromEnv() gpuConfig {
 		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
 		ceMin:      envInt("GOSYM_GPU_CE_MIN", 1<<20),
 		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 32<<20),
-		semaMin:    envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
-		fuseMax:    envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
+		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
+		captureDirectMin: envInt("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1),
+		semaMin:          envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
+		fuseMax:          envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
 	}
 }
 

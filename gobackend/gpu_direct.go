@@ -182,7 +182,7 @@ func (t *gpuTeam) closeIPC() {
 func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err error) {
 	es := uintptr(op.DType.Size())
 	n := uintptr(op.Count) * es
-	if t.world == 1 || int(n) < t.cfg.directMin {
+	if t.world == 1 || int(n) < t.directMin(op) {
 		return false, nil
 	}
 	var mine []gpuSpan // what peers will address in this rank's memory

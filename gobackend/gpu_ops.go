@@ -119,6 +119,19 @@ func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
 	return t.reduce(op, s, root)
 }
 
+// directMin is the size (bytes per rank) from which op takes the direct
+// path. Its agreement rounds cost the host tens of microseconds per op;
+// under CUDA graph capture they are paid once, at capture, and never at
+// replay, so reductions, which save the staging copies (reduce_scatter one
+// per rank), take it from captureDirectMin. Copies would trade one gs_copy
+// launch for copy-engine copies between two barriers, and keep staging.
+func (t *gpuTeam) directMin(op *Op) int {
+	if t.capturing && (op.Kind == coll.AllReduce || op.Kind == coll.ReduceScatter) {
+		return min(t.cfg.directMin, t.cfg.captureDirectMin)
+	}
+	return t.cfg.directMin
+}
+
 // gpuSeg is one copy of a gs_copy launch.
 type gpuSeg struct {
 	dst, src uintptr
@@ -338,15 +351,38 @@ func (t *gpuTeam) reduceScatter(op *Op, s cuda.Stream) error {
 	p := t.reduceParams(op)
 	es := uintptr(op.DType.Size())
 	reg := t.region() // a multiple of 16, so of every element size
+	stride, even := pieceStride(op.InPieces, es)
 	return chunks(uintptr(op.Count)*es, reg, func(at, n uintptr) error {
-		for r, pc := range op.InPieces {
-			if err := t.stageIn(uintptr(r)*reg, pc.Addr+at, n, s); err != nil {
-				return err
+		p.Numel, p.Out, p.SrcOffset = uint64(n/es), op.Out+at, uint64(uintptr(t.rank)*reg/es)
+		p.In, p.InStride, p.StageStride = 0, 0, 0
+		// As reduce: fused staging saves world driver calls per chunk, but not
+		// under graph capture, where copy nodes replay faster.
+		if even && int(n)*t.world <= t.cfg.fuseMax && !t.capturing {
+			p.In, p.InStride, p.StageStride = op.InPieces[0].Addr+at, uint64(stride/es), uint64(reg/es)
+		} else {
+			for r, pc := range op.InPieces {
+				if err := t.stageIn(uintptr(r)*reg, pc.Addr+at, n, s); err != nil {
+					return err
+				}
 			}
 		}
-		p.Numel, p.Out, p.SrcOffset = uint64(n/es), op.Out+at, uint64(uintptr(t.rank)*reg/es)
 		return t.reduceKernel(op, cuda.OneShot, &p, s)
 	})
+}
+
+// pieceStride reports whether pieces lie evenly spaced, stride bytes apart
+// (a positive multiple of es), as reduce_scatter_tensor's do.
+func pieceStride(pieces []coll.Piece, es uintptr) (stride uintptr, even bool) {
+	if len(pieces) < 2 || pieces[1].Addr <= pieces[0].Addr {
+		return 0, false
+	}
+	stride = pieces[1].Addr - pieces[0].Addr
+	for r := range pieces {
+		if pieces[r].Addr != pieces[0].Addr+uintptr(r)*stride {
+			return 0, false
+		}
+	}
+	return stride, stride%es == 0
 }
 
 // allToAll: the ranks first agree on every split (bytes each rank sends to
@@ -430,14 +466,16 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 func (t *gpuTeam) allToAllChunks(op *Op, s cuda.Stream, longest uintptr) error {
 	es := uintptr(op.DType.Size())
 	reg := t.region()
-	return chunks(longest, reg, func(at, _ uintptr) error {
+	return chunks(longest, reg, func(at, n uintptr) error {
 		pre, segs := make([]gpuSeg, 0, t.world), make([]gpuSeg, 0, t.world)
 		for j := range t.world {
 			in, out := op.InPieces[j], op.OutPieces[j]
 			pre = append(pre, t.staged(uintptr(j)*reg, in.Addr+at, clip(uintptr(in.Count)*es, at, reg)))
 			segs = append(segs, gpuSeg{out.Addr + at, t.stages[j] + uintptr(t.rank)*reg, clip(uintptr(out.Count)*es, at, reg)})
 		}
-		return t.move(pre, segs, reg, s)
+		// n (the longest piece's bytes in this chunk) is the same on every
+		// rank: it picks the launch shape and kernel or copy engines.
+		return t.move(pre, segs, n, s)
 	})
 }
 

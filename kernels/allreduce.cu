@@ -167,7 +167,8 @@ __device__ __forceinline__ void gs_block_copy(S *dst, const S *src, gs_u64 lo, g
 }
 
 // One-shot with the staging copy fused in (p.in set): block b copies its
-// range of this rank's input into this rank's staging, the block barrier
+// range of this rank's input (for reduce_scatter, of each of its world
+// pieces) into this rank's staging, the block barrier
 // then tells peer block b that exactly that range is there, and block b
 // reduces the same range from every peer. One launch per chunk instead of a
 // copy and a launch. A rank with no output (reduce, p.out == 0) only stages.
@@ -178,7 +179,13 @@ template <class T, class Op> __device__ __forceinline__ void gs_oneshot_fused(co
 	gs_u64 lo = (gs_u64)blockIdx.x * per, hi = lo + per;
 	lo = lo < p.numel ? lo : p.numel;
 	hi = hi < p.numel ? hi : p.numel;
-	gs_block_copy<S>((S *)p.peers[p.rank] + p.src_offset, (const S *)p.in, lo, hi);
+	if (p.in_stride) { // reduce_scatter: every rank's piece, each into its region
+		for (int q = 0; q < p.world; ++q)
+			gs_block_copy<S>((S *)p.peers[p.rank] + (gs_u64)q * p.stage_stride,
+			                 (const S *)p.in + (gs_u64)q * p.in_stride, lo, hi);
+	} else {
+		gs_block_copy<S>((S *)p.peers[p.rank] + p.src_offset, (const S *)p.in, lo, hi);
+	}
 	__threadfence_system();
 	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
 		return;

@@ -29,18 +29,20 @@
 #define GS_NVLS_INPLACE 2
 #define GS_BLOCK_THREADS 512
 
-struct gs_ar_params { // 184 bytes, Go: cuda.ARParams
+struct gs_ar_params { // 200 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
 	unsigned int *pads[GS_MAX_RANKS];        // offset 64
 	void *out;                               // offset 128
 	const void *in;                          // offset 136
 	unsigned long long numel;                // offset 144
 	unsigned long long src_offset;           // offset 152
-	unsigned long long timeout_ns;           // offset 160
-	float scale;                             // offset 168
-	int post;                                // offset 172
-	int world;                               // offset 176
-	int rank;                                // offset 180
+	unsigned long long in_stride;            // offset 160
+	unsigned long long stage_stride;         // offset 168
+	unsigned long long timeout_ns;           // offset 176
+	float scale;                             // offset 184
+	int post;                                // offset 188
+	int world;                               // offset 192
+	int rank;                                // offset 196
 };
 
 struct gs_copy_params { // 480 bytes, Go: cuda.CopyParams

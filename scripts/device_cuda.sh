@@ -5,7 +5,8 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [graph] [sanitize]  (default: all)
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [sanitize]
+# (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 for kv in NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1; do
@@ -46,9 +47,29 @@ for s in "${steps[@]}"; do
 		else
 			echo "no compute-sanitizer on this machine"
 		fi ;;
+	batch)
+		echo "== bench eager, 40 back-to-back ops per pair of CUDA events (the baselines' method)"
+		timeout 400 python3 -m gosym.bench --device cuda --backends gosym,nccl,symm-2shot --batch 40 \
+			--sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M,256M --target-time 0.1 \
+			--json "$out/bench-cuda-batch.json" --plot "$out/bench-cuda-batch.png" 2>&1 | tail -80 ;;
+	tune)
+		echo "== tunables: copy engines from 1 MiB (default) or never; graph all_reduce direct or staged"
+		for ce in $((1 << 20)) $((1 << 30)); do
+			echo "-- GOSYM_GPU_CE_MIN=$ce"
+			GOSYM_GPU_CE_MIN=$ce timeout 200 python3 -m gosym.bench --device cuda --backends gosym --batch 40 \
+				--ops all_gather_into_tensor,broadcast,all_to_all_single --sizes 1M,4M,16M --target-time 0.05 \
+				--no-check --json "$out/tune-ce-$ce.json" 2>&1 | grep -E "^\s*(all_|broad|[0-9])" | tail -12
+		done
+		for cd in 1 $((1 << 30)); do
+			echo "-- GOSYM_GPU_CAPTURE_DIRECT_MIN=$cd"
+			GOSYM_GPU_CAPTURE_DIRECT_MIN=$cd timeout 200 python3 -m gosym.bench --device cuda --backends gosym \
+				--ops all_reduce,reduce_scatter_tensor --cuda-graph 10 --sizes 1K,64K,1M,16M --target-time 0.05 \
+				--no-check --json "$out/tune-capture-$cd.json" 2>&1 | tail -14
+		done ;;
 	graph)
 		echo "== bench graph"
 		timeout 300 python3 -m gosym.bench --device cuda --ops all_reduce --cuda-graph 10 \
-			--sizes 1K,4K,16K,64K,256K,1M,16M --target-time 0.1 --json "$out/bench-cuda-graph.json" 2>&1 | tail -30 ;;
+			--backends gosym,nccl,symm-2shot --sizes 1K,4K,16K,64K,256K,1M,16M --target-time 0.1 \
+			--json "$out/bench-cuda-graph.json" 2>&1 | tail -30 ;;
 	esac
 done

@@ -128,16 +128,22 @@ def pack_desc(op, dtype, red_op, scale, root, peer, tag, count, in_addr, out_add
                       in_addr, out_addr, in_pieces, out_pieces, n_in, n_out, stream, device, 0)
 
 
-_STREAM_AT = 88  # offset of (stream, device, flags) at the end of a packed desc
+STREAM_AT = 88  # offset of (stream, device, flags) at the end of a packed desc
 _TAIL = struct.Struct("@Qii")
 
 
 OP_CAPTURING = 1  # GOSYM_OP_CAPTURING
 
 
+def stream_tail(stream: int, device: int, flags: int = 0) -> bytes:
+    """The (stream, device, flags) that end a packed desc: CUstream stream of CUDA device
+    ordinal device, flags GOSYM_OP_*. desc[:STREAM_AT] + tail moves desc onto the stream."""
+    return _TAIL.pack(stream, device, flags)
+
+
 def on_stream(desc: bytes, stream: int, device: int, flags: int = 0) -> bytes:
     """desc, moved onto CUstream stream of CUDA device ordinal device (flags: GOSYM_OP_*)."""
-    return desc[:_STREAM_AT] + _TAIL.pack(stream, device, flags)
+    return desc[:STREAM_AT] + _TAIL.pack(stream, device, flags)
 
 
 _u64p = POINTER(c_uint64)

@@ -31,11 +31,13 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _lib
 from ._dtypes import move_dtype, reduce_dtype, reduce_op
-from .work import Completer, CudaWork, _Op, done_work, work_of
+from .work import Completer, _Op, cuda_work, done_work, work_of
 
 _pack = _lib.pack_desc
 _post = _lib.post
 _run = _lib.run
+_STREAM_AT = _lib.STREAM_AT
+_capturing = torch.cuda.is_current_stream_capturing
 _strided = torch.strided
 _Tensor = torch.Tensor
 _DEBUG = os.environ.get("GOSYM_DEBUG") == "1"
@@ -354,8 +356,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return idx
 
     def _cuda_post(self, desc, idx):
-        """Posts a CUDA op (enqueued on the stream when this returns; nothing to wait for)."""
-        _lib.work_release(_post(self._h, desc))
+        """Enqueues a CUDA op: one native call (post, wait, release), since a CUDA op is
+        done on the host once it is enqueued on its stream."""
+        _run(self._h, desc)
         self._cuda = idx
 
     def _cuda_works(self, built, out, idx):
@@ -363,14 +366,16 @@ class ProcessGroupGosym(dist.ProcessGroup):
         temporaries may go as soon as this returns: the caching allocator reuses them only
         in the order of that stream. Copy-backs into non-contiguous outputs are enqueued
         right after the op."""
-        idx = self._cuda_index(idx)
+        if idx != self._cuda:
+            idx = self._cuda_index(idx)
         raw = _raw_stream(idx)
-        flags = _lib.OP_CAPTURING if torch.cuda.is_current_stream_capturing() else 0
+        tail = _lib.stream_tail(raw, idx, _lib.OP_CAPTURING if _capturing() else 0)
         for desc, _, cb in built:
-            self._cuda_post(_lib.on_stream(desc, raw, idx, flags), idx)
-            for t, tmp in cb or ():
-                t.copy_(tmp)
-        return CudaWork(out, idx, raw)
+            self._cuda_post(desc[:_STREAM_AT] + tail, idx)
+            if cb:
+                for t, tmp in cb:
+                    t.copy_(tmp)
+        return cuda_work(out, idx, raw)
 
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")
@@ -699,7 +704,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
                         self._cuda_index(idx))
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(idx))  # the stream raw names
-        return CudaWork([], idx, raw, ev)
+        return cuda_work([], idx, raw, ev)
 
     def _barrier_device(self, opts):
         d = opts.device

@@ -102,6 +102,10 @@ def parse_args(argv):
     p.add_argument("--no-check", action="store_true", help="skip the correctness checks")
     p.add_argument("--cuda-graph", type=int, default=0, metavar="N",
                    help="cuda only: capture N ops in a CUDA graph and time replays")
+    p.add_argument("--batch", type=int, default=1, metavar="K",
+                   help="cuda only: time K back-to-back ops between one pair of CUDA events and "
+                        "report the time per op (the host's launch rate and the GPU overlap, as "
+                        "in a training step); default 1: one op per pair of events")
     p.add_argument("--json", default=None, help="output path (default bench-<device>-<time>.json "
                                                 "in $OUT if set, else the current directory)")
     p.add_argument("--plot", default=None, help="PNG path (needs matplotlib; skipped otherwise)")
@@ -123,6 +127,8 @@ def parse_args(argv):
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.cuda_graph and args.device != "cuda":
         p.error("--cuda-graph needs --device cuda")
+    if args.batch < 1 or (args.batch > 1 and (args.device != "cuda" or args.cuda_graph)):
+        p.error("--batch K needs K >= 1, and K > 1 needs --device cuda without --cuda-graph")
     return args
 
 
@@ -443,6 +449,11 @@ class Bench:
         args, group = self.args, self.groups[backend]
         fn = lambda: case.run(group)  # noqa: E731
         graph_ops = args.cuda_graph
+        per_sample = graph_ops or args.batch  # ops in one timed sample
+        if args.batch > 1:
+            def fn(one=fn, k=args.batch):
+                for _ in range(k):
+                    one()
         err = None
         est = 0.0
         try:
@@ -478,9 +489,9 @@ class Bench:
         if any(int(x[0]) for x in allt):
             return {"error": str(err) if err else "failed on another rank"}
         per_iter = self.torch.stack(allt)[:, 1:].max(dim=0).values.tolist()
-        if graph_ops:  # one timed replay holds graph_ops collectives
-            per_iter = [v / graph_ops for v in per_iter]
-            times = [v / graph_ops for v in times]
+        if per_sample > 1:  # one timed replay or batch holds per_sample collectives
+            per_iter = [v / per_sample for v in per_iter]
+            times = [v / per_sample for v in times]
         rec = {"iters": iters, "warmup": args.warmup, **stats_us(per_iter),
                "rank0_median_us": stats_us(times)["median_us"]}
         t_s = rec["median_us"] / 1e6

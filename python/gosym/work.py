@@ -231,10 +231,6 @@ class CudaWork(dist._Work):
 
     __slots__ = ("_out", "_idx", "_raw", "_event")
 
-    def __init__(self, out, idx, raw, event=None):
-        super().__init__()
-        self._out, self._idx, self._raw, self._event = out, idx, raw, event
-
     def _stream(self):
         if self._raw == 0:  # the legacy default stream, torch's default
             return torch.cuda.default_stream(self._idx)
@@ -271,6 +267,14 @@ class CudaWork(dist._Work):
 
     def __repr__(self):
         return f"<gosym.CudaWork cuda:{self._idx}>"
+
+
+def cuda_work(out, idx, raw, event=None) -> CudaWork:
+    """The CudaWork of an op enqueued on stream raw of device idx (built without a Python
+    __init__, as work_of: on the path of every CUDA op)."""
+    w = CudaWork()
+    w._out, w._idx, w._raw, w._event = out, idx, raw, event
+    return w
 
 
 class Work(dist._Work):

@@ -117,11 +117,15 @@ type ARParams struct {
 	In        uintptr           `cuda:"in,const void *"` // one-shot: stage this first (0: staged already)
 	Numel     uint64            `cuda:"numel,unsigned long long"`
 	SrcOffset uint64            `cuda:"src_offset,unsigned long long"` // in elements
-	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
-	Scale     float32           `cuda:"scale,float"`
-	Post      int32             `cuda:"post,int"` // PostNone, PostMul or PostDiv
-	World     int32             `cuda:"world,int"`
-	Rank      int32             `cuda:"rank,int"`
+	// With In: 0 stages In at SrcOffset; else In holds World pieces
+	// InStride elements apart (reduce_scatter), piece q staged at q*StageStride.
+	InStride    uint64  `cuda:"in_stride,unsigned long long"`
+	StageStride uint64  `cuda:"stage_stride,unsigned long long"`
+	TimeoutNs   uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
+	Scale       float32 `cuda:"scale,float"`
+	Post        int32   `cuda:"post,int"` // PostNone, PostMul or PostDiv
+	World       int32   `cuda:"world,int"`
+	Rank        int32   `cuda:"rank,int"`
 }
 
 // CopyParams is the parameter of gs_copy: Bytes[i] bytes from Src[i] to
