@@ -58,7 +58,7 @@ for s in "${steps[@]}"; do
 			echo "-- GOSYM_GPU_CE_MIN=$ce"
 			GOSYM_GPU_CE_MIN=$ce timeout 200 python3 -m gosym.bench --device cuda --backends gosym --batch 40 \
 				--ops all_gather_into_tensor,broadcast,all_to_all_single --sizes 1M,4M,16M --target-time 0.05 \
-				--no-check --json "$out/tune-ce-$ce.json" 2>&1 | grep -E "^\s*(all_|broad|[0-9])" | tail -12
+				--no-check --json "$out/tune-ce-$ce.json" 2>&1 | tail -14
 		done
 		for cd in 1 $((1 << 30)); do
 			echo "-- GOSYM_GPU_CAPTURE_DIRECT_MIN=$cd"
