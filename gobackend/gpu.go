@@ -248,6 +248,7 @@ type gpuConfig struct {
 	twoShotMin int // GOSYM_GPU_TWOSHOT_MIN: chunks of at least this many bytes run two-shot
 	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of chunks of at least twoShotMin bytes (bandwidth-bound)
 	ceMin      int // GOSYM_GPU_CE_MIN: data-movement chunks of at least this many bytes use the copy engines
+	copyBlocks int // GOSYM_GPU_COPY_BLOCKS: block limit of gs_copy (chunks below ceMin)
 	directMin  int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
@@ -261,7 +262,8 @@ func gpuConfigFromEnv() gpuConfig {
 		stageBytes: envInt("GOSYM_GPU_STAGE_BYTES", 32<<20),
 		twoShotMin: envInt("GOSYM_GPU_TWOSHOT_MIN", 4<<20),
 		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
-		ceMin:      envInt("GOSYM_GPU_CE_MIN", 1<<20),
+		ceMin:      envInt("GOSYM_GPU_CE_MIN", 8<<20),
+		copyBlocks: envInt("GOSYM_GPU_COPY_BLOCKS", 32),
 		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 32<<20),
 		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
 		captureDirectMin: envInt("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1),

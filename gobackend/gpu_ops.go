@@ -158,7 +158,7 @@ func (t *gpuTeam) staged(off, src, n uintptr) gpuSeg { return gpuSeg{t.stages[t.
 // than the few blocks gs_copy may use).
 func (t *gpuTeam) move(pre, segs []gpuSeg, n uintptr, s cuda.Stream) error {
 	if int(n) < t.cfg.ceMin {
-		return t.copyKernel(pre, segs, copyGrid(n), s)
+		return t.copyKernel(pre, segs, t.copyGrid(n), s)
 	}
 	for _, sg := range pre {
 		if sg.n > 0 {
@@ -200,8 +200,8 @@ func (t *gpuTeam) copyKernel(pre, segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) 
 }
 
 // copyGrid is gs_copy's grid for chunks of n bytes.
-func copyGrid(n uintptr) cuda.Dim3 {
-	g, _ := cuda.CopyGrid(uint64(n))
+func (t *gpuTeam) copyGrid(n uintptr) cuda.Dim3 {
+	g, _ := cuda.CopyGridLimit(uint64(n), t.cfg.copyBlocks)
 	return g
 }
 
@@ -278,7 +278,9 @@ func (t *gpuTeam) reduceParams(op *Op) cuda.ARParams {
 func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.Stream) error {
 	es := op.DType.Size()
 	grid, block := cuda.ReduceGrid(algo, p.Numel, es, t.world)
-	if algo == cuda.TwoShot || int(p.Numel)*es >= t.cfg.twoShotMin {
+	// Bandwidth-bound: two-shot, or a one-shot that reads twoShotMin bytes
+	// in all (world inputs).
+	if algo == cuda.TwoShot || int(p.Numel)*es*t.world >= t.cfg.twoShotMin {
 		grid, block = cuda.ReduceGridLimit(algo, p.Numel, es, t.world, t.cfg.bigBlocks)
 	}
 	if p.Out == 0 && p.In == 0 && algo == cuda.OneShot { // nothing to stage or to reduce here
@@ -470,6 +472,10 @@ func (t *gpuTeam) allToAllChunks(op *Op, s cuda.Stream, longest uintptr) error {
 		pre, segs := make([]gpuSeg, 0, t.world), make([]gpuSeg, 0, t.world)
 		for j := range t.world {
 			in, out := op.InPieces[j], op.OutPieces[j]
+			if j == t.rank { // this rank's own piece moves locally, not through its staging
+				segs = append(segs, gpuSeg{out.Addr + at, in.Addr + at, clip(uintptr(out.Count)*es, at, reg)})
+				continue
+			}
 			pre = append(pre, t.staged(uintptr(j)*reg, in.Addr+at, clip(uintptr(in.Count)*es, at, reg)))
 			segs = append(segs, gpuSeg{out.Addr + at, t.stages[j] + uintptr(t.rank)*reg, clip(uintptr(out.Count)*es, at, reg)})
 		}

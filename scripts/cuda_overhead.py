@@ -70,6 +70,16 @@ def main():
     def native():
         _lib.work_release(_lib.post(h, desc))
 
+    side = torch.cuda.Stream()
+    desc_side = _lib.on_stream(desc, side.cuda_stream, rank)
+
+    def on_side(fn):
+        with torch.cuda.stream(side):
+            fn()
+
+    def native_side():
+        _lib.work_release(_lib.post(h, desc_side))
+
     def native0():
         _lib.work_release(_lib.post(h, desc0))
 
@@ -83,6 +93,9 @@ def main():
         "dist.reduce_scatter_tensor 1K": lambda: dist.reduce_scatter_tensor(t[: 256 // w], big[:256]),
         "dist.all_to_all_single 1K": lambda: dist.all_to_all_single(out[:256], t),
         "t.add_(1) (one torch kernel)": lambda: t.add_(1),
+        "pg.allreduce 1K on a side stream": lambda: on_side(lambda: be.allreduce([t], ar_opts)),
+        "native post+release 1K on a side stream": lambda: on_side(native_side),
+        "t.add_(1) on a side stream": lambda: on_side(lambda: t.add_(1)),
         "torch.cuda.is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
         "_raw_stream": lambda: _raw_stream(rank),
     }

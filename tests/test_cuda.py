@@ -54,7 +54,8 @@ def cuda_direct_job(tmp_path_factory):
 def cuda_sema_job(tmp_path_factory):
     """Every all_reduce and reduce on the semaphore protocol (issue #6's unicast path:
     stream-memop signals, per-peer semaphores, the pull kernel)."""
-    return _worker_job(tmp_path_factory, "cuda_sema", GOSYM_GPU_SEMA_MIN="1")
+    return _worker_job(tmp_path_factory, "cuda_sema", GOSYM_GPU_SEMA_MIN="1",
+                       GOSYM_GPU_CAPTURE_DIRECT_MIN=str(1 << 62))  # sema in graphs too
 
 
 def _checked(job, min_passed):

@@ -196,9 +196,13 @@ func ReduceGridLimit(a Algo, numel uint64, esize, world, limit int) (grid, block
 }
 
 // CopyGrid is the launch shape of gs_copy for a largest segment of bytes.
-func CopyGrid(bytes uint64) (grid, block Dim3) {
+func CopyGrid(bytes uint64) (grid, block Dim3) { return CopyGridLimit(bytes, defaultCopyBlocks) }
+
+// CopyGridLimit is CopyGrid with at most limit blocks (clamped to
+// 1..MaxBlocks).
+func CopyGridLimit(bytes uint64, limit int) (grid, block Dim3) {
 	blocks := (bytes/vectorBytes + BlockThreads - 1) / BlockThreads
-	return D1(uint32(min(max(blocks, 1), defaultCopyBlocks))), D1(BlockThreads)
+	return D1(uint32(min(max(blocks, 1), uint64(min(max(limit, 1), MaxBlocks))))), D1(BlockThreads)
 }
 
 // BarrierGrid is the launch shape of gs_barrier.
