@@ -263,8 +263,8 @@ func gpuConfigFromEnv() gpuConfig {
 		twoShotMin: envInt("GOSYM_GPU_TWOSHOT_MIN", 4<<20),
 		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
 		ceMin:      envInt("GOSYM_GPU_CE_MIN", 8<<20),
-		copyBlocks: envInt("GOSYM_GPU_COPY_BLOCKS", 32),
-		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 32<<20),
+		copyBlocks: envInt("GOSYM_GPU_COPY_BLOCKS", 64),
+		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 8<<20),
 		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
 		captureDirectMin: envInt("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1),
 		semaMin:          envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),

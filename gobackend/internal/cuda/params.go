@@ -12,7 +12,7 @@ import (
 // and a test fails when the committed copy is stale.
 const (
 	MaxRanks     = 8   // peers a kernel can address (GS_MAX_RANKS)
-	MaxBlocks    = 64  // blocks a barrier-using kernel may launch (GS_MAX_BLOCKS)
+	MaxBlocks    = 128 // blocks a barrier-using kernel may launch (GS_MAX_BLOCKS)
 	MaxSegs      = 16  // segments of one gs_copy launch (GS_MAX_SEGS): a stage and a pull per rank
 	BlockThreads = 512 // threads per block of the data kernels (GS_BLOCK_THREADS)
 
@@ -30,7 +30,7 @@ const (
 	// waits on it and consumes it (back to 0).
 	PadSemaReadyWord = PadErrorWord + 16
 	PadSemaDoneWord  = PadSemaReadyWord + MaxRanks
-	PadBytes         = 8192 // one pad: one rank, one channel
+	PadBytes         = 16384 // one pad: one rank, one channel
 
 	ErrTimeout = 1 // GS_ERR_TIMEOUT: a peer missed a barrier
 	ErrConfig  = 2 // GS_ERR_CONFIG: launch shape or parameters out of range

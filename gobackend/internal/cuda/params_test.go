@@ -90,9 +90,9 @@ func TestLayoutRejectsBadTags(t *testing.T) {
 }
 
 func TestPadLayoutFits(t *testing.T) {
-	// The barrier and error words stay where the kernels and cudacheck
-	// always found them; the semaphores come after them, whole.
-	require.Equal(t, []int{0, 512, 1024, 1025, 1026},
+	// Flags and counters of MaxBlocks x MaxRanks barriers, then the error
+	// words; the semaphores come after them, whole.
+	require.Equal(t, []int{0, 1024, 2048, 2049, 2050},
 		[]int{PadFlagsWord, PadCountersWord, PadErrorWord, PadErrorDetailWord, PadErrorMissingWord})
 	require.Greater(t, PadSemaReadyWord, PadErrorMissingWord)
 	require.GreaterOrEqual(t, PadSemaDoneWord, PadSemaReadyWord+MaxRanks)
