@@ -54,8 +54,11 @@ def cuda_direct_job(tmp_path_factory):
 def cuda_sema_job(tmp_path_factory):
     """Every all_reduce and reduce on the semaphore protocol (issue #6's unicast path:
     stream-memop signals, per-peer semaphores, the pull kernel)."""
+    # Sema in graphs too, and for eager all_reduce below 32 MiB (the direct path starts
+    # where all_reduce would run two-shot).
     return _worker_job(tmp_path_factory, "cuda_sema", GOSYM_GPU_SEMA_MIN="1",
-                       GOSYM_GPU_CAPTURE_DIRECT_MIN=str(1 << 62))  # sema in graphs too
+                       GOSYM_GPU_CAPTURE_DIRECT_MIN=str(1 << 62), GOSYM_GPU_TWOSHOT_MIN=str(1 << 62),
+                       GOSYM_GPU_DIRECT_MIN=str(32 << 20))
 
 
 def _checked(job, min_passed):
