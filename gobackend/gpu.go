@@ -6,9 +6,9 @@ package gobackend
 //
 // The first CUDA op of a group sets it up on every rank (collectives run in
 // the same order everywhere, so every rank reaches that op): each rank
-// allocates one VMM buffer (signal pad, then staging), sends its POSIX fd to
-// every peer over the authenticated links and maps theirs; a host barrier
-// then confirms that every rank succeeded. If one did not, every rank fails
+// allocates two VMM buffers, control (its signal pad) and data (staging),
+// sends their POSIX fds to every peer over the authenticated links and maps
+// theirs; a host barrier then confirms that every rank succeeded. If one did not, every rank fails
 // CUDA ops on that group with the same NotSupported error from then on, and
 // the host data plane keeps working.
 //
@@ -287,32 +287,12 @@ func (e *Endpoint) startGPU(device int, who symm.Who, deadline time.Time) (*gpuT
 			cuda.MaxRanks, e.Name, e.Size)
 	}
 	t, local := newGPUTeam(device, e.Rank, e.Size, gpuConfigFromEnv(), e.Timeout)
-	fd := -1
-	if local == nil {
-		fd, local = t.exportFD()
-	}
-	body := make([]byte, 8)
-	binary.LittleEndian.PutUint64(body, uint64(t.size))
-	msgs, err := e.exchangeFD(gpuHelloMagic, body, fd, deadline)
-	if fd >= 0 {
-		unix.Close(fd)
-	}
-	if err != nil { // the links are out of step: the group cannot go on
-		t.close()
-		return nil, status.Wrap(status.Peer, err, "gosym: %s", who)
-	}
-	for r, m := range msgs {
-		switch {
-		case r == e.Rank || local != nil:
-		case !m.ok:
-			local = fmt.Errorf("rank %d could not set up its GPU buffer", r)
-		case uintptr(binary.LittleEndian.Uint64(m.body)) != t.size:
-			local = fmt.Errorf("rank %d's GPU buffer has %d bytes, this rank's %d (different GPUs?)", r, binary.LittleEndian.Uint64(m.body), t.size)
-		default:
-			local = t.importPeer(r, m.fd)
+	for i, sy := range t.symms() { // both exchanges run whatever happened locally
+		if err := e.shareSymm(t, sy, gpuHelloMagic+uint32(i), &local, deadline); err != nil {
+			t.close() // the links are out of step: the group cannot go on
+			return nil, status.Wrap(status.Peer, err, "gosym: %s", who)
 		}
 	}
-	closeFDX(msgs)
 	if local == nil {
 		local = t.zeroPad()
 	}
@@ -333,6 +313,40 @@ func (e *Endpoint) startGPU(device int, who symm.Who, deadline time.Time) (*gpuT
 		return nil, status.Errorf(status.NotSupported, "gosym: the CUDA data plane is not available on group %q (%s)", e.Name, why)
 	}
 	return t, nil
+}
+
+// shareSymm sends this rank's buffer of sy to every peer and maps theirs.
+// A local failure (already in *local, or met here) is recorded in *local
+// and this rank still takes part in the exchange; the error returned is a
+// link failure.
+func (e *Endpoint) shareSymm(t *gpuTeam, sy *gpuSymm, magic uint32, local *error, deadline time.Time) error {
+	fd := -1
+	if *local == nil {
+		fd, *local = t.exportFD(sy)
+	}
+	body := make([]byte, 8)
+	binary.LittleEndian.PutUint64(body, uint64(sy.size))
+	msgs, err := e.exchangeFD(magic, body, fd, deadline)
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	if err != nil {
+		return err
+	}
+	defer closeFDX(msgs)
+	for r, m := range msgs {
+		switch {
+		case r == e.Rank || *local != nil:
+		case !m.ok:
+			*local = fmt.Errorf("rank %d could not set up its GPU %s buffer", r, sy.name)
+		case uintptr(binary.LittleEndian.Uint64(m.body)) != sy.size:
+			*local = fmt.Errorf("rank %d's GPU %s buffer has %d bytes, this rank's %d (different GPUs?)", r, sy.name,
+				binary.LittleEndian.Uint64(m.body), sy.size)
+		default:
+			*local = t.importPeer(sy, r, m.fd)
+		}
+	}
+	return nil
 }
 
 // ---- devices (process-wide) -----------------------------------------------------
@@ -489,20 +503,18 @@ func (g *gpuDevice) function(k *cuda.Kernel) (*cuda.Function, error) {
 
 // ---- the group's buffers --------------------------------------------------------
 
-// gpuStageOff is where staging starts in a rank's buffer; the signal pad
-// is at offset 0.
-const gpuStageOff = (cuda.PadBytes + 4095) &^ 4095
-
 // gpuTeam is one rank's view of a group's GPU buffers: its own (exported)
 // and every peer's (imported), each mapped at an address of this process.
+// Control (the signal pads the kernels' barriers and semaphores write) and
+// data (the staging) are separate allocations, so that nothing that moves
+// data can ever reach a pad, and a multicast object covers data alone.
 type gpuTeam struct {
 	g           *gpuDevice
 	cfg         gpuConfig
 	rank, world int
-	size        uintptr // bytes of every rank's buffer
+	ctrl, data  gpuSymm
 	stage       uintptr // bytes of staging, a multiple of 16
 	timeoutNs   uint64
-	bufs        []gpuMapping // by rank
 	pads        [cuda.MaxRanks]uintptr
 	stages      [cuda.MaxRanks]uintptr
 	fns         map[*cuda.Kernel]*cuda.Function // this team's lookups, unlocked
@@ -513,6 +525,17 @@ type gpuTeam struct {
 	capturing   bool            // the current op's stream is being captured (a CUDA graph)
 	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
 }
+
+// gpuSymm is one symmetric allocation of a group: a buffer of size bytes on
+// every rank, each mapped here.
+type gpuSymm struct {
+	name string
+	size uintptr
+	bufs []gpuMapping // by rank
+}
+
+// symms lists the team's allocations, in the order setup shares them.
+func (t *gpuTeam) symms() []*gpuSymm { return []*gpuSymm{&t.ctrl, &t.data} }
 
 // gpuMapping is one rank's buffer as mapped here; each field records a step
 // to undo.
@@ -527,59 +550,75 @@ type gpuMapping struct {
 // On error the team is still returned, for close.
 func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (*gpuTeam, error) {
 	t := &gpuTeam{cfg: cfg, rank: rank, world: world, timeoutNs: uint64(timeout.Nanoseconds()),
-		bufs: make([]gpuMapping, world), fns: map[*cuda.Kernel]*cuda.Function{}}
+		ctrl: gpuSymm{name: "control", bufs: make([]gpuMapping, world)},
+		data: gpuSymm{name: "data", bufs: make([]gpuMapping, world)},
+		fns:  map[*cuda.Kernel]*cuda.Function{}}
 	g, err := openGPU(device)
 	if err != nil {
 		return t, err
 	}
 	t.g = g
-	t.size = (gpuStageOff + uintptr(max(cfg.stageBytes, 64<<10)) + g.gran - 1) / g.gran * g.gran
-	t.stage = (t.size - gpuStageOff) &^ 15
+	round := func(n uintptr) uintptr { return (n + g.gran - 1) / g.gran * g.gran }
+	t.ctrl.size = round(cuda.PadBytes)
+	t.data.size = round(uintptr(max(cfg.stageBytes, 64<<10)))
+	t.stage = t.data.size &^ 15
 	for _, src := range []string{"allreduce.cu", cuda.BarrierKernel.Source} {
 		if _, err := g.module(src); err != nil {
 			return t, err
 		}
 	}
-	own := &t.bufs[rank]
-	if own.h, err = g.d.MemCreate(g.ctx, g.dev, t.size, cuda.HandleTypePosixFD); err != nil {
-		return t, err
+	for _, sy := range t.symms() {
+		own := &sy.bufs[rank]
+		if own.h, err = g.d.MemCreate(g.ctx, g.dev, sy.size, cuda.HandleTypePosixFD); err != nil {
+			return t, err
+		}
+		own.held = true
+		if err = t.mapBuf(sy, rank); err != nil {
+			return t, err
+		}
 	}
-	own.held = true
-	return t, t.mapBuf(rank)
+	return t, nil
 }
 
-// mapBuf maps rank r's buffer (its handle already held) for this device.
-func (t *gpuTeam) mapBuf(r int) error {
-	g, b := t.g, &t.bufs[r]
+// mapBuf maps rank r's buffer of sy (its handle already held) for this
+// device.
+func (t *gpuTeam) mapBuf(sy *gpuSymm, r int) error {
+	g, b := t.g, &sy.bufs[r]
 	var err error
-	if b.va, err = g.d.MemAddressReserve(g.ctx, t.size, g.gran); err != nil {
+	if b.va, err = g.d.MemAddressReserve(g.ctx, sy.size, g.gran); err != nil {
 		return err
 	}
-	if err = g.d.MemMap(g.ctx, b.va, t.size, b.h); err != nil {
+	if err = g.d.MemMap(g.ctx, b.va, sy.size, b.h); err != nil {
 		return err
 	}
 	b.mapped = true
-	if err = g.d.MemSetAccess(g.ctx, b.va, t.size, []cuda.Device{g.dev}); err != nil {
+	if err = g.d.MemSetAccess(g.ctx, b.va, sy.size, []cuda.Device{g.dev}); err != nil {
 		return err
 	}
-	t.pads[r], t.stages[r] = b.va, b.va+gpuStageOff
+	if sy == &t.ctrl {
+		t.pads[r] = b.va
+	} else {
+		t.stages[r] = b.va
+	}
 	return nil
 }
 
-// exportFD returns a POSIX fd for this rank's buffer, owned by the caller.
-func (t *gpuTeam) exportFD() (int, error) {
-	return t.g.d.MemExportFD(t.g.ctx, t.bufs[t.rank].h)
+// exportFD returns a POSIX fd for this rank's buffer of sy, owned by the
+// caller.
+func (t *gpuTeam) exportFD(sy *gpuSymm) (int, error) {
+	return t.g.d.MemExportFD(t.g.ctx, sy.bufs[t.rank].h)
 }
 
-// importPeer maps rank r's buffer from the fd it sent (the caller closes fd).
-func (t *gpuTeam) importPeer(r, fd int) error {
+// importPeer maps rank r's buffer of sy from the fd it sent (the caller
+// closes fd).
+func (t *gpuTeam) importPeer(sy *gpuSymm, r, fd int) error {
 	h, err := t.g.d.MemImportFD(t.g.ctx, fd)
 	if err != nil {
-		return fmt.Errorf("import rank %d's GPU buffer: %w", r, err)
+		return fmt.Errorf("import rank %d's GPU %s buffer: %w", r, sy.name, err)
 	}
-	t.bufs[r].h, t.bufs[r].held = h, true
-	if err := t.mapBuf(r); err != nil {
-		return fmt.Errorf("map rank %d's GPU buffer: %w", r, err)
+	sy.bufs[r].h, sy.bufs[r].held = h, true
+	if err := t.mapBuf(sy, r); err != nil {
+		return fmt.Errorf("map rank %d's GPU %s buffer: %w", r, sy.name, err)
 	}
 	return nil
 }
@@ -595,7 +634,7 @@ func (t *gpuTeam) zeroPad() error {
 		return err
 	}
 	defer g.d.StreamDestroy(g.ctx, s)
-	if err := g.d.MemsetD32Async(g.ctx, t.pads[t.rank], 0, gpuStageOff/4, s); err != nil {
+	if err := g.d.MemsetD32Async(g.ctx, t.pads[t.rank], 0, t.ctrl.size/4, s); err != nil {
 		return err
 	}
 	return g.d.StreamSynchronize(g.ctx, s)
@@ -631,17 +670,19 @@ func (t *gpuTeam) close() {
 		t.nvls = nil
 	}
 	t.closeIPC()
-	for r := range t.bufs {
-		b := &t.bufs[r]
-		if b.mapped {
-			g.d.MemUnmap(g.ctx, b.va, t.size)
+	for _, sy := range t.symms() {
+		for r := range sy.bufs {
+			b := &sy.bufs[r]
+			if b.mapped {
+				g.d.MemUnmap(g.ctx, b.va, sy.size)
+			}
+			if b.va != 0 {
+				g.d.MemAddressFree(g.ctx, b.va, sy.size)
+			}
+			if b.held {
+				g.d.MemRelease(g.ctx, b.h)
+			}
+			*b = gpuMapping{}
 		}
-		if b.va != 0 {
-			g.d.MemAddressFree(g.ctx, b.va, t.size)
-		}
-		if b.held {
-			g.d.MemRelease(g.ctx, b.h)
-		}
-		*b = gpuMapping{}
 	}
 }

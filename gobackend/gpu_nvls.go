@@ -32,7 +32,7 @@ func (e *Endpoint) setupNVLS(t *gpuTeam, who symm.Who, deadline time.Time) (*cud
 	who.Op += " (NVLS setup)"
 	peers := &nvlsPeers{e: e, who: who, deadline: deadline}
 	spec := cuda.McSpec{Ctx: t.g.ctx, Dev: t.g.dev, Rank: t.rank, World: t.world, Root: nvlsRoot,
-		Mem: t.bufs[t.rank].h, Size: t.size}
+		Mem: t.data.bufs[t.rank].h, Size: t.data.size}
 	load := func() error {
 		_, err := t.g.module(cuda.NVLSSource)
 		return err
@@ -40,7 +40,7 @@ func (e *Endpoint) setupNVLS(t *gpuTeam, who symm.Who, deadline time.Time) (*cud
 	b, err := cuda.SetupMulticast(t.g.d, os.Getenv, spec, peers, load)
 	switch {
 	case err == nil:
-		debugf("rank %d: NVLS on group %q: multicast object bound over %d bytes per rank", e.Rank, e.Name, t.size)
+		debugf("rank %d: NVLS on group %q: multicast object bound over %d bytes per rank", e.Rank, e.Name, t.data.size)
 		return b, nil
 	case peers.broken != nil:
 		return nil, peers.broken
@@ -49,8 +49,9 @@ func (e *Endpoint) setupNVLS(t *gpuTeam, who symm.Who, deadline time.Time) (*cud
 	return nil, status.Wrap(status.NotSupported, err, "gosym: NVLS on group %q", e.Name)
 }
 
-// nvlsStageAddr is the multicast address of the stagings under b.
-func nvlsStageAddr(b *cuda.McBinding) uintptr { return b.Addr + gpuStageOff }
+// nvlsStageAddr is the multicast address of the stagings under b (it
+// covers the data allocations, staging from offset 0).
+func nvlsStageAddr(b *cuda.McBinding) uintptr { return b.Addr }
 
 // nvlsMsgMagic marks the announcements of the multicast object's fd.
 const nvlsMsgMagic = 0x534d5347 // "GSMS"
