@@ -189,9 +189,18 @@ int32_t gosym_mem_unmap(uint64_t memh);
 /* A versioned, bounds-checked blob another process can import. */
 int32_t gosym_mem_pack(uint64_t memh, uint8_t *buf, uint64_t cap,
                        uint64_t *len);
-/* Maps a blob packed by another process of this host (timeout_ms<=0: default). */
+/* Maps a blob packed by another process of this host (timeout_ms<=0: default).
+ * A blob of CUDA memory needs mem_import_on. */
 int32_t gosym_mem_import(const uint8_t *blob, uint64_t len, int64_t timeout_ms,
                          uint64_t *out_memh);
+/* mem_import that maps CUDA memory on CUDA device `device` of this process
+ * (its IPC handle, opened with lazy peer access); host memory ignores it. */
+int32_t gosym_mem_import_on(const uint8_t *blob, uint64_t len, int64_t timeout_ms,
+                            int32_t device, uint64_t *out_memh);
+/* A packed blob's header as JSON (pid, device, address, length, transport,
+ * and gpu, the PCI address, for CUDA memory), without importing it. */
+int32_t gosym_mem_blob_info(const uint8_t *blob, uint64_t len, char *buf, uint64_t cap,
+                            uint64_t *out_len);
 /* The memh's fields (exporter's and local address/length, mode, bindings) as JSON. */
 int32_t gosym_mem_info(uint64_t memh, char *buf, uint64_t cap, uint64_t *len);
 

@@ -394,15 +394,39 @@ func gosym_mem_pack(h C.uint64_t, buf *C.uint8_t, capacity C.uint64_t, length *C
 //export gosym_mem_import
 func gosym_mem_import(blob *C.gosym_cu8, n C.uint64_t, timeoutMs C.int64_t, out *C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)
+	return memImport(blob, n, timeoutMs, -1, out)
+}
+
+//export gosym_mem_import_on
+func gosym_mem_import_on(blob *C.gosym_cu8, n C.uint64_t, timeoutMs C.int64_t, device C.int32_t, out *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	return memImport(blob, n, timeoutMs, int(device), out)
+}
+
+func memImport(blob *C.gosym_cu8, n C.uint64_t, timeoutMs C.int64_t, device int, out *C.uint64_t) C.int32_t {
 	if blob == nil || out == nil || n > 1<<20 {
 		return ret(errArg("mem_import: bad blob (%d bytes) or null output", uint64(n)))
 	}
-	m, err := gobackend.MemImport(C.GoBytes(unsafe.Pointer(blob), C.int(n)), time.Duration(timeoutMs)*time.Millisecond)
+	m, err := gobackend.MemImport(C.GoBytes(unsafe.Pointer(blob), C.int(n)), device, time.Duration(timeoutMs)*time.Millisecond)
 	if err != nil {
 		return ret(err)
 	}
 	*out = C.uint64_t(handles.add(m))
 	return C.GOSYM_OK
+}
+
+//export gosym_mem_blob_info
+func gosym_mem_blob_info(blob *C.gosym_cu8, n C.uint64_t, buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if blob == nil || n > 1<<20 {
+		return ret(errArg("mem_blob_info: bad blob (%d bytes)", uint64(n)))
+	}
+	info, err := gobackend.MemBlobInfo(C.GoBytes(unsafe.Pointer(blob), C.int(n)))
+	if err != nil {
+		return ret(err)
+	}
+	b, _ := json.Marshal(info)
+	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
 }
 
 //export gosym_mem_info
@@ -415,7 +439,7 @@ func gosym_mem_info(h C.uint64_t, buf *C.char, capacity C.uint64_t, length *C.ui
 	b, _ := json.Marshal(map[string]any{
 		"id": m.ID(), "mode": m.Mode().String(), "address": uint64(m.Address()), "length": m.Len(),
 		"local_address": uint64(m.LocalAddress()), "local_length": m.LocalLen(), "device": m.Device(),
-		"shareable": m.Shareable(), "bindings": m.Bindings(),
+		"shareable": m.Shareable(), "bindings": m.Bindings(), "why_private": m.WhyPrivate(),
 	})
 	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
 }

@@ -63,6 +63,7 @@ type gpuState struct {
 	counters gpuCounters
 	algos    gpuAlgoStats // which reduction algorithm ran (gpu_sema.go)
 	nvls     atomic.Bool  // a multicast object is bound over the group's buffers
+	reg      gpuReg       // bindings of registered CUDA memory, peer mappings (gpu_reg.go)
 }
 
 // gpuCounters count what the data plane did, for the endpoint's stats.
@@ -116,6 +117,7 @@ func (g *gpuState) stats(m map[string]any) {
 	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
 	m["gpu_nvls"] = g.nvls.Load()
 	g.algos.stats(m)
+	g.reg.stats(m)
 }
 
 // PostCUDA posts an op on CUDA device memory of device (an ordinal; a
@@ -133,6 +135,9 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) 
 	}
 	coll.Even(op, e.Size)
 	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+		return nil, err
+	}
+	if err := checkUBR(op); err != nil {
 		return nil, err
 	}
 	// Refused before it takes a sequence number, so it never reaches the
@@ -220,7 +225,7 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 			t.close()
 			return err
 		}
-		t.counters, t.algos = &g.counters, &g.algos
+		t.counters, t.algos, t.reg = &g.counters, &g.algos, &g.reg
 		g.team = t
 		g.device.Store(int32(a.device) + 1)
 		g.stage.Store(int64(t.stage))
@@ -253,6 +258,7 @@ type gpuConfig struct {
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
 	captureDirectMin int
+	regMin           int // GOSYM_GPU_REG_DIRECT_MIN: directMin for ops on registered (mem_map'ed) buffers
 	semaMin          int // GOSYM_GPU_SEMA_MIN: reductions of at least this many bytes use the semaphore protocol
 	fuseMax          int // GOSYM_GPU_FUSE_MAX: one-shot chunks of at most this many bytes stage inside the kernel, outside graph capture
 }
@@ -267,6 +273,7 @@ func gpuConfigFromEnv() gpuConfig {
 		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 8<<20),
 		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
 		captureDirectMin: envInt("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1),
+		regMin:           envInt("GOSYM_GPU_REG_DIRECT_MIN", 1<<20),
 		semaMin:          envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
 		fuseMax:          envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
 	}
@@ -519,7 +526,7 @@ type gpuTeam struct {
 	stages      [cuda.MaxRanks]uintptr
 	fns         map[*cuda.Kernel]*cuda.Function // this team's lookups, unlocked
 	used        bool                            // kernels were enqueued: close must wait for them
-	ipc         map[gpuIPCKey]uintptr           // peers' allocations mapped here (gpu_direct.go)
+	reg         *gpuReg                         // bindings and peer mappings (gpu_reg.go, gpu_direct.go)
 	counters    *gpuCounters
 	algos       *gpuAlgoStats
 	capturing   bool            // the current op's stream is being captured (a CUDA graph)

@@ -4,95 +4,199 @@ package gobackend
 // writes) the peers' own buffers instead of going through the staging, so
 // every byte crosses NVLink once and nothing is copied in or out.
 //
-// The buffers are ordinary PyTorch tensors, from the caching allocator: a
-// rank publishes the allocation its op's buffers lie in (cuMemGetAddressRange,
-// cuIpcGetMemHandle) with the op's addresses, through the host control plane;
-// each peer opens the handle once (cuIpcOpenMemHandle) and keeps the mapping
-// in a cache keyed by (peer, handle bytes): a buffer reused op after op costs
-// no driver call, and an allocation freed and replaced at the same address
-// has another handle, so it is opened anew and never served stale. A second
-// agreement round confirms that every rank mapped every peer; if one could
-// not (or one rank's buffers span allocations), every rank takes the staged
-// path for that op. Mappings are closed when the group goes.
+// Round 1 (host agreement): each rank publishes a record of the allocation
+// its op's buffers lie in, with the op's addresses in it.
 //
-// The agreement rounds cost tens of microseconds on the host, which is why
-// only ops of at least directMin bytes take this path: there the GPU work is
-// long and the host runs ahead of it anyway.
+//   - Registered memory (gosym.mem_map of CUDA memory, gpu_reg.go): the
+//     record is the memh's id and its allocation and handle, resolved once
+//     at map time, so the op makes no driver call. Such ops go direct from
+//     regMin bytes (GOSYM_GPU_REG_DIRECT_MIN).
+//   - Other memory (the caching allocator's tensors): from directMin bytes
+//     (GOSYM_GPU_DIRECT_MIN), the record is the allocation as the driver
+//     reports it (cuMemGetAddressRange, cuIpcGetMemHandle), per op.
+//
+// Each rank maps the peers' allocations it reads (cuIpcOpenMemHandle)
+// through caches: registered ones keyed by (peer, memh id), others by
+// (peer, handle bytes), so an allocation freed and replaced at the same
+// address is opened anew, never served stale.
+//
+// Round 2 (vote): every rank says, per rank, whether it mapped that rank's
+// allocation. If one could not (or one rank's buffers span allocations),
+// every rank takes the staged path for that op. The exporter of a fresh
+// registered memh that every rank mapped binds it to the group (one that
+// some rank could not map is refused: published unshareable from then on);
+// an op whose records are all registered and bound skips the vote, since
+// every peer is known to hold the mappings. Records also carry the ids this rank retired (unmapped
+// since the last round): the peers drop those mappings.
+//
+// The decision to take round 1 at all must be the same on every rank,
+// with no communication: from directMin bytes every rank takes it; between
+// regMin and directMin a rank takes it when its input is registered
+// (mem_map'ed), so registration must be symmetric at those sizes (every
+// rank maps its buffers, or none does), as with NCCL's user buffers. A mix
+// ends at the group timeout, naming the rank that did not arrive.
 
 import (
 	"encoding/binary"
-	"fmt"
+	"slices"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
-// gpuMaxIPC bounds the mappings a group keeps open; past it, ops take the
-// staged path (mappings are only released with the group).
+// gpuMaxIPC bounds the per-op (unregistered) mappings a group keeps open;
+// past it, such ops take the staged path (they are only released with the
+// group). Registered mappings go when their memh is unmapped.
 const gpuMaxIPC = 1024
 
-// gpuRegionBytes is the published region: ok flag (8 bytes, for alignment),
-// allocation base, allocation size, IPC handle.
-const gpuRegionBytes = 8 + 8 + 8 + len(cuda.IpcHandle{})
+// gpuMaxRetired bounds the retired ids one record carries; more wait for
+// the next round.
+const gpuMaxRetired = 8
 
-type gpuIPCKey struct {
-	peer int
-	h    cuda.IpcHandle
-}
+// A record (gpuRegionBytes, little-endian): flags | allocation base |
+// allocation size | IPC handle[64] | memh id | n retired | retired[gpuMaxRetired].
+const gpuRegionBytes = 8 + 8 + 8 + len(cuda.IpcHandle{}) + 8 + 8 + 8*gpuMaxRetired
 
-// gpuRegion is one rank's published allocation, as decoded.
+// Record flags.
+const (
+	recOK         = 1 << iota // the buffers lie in this allocation and peers may map it
+	recRegistered             // the allocation is a registered memh's (id)
+	recBound                  // ... already bound to the group: every rank maps it
+)
+
+// gpuRegion is one rank's record, decoded.
 type gpuRegion struct {
-	ok         bool
+	flags      uint64
 	base, size uintptr
 	h          cuda.IpcHandle
+	id         uint64
+	retired    []uint64
 }
 
-// exportRegion publishes the allocation holding every [addr, addr+n) of
-// spans (zero-length spans are ignored), or a region with ok unset if they
-// do not lie in one allocation or it cannot be exported.
-func (t *gpuTeam) exportRegion(spans ...gpuSpan) []byte {
-	out := make([]byte, gpuRegionBytes)
-	var base, size uintptr
-	for _, sp := range spans {
-		if sp.n == 0 {
-			continue
-		}
-		if size == 0 {
-			b, n, err := t.g.d.AddressRange(t.g.ctx, sp.addr)
-			if err != nil {
-				debugf("rank %d: no address range for %#x: %v", t.rank, sp.addr, err)
-				return out
-			}
-			base, size = b, n
-		}
-		if sp.addr < base || sp.addr+sp.n > base+size || sp.addr+sp.n < sp.addr {
-			return out // spans two allocations: staged
-		}
-	}
-	if size == 0 {
-		return out
-	}
-	h, err := t.g.d.IpcGetMemHandle(t.g.ctx, base)
-	if err != nil {
-		debugf("rank %d: cuIpcGetMemHandle(%#x): %v", t.rank, base, err)
-		return out
-	}
+func (r *gpuRegion) ok() bool         { return r.flags&recOK != 0 }
+func (r *gpuRegion) registered() bool { return r.ok() && r.flags&recRegistered != 0 }
+func (r *gpuRegion) bound() bool      { return r.registered() && r.flags&recBound != 0 }
+
+func (r *gpuRegion) encode(out []byte) {
 	le := binary.LittleEndian
-	le.PutUint64(out[0:], 1)
-	le.PutUint64(out[8:], uint64(base))
-	le.PutUint64(out[16:], uint64(size))
-	copy(out[24:], h[:])
-	return out
+	le.PutUint64(out[0:], r.flags)
+	le.PutUint64(out[8:], uint64(r.base))
+	le.PutUint64(out[16:], uint64(r.size))
+	at := 24 + copy(out[24:], r.h[:])
+	le.PutUint64(out[at:], r.id)
+	le.PutUint64(out[at+8:], uint64(len(r.retired)))
+	for i, id := range r.retired {
+		le.PutUint64(out[at+16+8*i:], id)
+	}
+}
+
+func decodeRegion(b []byte) gpuRegion {
+	le := binary.LittleEndian
+	r := gpuRegion{flags: le.Uint64(b), base: uintptr(le.Uint64(b[8:])), size: uintptr(le.Uint64(b[16:]))}
+	at := 24 + copy(r.h[:], b[24:])
+	r.id = le.Uint64(b[at:])
+	n := min(le.Uint64(b[at+8:]), gpuMaxRetired)
+	for i := range n {
+		r.retired = append(r.retired, le.Uint64(b[at+16+8*int(i):]))
+	}
+	return r
 }
 
 type gpuSpan struct{ addr, n uintptr }
 
-func decodeRegion(b []byte) gpuRegion {
-	le := binary.LittleEndian
-	r := gpuRegion{ok: le.Uint64(b) == 1, base: uintptr(le.Uint64(b[8:])), size: uintptr(le.Uint64(b[16:]))}
-	copy(r.h[:], b[24:gpuRegionBytes])
-	return r
+// hull is the range from the lowest start to the highest end of the
+// non-empty spans.
+func hull(spans []gpuSpan) (lo, n uintptr) {
+	var hi uintptr
+	for _, sp := range spans {
+		if sp.n == 0 {
+			continue
+		}
+		if hi == 0 || sp.addr < lo {
+			lo = sp.addr
+		}
+		hi = max(hi, sp.addr+sp.n)
+	}
+	if hi == 0 {
+		return 0, 0
+	}
+	return lo, hi - lo
+}
+
+// gpuDirectMode is which records may take an op direct; every rank
+// derives it from what is the same everywhere.
+type gpuDirectMode int
+
+const (
+	directNone       gpuDirectMode = iota // below both thresholds: only retired lists are read
+	directRegistered                      // regMin <= size < directMin: registered records only
+	directAny                             // size >= directMin
+)
+
+// gpuSide is one rank's part in a direct op's agreement: the driver, the
+// group's bindings and caches. Built per op (t.side); tests build it over
+// fakes.
+type gpuSide struct {
+	rank, world int
+	device      int
+	ipc         gpuIPC
+	reg         *gpuReg
+	counters    *gpuCounters
+	capturing   bool
+	fresh       *memreg.Memh // this rank's registered memh published unbound in this op
+}
+
+func (t *gpuTeam) side() *gpuSide {
+	return &gpuSide{rank: t.rank, world: t.world, device: t.g.ordinal, ipc: t, reg: t.reg, counters: t.counters,
+		capturing: t.capturing}
+}
+
+// registered says whether this rank's input of op (n bytes) is a
+// registered CUDA memh of the group's device and at least regMin bytes:
+// then it takes round 1 below directMin.
+func (t *gpuTeam) registered(op *Op, n uintptr) bool {
+	if int(n) < t.cfg.regMin {
+		return false
+	}
+	lo, span, _ := coll.InputSpan(op)
+	return t.reg.find(lo, uintptr(span), t.g.ordinal) != nil
+}
+
+// record is this rank's record for the span [lo, lo+n) of its buffers:
+// registered when a shareable CUDA memh holds it (no driver call), else,
+// when legacy, the allocation as the driver reports it; not ok otherwise.
+// It carries the ids this rank retired since the last round.
+func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
+	rg := gpuRegion{retired: s.reg.takeRetired(gpuMaxRetired)}
+	if m := s.reg.find(lo, n, s.device); m != nil {
+		_, bound := m.Binding(s.reg)
+		sh, _, ok := m.CUDA()
+		// A fresh binding is not tried while a graph is captured (opening a
+		// handle is not allowed then): the op stages, a later one binds.
+		if ok && (bound || !s.capturing) && !s.reg.isRefused(m.ID()) {
+			rg.flags, rg.id = recOK|recRegistered, m.ID()
+			rg.base, rg.size, rg.h = uintptr(sh.Base), uintptr(sh.Size), cuda.IpcHandle(sh.Handle)
+			if bound {
+				rg.flags |= recBound
+			} else {
+				s.fresh = m
+			}
+		}
+	}
+	if !rg.ok() && legacy && n > 0 {
+		base, size, h, err := s.ipc.ipcExport(lo)
+		switch {
+		case err != nil:
+			debugf("rank %d: no IPC export of %#x: %v", s.rank, lo, err)
+		case lo+n <= base+size && lo+n > lo: // else it spans two allocations: staged
+			rg.flags, rg.base, rg.size, rg.h = recOK, base, size, h
+		}
+	}
+	out := make([]byte, gpuRegionBytes)
+	rg.encode(out)
+	return out
 }
 
 // gpuPeers translates addresses of every rank's published allocation into
@@ -104,12 +208,15 @@ type gpuPeers struct {
 
 func (p *gpuPeers) at(r int, addr uintptr) uintptr { return p.local[r] + (addr - p.regions[r].base) }
 
-// openPeers maps the published region (at the start of each meta) of every
-// rank that need says this rank reads, and confirms with every rank that
-// all succeeded: ok is false, on every rank alike, when some rank lacked a
-// region it needed or could not map one.
-func (t *gpuTeam) openPeers(metas [][]byte, need func(r int) bool, who *Op, agree gpuAgree) (*gpuPeers, bool, error) {
-	p := &gpuPeers{regions: make([]gpuRegion, t.world), local: make([]uintptr, t.world)}
+// negotiate runs after round 1 on every rank with every rank's record (at
+// the start of metas[r]): it drops the peers' retired mappings, decides
+// whether the op goes direct (relevant: the ranks whose memory is read;
+// the same on every rank), maps what this rank reads (need), votes unless
+// every relevant record is registered and bound, and binds or refuses the
+// fresh registered memhs by the vote. ok is false, on every rank alike,
+// when the op must stage.
+func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirectMode, who *Op, agree gpuAgree) (*gpuPeers, bool, error) {
+	p := &gpuPeers{regions: make([]gpuRegion, s.world), local: make([]uintptr, s.world)}
 	for r, m := range metas {
 		if len(m) < gpuRegionBytes {
 			return nil, false, status.Errorf(status.Mismatch, "gosym: %s: rank %d sent %d bytes of metadata, want at least %d",
@@ -117,76 +224,165 @@ func (t *gpuTeam) openPeers(metas [][]byte, need func(r int) bool, who *Op, agre
 		}
 		p.regions[r] = decodeRegion(m)
 	}
-	// need may differ between ranks (all_to_all): a missing region only
-	// turns this rank's vote to no.
-	local := true
-	for r, rg := range p.regions {
-		switch {
-		case !need(r):
-		case !rg.ok:
-			local = false
-		case r == t.rank:
-			p.local[r] = rg.base
-		default:
-			va, err := t.openIPC(r, rg.h)
-			if err != nil {
-				debugf("rank %d: opening rank %d's buffer: %v", t.rank, r, err)
-				local = false
-			}
-			p.local[r] = va
+	for r := range p.regions {
+		if rt := p.regions[r].retired; r != s.rank && len(rt) > 0 {
+			s.reg.forget(s.ipc, s.capturing, r, rt)
 		}
 	}
-	all, err := agree(okFlag(local))
-	if err != nil || len(failedRanks(all)) > 0 {
+	if !s.capturing {
+		s.reg.flush(s.ipc) // drops deferred while a graph was captured
+	}
+	direct, vote := mode != directNone, false
+	for r := range p.regions {
+		rg := &p.regions[r]
+		switch {
+		case !relevant[r]:
+		case !rg.ok() || mode == directRegistered && !rg.registered():
+			direct = false
+		case !rg.bound():
+			vote = true
+		}
+	}
+	if !direct {
+		return nil, false, nil
+	}
+	mapped := make([]byte, s.world) // the vote: 1 where this rank has rank r's allocation (or needs none)
+	for r := range p.regions {
+		rg := &p.regions[r]
+		mapped[r] = 1
+		// A fresh registered allocation is mapped by every rank, needed or
+		// not, so that bound means mapped everywhere.
+		if !relevant[r] || !need[r] && !(vote && rg.registered() && !rg.bound()) {
+			continue
+		}
+		va, err := s.open(r, rg)
+		if err != nil {
+			debugf("rank %d: opening rank %d's buffer: %v", s.rank, r, err)
+			mapped[r] = 0
+		}
+		p.local[r] = va
+	}
+	if !vote {
+		if slices.Contains(mapped, 0) { // bound means every rank mapped it; this one lost or could not reopen it
+			return nil, false, status.Errorf(status.Internal, "gosym: %s: a bound peer allocation could not be mapped here", who.Who())
+		}
+		s.counted(p.regions, relevant)
+		return p, true, nil
+	}
+	all, err := agree(mapped)
+	if err != nil {
 		return nil, false, err
 	}
-	return p, true, nil
+	everywhere := make([]bool, s.world) // rank r's allocation is mapped by every rank
+	ok := true
+	for r := range everywhere {
+		everywhere[r] = true
+		for _, v := range all {
+			everywhere[r] = everywhere[r] && len(v) == s.world && v[r] == 1
+		}
+		ok = ok && everywhere[r]
+	}
+	s.settle(p.regions, relevant, everywhere)
+	if ok {
+		s.counted(p.regions, relevant)
+	}
+	return p, ok, nil
 }
 
-// openIPC returns the local address of peer's allocation h, from the cache
-// or by opening it.
-func (t *gpuTeam) openIPC(peer int, h cuda.IpcHandle) (uintptr, error) {
-	k := gpuIPCKey{peer, h}
-	if va, ok := t.ipc[k]; ok {
-		t.counters.ipcHits.Add(1)
-		return va, nil
+// open is where rank r's allocation (record rg) is mapped here.
+func (s *gpuSide) open(r int, rg *gpuRegion) (uintptr, error) {
+	switch {
+	case r == s.rank:
+		return rg.base, nil
+	case rg.registered():
+		return s.reg.openPeer(s.ipc, r, rg.id, rg.h)
 	}
-	if len(t.ipc) >= gpuMaxIPC {
-		return 0, fmt.Errorf("%d peer allocations are mapped already", len(t.ipc))
-	}
-	va, err := t.g.d.IpcOpenMemHandle(t.g.ctx, h, cuda.IpcLazyEnablePeerAccess)
-	if err != nil {
-		return 0, err
-	}
-	if t.ipc == nil {
-		t.ipc = map[gpuIPCKey]uintptr{}
-	}
-	t.ipc[k] = va
-	t.counters.ipcOpens.Add(1)
-	return va, nil
+	return s.reg.openLegacy(s.ipc, s.counters, r, rg.h)
 }
 
-// closeIPC unmaps every cached peer allocation (the device is idle).
-func (t *gpuTeam) closeIPC() {
-	for k, va := range t.ipc {
-		if err := t.g.d.IpcCloseMemHandle(t.g.ctx, va); err != nil {
-			debugf("rank %d: cuIpcCloseMemHandle of rank %d's buffer: %v", t.rank, k.peer, err)
+// settle binds the fresh registered memhs of the op that every rank
+// mapped and refuses the others: the exporter records it, the other ranks
+// drop a mapping that will never be used.
+func (s *gpuSide) settle(regions []gpuRegion, relevant, everywhere []bool) {
+	for r := range regions {
+		rg := &regions[r]
+		switch {
+		case !relevant[r] || !rg.registered() || rg.bound():
+		case r != s.rank:
+			if !everywhere[r] {
+				s.reg.forget(s.ipc, s.capturing, r, []uint64{rg.id})
+			}
+		case s.fresh == nil || s.fresh.ID() != rg.id:
+		case everywhere[r]:
+			s.reg.bind(s.fresh)
+		default:
+			debugf("rank %d: the group could not map registered memh %d; it stays staged", s.rank, rg.id)
+			s.reg.refuse(rg.id)
 		}
 	}
-	t.ipc = nil
 }
 
-// direct runs op on the peers' own buffers when it is large enough and
-// every rank can; done is false when op should take the staged path.
-// all_to_all takes its own route (its agreement carries the splits).
+// counted updates the counters of an op that goes direct.
+func (s *gpuSide) counted(regions []gpuRegion, relevant []bool) {
+	all := true
+	for r := range regions {
+		all = all && (!relevant[r] || regions[r].registered())
+	}
+	if all {
+		s.reg.regOps.Add(1)
+	}
+	if me := &regions[s.rank]; relevant[s.rank] && me.bound() {
+		s.reg.reused.Add(1)
+	}
+}
+
+// ipcExport, ipcOpen, ipcClose and ipcIdle make gpuTeam the direct path's
+// gpuIPC, on the group's device.
+func (t *gpuTeam) ipcExport(addr uintptr) (uintptr, uintptr, cuda.IpcHandle, error) {
+	base, size, err := t.g.d.AddressRange(t.g.ctx, addr)
+	if err != nil {
+		return 0, 0, cuda.IpcHandle{}, err
+	}
+	h, err := t.g.d.IpcGetMemHandle(t.g.ctx, base)
+	return base, size, h, err
+}
+
+func (t *gpuTeam) ipcOpen(h cuda.IpcHandle) (uintptr, error) {
+	return t.g.d.IpcOpenMemHandle(t.g.ctx, h, cuda.IpcLazyEnablePeerAccess)
+}
+
+func (t *gpuTeam) ipcClose(va uintptr) error { return t.g.d.IpcCloseMemHandle(t.g.ctx, va) }
+
+func (t *gpuTeam) ipcIdle() error { return t.g.d.CtxSynchronize(t.g.ctx) }
+
+// closeIPC releases the group's bindings and closes every peer mapping
+// (the device is idle).
+func (t *gpuTeam) closeIPC() {
+	if t.reg != nil {
+		t.reg.close(t)
+	}
+}
+
+func everyone(world int) []bool {
+	out := make([]bool, world)
+	for r := range out {
+		out[r] = true
+	}
+	return out
+}
+
+// direct runs op on the peers' own buffers when it is large enough (or
+// registered) and every rank can; done is false when op should take the
+// staged path. all_to_all takes its own route (its agreement carries the
+// splits, allToAllDirect).
 func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err error) {
 	es := uintptr(op.DType.Size())
 	n := uintptr(op.Count) * es
-	if t.world == 1 || int(n) < t.directMin(op) {
+	if t.world == 1 || n == 0 {
 		return false, nil
 	}
 	var mine []gpuSpan // what peers will address in this rank's memory
-	need := func(int) bool { return true }
+	relevant := everyone(t.world)
 	switch op.Kind {
 	case coll.AllReduce, coll.AllGather:
 		mine = append(mine, gpuSpan{op.In, n})
@@ -194,7 +390,8 @@ func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err 
 		if t.rank == op.Root {
 			mine = append(mine, gpuSpan{op.In, n})
 		}
-		need = func(r int) bool { return r == op.Root }
+		relevant = make([]bool, t.world)
+		relevant[op.Root] = true
 	case coll.ReduceScatter:
 		for _, pc := range op.InPieces {
 			mine = append(mine, gpuSpan{pc.Addr, n})
@@ -202,12 +399,21 @@ func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err 
 	default:
 		return false, nil
 	}
+	mode := directAny
+	if int(n) < t.directMin(op) {
+		if !t.registered(op, n) {
+			return false, nil
+		}
+		mode = directRegistered
+	}
+	sd := t.side()
 	le := binary.LittleEndian
-	// region, then In, then one address per peer (reduce_scatter's pieces)
+	// record, then In, then one address per peer (reduce_scatter's pieces)
 	meta := make([]byte, gpuRegionBytes+8+8*t.world)
-	copy(meta, t.exportRegion(mine...))
+	lo, span := hull(mine)
+	copy(meta, sd.record(lo, span, mode == directAny))
 	if op.Kind == coll.AllReduce && op.In != op.Out {
-		meta[0] = 0 // two-shot runs in place: every rank takes the staged path
+		le.PutUint64(meta, 0) // two-shot runs in place: every rank takes the staged path
 	}
 	le.PutUint64(meta[gpuRegionBytes:], uint64(op.In))
 	for r, pc := range op.InPieces {
@@ -223,7 +429,7 @@ func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err 
 				op.Who(), r, len(m), len(meta))
 		}
 	}
-	peers, ok, err := t.openPeers(metas, need, op, agree)
+	peers, ok, err := sd.negotiate(metas, relevant, relevant, mode, op, agree)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -259,6 +465,64 @@ func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err 
 		p.Numel, p.Out = uint64(op.Count), op.Out
 		return true, t.reduceKernel(op, cuda.TwoShot, &p, s)
 	}
+}
+
+// allToAllRegistered says whether an equal-split all_to_all of n bytes per
+// piece takes the agreement round for its registered input (gpu_ops.go
+// skips the round for equal splits otherwise).
+func (t *gpuTeam) allToAllRegistered(op *Op, n uintptr) bool {
+	return t.world > 1 && int(n) < t.directMin(op) && t.registered(op, n)
+}
+
+// allToAllRecord is this rank's record for an all_to_all whose largest own
+// piece has localMax bytes: the driver is asked only from directMin.
+func (t *gpuTeam) allToAllRecord(op *Op, localMax uintptr) []byte {
+	es := uintptr(op.DType.Size())
+	spans := make([]gpuSpan, len(op.InPieces))
+	for r, pc := range op.InPieces {
+		spans[r] = gpuSpan{pc.Addr, uintptr(pc.Count) * es}
+	}
+	lo, n := hull(spans)
+	return t.side().record(lo, n, int(localMax) >= t.directMin(op))
+}
+
+// allToAllDirect runs an all_to_all on the peers' inputs by the agreed
+// metas (per rank: 2*world split counts, the record, world piece
+// addresses); longest is the longest piece of all. done is false when it
+// must stage.
+func (t *gpuTeam) allToAllDirect(op *Op, s cuda.Stream, all [][]byte, longest uintptr, agree gpuAgree) (bool, error) {
+	w := t.world
+	le := binary.LittleEndian
+	mode := directNone
+	switch {
+	case int(longest) >= t.directMin(op):
+		mode = directAny
+	case int(longest) >= t.cfg.regMin:
+		mode = directRegistered
+	}
+	regions := make([][]byte, w)
+	relevant, need := make([]bool, w), make([]bool, w)
+	for r, m := range all {
+		regions[r] = m[16*w:]
+		for j := range w {
+			relevant[r] = relevant[r] || le.Uint64(m[8*j:]) > 0
+		}
+		need[r] = op.OutPieces[r].Count > 0
+	}
+	peers, ok, err := t.side().negotiate(regions, relevant, need, mode, op, agree)
+	if err != nil || !ok {
+		return false, err
+	}
+	t.counters.directOps.Add(1)
+	es := uintptr(op.DType.Size())
+	segs := make([]gpuSeg, 0, w)
+	for j, out := range op.OutPieces {
+		if out.Count > 0 {
+			src := peers.at(j, uintptr(le.Uint64(regions[j][gpuRegionBytes+8*t.rank:])))
+			segs = append(segs, gpuSeg{out.Addr, src, uintptr(out.Count) * es})
+		}
+	}
+	return true, t.moveCE(segs, s)
 }
 
 // moveCE makes segs by the copy engines between two barriers of all ranks.

@@ -399,7 +399,7 @@ func pieceStride(pieces []coll.Piece, es uintptr) (stride uintptr, even bool) {
 // rank j's staging into its piece from j.
 func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 	es := uintptr(op.DType.Size())
-	if n, ok := uniform(op); ok && int(n*es) < t.directMin(op) {
+	if n, ok := uniform(op); ok && int(n*es) < t.directMin(op) && !t.allToAllRegistered(op, n*es) {
 		// The equal-split all_to_all_single: every rank moves n elements to and
 		// from every rank, so every rank knows the chunk count without asking.
 		// (A rank whose splits differ asks; the others do not answer, and the
@@ -418,12 +418,8 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 		le.PutUint64(meta[16*w+gpuRegionBytes+8*r:], uint64(op.InPieces[r].Addr))
 		inTotal, localMax = inTotal+in, max(localMax, in, out)
 	}
-	if w > 1 && inTotal > 0 && int(localMax) >= t.directMin(op) { // no driver calls for ops that stay staged
-		spans := make([]gpuSpan, w)
-		for r, pc := range op.InPieces {
-			spans[r] = gpuSpan{pc.Addr, uintptr(pc.Count) * es}
-		}
-		copy(meta[16*w:], t.exportRegion(spans...))
+	if w > 1 && inTotal > 0 {
+		copy(meta[16*w:], t.allToAllRecord(op, localMax))
 	}
 	all, err := agree(meta)
 	if err != nil {
@@ -444,26 +440,9 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 			longest = max(longest, uintptr(sends)*es)
 		}
 	}
-	if w > 1 && int(longest) >= t.directMin(op) {
-		regions := make([][]byte, w)
-		for r, m := range all {
-			regions[r] = m[16*w:]
-		}
-		need := func(r int) bool { return op.OutPieces[r].Count > 0 }
-		peers, ok, err := t.openPeers(regions, need, op, agree)
-		if err != nil {
+	if w > 1 {
+		if done, err := t.allToAllDirect(op, s, all, longest, agree); done || err != nil {
 			return err
-		}
-		if ok {
-			t.counters.directOps.Add(1)
-			segs := make([]gpuSeg, 0, w)
-			for j, out := range op.OutPieces {
-				if out.Count > 0 {
-					src := peers.at(j, uintptr(le.Uint64(regions[j][gpuRegionBytes+8*t.rank:])))
-					segs = append(segs, gpuSeg{out.Addr, src, uintptr(out.Count) * es})
-				}
-			}
-			return t.moveCE(segs, s)
 		}
 	}
 	return t.allToAllChunks(op, s, longest)

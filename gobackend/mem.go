@@ -21,13 +21,18 @@ func MemMap(addr uintptr, n, device int) (*Memh, error) { return memreg.Default.
 // MemUnmap unregisters m; bindings are removed and their groups told.
 func MemUnmap(m *Memh) error { return memreg.Default.Unmap(m) }
 
-// MemImport maps a blob packed by another process of this host.
-func MemImport(blob []byte, timeout time.Duration) (*Memh, error) {
+// MemImport maps a blob packed by another process of this host; device is
+// the CUDA device to map CUDA memory on (ignored for host memory, where -1
+// is fine).
+func MemImport(blob []byte, device int, timeout time.Duration) (*Memh, error) {
 	if timeout <= 0 {
 		timeout = memreg.DefaultTimeout
 	}
-	return memreg.Default.ImportDeadline(blob, time.Now().Add(timeout))
+	return memreg.Default.ImportOn(blob, device, time.Now().Add(timeout))
 }
+
+// MemBlobInfo describes a packed blob without importing it.
+func MemBlobInfo(blob []byte) (map[string]any, error) { return memreg.BlobInfo(blob) }
 
 // MemStats reports the domain's registration counters.
 func MemStats() map[string]int64 { return memreg.Default.Stats() }

@@ -80,6 +80,16 @@ def environment_probe() -> dict:
         return {"gosym_error": f"probe failed: {p.stderr[-2000:]}", "cuda": False}
 
 
+@functools.cache
+def cuda_device_count() -> int:
+    """CUDA devices torch sees, checked once in a child process (0 on any failure)."""
+    p = run_python("import torch; print(torch.cuda.device_count())")
+    try:
+        return int(p.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return 0
+
+
 def pytest_collection_modifyitems(config, items):
     probe = environment_probe()
     no_lib = pytest.mark.skip(reason=f"gosym cannot be imported: {probe['gosym_error']}")

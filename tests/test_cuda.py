@@ -10,29 +10,19 @@ GOSYM_GPU_STAGE_BYTES so that the large cases run in several staging chunks.
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 import math
 
-from conftest import run_python, run_torchrun
+from conftest import cuda_device_count, run_torchrun
 
 pytestmark = pytest.mark.gpu
-
-
-@functools.cache
-def _device_count() -> int:
-    p = run_python("import torch; print(torch.cuda.device_count())")
-    try:
-        return int(p.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return 0
 
 
 def _worker_job(tmp_path_factory, name, **env):
     """One launch of workers/cuda_worker.py on 2 GPUs with a 1 MiB staging (the large
     cases run in several chunks) and env on top."""
-    if _device_count() < 2:
+    if cuda_device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
     out = tmp_path_factory.mktemp(name) / "out"
     return run_torchrun("cuda_worker", 2, ["--timeout", 120], timeout=600, outdir=out,
@@ -113,7 +103,7 @@ def test_other_collectives(cuda_job):
 
 
 def test_ddp_on_gpus_matches_nccl(tmp_path):
-    if _device_count() < 2:
+    if cuda_device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
     res = run_torchrun("ddp_worker", 2, ["--timeout", 120, "--device", "cuda"], timeout=420,
                        outdir=tmp_path / "ddp")

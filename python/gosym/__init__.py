@@ -16,8 +16,8 @@ if not dist.is_available():
 
 from . import _lib  # noqa: E402 - raises ImportError when the library is missing or mismatched
 from .backend import ProcessGroupGosym, register  # noqa: E402
-from .memory import (MemHandle, contiguous_view, empty, empty_like, mem_import,  # noqa: E402
-                     mem_map, mem_unmap)
+from .memory import (MemHandle, blob_info, contiguous_view, empty, empty_like,  # noqa: E402
+                     mem_import, mem_map, mem_unmap, tensor_from)
 from .work import Work  # noqa: E402
 
 __version__ = "0.1.0"
@@ -25,6 +25,7 @@ __all__ = [
     "MemHandle",
     "ProcessGroupGosym",
     "Work",
+    "blob_info",
     "contiguous_view",
     "empty",
     "empty_like",
@@ -34,6 +35,7 @@ __all__ = [
     "mem_unmap",
     "process_stats",
     "stats",
+    "tensor_from",
 ]
 
 register()

@@ -172,6 +172,8 @@ _SIGNATURES = {
     "gosym_mem_unmap": (c_int32, [c_uint64]),
     "gosym_mem_pack": (c_int32, [c_uint64, c_void_p, c_uint64, _u64p]),
     "gosym_mem_import": (c_int32, [c_char_p, c_uint64, c_int64, _u64p]),
+    "gosym_mem_import_on": (c_int32, [c_char_p, c_uint64, c_int64, c_int32, _u64p]),
+    "gosym_mem_blob_info": (c_int32, [c_char_p, c_uint64, c_void_p, c_uint64, _u64p]),
     "gosym_mem_info": (c_int32, [c_uint64, c_void_p, c_uint64, _u64p]),
     "gosym_cuda_alloc": (c_int32, [c_int32, c_uint64, _u64p, _u64p, _u64p]),
     "gosym_cuda_free": (c_int32, [c_uint64]),

@@ -1,11 +1,14 @@
-"""Memory registration: shareable CPU tensors and memory handles.
+"""Memory registration: shareable CPU tensors, registered CUDA tensors and memory handles.
 
 ``gosym.empty`` gives tensors whose memory the ranks of a group can map, so
 collectives on them read peers' data in place instead of staging it. Any
 buffer can be registered with ``mem_map``; a group binds the enclosing
 shareable region lazily, on the first collective that uses it, and reuses the
-binding afterwards. ``MemHandle.pack()`` / ``mem_import`` share a region with
-another process of this host explicitly.
+binding afterwards. CUDA tensors from torch's caching allocator register
+shareable (their allocation's CUDA IPC handle); collectives on them then read
+the peers' tensors in place from GOSYM_GPU_REG_DIRECT_MIN bytes (mem_map them on
+every rank, or on none). ``MemHandle.pack()`` / ``mem_import`` share a region
+with another process of this host explicitly; ``tensor_from`` views it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import torch
 
 from . import _lib
 
-__all__ = ["MemHandle", "contiguous_view", "empty", "empty_like", "mem_import", "mem_map",
-           "mem_unmap"]
+__all__ = ["MemHandle", "blob_info", "contiguous_view", "empty", "empty_like", "mem_import",
+           "mem_map", "mem_unmap", "tensor_from"]
 
 
 class MemHandle:
@@ -38,7 +41,8 @@ class MemHandle:
         return self._h
 
     def info(self) -> dict:
-        """mode, address/length (the exporter's), local_address/local_length, shareable, bindings."""
+        """mode, address/length (the exporter's), local_address/local_length, device,
+        shareable (why_private says why not, for CUDA memory), bindings."""
         return json.loads(_lib.read_string(_lib.lib.gosym_mem_info, self.handle))
 
     def pack(self) -> bytes:
@@ -60,11 +64,16 @@ class MemHandle:
 
 
 def mem_map(tensor_or_addr, nbytes: int | None = None, device: int = -1) -> MemHandle:
-    """Registers a CPU tensor's storage range (or address + nbytes). Talks to no peer."""
+    """Registers a tensor's storage range from its first element (or address + nbytes on
+    device, -1 for host memory). Talks to no peer. CUDA memory is shareable when its
+    allocation has a CUDA IPC handle (torch's caching allocator, cudaMalloc); other device
+    memory registers private (``info()["why_private"]`` says why)."""
     if isinstance(tensor_or_addr, torch.Tensor):
         t = tensor_or_addr
-        if t.device.type != "cpu":
-            raise NotImplementedError("gosym: mem_map of CUDA tensors needs the CUDA data plane")
+        if t.device.type == "cuda":
+            device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        elif t.device.type != "cpu":
+            raise NotImplementedError(f"gosym: mem_map of {t.device.type} tensors is not supported")
         addr, nbytes = t.data_ptr(), t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
     else:
         addr = int(tensor_or_addr)
@@ -84,23 +93,59 @@ def mem_unmap(handle: MemHandle) -> None:
     handle.unmap()
 
 
-def mem_import(blob: bytes, timeout: float = 10.0) -> MemHandle:
-    """Maps a blob packed by another process of this host (authenticated fd transfer)."""
+def blob_info(blob: bytes) -> dict:
+    """A packed blob's header (pid, device, address, length, transport; gpu for CUDA
+    memory), checked as mem_import would, without importing it."""
     if not isinstance(blob, (bytes, bytearray)):
-        raise TypeError("gosym: mem_import needs bytes")
+        raise TypeError("gosym: a packed memory handle is bytes")
+    blob = bytes(blob)
+    return json.loads(_lib.read_string(_lib.lib.gosym_mem_blob_info, blob, len(blob)))
+
+
+def mem_import(blob: bytes, timeout: float = 10.0, device=None) -> MemHandle:
+    """Maps a blob packed by another process of this host. Host memory: an authenticated
+    fd transfer from the exporter. CUDA memory: its IPC handle, opened on ``device``
+    (default: the current CUDA device) with peer access, so kernels there reach the
+    exporter's GPU; ``tensor_from`` gives a CUDA tensor over it."""
+    info = blob_info(blob)
+    dev = -1
+    if info["device"] >= 0:
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"gosym: the blob is CUDA memory (cuda:{info['device']} of pid "
+                               f"{info['pid']}, GPU {info.get('gpu')}), but CUDA is not available "
+                               "in this process")
+        dev = _cuda_index(device)
     out = ctypes.c_uint64()
-    _lib.check(_lib.lib.gosym_mem_import(bytes(blob), len(blob), int(timeout * 1000), ctypes.byref(out)))
+    blob = bytes(blob)
+    _lib.check(_lib.lib.gosym_mem_import_on(blob, len(blob), int(timeout * 1000), dev,
+                                            ctypes.byref(out)))
     return MemHandle(out.value)
 
 
+def _cuda_index(device) -> int:
+    """The ordinal of a CUDA device given as None (the current one), an int, a string or a
+    torch.device."""
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"gosym: CUDA memory is mapped on a CUDA device, not {d}")
+    return torch.cuda.current_device() if d.index is None else d.index
+
+
 def tensor_from(handle: MemHandle, shape, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor over an imported (or exported) handle's local memory; it keeps the handle alive."""
+    """A tensor over an imported (or exported) handle's local memory (a CUDA tensor for
+    CUDA memory); it keeps the handle alive and unmaps it when the last such tensor goes."""
     info = handle.info()
     shape = tuple(shape) if not isinstance(shape, int) else (shape,)
     itemsize = torch.empty((), dtype=dtype).element_size()
     need = math.prod(shape) * itemsize
     if need > info["local_length"]:
         raise ValueError(f"gosym: {need} bytes do not fit the handle's {info['local_length']}")
+    if info["device"] >= 0:
+        return _cuda_wrap(info["local_address"], max(need, 1), shape, dtype, handle)
     return _wrap(info["local_address"], max(need, 1), shape, dtype, handle)
 
 
@@ -128,6 +173,76 @@ class _CudaMemory:
 
     def tensor(self, device: torch.device) -> torch.Tensor:
         return torch.as_tensor(self, device=device)
+
+
+def _cuda_wrap(addr: int, nbytes: int, shape, dtype, handle: MemHandle) -> torch.Tensor:
+    """A CUDA tensor on the handle's device over [addr, addr+nbytes), through DLPack, which
+    names the device: __cuda_array_interface__ cannot, and torch would take the device the
+    memory physically lives on (the exporter's GPU for an import), where this process has
+    not mapped it. When the last tensor goes, the handle is unmapped."""
+    flat = _from_device_memory(addr, nbytes, handle.info()["device"], handle.unmap)
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return flat[:n].view(dtype).view(shape)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DL_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DL_DELETER)]
+_DL_CPU, _DL_CUDA = 1, 2
+
+# What a DLPack tensor handed to torch keeps alive until torch calls its deleter, by the
+# address of its DLManagedTensor.
+_dl_live: dict = {}
+
+
+@_DL_DELETER
+def _dl_delete(managed) -> None:
+    entry = _dl_live.pop(ctypes.addressof(managed.contents), None)
+    if entry is not None and entry[-1] is not None:
+        entry[-1]()
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def _from_device_memory(addr: int, nbytes: int, device: int, release=None,
+                        device_type: int = _DL_CUDA) -> torch.Tensor:
+    """A uint8 tensor of nbytes at addr on CUDA device `device` (device_type _DL_CPU: host
+    memory, for tests), viewing the memory; release() runs when torch lets go of it."""
+    shape, strides = (ctypes.c_int64 * 1)(nbytes), (ctypes.c_int64 * 1)(1)
+    m = _DLManagedTensor()
+    m.dl_tensor = _DLTensor(addr, _DLDevice(device_type, device), 1, _DLDataType(1, 8, 1),
+                            shape, strides, 0)
+    m.deleter = _dl_delete
+    _dl_live[ctypes.addressof(m)] = (m, shape, strides, release)
+    try:
+        flat = torch.from_dlpack(_capsule_new(ctypes.addressof(m), b"dltensor", None))
+    except BaseException:
+        _dl_live.pop(ctypes.addressof(m), None)
+        raise
+    if flat.data_ptr() != addr:
+        raise RuntimeError("gosym: torch copied the memory instead of viewing it")
+    return flat
 
 
 def _cuda_free(handle: int) -> None:

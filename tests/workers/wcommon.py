@@ -84,6 +84,15 @@ def init(backend: str, timeout_s: float) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def init_cuda(args) -> tuple[int, int, torch.device, object]:
+    """One GPU per rank (LOCAL_RANK), the group from torchrun's env, and an NCCL group
+    of the same ranks to compare with: (rank, world, device, nccl group)."""
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    rank, world = init(args.backend, args.timeout)
+    return rank, world, torch.device("cuda", local), dist.new_group(backend="nccl")
+
+
 def _write_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:

@@ -19,7 +19,15 @@ import (
 //
 //	secret[32] | u64 region offset | u64 region length | u16 n | socket name[n]
 //
-// and must be exactly that long. Unlike UCC's header (a raw struct whose
+// and must be exactly that long. The "cudaipc" payload (device memory: the
+// header's device is the exporter's CUDA ordinal) is
+//
+//	u32 PCI domain | u32 PCI bus | u32 PCI device | u32 flags (0)
+//	u64 allocation size | u64 offset of the range in it | IPC handle[64]
+//
+// exactly: the PCI address lets an importer find the same GPU under its own
+// numbering (CUDA_VISIBLE_DEVICES may differ), the handle is the
+// allocation's cuIpcGetMemHandle. Unlike UCC's header (a raw struct whose
 // size changed with #1260), the header is fixed per version and carries a
 // magic and a version, and sizes are never trusted past the blob's end.
 const (
@@ -36,10 +44,14 @@ const (
 	maxSockName = 107 // sun_path minus the abstract namespace's leading NUL
 
 	memfdFixed = secretLen + 8 + 8 + 2
+	cudaFixed  = 4*4 + 8 + 8 + IPCHandleLen
 )
 
-// transportMemfd names the host transport entry.
-const transportMemfd = "memfd"
+// Transport entry names: host memory (memfd), CUDA memory (legacy IPC).
+const (
+	transportMemfd = "memfd"
+	transportCUDA  = "cudaipc"
+)
 
 // Errors. Each carries its ABI status code (status.CodeOf finds it through
 // the wrapping).
@@ -59,7 +71,16 @@ type packed struct {
 	addr    uint64
 	length  uint64
 	memfd   *memfdEntry // nil when the blob has none
+	cuda    *cudaEntry  // nil when the blob has none
 	skipped int         // entries of transports this build does not know
+}
+
+// cudaEntry is the "cudaipc" transport: the allocation that holds the range.
+type cudaEntry struct {
+	gpu    GPUID
+	size   uint64 // of the allocation
+	offset uint64 // of the range in the allocation
+	handle [IPCHandleLen]byte
 }
 
 type memfdEntry struct {
@@ -73,10 +94,11 @@ func badBlob(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadBlob, fmt.Sprintf(format, args...))
 }
 
-// encode serialises p (its memfd entry, if any; skipped entries are not kept).
+// encode serialises p (its memfd and cudaipc entries, if any; skipped
+// entries are not kept).
 func (p *packed) encode() []byte {
 	le := binary.LittleEndian
-	b := make([]byte, headerLen, headerLen+entryHdrLen+memfdFixed+len(transportMemfd)+maxSockName)
+	b := make([]byte, headerLen, headerLen+2*entryHdrLen+memfdFixed+maxSockName+cudaFixed)
 	le.PutUint32(b[0:], blobMagic)
 	le.PutUint16(b[4:], blobVersion)
 	le.PutUint16(b[6:], 0)
@@ -92,6 +114,16 @@ func (p *packed) encode() []byte {
 		le.PutUint16(pl[secretLen+16:], uint16(len(e.sock)))
 		copy(pl[memfdFixed:], e.sock)
 		b = appendEntry(b, transportMemfd, pl)
+	}
+	if e := p.cuda; e != nil {
+		pl := make([]byte, cudaFixed)
+		le.PutUint32(pl[0:], e.gpu.Domain)
+		le.PutUint32(pl[4:], e.gpu.Bus)
+		le.PutUint32(pl[8:], e.gpu.Device)
+		le.PutUint64(pl[16:], e.size)
+		le.PutUint64(pl[24:], e.offset)
+		copy(pl[32:], e.handle[:])
+		b = appendEntry(b, transportCUDA, pl)
 	}
 	return b
 }
@@ -170,11 +202,15 @@ func parse(b []byte) (*packed, error) {
 		seen[name] = true
 		payload := rest[:size]
 		rest = rest[size:]
-		if name != transportMemfd {
+		switch name {
+		case transportMemfd:
+			p.memfd, err = parseMemfd(payload, p)
+		case transportCUDA:
+			p.cuda, err = parseCUDA(payload, p)
+		default:
 			p.skipped++
-			continue
 		}
-		if p.memfd, err = parseMemfd(payload, p); err != nil {
+		if err != nil {
 			return nil, badBlob("entry %q: %v", name, err)
 		}
 	}
@@ -231,5 +267,33 @@ func parseMemfd(pl []byte, p *packed) (*memfdEntry, error) {
 		}
 	}
 	e.sock = string(sock)
+	return e, nil
+}
+
+func parseCUDA(pl []byte, p *packed) (*cudaEntry, error) {
+	le := binary.LittleEndian
+	if len(pl) != cudaFixed {
+		return nil, fmt.Errorf("%d bytes, want %d", len(pl), cudaFixed)
+	}
+	e := &cudaEntry{
+		gpu:    GPUID{Domain: le.Uint32(pl[0:]), Bus: le.Uint32(pl[4:]), Device: le.Uint32(pl[8:])},
+		size:   le.Uint64(pl[16:]),
+		offset: le.Uint64(pl[24:]),
+	}
+	copy(e.handle[:], pl[32:])
+	switch {
+	case le.Uint32(pl[12:]) != 0:
+		return nil, fmt.Errorf("unknown flags %#x", le.Uint32(pl[12:]))
+	case p.device == HostDevice:
+		return nil, fmt.Errorf("CUDA transport on host memory (device %d)", p.device)
+	case e.size == 0 || e.size > math.MaxInt64:
+		return nil, fmt.Errorf("allocation size %d", e.size)
+	case e.offset >= e.size || p.length > e.size-e.offset:
+		return nil, fmt.Errorf("range [%d, +%d) lies outside the allocation of %d bytes", e.offset, p.length, e.size)
+	case e.offset >= p.addr:
+		return nil, fmt.Errorf("offset %d puts the allocation below address %#x", e.offset, p.addr)
+	case e.handle == [IPCHandleLen]byte{}:
+		return nil, fmt.Errorf("empty IPC handle")
+	}
 	return e, nil
 }

@@ -26,12 +26,30 @@ func testPacked() *packed {
 	return p
 }
 
+// testCUDAPacked is a CUDA memh: 1000 bytes at offset 4096 of a 2 MiB
+// allocation on the exporter's cuda:1.
+func testCUDAPacked() *packed {
+	p := &packed{pid: 4243, device: 1, addr: 0x7f2000001000, length: 1000,
+		cuda: &cudaEntry{gpu: GPUID{Domain: 0, Bus: 0x1b, Device: 0}, size: 2 << 20, offset: 4096}}
+	for i := range p.cuda.handle {
+		p.cuda.handle[i] = byte(0xa0 + i)
+	}
+	return p
+}
+
+func withCUDA(f func(p *packed)) []byte {
+	p := testCUDAPacked()
+	f(p)
+	return p.encode()
+}
+
 // seedBlobs are valid blobs of each shape, the fuzzer's starting points.
 func seedBlobs() map[string][]byte {
 	shareable := testPacked().encode()
 	private := (&packed{pid: 1, device: 3, addr: 1 << 20, length: 7}).encode()
 	unknown := appendEntry(append([]byte(nil), shareable...), "cudavmm", []byte{1, 2, 3, 4, 5})
-	return map[string][]byte{"shareable": shareable, "private": private, "unknown-entry": unknown}
+	return map[string][]byte{"shareable": shareable, "private": private, "unknown-entry": unknown,
+		"cuda": testCUDAPacked().encode()}
 }
 
 // mutate returns a copy of the shareable seed with f applied.
@@ -69,6 +87,17 @@ func TestParseRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, p.skipped)
 	assert.NotNil(t, p.memfd)
+	p, err = parse(seedBlobs()["cuda"])
+	require.NoError(t, err)
+	assert.Equal(t, testCUDAPacked(), p)
+	assert.Nil(t, p.memfd)
+}
+
+// cudaAt is the offset of the cudaipc payload in a CUDA blob.
+const cudaAt = headerLen + entryHdrLen
+
+func mutateCUDA(f func(b []byte) []byte) []byte {
+	return f(append([]byte(nil), testCUDAPacked().encode()...))
 }
 
 type badCase struct {
@@ -131,6 +160,25 @@ func badBlobs() []badCase {
 		{"offset past the region", withPacked(func(p *packed) { p.memfd.regionOff = 1 << 63 }), "outside the region"},
 		{"region length past int64", withPacked(func(p *packed) { p.memfd.regionOff, p.memfd.regionLen = 1<<64-1, 1<<63 }), "region length"},
 		{"memfd on a CUDA device", withPacked(func(p *packed) { p.device = 0 }), "device 0"},
+		{"cudaipc payload short", mutateCUDA(func(b []byte) []byte {
+			b = b[:len(b)-1]
+			le.PutUint32(b[sizeAt:], cudaFixed-1)
+			return b
+		}), "want 96"},
+		{"cudaipc payload long", appendEntry(testCUDAPacked().encode()[:cudaAt-entryHdrLen], transportCUDA,
+			append(testCUDAPacked().encode()[cudaAt:], 0)), "want 96"},
+		{"cudaipc unknown flags", mutateCUDA(func(b []byte) []byte { b[cudaAt+12] = 1; return b }), "unknown flags"},
+		{"cudaipc on host memory", withCUDA(func(p *packed) { p.device = HostDevice }), "host memory"},
+		{"cudaipc allocation size 0", withCUDA(func(p *packed) { p.cuda.size = 0 }), "allocation size 0"},
+		{"cudaipc allocation size past int64", withCUDA(func(p *packed) { p.cuda.size = 1 << 63 }), "allocation size"},
+		{"cudaipc range past the allocation", withCUDA(func(p *packed) { p.cuda.offset = 2<<20 - 999 }), "outside the allocation"},
+		{"cudaipc offset past the allocation", withCUDA(func(p *packed) { p.cuda.offset = 1<<64 - 1 }), "outside the allocation"},
+		{"cudaipc allocation below address 0", withCUDA(func(p *packed) { p.addr, p.cuda.offset = 4096, 4096 }), "below address"},
+		{"cudaipc empty handle", withCUDA(func(p *packed) { p.cuda.handle = [IPCHandleLen]byte{} }), "empty IPC handle"},
+		{"cudaipc twice", appendEntry(testCUDAPacked().encode(), transportCUDA,
+			testCUDAPacked().encode()[cudaAt:]), "twice"},
+		{"cudaipc and memfd", appendEntry(testCUDAPacked().encode(), transportMemfd,
+			testPacked().encode()[memfdAt:]), "host memory transport on device 1"},
 	}
 }
 
@@ -158,11 +206,13 @@ func TestParseBadBlobs(t *testing.T) {
 
 func TestParseEveryPrefix(t *testing.T) {
 	// Only prefixes that end on an entry boundary are valid blobs.
-	boundary := map[int]bool{headerLen: true, len(seedBlobs()["shareable"]): true}
+	boundary := func(name string, n int) bool {
+		return n == headerLen || name == "unknown-entry" && n == len(seedBlobs()["shareable"])
+	}
 	for name, b := range seedBlobs() {
 		for n := 0; n < len(b); n++ {
 			_, err := parse(b[:n:n])
-			if boundary[n] {
+			if boundary(name, n) {
 				require.NoError(t, err, "%s prefix %d", name, n)
 				continue
 			}
@@ -210,6 +260,11 @@ func FuzzParse(f *testing.F) {
 		if e := p.memfd; e != nil {
 			if e.regionOff >= e.regionLen || p.length > e.regionLen-e.regionOff || len(e.sock) == 0 {
 				t.Fatalf("accepted a bad memfd entry: %+v", e)
+			}
+		}
+		if e := p.cuda; e != nil {
+			if p.device < 0 || e.offset >= e.size || p.length > e.size-e.offset || e.offset >= p.addr || p.memfd != nil {
+				t.Fatalf("accepted a bad cudaipc entry: %+v of %+v", e, p)
 			}
 		}
 		q, err := parse(p.encode())

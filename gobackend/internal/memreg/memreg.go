@@ -3,8 +3,10 @@
 //
 // A Domain (one per process; Default) owns a list of memhs. An EXPORT memh
 // describes local memory: either a memfd region the domain allocated
-// (Alloc), a range inside one (Map; shareable), or any other range (Map;
-// private: it records the range but cannot be imported elsewhere). Pack
+// (Alloc), a range inside one (Map; shareable), CUDA device memory whose
+// allocation has a legacy IPC handle (Map; shareable, see cuda.go), or any
+// other range (Map; private: it records the range but cannot be imported
+// elsewhere). Pack
 // turns an export into a versioned, bounds-checked blob; Import, in
 // another process (or domain), parses the blob, fetches the region's memfd
 // from the exporter's fd server over an authenticated abstract Unix socket
@@ -71,10 +73,11 @@ var (
 type Hooks struct {
 	// Fault is called at each resource-acquisition step; a non-nil error
 	// makes the step fail as if its system call had. Steps: alloc.memfd,
-	// alloc.mmap, secret, register (Alloc, Map, Import), server.listen,
-	// server.start (first Pack of a shareable memh), import.connect,
-	// import.peercred, import.request, import.recv, import.mmap (Import),
-	// serve.lend (exporter side: the importer gets an error reply).
+	// alloc.mmap, secret, cuda.share (Map of device memory), register
+	// (Alloc, Map, Import), server.listen, server.start (first Pack of a
+	// shareable memh), import.connect, import.peercred, import.request,
+	// import.recv, import.mmap, import.cuda (Import), serve.lend (exporter
+	// side: the importer gets an error reply).
 	Fault func(step string) error
 	// Unmap runs in Unmap after the memh has left the list, before its
 	// bindings are released, outside every lock: make it slow to show that
@@ -94,6 +97,7 @@ type Domain struct {
 	uid    atomic.Int64 // the uid peers must run as; tests change it to fake another user
 
 	hooks atomic.Pointer[Hooks]
+	cuda  atomic.Pointer[cudaBox] // the driver side of CUDA memhs (cuda.go)
 
 	srvMu     sync.Mutex // serialises starting and stopping the server; never taken under mu
 	srv       *server
@@ -147,9 +151,14 @@ type Memh struct {
 
 	alloc  *allocation  // export inside a region of this domain (shareable), else nil
 	imp    *host.Region // import: this process's mapping of the exporter's region
-	offset int          // offset of the range in alloc's region or in imp
+	offset int          // offset of the range in alloc's region, imp, or the CUDA allocation
 	owner  bool         // made by Alloc: its alloc ref is the region's first
 	secret [secretLen]byte
+
+	cuda      *CUDAShare // export of shareable device memory: its allocation
+	why       string     // export of device memory: why it is private
+	cudaBase  uintptr    // CUDA import: where this process mapped the allocation
+	cudaClose CUDA       // CUDA import: who unmaps it
 
 	unmapped bool      // left the list: no new lookups, retains or bindings
 	mapRef   bool      // held from creation until Unmap has released the bindings
@@ -186,7 +195,7 @@ func (m *Memh) LocalAddress() uintptr { return m.local }
 func (m *Memh) LocalLen() int { return m.length }
 
 // Shareable reports whether Pack gives a blob another process can import.
-func (m *Memh) Shareable() bool { return m.mode == Export && m.alloc != nil }
+func (m *Memh) Shareable() bool { return m.mode == Export && (m.alloc != nil || m.cuda != nil) }
 
 func (m *Memh) String() string {
 	return fmt.Sprintf("memh %d (%s, %#x+%d, device %d, local %#x)", m.id, m.mode, m.addr, m.length, m.device, m.local)
@@ -252,8 +261,9 @@ func (d *Domain) Alloc(size int) (*Memh, error) {
 
 // Map registers [addr, addr+length) on device (HostDevice or a CUDA
 // ordinal) as an EXPORT memh. A host range inside a region this domain
-// allocated is shareable; any other range is private (Pack gives a blob
-// with no transport). Map never talks to another process.
+// allocated is shareable, and so is device memory whose allocation the
+// driver can export (resolved here, once); any other range is private
+// (Pack gives a blob with no transport). Map never talks to another process.
 func (d *Domain) Map(addr uintptr, length int, device int) (*Memh, error) {
 	switch {
 	case length <= 0:
@@ -273,6 +283,8 @@ func (d *Domain) Map(addr uintptr, length int, device int) (*Memh, error) {
 		if m.secret, err = newSecret(d); err != nil {
 			return nil, err
 		}
+	} else if err = d.shareCUDA(m); err != nil {
+		return nil, err
 	}
 	if err := d.insert(m, d.attachToAlloc); err != nil {
 		return nil, err
@@ -419,6 +431,11 @@ func (d *Domain) maybeFree(m *Memh) func() {
 		return func() {}
 	}
 	m.freed = true
+	if m.cudaBase != 0 {
+		d.st.regions--
+		c, dev, base := m.cudaClose, m.device, m.cudaBase
+		return func() { c.Close(dev, base) }
+	}
 	if m.imp != nil {
 		d.st.regions--
 		r := m.imp
@@ -630,6 +647,9 @@ func (m *Memh) Pack() ([]byte, error) {
 		return nil, status.Errorf(status.NotSupported, "memreg: pack of %v: an imported memh cannot be re-exported", m)
 	}
 	p := &packed{pid: os.Getpid(), device: m.device, addr: uint64(m.addr), length: uint64(m.length)}
+	if s := m.cuda; s != nil {
+		p.cuda = &cudaEntry{gpu: s.GPU, size: s.Size, offset: uint64(m.offset), handle: s.Handle}
+	}
 	if m.alloc != nil {
 		sock, err := d.ensureServer()
 		if err != nil {
@@ -646,14 +666,32 @@ func (d *Domain) Import(blob []byte) (*Memh, error) {
 	return d.ImportDeadline(blob, time.Now().Add(DefaultTimeout))
 }
 
-// ImportDeadline parses blob, fetches the region's fd from the exporter
-// (authenticated both ways) and maps it, all by deadline. The IMPORT memh
-// keeps the exporter's Address/Len; LocalAddress is where this process
-// sees the range. A private memh's blob fails with ErrNoTransport.
+// ImportDeadline is ImportOn for host memory: a CUDA blob fails (it needs
+// a device).
 func (d *Domain) ImportDeadline(blob []byte, deadline time.Time) (*Memh, error) {
+	return d.ImportOn(blob, HostDevice, deadline)
+}
+
+// ImportOn parses blob and maps the memory it describes. Host memory: it
+// fetches the region's fd from the exporter (authenticated both ways) and
+// maps it, all by deadline. CUDA memory: it opens the allocation's IPC
+// handle on device (an ordinal of this process; lazy peer access) and
+// needs no round trip. The IMPORT memh keeps the exporter's Address/Len;
+// LocalAddress is where this process sees the range, and Device is device
+// for CUDA memory. A private memh's blob fails with ErrNoTransport.
+func (d *Domain) ImportOn(blob []byte, device int, deadline time.Time) (*Memh, error) {
 	p, err := parse(blob)
 	if err != nil {
 		return nil, err
+	}
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if p.cuda != nil {
+		return d.importCUDA(p, device)
 	}
 	if p.memfd == nil {
 		return nil, fmt.Errorf("%w: %#x+%d of pid %d on device %d (%d other entries)",
@@ -661,12 +699,6 @@ func (d *Domain) ImportDeadline(blob []byte, deadline time.Time) (*Memh, error) 
 	}
 	if p.memfd.regionLen > math.MaxInt {
 		return nil, fmt.Errorf("%w: region of %d bytes", ErrBadBlob, p.memfd.regionLen)
-	}
-	d.mu.Lock()
-	closed := d.closed
-	d.mu.Unlock()
-	if closed {
-		return nil, ErrClosed
 	}
 	fd, err := d.fetchFD(p, deadline)
 	if err != nil {

@@ -26,6 +26,7 @@ func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b
 
 func TestAllocMapFind(t *testing.T) {
 	d := newDomain(t)
+	d.SetCUDA(newFakeCUDA(&fakeGPUs{}, gpu0)) // knows no allocation: device ranges are private
 	a, err := d.Alloc(3*4096 + 5)
 	require.NoError(t, err)
 	assert.NotZero(t, a.ID())
@@ -92,6 +93,7 @@ func TestAllocMapFind(t *testing.T) {
 
 func TestMapRejects(t *testing.T) {
 	d := newDomain(t)
+	d.SetCUDA(newFakeCUDA(&fakeGPUs{}, gpu0, gpu1))
 	a, err := d.Alloc(8192)
 	require.NoError(t, err)
 	tests := []struct {

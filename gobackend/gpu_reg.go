@@ -1,0 +1,361 @@
+package gobackend
+
+// CUDA registrations: the driver side of memreg's CUDA memhs (gpuRegistrar)
+// and a group's bindings of them (gpuReg), used by the direct path
+// (gpu_direct.go).
+//
+// A memh of CUDA memory resolves its allocation and legacy IPC handle once,
+// at mem_map. The first direct op of a group that meets it publishes the
+// handle in its agreement round; every rank maps it (cuIpcOpenMemHandle,
+// into a cache keyed by (peer, memh id)) and votes; when all did, the
+// exporter binds the memh to the group. From then on an op on it publishes
+// only (id, addresses) and skips the vote: every peer is known to hold the
+// mapping, so the op makes no driver call and one host round. Unmapping the
+// memh removes the binding and queues its id; the next agreement round
+// carries it to the peers, which drop their mappings once the device is
+// idle. Memh ids are never reused, so memory freed and registered again at
+// the same address is a new id: a miss, never a stale hit.
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+func init() { memreg.Default.SetCUDA(gpuRegistrar{}) }
+
+// gpuRegistrar implements memreg.CUDA over the driver, on the devices'
+// primary contexts (torch's).
+type gpuRegistrar struct{}
+
+// gpuIDs are the PCI addresses of this process's CUDA devices, by ordinal.
+var gpuIDs = sync.OnceValues(func() ([]memreg.GPUID, error) {
+	d, err := cuda.Load()
+	if err != nil {
+		return nil, err
+	}
+	n, err := d.DeviceCount()
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]memreg.GPUID, n)
+	for i := range ids {
+		dev, err := d.Device(i)
+		if err != nil {
+			return nil, err
+		}
+		var v [3]int
+		for j, a := range []cuda.Attribute{cuda.AttrPCIDomainID, cuda.AttrPCIBusID, cuda.AttrPCIDeviceID} {
+			if v[j], err = d.DeviceAttribute(dev, a); err != nil {
+				return nil, err
+			}
+		}
+		ids[i] = memreg.GPUID{Domain: uint32(v[0]), Bus: uint32(v[1]), Device: uint32(v[2])}
+	}
+	return ids, nil
+})
+
+func (gpuRegistrar) open(device int) (*gpuDevice, []memreg.GPUID, error) {
+	g, err := openGPU(device)
+	var ids []memreg.GPUID
+	if err == nil {
+		ids, err = gpuIDs()
+	}
+	if err != nil {
+		return nil, nil, status.Wrap(status.NotSupported, err, "gosym: CUDA memory on cuda:%d", device)
+	}
+	return g, ids, nil
+}
+
+// Share implements memreg.CUDA.
+func (r gpuRegistrar) Share(device int, addr uintptr, n int) (*memreg.CUDAShare, string, error) {
+	g, ids, err := r.open(device)
+	if err != nil {
+		return nil, "", err
+	}
+	if on, err := g.d.PointerAttribute(addr, cuda.PointerDeviceOrdinal); err == nil && int(on) != device {
+		return nil, "", status.Errorf(status.InvalidArg, "gosym: mem_map on cuda:%d of memory that lives on cuda:%d", device, on)
+	}
+	private := func(format string, args ...any) (*memreg.CUDAShare, string, error) {
+		why := fmt.Sprintf(format, args...)
+		debugf("mem_map %#x+%d on cuda:%d is private: %s", addr, n, device, why)
+		return nil, why, nil
+	}
+	base, size, err := g.d.AddressRange(g.ctx, addr)
+	if err != nil {
+		return private("not memory the CUDA driver knows (%v)", err)
+	}
+	if uint64(addr-base)+uint64(n) > uint64(size) {
+		return private("the range runs past its allocation %#x+%d", base, size)
+	}
+	h, err := g.d.IpcGetMemHandle(g.ctx, base)
+	if err != nil {
+		return private("its allocation has no legacy IPC handle (%v): VMM memory (gosym.empty, expandable segments) or managed memory", err)
+	}
+	return &memreg.CUDAShare{GPU: ids[device], Handle: h, Base: uint64(base), Size: uint64(size)}, "", nil
+}
+
+// Open implements memreg.CUDA.
+func (r gpuRegistrar) Open(device int, s *memreg.CUDAShare) (uintptr, error) {
+	g, ids, err := r.open(device)
+	if err != nil {
+		return 0, err
+	}
+	if !slices.Contains(ids, s.GPU) {
+		return 0, status.Errorf(status.NotSupported,
+			"gosym: the memory lives on GPU %s, which this process does not see (it sees %v): exporter and importer need the same GPUs visible",
+			s.GPU, ids)
+	}
+	va, err := g.d.IpcOpenMemHandle(g.ctx, cuda.IpcHandle(s.Handle), cuda.IpcLazyEnablePeerAccess)
+	if err != nil {
+		return 0, status.Wrap(status.System, err, "gosym: opening the IPC handle of an allocation of GPU %s on cuda:%d", s.GPU, device)
+	}
+	return va, nil
+}
+
+// Close implements memreg.CUDA: kernels may still use the mapping, so it
+// waits for the device first.
+func (r gpuRegistrar) Close(device int, base uintptr) error {
+	g, _, err := r.open(device)
+	if err != nil {
+		return err
+	}
+	g.d.CtxSynchronize(g.ctx)
+	return g.d.IpcCloseMemHandle(g.ctx, base)
+}
+
+// ---- a group's bindings ----------------------------------------------------------
+
+// gpuIPC is what the direct path needs from the driver; gpuTeam provides
+// it, tests fake it.
+type gpuIPC interface {
+	// ipcExport is the allocation holding addr and its IPC handle.
+	ipcExport(addr uintptr) (base, size uintptr, h cuda.IpcHandle, err error)
+	ipcOpen(h cuda.IpcHandle) (uintptr, error)
+	ipcClose(va uintptr) error
+	// ipcIdle waits until the device no longer uses any mapping.
+	ipcIdle() error
+}
+
+// gpuReg is a group's CUDA bindings and peer mappings (one per endpoint,
+// usable as its zero value). The queue runner uses it one op at a time;
+// memreg's unmap callbacks (any thread) only append to retired.
+type gpuReg struct {
+	dom *memreg.Domain // nil: memreg.Default
+
+	mu      sync.Mutex
+	retired []uint64              // this rank's ids unbound since the last agreement round
+	refused map[uint64]bool       // this rank's memhs a vote failed for: published unshareable from then on
+	peers   map[peerKey]uintptr   // a peer's registered allocation (by memh id), mapped here
+	legacy  map[gpuIPCKey]uintptr // a peer's allocation published per op (by handle), mapped here
+	pending []uintptr             // dropped mappings to close once the device is idle
+	closed  bool
+
+	created, reused, released atomic.Int64 // bindings of this rank's memhs
+	hits, misses, dropped     atomic.Int64 // the registered peer mappings
+	regOps                    atomic.Int64 // direct ops on registered memory only
+}
+
+type gpuIPCKey struct {
+	peer int
+	h    cuda.IpcHandle
+}
+
+func (g *gpuReg) domain() *memreg.Domain {
+	if g.dom != nil {
+		return g.dom
+	}
+	return memreg.Default
+}
+
+// find is the registered CUDA memh of device that holds [lo, lo+n), shareable
+// or not, or nil (GOSYM_ENABLE_UBR=no: always nil).
+func (g *gpuReg) find(lo, n uintptr, device int) *memreg.Memh {
+	if n == 0 || ubrMode() == "no" {
+		return nil
+	}
+	m, ok := g.domain().Find(lo, int(n))
+	if !ok || m.Mode() != memreg.Export || m.Device() != device {
+		return nil
+	}
+	return m
+}
+
+func (g *gpuReg) takeRetired(most int) []uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := min(most, len(g.retired))
+	out := slices.Clone(g.retired[:n])
+	g.retired = g.retired[n:]
+	return out
+}
+
+func (g *gpuReg) isRefused(id uint64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.refused[id]
+}
+
+func (g *gpuReg) retire(id uint64) {
+	g.mu.Lock()
+	if !g.closed {
+		g.retired = append(g.retired, id)
+	}
+	g.mu.Unlock()
+}
+
+// bind records that every rank mapped this rank's memh m; unmapping it (or
+// closing the group) retires it.
+func (g *gpuReg) bind(m *memreg.Memh) {
+	id := m.ID()
+	_, added, err := m.Bind(g, id, func() { g.retire(id); g.released.Add(1) })
+	switch {
+	case err != nil: // unmapped meanwhile: the peers' new mappings must go too
+		g.retire(id)
+	case added:
+		g.created.Add(1)
+	}
+}
+
+func (g *gpuReg) refuse(id uint64) {
+	g.mu.Lock()
+	if g.refused == nil {
+		g.refused = map[uint64]bool{}
+	}
+	g.refused[id] = true
+	g.mu.Unlock()
+}
+
+// openPeer maps rank r's registered allocation (memh id, handle h), from
+// the cache or by opening it.
+func (g *gpuReg) openPeer(ipc gpuIPC, r int, id uint64, h cuda.IpcHandle) (uintptr, error) {
+	va, hit, err := cachedOpen(g, &g.peers, peerKey{r, id}, 0, ipc, h)
+	tally(hit, err, &g.hits, &g.misses)
+	return va, err
+}
+
+// openLegacy maps rank r's allocation published per op, from the cache
+// (keyed by handle: an allocation freed and replaced at the same address
+// has another) or by opening it; at most gpuMaxIPC of them.
+func (g *gpuReg) openLegacy(ipc gpuIPC, c *gpuCounters, r int, h cuda.IpcHandle) (uintptr, error) {
+	va, hit, err := cachedOpen(g, &g.legacy, gpuIPCKey{r, h}, gpuMaxIPC, ipc, h)
+	tally(hit, err, &c.ipcHits, &c.ipcOpens)
+	return va, err
+}
+
+// cachedOpen is the mapping cached under k in *cache, or else ipc's
+// opening of h, stored there (at most limit entries; 0: no limit).
+func cachedOpen[K comparable](g *gpuReg, cache *map[K]uintptr, k K, limit int, ipc gpuIPC, h cuda.IpcHandle) (va uintptr, hit bool, err error) {
+	g.mu.Lock()
+	va, hit = (*cache)[k]
+	n := len(*cache)
+	g.mu.Unlock()
+	switch {
+	case hit:
+		return va, true, nil
+	case limit > 0 && n >= limit:
+		return 0, false, fmt.Errorf("%d peer allocations are mapped already", n)
+	}
+	if va, err = ipc.ipcOpen(h); err != nil {
+		return 0, false, err
+	}
+	g.mu.Lock()
+	if *cache == nil {
+		*cache = map[K]uintptr{}
+	}
+	(*cache)[k] = va
+	g.mu.Unlock()
+	return va, false, nil
+}
+
+func tally(hit bool, err error, hits, misses *atomic.Int64) {
+	switch {
+	case err != nil:
+	case hit:
+		hits.Add(1)
+	default:
+		misses.Add(1)
+	}
+}
+
+// forget drops this rank's mappings of rank r's memhs ids. Kernels enqueued
+// earlier may still read them, so they are closed once the device is idle:
+// now, or, while a CUDA graph is being captured (no synchronising then), at
+// the next op that is not, or when the group goes.
+func (g *gpuReg) forget(ipc gpuIPC, capturing bool, r int, ids []uint64) {
+	g.mu.Lock()
+	for _, id := range ids {
+		if va, ok := g.peers[peerKey{r, id}]; ok {
+			delete(g.peers, peerKey{r, id})
+			g.pending = append(g.pending, va)
+			g.dropped.Add(1)
+		}
+	}
+	g.mu.Unlock()
+	if !capturing {
+		g.flush(ipc)
+	}
+}
+
+// flush closes the dropped mappings after waiting for the device.
+func (g *gpuReg) flush(ipc gpuIPC) {
+	g.mu.Lock()
+	vas := g.pending
+	g.pending = nil
+	g.mu.Unlock()
+	if len(vas) == 0 {
+		return
+	}
+	if err := ipc.ipcIdle(); err != nil {
+		debugf("waiting for the device before closing %d peer mappings: %v", len(vas), err)
+	}
+	g.closeAll(ipc, vas)
+}
+
+func (g *gpuReg) closeAll(ipc gpuIPC, vas []uintptr) {
+	for _, va := range vas {
+		if err := ipc.ipcClose(va); err != nil {
+			debugf("cuIpcCloseMemHandle(%#x): %v", va, err)
+		}
+	}
+}
+
+// close removes this group's bindings from every memh and closes every
+// mapping; the device is idle (gpuTeam.close waited).
+func (g *gpuReg) close(ipc gpuIPC) {
+	g.mu.Lock()
+	g.closed = true
+	g.retired = nil
+	g.mu.Unlock()
+	g.domain().UnbindAll(g)
+	g.mu.Lock()
+	vas := g.pending
+	for _, va := range g.peers {
+		vas = append(vas, va)
+	}
+	for _, va := range g.legacy {
+		vas = append(vas, va)
+	}
+	g.pending, g.peers, g.legacy = nil, nil, nil
+	g.mu.Unlock()
+	g.closeAll(ipc, vas)
+}
+
+func (g *gpuReg) stats(m map[string]any) {
+	g.mu.Lock()
+	n := len(g.peers)
+	g.mu.Unlock()
+	m["gpu_bindings_created"] = g.created.Load()
+	m["gpu_bindings_reused"] = g.reused.Load()
+	m["gpu_bindings_released"] = g.released.Load()
+	m["gpu_peer_maps"] = int64(n)
+	m["gpu_peer_map_hits"] = g.hits.Load()
+	m["gpu_peer_map_misses"] = g.misses.Load()
+	m["gpu_peer_map_dropped"] = g.dropped.Load()
+	m["gpu_reg_direct_ops"] = g.regOps.Load()
+}

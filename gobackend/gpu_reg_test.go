@@ -1,0 +1,454 @@
+package gobackend
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
+)
+
+// The CUDA binding protocol (gpu_direct.go, gpu_reg.go) on simulated ranks:
+// goroutines with their own memreg domain, a fake driver (allocations with
+// IPC handles, open/close bookkeeping) and an in-process agreement.
+
+// fakeAlloc is one cudaMalloc allocation of a simulated rank.
+type fakeAllocation struct{ base, size uintptr }
+
+func fakeHandle(rank int, a fakeAllocation, gen int) cuda.IpcHandle {
+	var h cuda.IpcHandle
+	binary.LittleEndian.PutUint64(h[:], uint64(a.base))
+	binary.LittleEndian.PutUint64(h[8:], uint64(rank+1))
+	binary.LittleEndian.PutUint64(h[16:], uint64(gen))
+	return h
+}
+
+// fakeRank is a simulated rank: memreg.CUDA (for its domain) and gpuIPC
+// (for its side of the direct path) over the same fake allocations.
+type fakeRank struct {
+	rank   int
+	dom    *memreg.Domain
+	reg    *gpuReg
+	counts gpuCounters
+
+	mu        sync.Mutex
+	allocs    []fakeAllocation
+	gen       int                        // bumped by realloc: a new allocation at the same address
+	open      map[uintptr]cuda.IpcHandle // peer allocations mapped here
+	nextVA    uintptr
+	opens     int
+	idles     int
+	failOpen  func(h cuda.IpcHandle) bool
+	capturing bool
+}
+
+func newFakeRank(t *testing.T, rank int) *fakeRank {
+	f := &fakeRank{rank: rank, dom: memreg.NewDomain(), open: map[uintptr]cuda.IpcHandle{}}
+	f.dom.SetCUDA(f)
+	f.reg = &gpuReg{dom: f.dom}
+	f.allocs = []fakeAllocation{{base: uintptr(0x7f0000000000 + rank<<36), size: 64 << 20}}
+	t.Cleanup(func() { f.dom.Close() })
+	return f
+}
+
+func (f *fakeRank) Share(device int, addr uintptr, n int) (*memreg.CUDAShare, string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, a := range f.allocs {
+		if addr >= a.base && addr+uintptr(n) <= a.base+a.size {
+			return &memreg.CUDAShare{Handle: fakeHandle(f.rank, a, f.gen), Base: uint64(a.base), Size: uint64(a.size)}, "", nil
+		}
+	}
+	return nil, "not device memory", nil
+}
+
+func (f *fakeRank) Open(int, *memreg.CUDAShare) (uintptr, error) { return 0, errors.New("unused") }
+func (f *fakeRank) Close(int, uintptr) error                     { return errors.New("unused") }
+
+func (f *fakeRank) ipcExport(addr uintptr) (uintptr, uintptr, cuda.IpcHandle, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, a := range f.allocs {
+		if addr >= a.base && addr < a.base+a.size {
+			return a.base, a.size, fakeHandle(f.rank, a, f.gen), nil
+		}
+	}
+	return 0, 0, cuda.IpcHandle{}, errors.New("cuMemGetAddressRange: invalid value")
+}
+
+func (f *fakeRank) ipcOpen(h cuda.IpcHandle) (uintptr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failOpen != nil && f.failOpen(h) {
+		return 0, errors.New("cuIpcOpenMemHandle: injected failure")
+	}
+	f.nextVA += 1 << 32
+	va := 0x500000000000 + f.nextVA
+	f.open[va] = h
+	f.opens++
+	return va, nil
+}
+
+func (f *fakeRank) ipcClose(va uintptr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.open[va]; !ok {
+		return fmt.Errorf("close of %#x, which is not open", va)
+	}
+	delete(f.open, va)
+	return nil
+}
+
+func (f *fakeRank) ipcIdle() error {
+	f.mu.Lock()
+	f.idles++
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *fakeRank) state() (opens, mapped, idles int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.opens, len(f.open), f.idles
+}
+
+func (f *fakeRank) side() *gpuSide {
+	return &gpuSide{rank: f.rank, world: -1, ipc: f, reg: f.reg, counters: &f.counts, capturing: f.capturing}
+}
+
+// fakeAgree is the host agreement of a simulated group: an allgather.
+type fakeAgree struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	world  int
+	gen    int
+	in     [][]byte
+	n      int
+	out    [][]byte
+	rounds int // completed
+}
+
+func newFakeAgree(world int) *fakeAgree {
+	a := &fakeAgree{world: world, in: make([][]byte, world)}
+	a.cond = sync.NewCond(&a.mu)
+	return a
+}
+
+func (a *fakeAgree) of(rank int) gpuAgree {
+	return func(meta []byte) ([][]byte, error) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		gen := a.gen
+		a.in[rank] = append([]byte(nil), meta...)
+		if a.n++; a.n == a.world {
+			a.out, a.in, a.n = a.in, make([][]byte, a.world), 0
+			a.gen++
+			a.rounds++
+			a.cond.Broadcast()
+		}
+		for a.gen == gen {
+			a.cond.Wait()
+		}
+		return a.out, nil
+	}
+}
+
+// opResult is what one rank's direct op decided.
+type opResult struct {
+	peers *gpuPeers
+	ok    bool
+	err   error
+}
+
+// runOp runs one direct op's agreement on every rank at once: rank r's
+// buffer is [addrs[r], +n) (0: none), with the given mode; it returns each
+// rank's result and how many host rounds the op took.
+func runOp(ranks []*fakeRank, addrs []uintptr, n uintptr, mode gpuDirectMode) ([]opResult, int) {
+	w := len(ranks)
+	ag := newFakeAgree(w)
+	res := make([]opResult, w)
+	var wg sync.WaitGroup
+	for r, f := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sd := f.side()
+			sd.world = w
+			var lo, span uintptr
+			if addrs[r] != 0 {
+				lo, span = addrs[r], n
+			}
+			metas, _ := ag.of(r)(sd.record(lo, span, mode == directAny))
+			op := &Op{Kind: coll.AllGather}
+			res[r].peers, res[r].ok, res[r].err = sd.negotiate(metas, everyone(w), everyone(w), mode, op, ag.of(r))
+		}()
+	}
+	wg.Wait()
+	return res, ag.rounds
+}
+
+func fakeGroup(t *testing.T, world int) ([]*fakeRank, []*memreg.Memh, []uintptr) {
+	ranks := make([]*fakeRank, world)
+	ms := make([]*memreg.Memh, world)
+	addrs := make([]uintptr, world)
+	for r := range ranks {
+		ranks[r] = newFakeRank(t, r)
+		addrs[r] = ranks[r].allocs[0].base + 4096*uintptr(r+1)
+		m, err := ranks[r].dom.Map(addrs[r], 1<<20, 0)
+		require.NoError(t, err)
+		require.True(t, m.Shareable())
+		ms[r] = m
+	}
+	return ranks, ms, addrs
+}
+
+func regStats(g *gpuReg) map[string]any {
+	m := map[string]any{}
+	g.stats(m)
+	return m
+}
+
+// checkPeers checks that every rank found every peer's buffer where the
+// fake mapped that peer's allocation.
+func checkPeers(t *testing.T, ranks []*fakeRank, res []opResult, addrs []uintptr) {
+	for r, f := range ranks {
+		require.NoError(t, res[r].err)
+		require.True(t, res[r].ok, "rank %d", r)
+		for p := range ranks {
+			got := res[r].peers.at(p, addrs[p])
+			if p == r {
+				assert.Equal(t, addrs[p], got)
+				continue
+			}
+			f.mu.Lock()
+			h, mapped := f.open[got-(addrs[p]-ranks[p].allocs[0].base)]
+			f.mu.Unlock()
+			require.True(t, mapped, "rank %d: rank %d's buffer translates to %#x, not a mapping", r, p, got)
+			assert.Equal(t, fakeHandle(p, ranks[p].allocs[0], ranks[p].gen), h)
+		}
+	}
+}
+
+// TestGPUBindOnceReuse: the first op on registered buffers exchanges and
+// votes (two rounds) and binds every rank's memh; later ops take one round,
+// open nothing and hit the cache.
+func TestGPUBindOnceReuse(t *testing.T) {
+	for _, world := range []int{2, 3} {
+		t.Run(fmt.Sprint(world), func(t *testing.T) {
+			ranks, ms, addrs := fakeGroup(t, world)
+			res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+			checkPeers(t, ranks, res, addrs)
+			assert.Equal(t, 2, rounds, "a fresh binding votes")
+			for r, f := range ranks {
+				st := regStats(f.reg)
+				assert.Equal(t, int64(1), st["gpu_bindings_created"])
+				assert.Equal(t, int64(world-1), st["gpu_peer_map_misses"])
+				assert.Equal(t, 1, ms[r].Bindings())
+			}
+			for i := 1; i <= 5; i++ {
+				res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+				checkPeers(t, ranks, res, addrs)
+				assert.Equal(t, 1, rounds, "bound buffers skip the vote")
+				for _, f := range ranks {
+					st := regStats(f.reg)
+					assert.Equal(t, int64(1), st["gpu_bindings_created"])
+					assert.Equal(t, int64(i), st["gpu_bindings_reused"])
+					assert.Equal(t, int64(world-1), st["gpu_peer_map_misses"])
+					assert.Equal(t, int64(i*(world-1)), st["gpu_peer_map_hits"])
+					assert.Equal(t, int64(i+1), st["gpu_reg_direct_ops"])
+					opens, mapped, _ := f.state()
+					assert.Equal(t, world-1, opens)
+					assert.Equal(t, world-1, mapped)
+				}
+			}
+			for r, f := range ranks {
+				f.reg.close(f)
+				_, mapped, _ := f.state()
+				assert.Equal(t, 0, mapped, "close unmaps everything")
+				assert.Equal(t, 0, ms[r].Bindings(), "close removes the group's bindings")
+				assert.Equal(t, int64(1), regStats(f.reg)["gpu_bindings_released"])
+			}
+		})
+	}
+}
+
+// TestGPUUnmapRetires: unmapping a bound memh retires it; the next round
+// carries the id and the peers drop their mapping once the device is idle.
+// Freed and reallocated at the same address, the buffer registers anew
+// (another id, another handle): a miss, never the old mapping.
+func TestGPUUnmapRetires(t *testing.T) {
+	ranks, ms, addrs := fakeGroup(t, 2)
+	res, _ := runOp(ranks, addrs, 1<<20, directRegistered)
+	checkPeers(t, ranks, res, addrs)
+
+	require.NoError(t, ranks[1].dom.Unmap(ms[1]))
+	assert.Equal(t, int64(1), regStats(ranks[1].reg)["gpu_bindings_released"])
+	// Rank 1's buffer is not registered any more: this op stages (a mixed
+	// registration between the thresholds would not even meet here), but
+	// its round carries the retired id.
+	res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+	assert.Equal(t, 1, rounds)
+	for _, x := range res {
+		require.NoError(t, x.err)
+		assert.False(t, x.ok)
+	}
+	_, mapped, idles := ranks[0].state()
+	assert.Equal(t, 0, mapped, "rank 0 dropped rank 1's mapping")
+	assert.Equal(t, 1, idles, "after waiting for the device")
+	assert.Equal(t, int64(1), regStats(ranks[0].reg)["gpu_peer_map_dropped"])
+
+	ranks[1].mu.Lock()
+	ranks[1].gen++ // freed and reallocated at the same address
+	ranks[1].mu.Unlock()
+	m, err := ranks[1].dom.Map(addrs[1], 1<<20, 0)
+	require.NoError(t, err)
+	require.NotEqual(t, ms[1].ID(), m.ID())
+	res, rounds = runOp(ranks, addrs, 1<<20, directRegistered)
+	assert.Equal(t, 2, rounds, "the new memh is bound afresh")
+	checkPeers(t, ranks, res, addrs) // the new handle, not the old mapping
+	assert.Equal(t, int64(2), regStats(ranks[0].reg)["gpu_peer_map_misses"])
+	for _, f := range ranks {
+		f.reg.close(f)
+	}
+}
+
+// TestGPUBindFailureStages: a rank that cannot map a peer's fresh memh
+// votes no: every rank stages, the exporter stops offering that memh (the
+// next op takes one round and stages), and nothing stays mapped.
+func TestGPUBindFailureStages(t *testing.T) {
+	ranks, ms, addrs := fakeGroup(t, 3)
+	bad := fakeHandle(0, ranks[0].allocs[0], 0)
+	ranks[2].failOpen = func(h cuda.IpcHandle) bool { return h == bad }
+	res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+	assert.Equal(t, 2, rounds)
+	for r, x := range res {
+		require.NoError(t, x.err)
+		assert.False(t, x.ok, "rank %d", r)
+	}
+	assert.Equal(t, 0, ms[0].Bindings(), "rank 0's memh was refused, not bound")
+	for r := 1; r < 3; r++ {
+		assert.Equal(t, 1, ms[r].Bindings(), "rank %d's memh was mapped by all", r)
+	}
+	_, mapped, _ := ranks[1].state()
+	assert.Equal(t, 1, mapped, "rank 1 dropped rank 0's mapping, kept rank 2's")
+
+	res, rounds = runOp(ranks, addrs, 1<<20, directRegistered)
+	assert.Equal(t, 1, rounds, "a refused memh is published unshareable: no vote")
+	for _, x := range res {
+		assert.False(t, x.ok)
+	}
+	// Large enough for the per-op path, rank 0's buffer still goes direct
+	// (once rank 2 can open it): published per op, not as a registration.
+	ranks[2].failOpen = nil
+	res, _ = runOp(ranks, addrs, 1<<20, directAny)
+	checkPeers(t, ranks, res, addrs)
+	assert.Equal(t, int64(1), ranks[1].counts.ipcOpens.Load(), "rank 0's allocation, in the per-op cache")
+	assert.Equal(t, 0, ms[0].Bindings())
+	for _, f := range ranks {
+		f.reg.close(f)
+		_, mapped, _ := f.state()
+		assert.Equal(t, 0, mapped)
+	}
+}
+
+// TestGPUCaptureDefers: while a graph is captured a fresh memh is not
+// bound (the op stages) and a retired mapping is not closed (no device
+// sync); bound memhs still go direct, and the next op outside the capture
+// closes what was deferred.
+func TestGPUCaptureDefers(t *testing.T) {
+	ranks, ms, addrs := fakeGroup(t, 2)
+	for _, f := range ranks {
+		f.capturing = true
+	}
+	res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+	assert.Equal(t, 1, rounds)
+	assert.False(t, res[0].ok, "no fresh binding under capture")
+	for _, f := range ranks {
+		f.capturing = false
+	}
+	res, _ = runOp(ranks, addrs, 1<<20, directRegistered)
+	checkPeers(t, ranks, res, addrs)
+	for _, f := range ranks {
+		f.capturing = true
+	}
+	res, rounds = runOp(ranks, addrs, 1<<20, directRegistered)
+	checkPeers(t, ranks, res, addrs)
+	assert.Equal(t, 1, rounds, "bound memhs go direct under capture")
+
+	require.NoError(t, ranks[1].dom.Unmap(ms[1]))
+	runOp(ranks, addrs, 1<<20, directRegistered)
+	_, mapped, idles := ranks[0].state()
+	assert.Equal(t, 0, idles, "no device sync under capture")
+	assert.Equal(t, 0, len(ranks[0].reg.peers))
+	assert.Equal(t, 1, mapped, "the close waits")
+	ranks[0].capturing = false
+	ranks[1].capturing = false
+	runOp(ranks, addrs, 1<<20, directNone)
+	_, mapped, idles = ranks[0].state()
+	assert.Equal(t, 1, idles)
+	assert.Equal(t, 0, mapped)
+	for _, f := range ranks {
+		f.reg.close(f)
+	}
+}
+
+// TestGPULegacyAndMixed: unregistered buffers go direct only from
+// directMin (directAny), through the per-op path and its handle cache, and
+// vote every time; in registered mode they keep the op staged.
+func TestGPULegacyAndMixed(t *testing.T) {
+	ranks, ms, addrs := fakeGroup(t, 2)
+	require.NoError(t, ranks[1].dom.Unmap(ms[1]))
+	res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+	assert.Equal(t, 1, rounds)
+	assert.False(t, res[0].ok)
+	for i := range 3 {
+		res, rounds = runOp(ranks, addrs, 1<<20, directAny)
+		checkPeers(t, ranks, res, addrs)
+		assert.Equal(t, 2, rounds, "a per-op export always votes")
+		assert.Equal(t, int64(1), ranks[0].counts.ipcOpens.Load())
+		assert.Equal(t, int64(i), ranks[0].counts.ipcHits.Load())
+	}
+	assert.Equal(t, 1, ms[0].Bindings(), "rank 0's registered memh was bound along the way")
+	for _, f := range ranks {
+		f.reg.close(f)
+		_, mapped, _ := f.state()
+		assert.Equal(t, 0, mapped)
+	}
+}
+
+func TestGPURecordRoundTrip(t *testing.T) {
+	f := newFakeRank(t, 0)
+	for i := range 11 {
+		f.reg.retire(uint64(100 + i))
+	}
+	sd := f.side()
+	rg := decodeRegion(sd.record(f.allocs[0].base+64, 128, true))
+	assert.True(t, rg.ok())
+	assert.False(t, rg.registered())
+	assert.Equal(t, f.allocs[0].base, rg.base)
+	assert.Equal(t, f.allocs[0].size, rg.size)
+	assert.Equal(t, fakeHandle(0, f.allocs[0], 0), rg.h)
+	assert.Equal(t, []uint64{100, 101, 102, 103, 104, 105, 106, 107}, rg.retired)
+	rg = decodeRegion(sd.record(0, 0, true))
+	assert.False(t, rg.ok())
+	assert.Equal(t, []uint64{108, 109, 110}, rg.retired)
+	rg = decodeRegion(sd.record(f.allocs[0].base+f.allocs[0].size-8, 16, true))
+	assert.False(t, rg.ok(), "spans the allocation's end")
+
+	m, err := f.dom.Map(f.allocs[0].base+4096, 8192, 0)
+	require.NoError(t, err)
+	rg = decodeRegion(sd.record(m.Address()+16, 100, false))
+	assert.True(t, rg.registered())
+	assert.False(t, rg.bound())
+	assert.Equal(t, m.ID(), rg.id)
+	assert.Same(t, m, sd.fresh)
+	rg = decodeRegion(sd.record(m.Address()+8000, 1000, false))
+	assert.False(t, rg.ok(), "past the memh, and no per-op export asked for")
+}
