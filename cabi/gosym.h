@@ -152,6 +152,10 @@ int32_t gosym_endpoint_destroy(uint64_t endpoint);
 /* Counters and settings as a JSON object, copied into buf. */
 int32_t gosym_endpoint_stats(uint64_t endpoint, char *buf, uint64_t cap,
                              uint64_t *len);
+/* GOSYM_OK, or the error a CUDA kernel of the group recorded on this rank
+ * (GOSYM_ERR_TIMEOUT: a peer did not arrive; the message names it). Reads
+ * host memory only: call it after waiting on the GPU. */
+int32_t gosym_endpoint_device_error(uint64_t endpoint);
 
 /* Work: one posted operation. */
 int32_t gosym_op_post(uint64_t endpoint, const gosym_op_desc *desc,

@@ -180,6 +180,16 @@ func gosym_endpoint_stats(h C.uint64_t, buf *C.char, capacity C.uint64_t, length
 	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
 }
 
+//export gosym_endpoint_device_error
+func gosym_endpoint_device_error(h C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	ep, err := getEndpoint(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	return ret(ep.DeviceError())
+}
+
 //export gosym_stats
 func gosym_stats(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)

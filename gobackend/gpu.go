@@ -55,7 +55,10 @@ type gpuState struct {
 	// Used only by whoever runs the collective queue, and by Destroy after
 	// the workers stopped.
 	team *gpuTeam
-	err  error // why the data plane could not start on this group (sticky)
+	err  error // why the data plane could not start on this group, or a kernel's error (sticky)
+	// errw is team.errw for readers off the queue (stats, DeviceError),
+	// under mu: close takes it away before freeing it.
+	errw *cuda.ErrorWords
 
 	ops      atomic.Int64
 	device   atomic.Int32 // ordinal + 1 once set up, for stats
@@ -102,6 +105,9 @@ func (g *gpuState) take(seq uint64) (gpuArgs, bool) {
 }
 
 func (g *gpuState) close() {
+	g.mu.Lock()
+	g.errw = nil
+	g.mu.Unlock()
 	if g.team != nil {
 		g.team.close()
 		g.team = nil
@@ -116,6 +122,7 @@ func (g *gpuState) stats(m map[string]any) {
 	m["gpu_ipc_opens"] = g.counters.ipcOpens.Load()
 	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
 	m["gpu_nvls"] = g.nvls.Load()
+	m["gpu_device_error"] = g.deviceErrorCode()
 	g.algos.stats(m)
 	g.reg.stats(m)
 }
@@ -227,6 +234,9 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 		}
 		t.counters, t.algos, t.reg = &g.counters, &g.algos, &g.reg
 		g.team = t
+		g.mu.Lock()
+		g.errw = t.errw
+		g.mu.Unlock()
 		g.device.Store(int32(a.device) + 1)
 		g.stage.Store(int64(t.stage))
 	}
@@ -234,6 +244,10 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 	if a.device != t.g.ordinal {
 		return status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d (one device per rank and group)",
 			op.Kind, a.device, e.Name, t.g.ordinal)
+	}
+	if t.errw.Code() != 0 { // a kernel of an earlier op timed out: the pads are out of step
+		g.err = e.deviceError(t.errw, t.g.ordinal)
+		return g.err
 	}
 	g.ops.Add(1)
 	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
@@ -531,6 +545,8 @@ type gpuTeam struct {
 	algos       *gpuAlgoStats
 	capturing   bool            // the current op's stream is being captured (a CUDA graph)
 	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
+
+	errw *cuda.ErrorWords // where this rank's kernels copy their errors (gpu_deverr.go)
 }
 
 // gpuSymm is one symmetric allocation of a group: a buffer of size bytes on
@@ -584,7 +600,8 @@ func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (
 			return t, err
 		}
 	}
-	return t, nil
+	t.errw, err = cuda.NewErrorWords(g.d, g.ctx)
+	return t, err
 }
 
 // mapBuf maps rank r's buffer of sy (its handle already held) for this
@@ -644,6 +661,13 @@ func (t *gpuTeam) zeroPad() error {
 	if err := g.d.MemsetD32Async(g.ctx, t.pads[t.rank], 0, t.ctrl.size/4, s); err != nil {
 		return err
 	}
+	// The pad names the host error block (two words, low first).
+	at, hp := t.pads[t.rank]+4*cuda.PadHostErrorWord, uint64(t.errw.Device())
+	for i, v := range []uint32{uint32(hp), uint32(hp >> 32)} {
+		if err := g.d.MemsetD32Async(g.ctx, at+uintptr(4*i), v, 1, s); err != nil {
+			return err
+		}
+	}
 	return g.d.StreamSynchronize(g.ctx, s)
 }
 
@@ -677,6 +701,10 @@ func (t *gpuTeam) close() {
 		t.nvls = nil
 	}
 	t.closeIPC()
+	if err := t.errw.Close(); err != nil {
+		debugf("rank %d: freeing the host error block: %v", t.rank, err)
+	}
+	t.errw = nil
 	for _, sy := range t.symms() {
 		for r := range sy.bufs {
 			b := &sy.bufs[r]

@@ -19,6 +19,9 @@ typedef unsigned long long gs_u64;
 //                    local, never read by a peer;
 //   error words      the first error this rank saw: code, detail, and a
 //                    mask of the ranks that did not arrive;
+//   host error       (64-bit) device address of a pinned host block that
+//                    gets a copy of the error words, so that the host
+//                    sees them without a driver call (0: none);
 //   sema ready[src]  set (GS_SEMA_SET) by rank src when its input is staged
 //   sema done[src]   set by rank src when it no longer reads our staging
 //                    (for reduce: when the root released us). Written by
@@ -29,7 +32,9 @@ typedef unsigned long long gs_u64;
 // round. Both are what makes replaying a captured CUDA graph safe.
 static_assert(GS_PAD_COUNTERS >= GS_PAD_FLAGS + GS_MAX_BLOCKS * GS_MAX_RANKS, "pad: flags overlap");
 static_assert(GS_PAD_ERROR >= GS_PAD_COUNTERS + GS_MAX_BLOCKS * GS_MAX_RANKS, "pad: counters overlap");
-static_assert(GS_PAD_SEMA_READY > GS_PAD_ERROR_MISSING && GS_PAD_SEMA_READY % 16 == 0,
+static_assert(GS_PAD_HOST_ERROR > GS_PAD_ERROR_MISSING && GS_PAD_HOST_ERROR % 2 == 0,
+              "pad: the host error pointer overlaps the error words or is misaligned");
+static_assert(GS_PAD_SEMA_READY >= GS_PAD_HOST_ERROR + 2 && GS_PAD_SEMA_READY % 16 == 0,
               "pad: semaphores overlap the error words");
 static_assert(GS_PAD_SEMA_DONE >= GS_PAD_SEMA_READY + GS_MAX_RANKS, "pad: semaphores overlap");
 static_assert(GS_PAD_USED >= GS_PAD_SEMA_DONE + GS_MAX_RANKS && GS_PAD_USED * 4 <= GS_PAD_BYTES,
@@ -69,15 +74,27 @@ __device__ __forceinline__ gs_u64 gs_globaltimer() { return gs_emu_globaltimer()
 #endif
 
 // Records the first error seen on this rank's pad; later ones only add to
-// the missing-rank mask.
+// the missing-rank mask. When the pad names a host error block, the error
+// goes there too (the host checks it before each op): the mask from every
+// recorder, detail and then the code (release, system scope) from the
+// first, so a host that sees the code sees its detail.
 __device__ __forceinline__ void gs_record_error(gs_u32 *pad, gs_u32 code, gs_u32 detail,
                                                 gs_u32 missing) {
 	if (!pad)
 		return;
-	if (atomicCAS(pad + GS_PAD_ERROR, 0u, code) == 0u)
+	const bool first = atomicCAS(pad + GS_PAD_ERROR, 0u, code) == 0u;
+	if (first)
 		atomicExch(pad + GS_PAD_ERROR_DETAIL, detail);
-	if (missing)
-		atomicOr(pad + GS_PAD_ERROR_MISSING, missing);
+	const gs_u32 all = atomicOr(pad + GS_PAD_ERROR_MISSING, missing) | missing;
+	__threadfence_system();
+	gs_u32 *host = *(gs_u32 *const volatile *)(pad + GS_PAD_HOST_ERROR);
+	if (!host)
+		return;
+	gs_st_release(host + GS_HOST_ERROR_MISSING, all);
+	if (first) {
+		gs_st_release(host + GS_HOST_ERROR_DETAIL, detail);
+		gs_st_release(host + GS_HOST_ERROR_CODE, code);
+	}
 	__threadfence_system();
 }
 

@@ -405,9 +405,13 @@ static void barrier_case(int world, Pads &pads, int times) {
 }
 
 // Rank 1 never shows up: rank 0 must time out, record who was missing, and
-// return instead of hanging.
+// return instead of hanging; the host error block its pad names gets the
+// same code, detail and mask (what the engine checks before each op).
 static void timeout_case() {
 	Pads pads(2);
+	unsigned host[GS_HOST_ERROR_MISSING + 1] = {0, 0, 0};
+	unsigned *hp = host;
+	memcpy(pads.at(0) + GS_PAD_HOST_ERROR, &hp, sizeof hp);
 	gs_barrier_params p;
 	memset(&p, 0, sizeof p);
 	p.pads[0] = pads.at(0);
@@ -422,6 +426,11 @@ static void timeout_case() {
 		return fail("timeout: error words " + std::to_string(pad[GS_PAD_ERROR]) + "," +
 		            std::to_string(pad[GS_PAD_ERROR_DETAIL]) + "," +
 		            std::to_string(pad[GS_PAD_ERROR_MISSING]));
+	if (host[GS_HOST_ERROR_CODE] != GS_ERR_TIMEOUT || host[GS_HOST_ERROR_MISSING] != 2u ||
+	    host[GS_HOST_ERROR_DETAIL] != 1u)
+		return fail("timeout: host error words " + std::to_string(host[GS_HOST_ERROR_CODE]) + "," +
+		            std::to_string(host[GS_HOST_ERROR_DETAIL]) + "," +
+		            std::to_string(host[GS_HOST_ERROR_MISSING]));
 	passed++;
 }
 

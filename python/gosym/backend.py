@@ -704,7 +704,16 @@ class ProcessGroupGosym(dist.ProcessGroup):
                         self._cuda_index(idx))
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(idx))  # the stream raw names
-        return cuda_work([], idx, raw, ev)
+        return cuda_work([], idx, raw, ev, self._device_error)
+
+    def _device_error(self):
+        """Raises the error a CUDA kernel of this group recorded on this rank (a peer that
+        did not arrive in time); call it after waiting on the GPU."""
+        h = self._h
+        if h:
+            st = _lib.endpoint_device_error(h)
+            if st:
+                raise _lib.error(st)
 
     def _barrier_device(self, opts):
         d = opts.device

@@ -227,9 +227,10 @@ class CudaWork(dist._Work):
     host has nothing left to wait for, and the stream orders everything after it (NCCL's
     semantics). wait() makes the caller's current stream wait for that stream when the two
     differ; a barrier's (one with an event) blocks the host until every rank reached it on
-    the GPU, like ProcessGroupNCCL's barrier."""
+    the GPU, like ProcessGroupNCCL's barrier, then raises the error its kernel recorded
+    (a rank that did not arrive within the group's timeout)."""
 
-    __slots__ = ("_out", "_idx", "_raw", "_event")
+    __slots__ = ("_out", "_idx", "_raw", "_event", "_check")
 
     def _stream(self):
         if self._raw == 0:  # the legacy default stream, torch's default
@@ -239,6 +240,8 @@ class CudaWork(dist._Work):
     def wait(self, timeout=_ZERO):
         if self._event is not None:
             self._event.synchronize()
+            if self._check is not None:
+                self._check()
         elif torch._C._cuda_getCurrentRawStream(self._idx) != self._raw:
             torch.cuda.current_stream(self._idx).wait_stream(self._stream())
         return True
@@ -269,11 +272,12 @@ class CudaWork(dist._Work):
         return f"<gosym.CudaWork cuda:{self._idx}>"
 
 
-def cuda_work(out, idx, raw, event=None) -> CudaWork:
+def cuda_work(out, idx, raw, event=None, check=None) -> CudaWork:
     """The CudaWork of an op enqueued on stream raw of device idx (built without a Python
-    __init__, as work_of: on the path of every CUDA op)."""
+    __init__, as work_of: on the path of every CUDA op); check, with an event, raises what
+    the GPU recorded once the event completed."""
     w = CudaWork()
-    w._out, w._idx, w._raw, w._event = out, idx, raw, event
+    w._out, w._idx, w._raw, w._event, w._check = out, idx, raw, event, check
     return w
 
 

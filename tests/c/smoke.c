@@ -65,6 +65,7 @@ int main(void) {
   expect_invalid_handle("gosym_op_run(0, NULL)", gosym_op_run(0, NULL));
   expect_invalid_handle("gosym_cuda_free(0)", gosym_cuda_free(0));
   expect_invalid_handle("gosym_view_release(0)", gosym_view_release(0));
+  expect_invalid_handle("gosym_endpoint_device_error(0)", gosym_endpoint_device_error(0));
   {
     uint64_t buf = 0, addr = 0, size = 0, view = 0, stride = 0;
     CHECK(gosym_cuda_alloc(-1, 4096, &buf, &addr, &size) == GOSYM_ERR_INVALID_ARG,

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dispatch.h"
@@ -247,6 +248,30 @@ static CUresult special_cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAc
 	COUNT_ARG(cuMemSetAccess, p);
 	return GSCU_SUCCESS;
 }
+/* Pinned host memory is ordinary heap memory here (the device address is
+ * the host one, as with unified addressing), so tests can read and write it. */
+static CUresult special_cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
+	(void)flags;
+	COUNT(cuMemHostAlloc);
+	*p = calloc(1, n);
+	if (!*p)
+		return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+	fake_log_result((unsigned long long)(uintptr_t)*p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int flags) {
+	(void)flags;
+	COUNT_ARG(cuMemHostGetDevicePointer, (unsigned long long)(uintptr_t)p);
+	*d = (CUdeviceptr)(uintptr_t)p;
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemFreeHost(void *p) {
+	/* freed even when the stub reports a failure, as the driver would not
+	 * be asked again: a test sees leaks through the call counts */
+	CUresult r = fake_enter(GSCU_IDX_cuMemFreeHost, (unsigned long long)(uintptr_t)p);
+	free(p);
+	return r;
+}
 #undef COUNT
 #undef COUNT_ARG
 
@@ -275,6 +300,9 @@ static const struct {
     {"cuMemMap", (void *)special_cuMemMap},
     {"cuMemUnmap", (void *)special_cuMemUnmap},
     {"cuMemSetAccess", (void *)special_cuMemSetAccess},
+    {"cuMemHostAlloc", (void *)special_cuMemHostAlloc},
+    {"cuMemHostGetDevicePointer", (void *)special_cuMemHostGetDevicePointer},
+    {"cuMemFreeHost", (void *)special_cuMemFreeHost},
 };
 
 static void *const fake_fns[] = {

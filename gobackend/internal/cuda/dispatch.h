@@ -136,6 +136,11 @@ typedef int CUdriverProcAddressQueryResult;
 	  (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra))                                \
 	X(REQ, cuMemAlloc, "cuMemAlloc_v2", 12000, (CUdeviceptr * p, size_t n), (p, n))        \
 	X(REQ, cuMemFree, "cuMemFree_v2", 12000, (CUdeviceptr p), (p))                         \
+	X(REQ, cuMemHostAlloc, "cuMemHostAlloc", 12000,                                        \
+	  (void **p, size_t n, unsigned int flags), (p, n, flags))                             \
+	X(REQ, cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2", 12000,               \
+	  (CUdeviceptr * d, void *p, unsigned int flags), (d, p, flags))                       \
+	X(REQ, cuMemFreeHost, "cuMemFreeHost", 12000, (void *p), (p))                          \
 	X(REQ, cuMemcpyHtoD, "cuMemcpyHtoD_v2", 12000,                                         \
 	  (CUdeviceptr dst, const void *src, size_t n), (dst, src, n))                         \
 	X(REQ, cuMemcpyDtoH, "cuMemcpyDtoH_v2", 12000, (void *dst, CUdeviceptr src, size_t n), \

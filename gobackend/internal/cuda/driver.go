@@ -279,6 +279,33 @@ func (d *Driver) MemFree(ctx Context, p uintptr) error {
 	return d.check("cuMemFree", C.gscu_in_cuMemFree(d.t, cCtx(ctx), cDevPtr(p)))
 }
 
+// Flags of cuMemHostAlloc.
+const (
+	HostAllocPortable  = 0x1 // CU_MEMHOSTALLOC_PORTABLE: pinned for every context
+	HostAllocDeviceMap = 0x2 // CU_MEMHOSTALLOC_DEVICEMAP: kernels may address it
+)
+
+// MemHostAlloc allocates n bytes of pinned host memory in ctx. The result is
+// C memory: never a Go pointer, valid until MemFreeHost.
+func (d *Driver) MemHostAlloc(ctx Context, n uintptr, flags uint) (unsafe.Pointer, error) {
+	var p unsafe.Pointer
+	err := d.check("cuMemHostAlloc", C.gscu_in_cuMemHostAlloc(d.t, cCtx(ctx), &p, C.size_t(n), C.uint(flags)))
+	return p, err
+}
+
+// MemHostDevicePointer is the device address of memory from MemHostAlloc
+// with HostAllocDeviceMap.
+func (d *Driver) MemHostDevicePointer(ctx Context, p unsafe.Pointer) (uintptr, error) {
+	var dp C.CUdeviceptr
+	err := d.check("cuMemHostGetDevicePointer", C.gscu_in_cuMemHostGetDevicePointer(d.t, cCtx(ctx), &dp, p, 0))
+	return uintptr(dp), err
+}
+
+// MemFreeHost frees memory from MemHostAlloc.
+func (d *Driver) MemFreeHost(ctx Context, p unsafe.Pointer) error {
+	return d.check("cuMemFreeHost", C.gscu_in_cuMemFreeHost(d.t, cCtx(ctx), p))
+}
+
 // MemcpyHtoD copies src to device memory, synchronously.
 func (d *Driver) MemcpyHtoD(ctx Context, dst uintptr, src []byte) error {
 	if len(src) == 0 {

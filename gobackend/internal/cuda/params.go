@@ -22,6 +22,10 @@ const (
 	PadErrorWord        = 2 * MaxBlocks * MaxRanks
 	PadErrorDetailWord  = PadErrorWord + 1
 	PadErrorMissingWord = PadErrorWord + 2 // bit r: rank r missed a barrier
+	// Two words (a 64-bit device address, 8-byte aligned): where the
+	// kernels also copy their error words, a pinned host block the host
+	// reads without a driver call (ErrorWords); 0 while there is none.
+	PadHostErrorWord = PadErrorWord + 4
 	// Semaphores of the stream-ordered protocol (sema.go), after the barrier
 	// and error words, on a 64-byte boundary: word PadSemaReadyWord+r is
 	// set by rank r when its input is staged for us, PadSemaDoneWord+r
@@ -31,6 +35,13 @@ const (
 	PadSemaReadyWord = PadErrorWord + 16
 	PadSemaDoneWord  = PadSemaReadyWord + MaxRanks
 	PadBytes         = 16384 // one pad: one rank, one channel
+
+	// The host error block (ErrorWords), in 32-bit words: the same three
+	// as the pad's, code last (the kernel publishes it after the others).
+	HostErrorCode    = 0
+	HostErrorDetail  = 1
+	HostErrorMissing = 2
+	HostErrorWords   = 4 // the block's size in words
 
 	ErrTimeout = 1 // GS_ERR_TIMEOUT: a peer missed a barrier
 	ErrConfig  = 2 // GS_ERR_CONFIG: launch shape or parameters out of range
@@ -49,7 +60,7 @@ const (
 )
 
 const (
-	padErrorEnd         = PadErrorWord + 3 // one past the error words
+	padErrorEnd         = PadHostErrorWord + 2 // one past the error words and the host pointer
 	padUsedWords        = PadSemaDoneWord + MaxRanks
 	defaultReduceBlocks = 24 // PyTorch's one-shot limit (register-heavy kernels)
 	defaultCopyBlocks   = 32
@@ -66,6 +77,9 @@ const (
 	_ = uint(1024 - BlockThreads)       // a block has at most 1024 threads
 	_ = uint(BlockThreads - 32)         // and a warp at least, for the barrier
 	_ = uint(32 - MaxRanks)             // a barrier uses one thread per peer
+	// The host pointer comes after the error words, 8-byte aligned.
+	_ = uint(PadHostErrorWord - PadErrorMissingWord - 1)
+	_ = uint(0 - PadHostErrorWord%2)
 	// The semaphores come after the error words, whole, 64-byte aligned.
 	_ = uint(PadSemaReadyWord - padErrorEnd)
 	_ = uint(PadSemaDoneWord - PadSemaReadyWord - MaxRanks)
@@ -86,6 +100,10 @@ var headerConsts = []struct {
 	{"GS_PAD_ERROR", PadErrorWord},
 	{"GS_PAD_ERROR_DETAIL", PadErrorDetailWord},
 	{"GS_PAD_ERROR_MISSING", PadErrorMissingWord},
+	{"GS_PAD_HOST_ERROR", PadHostErrorWord},
+	{"GS_HOST_ERROR_CODE", HostErrorCode},
+	{"GS_HOST_ERROR_DETAIL", HostErrorDetail},
+	{"GS_HOST_ERROR_MISSING", HostErrorMissing},
 	{"GS_PAD_SEMA_READY", PadSemaReadyWord},
 	{"GS_PAD_SEMA_DONE", PadSemaDoneWord},
 	{"GS_PAD_USED", padUsedWords},

@@ -94,7 +94,10 @@ func TestPadLayoutFits(t *testing.T) {
 	// words; the semaphores come after them, whole.
 	require.Equal(t, []int{0, 1024, 2048, 2049, 2050},
 		[]int{PadFlagsWord, PadCountersWord, PadErrorWord, PadErrorDetailWord, PadErrorMissingWord})
-	require.Greater(t, PadSemaReadyWord, PadErrorMissingWord)
+	require.Greater(t, PadHostErrorWord, PadErrorMissingWord)
+	require.Zero(t, PadHostErrorWord%2, "the host error pointer is 8-byte aligned")
+	require.Greater(t, PadSemaReadyWord, PadHostErrorWord+1, "the semaphores come after the host error pointer")
+	require.Less(t, HostErrorMissing, HostErrorWords)
 	require.GreaterOrEqual(t, PadSemaDoneWord, PadSemaReadyWord+MaxRanks)
 	require.GreaterOrEqual(t, padUsedWords, PadSemaDoneWord+MaxRanks)
 	require.Zero(t, PadSemaReadyWord%16, "semaphores start on a 64-byte boundary")

@@ -1,0 +1,83 @@
+"""A peer that does not arrive on the GPU (tests/test_cuda.py::test_device_timeout_names_the_peer),
+one rank per GPU, 2 ranks.
+
+Both ranks warm up on the default group (long timeout: the kernels compile once per
+process) and set up the CUDA data plane of a second group with a short timeout (T). Then
+rank 1 keeps its GPU busy for 3T (torch.cuda._sleep) before its barrier kernel of that
+group, while rank 0's barrier kernel gives up after T and records rank 1 as missing.
+Rank 0's barrier wait must raise an error naming rank 1, its next CUDA op on the group
+too, and stats must show the device error; rank 1's barrier passes (rank 0 had arrived).
+Both ranks then meet on the default group and destroy everything.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import wcommon as wc
+
+SHORT_S = 3.0  # the short group's timeout (its kernels' deadline)
+
+
+def _cycles_per_second(dev) -> float:
+    """The rate of torch.cuda._sleep's clock on dev, measured with events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n = 200_000_000
+    start.record()
+    torch.cuda._sleep(n)
+    end.record()
+    end.synchronize()
+    return n / (start.elapsed_time(end) / 1000)
+
+
+def scenario(ck, rank, dev, short):
+    import gosym
+
+    y = torch.ones(1024, device=dev)
+    dist.all_reduce(y, group=short)  # sets up the short group's CUDA data plane
+    torch.cuda.synchronize()
+    ck.check("warm all_reduce", bool((y == 2).all()), str(y[:4]))
+    dist.barrier()  # both ranks are idle on the GPU from here
+    torch.cuda.synchronize()
+
+    if rank == 1:
+        torch.cuda._sleep(int(3 * SHORT_S * _cycles_per_second(dev)))
+        ck.run("late barrier", dist.barrier, group=short)  # rank 0 had arrived: passes
+        ck.check("no device error on the late rank", gosym.stats(short)["gpu_device_error"] == 0,
+                 str(gosym.stats(short)))
+        return
+    e = ck.expect_error("barrier wait", dist.barrier, group=short)
+    ck.check("barrier error names rank 1", e is not None and "waiting for ranks [1]" in str(e), repr(e))
+    ck.check("barrier error is a timeout", e is not None and "timed out" in str(e), repr(e))
+    e = ck.expect_error("next op", dist.all_reduce, y, group=short)
+    ck.check("next op names rank 1", e is not None and "waiting for ranks [1]" in str(e), repr(e))
+    st = gosym.stats(short)
+    ck.check("stats show the device error", st["gpu_device_error"] == 1, str(st))
+
+
+def main():
+    args = wc.setup()
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # torchrun sets it
+    torch.cuda.set_device(dev)
+    rank, _ = wc.init(args.backend, args.timeout)
+    ck = wc.Checker(rank)
+    x = torch.ones(1024, device=dev)
+    dist.all_reduce(x)  # compiles the kernels before the short group's deadlines apply
+    torch.cuda.synchronize()
+    short = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=SHORT_S))
+    ck.run("scenario", scenario, ck, rank, dev, short)
+    ck.run("meet again", dist.barrier)  # the default group is unaffected
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    ck.run("destroy", dist.destroy_process_group)
+    ck.info["destroy_s"] = round(time.monotonic() - t0, 2)
+    wc.write_result(ck.result())
+    wc.print_summary(ck, "cuda_timeout")
+
+
+if __name__ == "__main__":
+    main()
