@@ -26,8 +26,8 @@ for s in "${steps[@]}"; do
 		timeout 200 scripts/gpu_check.sh >"$out/gpu_check.out" 2>&1
 		echo "exit $?"; grep -E "FAIL|passed|failed" "$out/gpu_check.out" | tail -15 ;;
 	test)
-		echo "== pytest tests/test_cuda.py"
-		timeout 420 python3 -m pytest -q --timeout=400 -p no:cacheprovider tests/test_cuda.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
+		echo "== pytest tests/test_cuda*.py"
+		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
 			--junitxml="$out/test_cuda.xml" 2>&1 | tail -40
 		cp -r /tmp/pytest-of-*/ "$out/pytest-tmp" 2>/dev/null || true ;;
 	bench)
