@@ -44,6 +44,7 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
 // gpuMaxIPC bounds the per-op (unregistered) mappings a group keeps open;
@@ -58,6 +59,11 @@ const gpuMaxRetired = 8
 // A record (gpuRegionBytes, little-endian): flags | allocation base |
 // allocation size | IPC handle[64] | memh id | n retired | retired[gpuMaxRetired].
 const gpuRegionBytes = 8 + 8 + 8 + len(cuda.IpcHandle{}) + 8 + 8 + 8*gpuMaxRetired
+
+// A record and its op's addresses fit a sync slot at every world size:
+// all_to_all publishes 24 bytes per rank and a record, the other ops a
+// record, In and 8 bytes per rank (Team.Barrier refuses longer metadata).
+const _ = uint(symm.SlotHeaderBytes + symm.SlotExtraBytes - gpuRegionBytes - 8)
 
 // Record flags.
 const (

@@ -122,7 +122,7 @@ def test_device_timeout_names_the_peer(tmp_path):
     sleeps): rank 0's kernel gives up and records rank 1; the barrier's wait and the next
     CUDA op on rank 0 raise an error naming rank 1, stats show it, and both ranks then
     meet on the default group and destroy cleanly (workers/cuda_timeout_worker.py)."""
-    if _device_count() < 2:
+    if cuda_device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
     res = run_torchrun("cuda_timeout_worker", 2, ["--timeout", 120], timeout=300,
                        outdir=tmp_path / "out")

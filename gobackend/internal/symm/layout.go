@@ -53,7 +53,7 @@ func roundUp(n, a int) int { return (n + a - 1) / a * a }
 // slots (callers validate slots; tests may use 1 to show the hazard).
 func NewLayout(world, stageBytes, boxBytes, slots int) Layout {
 	l := Layout{World: world, StageBytes: roundUp(stageBytes, 4096), BoxBytes: roundUp(boxBytes, 4096), Slots: max(1, slots)}
-	l.SlotBytes = roundUp(SlotHeaderBytes+24*world, lineSize)
+	l.SlotBytes = roundUp(SlotHeaderBytes+24*world+SlotExtraBytes, lineSize)
 	l.offHdr = offP2P + world*p2pWordsSize
 	l.offSlots = l.offHdr + world*2*p2pHdrSize
 	l.CtrlBytes = roundUp(l.offSlots+l.Slots*(lineSize+l.SlotBytes), 4096)
@@ -65,6 +65,12 @@ func NewLayout(world, stageBytes, boxBytes, slots int) Layout {
 // SlotHeaderBytes is the fixed part of a sync slot, before the per-rank
 // counts.
 const SlotHeaderBytes = 128
+
+// SlotExtraBytes is room in a sync slot beyond the host collectives'
+// metadata (header + 24 bytes per rank), for the CUDA data plane's
+// agreements: all_to_all's splits and addresses (24 bytes per rank, as the
+// host's) plus one buffer record.
+const SlotExtraBytes = 192
 
 func (l *Layout) sentOff(peer int) int      { return offP2P + peer*p2pWordsSize }
 func (l *Layout) ackedOff(peer int) int     { return offP2P + peer*p2pWordsSize + lineSize }
