@@ -247,6 +247,38 @@ static CUresult special_cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAc
 	COUNT_ARG(cuMemSetAccess, p);
 	return GSCU_SUCCESS;
 }
+/* Legacy allocations and IPC, for the p2p channel tests: allocations and
+ * opened handles are distinct addresses (logged as results), a handle
+ * carries the address it was made for in its first bytes, frees and closes
+ * log what they release. */
+static CUresult special_cuMemAlloc(CUdeviceptr *p, size_t n) {
+	(void)n;
+	COUNT(cuMemAlloc);
+	*p = 0x500000000000ull + (++fake_next << 32);
+	fake_log_result(*p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemFree(CUdeviceptr p) {
+	COUNT_ARG(cuMemFree, p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+	COUNT_ARG(cuIpcGetMemHandle, p);
+	memset(h, 0, sizeof *h);
+	memcpy(h, &p, sizeof p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+	(void)h, (void)flags;
+	COUNT(cuIpcOpenMemHandle);
+	*p = 0x600000000000ull + (++fake_next << 32);
+	fake_log_result(*p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuIpcCloseMemHandle(CUdeviceptr p) {
+	COUNT_ARG(cuIpcCloseMemHandle, p);
+	return GSCU_SUCCESS;
+}
 #undef COUNT
 #undef COUNT_ARG
 
@@ -275,6 +307,11 @@ static const struct {
     {"cuMemMap", (void *)special_cuMemMap},
     {"cuMemUnmap", (void *)special_cuMemUnmap},
     {"cuMemSetAccess", (void *)special_cuMemSetAccess},
+    {"cuMemAlloc", (void *)special_cuMemAlloc},
+    {"cuMemFree", (void *)special_cuMemFree},
+    {"cuIpcGetMemHandle", (void *)special_cuIpcGetMemHandle},
+    {"cuIpcOpenMemHandle", (void *)special_cuIpcOpenMemHandle},
+    {"cuIpcCloseMemHandle", (void *)special_cuIpcCloseMemHandle},
 };
 
 static void *const fake_fns[] = {
