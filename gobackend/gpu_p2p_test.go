@@ -59,9 +59,7 @@ func TestP2PMailboxExchange(t *testing.T) {
 	gotEarly := poisoned(3)
 	r1, err := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 3, Out: addr(gotEarly), Tag: 5})
 	require.NoError(t, err)
-	for _, w := range []*Work{s, r, s1, r1} {
-		require.NoError(t, w.Wait(-1))
-	}
+	waitAll(t, s, r, s1, r1)
 	require.Equal(t, early, gotEarly)
 	require.Equal(t, during, gotDuring)
 }

@@ -16,15 +16,7 @@
 #include <thread>
 #include <vector>
 
-thread_local gs_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
-
-static int passed, failed;
-
-static void fail(const std::string &what) {
-	if (failed < 50)
-		fprintf(stderr, "FAIL %s\n", what.c_str());
-	failed++;
-}
+#include "emu_check.h"
 
 static std::mt19937_64 rng(4242);
 
@@ -50,33 +42,6 @@ static void launch(void (*k)(gs_p2p_params), const gs_p2p_params &p, unsigned gr
 			x.join();
 	}
 }
-
-static const size_t kGuard = 64;
-static const unsigned char kPoison = 0xab;
-
-// Bytes whose data start `mis` bytes past a 16-byte boundary, between
-// guards filled with kPoison, like every unwritten byte.
-struct Buf {
-	std::vector<unsigned char> mem;
-	size_t off, len;
-	Buf(size_t len_, size_t mis) : mem(len_ + 2 * kGuard + 32, kPoison), len(len_) {
-		const uintptr_t base = (uintptr_t)mem.data() + kGuard;
-		off = ((base + 15) & ~(uintptr_t)15) - (uintptr_t)mem.data() + mis;
-	}
-	unsigned char *data() { return mem.data() + off; }
-	bool guards_intact() const {
-		for (size_t i = 0; i < mem.size(); ++i)
-			if ((i < off || i >= off + len) && mem[i] != kPoison)
-				return false;
-		return true;
-	}
-	bool untouched() const {
-		for (unsigned char c : mem)
-			if (c != kPoison)
-				return false;
-		return true;
-	}
-};
 
 // One side of a channel: its control words and its outbox (with guards).
 struct Side {

@@ -13,7 +13,6 @@ it must get. Random bytes, viewed as each dtype: NaN patterns and all.
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -244,10 +243,7 @@ def mixed(ck, rank, dev):
 
 def main():
     args = wc.setup()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    rank, world = wc.init(args.backend, args.timeout)
+    rank, world, dev = wc.init_cuda(args.backend, args.timeout)
     assert world == 2, "the CUDA p2p worker runs on 2 ranks"
     ck = wc.Checker(rank)
     t0 = time.perf_counter()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import os
 import random
 import time
 
@@ -524,10 +523,7 @@ def errors(ck, rank, world, dev):
 
 def main():
     args = wc.setup()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    rank, world = wc.init(args.backend, args.timeout)
+    rank, world, dev = wc.init_cuda(args.backend, args.timeout)
     nccl = dist.new_group(backend="nccl")
     ck = wc.Checker(rank)
     digests = {}
@@ -549,7 +545,7 @@ def main():
         import gosym
 
         stats = gosym.stats()
-        ck.check("stats: gpu_device", stats.get("gpu_device") == local, str(stats))
+        ck.check("stats: gpu_device", stats.get("gpu_device") == dev.index, str(stats))
         ck.check("stats: gpu_ops", stats.get("gpu_ops", 0) > 1000, str(stats))
     torch.cuda.synchronize()
     wc.write_result(ck.result(digests=digests, graph=graph_status, stats=stats))

@@ -84,6 +84,15 @@ def init(backend: str, timeout_s: float) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def init_cuda(backend: str, timeout_s: float) -> tuple[int, int, torch.device]:
+    """init for a worker with one GPU per rank: the device of LOCAL_RANK becomes current
+    first; returns (rank, world, device)."""
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    rank, world = init(backend, timeout_s)
+    return rank, world, torch.device("cuda", local)
+
+
 def _write_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:

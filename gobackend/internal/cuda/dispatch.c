@@ -102,6 +102,13 @@ static void fake_log_result(unsigned long long arg) {
 		gscu_fake_log_arg[gscu_fake_log_n - 1] = arg;
 }
 
+/* A fresh address in the range at base, logged as the latest call's result. */
+static CUdeviceptr fake_address(unsigned long long base) {
+	CUdeviceptr p = base + (++fake_next << 32);
+	fake_log_result(p);
+	return p;
+}
+
 #define FAKE(tier, name, dl, ver, params, args)                                               \
 	static CUresult fake_##name params { return fake_enter(GSCU_IDX_##name, 0); }
 GSCU_DRIVER_FUNCS(FAKE)
@@ -221,8 +228,7 @@ static CUresult special_cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t 
                                             CUdeviceptr addr, unsigned long long flags) {
 	(void)size, (void)align, (void)addr, (void)flags;
 	COUNT(cuMemAddressReserve);
-	*p = 0x7f0000000000ull + (++fake_next << 32);
-	fake_log_result(*p);
+	*p = fake_address(0x7f0000000000ull);
 	return GSCU_SUCCESS;
 }
 static CUresult special_cuMemAddressFree(CUdeviceptr p, size_t size) {
@@ -254,8 +260,7 @@ static CUresult special_cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAc
 static CUresult special_cuMemAlloc(CUdeviceptr *p, size_t n) {
 	(void)n;
 	COUNT(cuMemAlloc);
-	*p = 0x500000000000ull + (++fake_next << 32);
-	fake_log_result(*p);
+	*p = fake_address(0x500000000000ull);
 	return GSCU_SUCCESS;
 }
 static CUresult special_cuMemFree(CUdeviceptr p) {
@@ -271,8 +276,7 @@ static CUresult special_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
 static CUresult special_cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
 	(void)h, (void)flags;
 	COUNT(cuIpcOpenMemHandle);
-	*p = 0x600000000000ull + (++fake_next << 32);
-	fake_log_result(*p);
+	*p = fake_address(0x600000000000ull);
 	return GSCU_SUCCESS;
 }
 static CUresult special_cuIpcCloseMemHandle(CUdeviceptr p) {
