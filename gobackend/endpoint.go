@@ -337,7 +337,7 @@ func (e *Endpoint) Destroy() error {
 		e.bind.close()
 	}
 	e.gpu.close() // GPU mappings go before the links and the team
-	e.p2p.close(e.Rank)
+	e.p2p.close(e)
 	e.views.closeViews()
 	if e.team != nil {
 		e.team.Close()

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -288,14 +289,18 @@ func (m *p2pMailbox) wait(w *Work, step string) error {
 }
 
 // close waits for handshakes in flight (they fail fast once the endpoint
-// is closed), waits until the devices are idle if kernels were enqueued,
-// and releases every channel. Errors the kernels recorded are logged.
-func (p *gpuP2P) close(rank int) {
+// is closed) and tears every channel down: once the devices are idle,
+// each side tells its peer it left and drops its mappings of the peer's
+// memory (Leave), then frees its own allocations once the peer settled
+// (left too, or consumed every message this side sent), the peer exited,
+// or the group's timeout passed. Errors the kernels recorded are logged.
+func (p *gpuP2P) close(e *Endpoint) {
 	p.mu.Lock()
 	p.closed = true
 	peers := p.peers
 	p.mu.Unlock()
 	synced := map[*gpuDevice]bool{}
+	var open []int
 	for r, c := range peers {
 		if c == nil {
 			continue
@@ -307,18 +312,46 @@ func (p *gpuP2P) close(rank int) {
 		if c.used.Load() && !synced[c.g] {
 			synced[c.g] = true
 			if err := c.g.d.CtxSynchronize(c.g.ctx); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
-				debugf("rank %d: cuCtxSynchronize before closing the p2p channels: %v", rank, err)
+				debugf("rank %d: cuCtxSynchronize before closing the p2p channels: %v", e.Rank, err)
 			}
 		}
 		if debug {
 			if w, err := c.ch.ErrorWords(); err == nil && w[0] != 0 {
-				debugf("rank %d: the CUDA p2p channel with rank %d recorded %s", rank, r, p2pErrorText(r, w))
+				debugf("rank %d: the CUDA p2p channel with rank %d recorded %s", e.Rank, r, p2pErrorText(r, w))
 			}
 		}
-		if err := c.ch.Close(); err != nil {
-			debugf("rank %d: closing the CUDA p2p channel with rank %d: %v", rank, r, err)
+		if err := c.ch.Leave(); err != nil {
+			debugf("rank %d: leaving the CUDA p2p channel with rank %d: %v", e.Rank, r, err)
 		}
-		c.ch = nil
+		open = append(open, r)
+	}
+	deadline := time.Now().Add(e.Timeout)
+	for pause := time.Millisecond; len(open) > 0; pause = min(2*pause, 50*time.Millisecond) {
+		var dead []int
+		if e.mesh != nil {
+			dead = e.mesh.Dead()
+		}
+		late := time.Now().After(deadline)
+		left := open[:0]
+		for _, r := range open {
+			c := peers[r]
+			settled, err := c.ch.Settled()
+			if !settled && err == nil && !late && !slices.Contains(dead, r) {
+				left = append(left, r)
+				continue
+			}
+			if !settled {
+				debugf("rank %d: freeing the CUDA p2p channel with rank %d before it settled (%v)", e.Rank, r, err)
+			}
+			if err := c.ch.Close(); err != nil {
+				debugf("rank %d: closing the CUDA p2p channel with rank %d: %v", e.Rank, r, err)
+			}
+			c.ch = nil
+		}
+		open = left
+		if len(open) > 0 {
+			time.Sleep(pause)
+		}
 	}
 }
 

@@ -35,7 +35,8 @@ static_assert(GS_P2P_RECVD >= GS_P2P_SENT + GS_P2P_BLOCKS * GS_P2P_LINE, "p2p: s
 static_assert(GS_P2P_HDR >= GS_P2P_RECVD + GS_P2P_BLOCKS * GS_P2P_LINE, "p2p: recvd overlaps hdr");
 static_assert(GS_P2P_ERROR >= GS_P2P_HDR + GS_P2P_BLOCKS * GS_P2P_SLOTS * GS_P2P_HDR_WORDS,
               "p2p: headers overlap the error words");
-static_assert((GS_P2P_ERROR + GS_P2P_ERROR_WORDS) * 4 <= GS_P2P_CTRL_BYTES, "p2p: control does not fit");
+static_assert(GS_P2P_GONE >= GS_P2P_ERROR + GS_P2P_ERROR_WORDS && (GS_P2P_GONE + 1) * 4 <= GS_P2P_CTRL_BYTES,
+              "p2p: control does not fit");
 
 // What a block was waiting for when it timed out (low byte of the detail).
 #define GS_P2P_WAIT_SLOT 0  // the sender, for a free slot

@@ -40,6 +40,7 @@
 #define GS_P2P_HDR_WORDS 4
 #define GS_P2P_ERROR 2304
 #define GS_P2P_ERROR_WORDS 6
+#define GS_P2P_GONE 2312
 #define GS_P2P_CTRL_BYTES 16384
 
 struct gs_ar_params { // 184 bytes, Go: cuda.ARParams

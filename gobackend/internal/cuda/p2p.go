@@ -139,14 +139,22 @@ func (c *P2PChannel) allocate() error {
 }
 
 // zeroCtrl clears the control allocation before the peer may signal into
-// it (the counters start at zero and only grow), on a private stream.
+// it (the counters start at zero and only grow).
 func (c *P2PChannel) zeroCtrl() error {
+	return c.onPrivateStream(func(s Stream) error {
+		return c.d.MemsetD32Async(c.spec.Ctx, c.Ctrl, 0, P2PCtrlBytes/4, s)
+	})
+}
+
+// onPrivateStream runs enqueue on a stream of its own and waits for it,
+// keeping the caller's streams out of it.
+func (c *P2PChannel) onPrivateStream(enqueue func(Stream) error) error {
 	d, ctx := c.d, c.spec.Ctx
 	s, err := d.StreamCreate(ctx, StreamNonBlocking)
 	if err != nil {
 		return err
 	}
-	err = d.MemsetD32Async(ctx, c.Ctrl, 0, P2PCtrlBytes/4, s)
+	err = enqueue(s)
 	if err == nil {
 		err = d.StreamSynchronize(ctx, s)
 	}
@@ -211,23 +219,71 @@ func (c *P2PChannel) open(hello []byte) error {
 
 // Close releases the peer's mappings, then this side's allocations, each
 // once, even when a step fails; the device must be idle (no kernel of the
-// channel running). It may be called again.
+// channel running). It may be called again. A channel that was used is
+// torn down with Leave, Settled, then Close.
 func (c *P2PChannel) Close() error {
+	err := c.closeImports()
 	d, ctx := c.d, c.spec.Ctx
 	var errs []error
-	for _, p := range []*uintptr{&c.PeerCtrl, &c.PeerData} {
-		if *p != 0 {
-			errs = append(errs, d.IpcCloseMemHandle(ctx, *p))
-			*p = 0
-		}
-	}
 	for _, p := range []*uintptr{&c.Ctrl, &c.Data} {
 		if *p != 0 {
 			errs = append(errs, d.MemFree(ctx, *p))
 			*p = 0
 		}
 	}
+	return errors.Join(append(errs, err)...)
+}
+
+func (c *P2PChannel) closeImports() error {
+	var errs []error
+	for _, p := range []*uintptr{&c.PeerCtrl, &c.PeerData} {
+		if *p != 0 {
+			errs = append(errs, c.d.IpcCloseMemHandle(c.spec.Ctx, *p))
+			*p = 0
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// Leave is the first step of a teardown, once this device is idle: it sets
+// the GONE word in the peer's control (this side will not touch the peer's
+// memory again) and closes this side's mappings of the peer's memory.
+// CUDA calls freeing exported memory before its importer closed it
+// undefined, so a side frees its own allocations (Close) only once Settled.
+func (c *P2PChannel) Leave() error {
+	var err error
+	if c.PeerCtrl != 0 {
+		err = c.onPrivateStream(func(s Stream) error {
+			return c.d.MemsetD32Async(c.spec.Ctx, c.PeerCtrl+4*P2PGoneWord, 1, 1, s)
+		})
+	}
+	return errors.Join(err, c.closeImports())
+}
+
+// Settled reports whether this side may free its allocations: the peer
+// left the channel (GONE), or it consumed every chunk this side sent, so
+// that a correct peer has no reason to read this side's memory again. The
+// device must be idle (a synchronous copy of the control allocation).
+func (c *P2PChannel) Settled() (bool, error) {
+	b := make([]byte, P2PCtrlBytes)
+	if err := c.d.MemcpyDtoH(c.spec.Ctx, b, c.Ctrl); err != nil {
+		return false, err
+	}
+	return settled(b), nil
+}
+
+// settled is Settled's answer for a copy of a control allocation.
+func settled(ctrl []byte) bool {
+	word := func(i int) uint32 { return binary.LittleEndian.Uint32(ctrl[4*i:]) }
+	if word(P2PGoneWord) != 0 {
+		return true
+	}
+	for b := 0; b < P2PBlocks; b++ {
+		if word(P2PSentWord+b*P2PLineWords) != word(P2PAckWord+b*P2PLineWords) {
+			return false
+		}
+	}
+	return true
 }
 
 // Send enqueues on s the sending half of a message of n bytes at src with

@@ -74,16 +74,41 @@ func TestP2POpenAndClose(t *testing.T) {
 		require.EqualValues(t, 4, fakeCalls("cuIpcGetMemHandle"))
 		require.EqualValues(t, 4, fakeCalls("cuIpcOpenMemHandle"))
 		require.EqualValues(t, 2, fakeCalls("cuMemsetD32Async"), "each side zeroes its control")
-		// Either side may go first; a second Close does nothing.
-		require.NoError(t, chans[1].Close())
+		// Teardown, either side first: leave (tell the peer, drop the
+		// mappings), settle, free. A second Close does nothing.
+		for _, r := range []int{1, 0} {
+			require.NoError(t, chans[r].Leave())
+			require.Zero(t, chans[r].PeerCtrl)
+			require.Zero(t, chans[r].PeerData)
+			ok, err := chans[r].Settled()
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.NoError(t, chans[r].Close())
+		}
 		require.NoError(t, chans[0].Close())
-		require.NoError(t, chans[0].Close())
+		require.EqualValues(t, 4, fakeCalls("cuMemsetD32Async"), "two zeroings, two GONE words")
 		require.EqualValues(t, 4, fakeCalls("cuMemFree"))
 		require.EqualValues(t, 4, fakeCalls("cuIpcCloseMemHandle"))
 		checkP2PReleases(t, fakeLog())
 		err := chans[0].Send(nil, 0, 0, 0, 0, 0)
 		require.ErrorContains(t, err, "closed")
 	})
+}
+
+// A side frees its memory once the peer left (GONE) or acknowledged every
+// chunk it was sent, in every block.
+func TestP2PSettled(t *testing.T) {
+	ctrl := make([]byte, P2PCtrlBytes)
+	set := func(word int, v uint32) { binary.LittleEndian.PutUint32(ctrl[4*word:], v) }
+	require.True(t, settled(ctrl), "nothing sent")
+	set(P2PSentWord+5*P2PLineWords, 9)
+	set(P2PAckWord+5*P2PLineWords, 8)
+	require.False(t, settled(ctrl), "block 5 has a chunk unconsumed")
+	set(P2PAckWord+5*P2PLineWords, 9)
+	set(P2PSentWord, 1)
+	require.False(t, settled(ctrl), "block 0 has a chunk unconsumed")
+	set(P2PGoneWord, 1)
+	require.True(t, settled(ctrl), "the peer left")
 }
 
 // A failure at any step on either side fails both sides (NotSupported,

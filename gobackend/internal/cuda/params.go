@@ -60,7 +60,9 @@ const (
 	// SENT[b] and RECVD[b] only by this rank; HDR[b][slot] (bytes lo, hi,
 	// tag lo, hi) is written by the peer before it releases READY[b]. The
 	// error words: code, detail (block << 8 | what), then the first
-	// mismatched message's bytes (lo, hi) and tag (lo, hi).
+	// mismatched message's bytes (lo, hi) and tag (lo, hi). GONE is set to
+	// 1 by the peer when it leaves the channel (teardown: it will not touch
+	// this side's memory again).
 	P2PLineWords  = 32
 	P2PReadyWord  = 0
 	P2PAckWord    = P2PReadyWord + P2PBlocks*P2PLineWords
@@ -70,6 +72,7 @@ const (
 	P2PHdrWords   = 4
 	P2PErrorWord  = P2PHdrWord + P2PBlocks*P2PSlots*P2PHdrWords
 	P2PErrorWords = 6
+	P2PGoneWord   = P2PErrorWord + 8
 	P2PCtrlBytes  = 16384 // one side's control allocation
 )
 
@@ -96,7 +99,8 @@ const (
 	_ = uint(PadSemaDoneWord - PadSemaReadyWord - MaxRanks)
 	_ = uint(0 - PadSemaReadyWord%16)
 	// The p2p control words fit their allocation.
-	_ = uint(P2PCtrlBytes - 4*(P2PErrorWord+P2PErrorWords))
+	_ = uint(P2PGoneWord - P2PErrorWord - P2PErrorWords)
+	_ = uint(P2PCtrlBytes - 4*(P2PGoneWord+1))
 )
 
 // headerConsts are the #defines of params.cuh, in order.
@@ -139,6 +143,7 @@ var headerConsts = []struct {
 	{"GS_P2P_HDR_WORDS", P2PHdrWords},
 	{"GS_P2P_ERROR", P2PErrorWord},
 	{"GS_P2P_ERROR_WORDS", P2PErrorWords},
+	{"GS_P2P_GONE", P2PGoneWord},
 	{"GS_P2P_CTRL_BYTES", P2PCtrlBytes},
 }
 
