@@ -288,12 +288,18 @@ func (m *p2pMailbox) wait(w *Work, step string) error {
 	return err
 }
 
+// p2pGrace is how long Destroy waits for a peer that consumed everything
+// to leave the channel too before freeing this side's memory anyway.
+const p2pGrace = 2 * time.Second
+
 // close waits for handshakes in flight (they fail fast once the endpoint
-// is closed) and tears every channel down: once the devices are idle,
-// each side tells its peer it left and drops its mappings of the peer's
-// memory (Leave), then frees its own allocations once the peer settled
-// (left too, or consumed every message this side sent), the peer exited,
-// or the group's timeout passed. Errors the kernels recorded are logged.
+// is closed) and tears every channel down. Once the devices are idle, each
+// side tells its peer it left and drops its mappings of the peer's memory
+// (Leave); it frees its own allocations once the peer left too (so an
+// importer always closes before its exporter frees when both ranks
+// destroy the group), or consumed everything this side sent and did not
+// leave within p2pGrace (it goes on running), or exited, or the group's
+// timeout passed. Errors the kernels recorded are logged.
 func (p *gpuP2P) close(e *Endpoint) {
 	p.mu.Lock()
 	p.closed = true
@@ -325,23 +331,24 @@ func (p *gpuP2P) close(e *Endpoint) {
 		}
 		open = append(open, r)
 	}
-	deadline := time.Now().Add(e.Timeout)
+	start := time.Now()
 	for pause := time.Millisecond; len(open) > 0; pause = min(2*pause, 50*time.Millisecond) {
 		var dead []int
 		if e.mesh != nil {
 			dead = e.mesh.Dead()
 		}
-		late := time.Now().After(deadline)
+		waited := time.Since(start)
 		left := open[:0]
 		for _, r := range open {
 			c := peers[r]
-			settled, err := c.ch.Settled()
-			if !settled && err == nil && !late && !slices.Contains(dead, r) {
+			gone, drained, err := c.ch.Settled()
+			free := gone || err != nil || slices.Contains(dead, r) || waited > e.Timeout || (drained && waited > p2pGrace)
+			if !free {
 				left = append(left, r)
 				continue
 			}
-			if !settled {
-				debugf("rank %d: freeing the CUDA p2p channel with rank %d before it settled (%v)", e.Rank, r, err)
+			if !gone {
+				debugf("rank %d: freeing the CUDA p2p channel with rank %d before it left (drained %v, %v)", e.Rank, r, drained, err)
 			}
 			if err := c.ch.Close(); err != nil {
 				debugf("rank %d: closing the CUDA p2p channel with rank %d: %v", e.Rank, r, err)

@@ -249,7 +249,9 @@ func (c *P2PChannel) closeImports() error {
 // the GONE word in the peer's control (this side will not touch the peer's
 // memory again) and closes this side's mappings of the peer's memory.
 // CUDA calls freeing exported memory before its importer closed it
-// undefined, so a side frees its own allocations (Close) only once Settled.
+// undefined, so a side frees its own allocations (Close) once the peer is
+// gone too, or has drained and did not leave within a grace period (it
+// goes on running; see Settled).
 func (c *P2PChannel) Leave() error {
 	var err error
 	if c.PeerCtrl != 0 {
@@ -260,30 +262,29 @@ func (c *P2PChannel) Leave() error {
 	return errors.Join(err, c.closeImports())
 }
 
-// Settled reports whether this side may free its allocations: the peer
-// left the channel (GONE), or it consumed every chunk this side sent, so
-// that a correct peer has no reason to read this side's memory again. The
-// device must be idle (a synchronous copy of the control allocation).
-func (c *P2PChannel) Settled() (bool, error) {
+// Settled reports what this side's control says about the peer: gone, it
+// left the channel (it will not touch this side's memory again), and
+// drained, it consumed every chunk this side sent (a correct peer has no
+// reason to read this side's memory again). The device must be idle (a
+// synchronous copy of the control allocation).
+func (c *P2PChannel) Settled() (gone, drained bool, err error) {
 	b := make([]byte, P2PCtrlBytes)
 	if err := c.d.MemcpyDtoH(c.spec.Ctx, b, c.Ctrl); err != nil {
-		return false, err
+		return false, false, err
 	}
-	return settled(b), nil
+	gone, drained = settled(b)
+	return gone, drained, nil
 }
 
 // settled is Settled's answer for a copy of a control allocation.
-func settled(ctrl []byte) bool {
+func settled(ctrl []byte) (gone, drained bool) {
 	word := func(i int) uint32 { return binary.LittleEndian.Uint32(ctrl[4*i:]) }
-	if word(P2PGoneWord) != 0 {
-		return true
-	}
 	for b := 0; b < P2PBlocks; b++ {
 		if word(P2PSentWord+b*P2PLineWords) != word(P2PAckWord+b*P2PLineWords) {
-			return false
+			return word(P2PGoneWord) != 0, false
 		}
 	}
-	return true
+	return word(P2PGoneWord) != 0, true
 }
 
 // Send enqueues on s the sending half of a message of n bytes at src with

@@ -80,9 +80,9 @@ func TestP2POpenAndClose(t *testing.T) {
 			require.NoError(t, chans[r].Leave())
 			require.Zero(t, chans[r].PeerCtrl)
 			require.Zero(t, chans[r].PeerData)
-			ok, err := chans[r].Settled()
+			_, drained, err := chans[r].Settled()
 			require.NoError(t, err)
-			require.True(t, ok)
+			require.True(t, drained)
 			require.NoError(t, chans[r].Close())
 		}
 		require.NoError(t, chans[0].Close())
@@ -95,20 +95,26 @@ func TestP2POpenAndClose(t *testing.T) {
 	})
 }
 
-// A side frees its memory once the peer left (GONE) or acknowledged every
-// chunk it was sent, in every block.
+// What a side's control says about its peer at teardown: whether it left
+// (GONE) and whether it acknowledged every chunk sent, in every block.
 func TestP2PSettled(t *testing.T) {
 	ctrl := make([]byte, P2PCtrlBytes)
 	set := func(word int, v uint32) { binary.LittleEndian.PutUint32(ctrl[4*word:], v) }
-	require.True(t, settled(ctrl), "nothing sent")
+	check := func(gone, drained bool, why string) {
+		g, d := settled(ctrl)
+		require.Equal(t, [2]bool{gone, drained}, [2]bool{g, d}, why)
+	}
+	check(false, true, "nothing sent")
 	set(P2PSentWord+5*P2PLineWords, 9)
 	set(P2PAckWord+5*P2PLineWords, 8)
-	require.False(t, settled(ctrl), "block 5 has a chunk unconsumed")
+	check(false, false, "block 5 has a chunk unconsumed")
 	set(P2PAckWord+5*P2PLineWords, 9)
 	set(P2PSentWord, 1)
-	require.False(t, settled(ctrl), "block 0 has a chunk unconsumed")
+	check(false, false, "block 0 has a chunk unconsumed")
 	set(P2PGoneWord, 1)
-	require.True(t, settled(ctrl), "the peer left")
+	check(true, false, "the peer left without consuming it")
+	set(P2PAckWord, 1)
+	check(true, true, "the peer consumed everything and left")
 }
 
 // A failure at any step on either side fails both sides (NotSupported,
