@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,9 +42,10 @@ const p2pFrameBytes = 256
 
 // gpuP2P is an endpoint's CUDA point-to-point side: a channel per peer.
 type gpuP2P struct {
-	mu     sync.Mutex
-	peers  []*p2pPeer // by rank, made on first use
-	closed bool
+	mu       sync.Mutex
+	peers    []*p2pPeer // by rank, made on first use
+	closed   bool
+	stranded [][]byte // frames of handshakes that failed with their works posted
 
 	channels, sends, recvs atomic.Int64 // for the stats
 }
@@ -107,16 +109,17 @@ func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool
 	n := uint64(op.Count * op.DType.Size())
 	timeout := uint64(e.Timeout.Nanoseconds())
 	p.used.Store(true)
+	count := &e.p2p.sends
 	if op.Kind == coll.Send {
-		e.p2p.sends.Add(1)
 		err = p.ch.Send(p.send, cuda.Stream(stream), op.In, n, op.Tag, timeout)
 	} else {
-		e.p2p.recvs.Add(1)
+		count = &e.p2p.recvs
 		err = p.ch.Recv(p.recv, cuda.Stream(stream), op.Out, n, op.Tag, timeout)
 	}
 	if err != nil {
 		return nil, status.Wrap(status.System, err, "gosym: %s on cuda:%d", p2pWho(op), device)
 	}
+	count.Add(1)
 	e.stats.Posted.Add(1)
 	e.stats.Completed.Add(1)
 	w := &Work{op: *op, done: make(chan struct{})}
@@ -260,12 +263,15 @@ func (m *p2pMailbox) Exchange(step string, msg []byte) ([]byte, error) {
 	if err == nil {
 		err = m.wait(rw, step)
 	}
-	// The frames stay alive until both works are done: the engine reads
-	// and writes them by address.
 	err = errors.Join(err, m.wait(sw, step))
 	if err != nil {
+		// A work that timed out is still posted and may read or write its
+		// frame later (by address): the frames stay alive until the
+		// endpoint's workers are gone.
+		m.e.p2p.strand(out, in)
 		return nil, err
 	}
+	runtime.KeepAlive(out)
 	n := binary.LittleEndian.Uint32(in)
 	if n > p2pFrameBytes-4 {
 		return nil, fmt.Errorf("p2p handshake: rank %d sent a frame of %d bytes", m.peer, n)
@@ -288,6 +294,13 @@ func (m *p2pMailbox) wait(w *Work, step string) error {
 	return err
 }
 
+// strand keeps frames alive until close (after the workers stopped).
+func (p *gpuP2P) strand(frames ...[]byte) {
+	p.mu.Lock()
+	p.stranded = append(p.stranded, frames...)
+	p.mu.Unlock()
+}
+
 // p2pGrace is how long Destroy waits for a peer that consumed everything
 // to leave the channel too before freeing this side's memory anyway.
 const p2pGrace = 2 * time.Second
@@ -304,6 +317,7 @@ func (p *gpuP2P) close(e *Endpoint) {
 	p.mu.Lock()
 	p.closed = true
 	peers := p.peers
+	p.stranded = nil // the workers that could touch them are gone
 	p.mu.Unlock()
 	synced := map[*gpuDevice]bool{}
 	var open []int
