@@ -101,8 +101,13 @@ typedef struct gosym_piece {
  * device >= 0 names the CUDA device (ordinal) holding every buffer of the op;
  * the op is then enqueued on stream (a CUstream, 0: the legacy default
  * stream) before gosym_op_post returns, and its work is complete on the host
- * at once: the stream carries the ordering. Every collective runs on CUDA
- * memory; SEND and RECV fail with GOSYM_ERR_NOT_SUPPORTED. flags:
+ * at once: the stream carries the ordering. Every op runs on CUDA memory.
+ * CUDA SEND and RECV go over a channel of the two ranks: a pair's CUDA
+ * messages match in the order they were posted, one direction at a time,
+ * and size and tag must agree; a SEND enqueued on a stream waits on the GPU,
+ * never on the host, once it is a few MiB ahead of its RECV, so sends and
+ * receives belong on different streams. The first CUDA SEND/RECV of a pair
+ * sets the channel up with the peer and must not be captured. flags:
  * GOSYM_OP_CAPTURING says the stream is being captured into a CUDA graph
  * (the op then prefers the kernels that replay fastest).
  */

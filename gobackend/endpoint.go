@@ -98,6 +98,7 @@ type Endpoint struct {
 	recvs   []*inbox
 	workers sync.WaitGroup
 	gpu     gpuState  // the CUDA data plane (gpu.go)
+	p2p     gpuP2P    // send/recv on CUDA memory (gpu_p2p.go)
 	views   viewCache // contiguous views of GPU buffers (gpu_mem.go)
 
 	stats Stats
@@ -196,12 +197,20 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 // Post validates op and queues it; the returned Work completes when it ran.
 // Collectives run in post order; sends to one peer run in post order, as do
 // receives from one peer, independently of the collectives.
-func (e *Endpoint) Post(op *Op) (*Work, error) { return e.post(op, true) }
+func (e *Endpoint) Post(op *Op) (*Work, error) {
+	if err := checkUserTag(op); err != nil {
+		return nil, err
+	}
+	return e.post(op, true)
+}
 
 // Run posts op and waits until it is done: Post + Wait for a caller that
 // waits at once. Such a caller runs the queue itself, so the op does not
 // arm the worker's kick (a timer that would fire into a slow op).
 func (e *Endpoint) Run(op *Op) error {
+	if err := checkUserTag(op); err != nil {
+		return err
+	}
 	w, err := e.post(op, false)
 	if err != nil {
 		return err
@@ -328,6 +337,7 @@ func (e *Endpoint) Destroy() error {
 		e.bind.close()
 	}
 	e.gpu.close() // GPU mappings go before the links and the team
+	e.p2p.close(e)
 	e.views.closeViews()
 	if e.team != nil {
 		e.team.Close()
@@ -353,6 +363,7 @@ func (e *Endpoint) StatsMap() map[string]any {
 		m["slot_stalls"] = e.team.SlotStalls()
 	}
 	e.gpu.stats(m)
+	e.p2p.stats(m)
 	if e.bind != nil {
 		for k, v := range e.bind.stats() {
 			m[k] = v

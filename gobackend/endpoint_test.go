@@ -68,6 +68,14 @@ func addr(b []float32) uintptr {
 	return p
 }
 
+// waitAll waits for every work and requires that each succeeded.
+func waitAll(t *testing.T, ws ...*Work) {
+	t.Helper()
+	for i, w := range ws {
+		require.NoError(t, w.Wait(-1), "work %d", i)
+	}
+}
+
 // postAll posts one op per rank (built by mk) and waits for all of them.
 func postAll(t *testing.T, eps []*Endpoint, mk func(r int) *Op) []error {
 	works := make([]*Work, len(eps))

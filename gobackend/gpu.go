@@ -129,13 +129,16 @@ func (g *gpuState) stats(m map[string]any) {
 
 // PostCUDA posts an op on CUDA device memory of device (an ordinal; a
 // negative device means host memory, as Post); capturing says the stream
-// is being captured into a CUDA graph. Send and recv do not run
-// on the CUDA data plane yet. The op is enqueued on stream before
-// PostCUDA returns, after every collective posted before it; the returned
-// Work is already complete on the host.
+// is being captured into a CUDA graph. The op is enqueued on stream before
+// PostCUDA returns, after every collective posted before it (send and
+// recv: after the pair's earlier CUDA messages, see gpu_p2p.go); the
+// returned Work is already complete on the host.
 func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
 	if device < 0 {
 		return e.Post(op)
+	}
+	if op.Kind.IsP2P() {
+		return e.runP2PCUDA(op, device, stream, capturing)
 	}
 	if err := gpuKernelSupport(op); err != nil {
 		return nil, err

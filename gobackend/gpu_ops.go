@@ -48,7 +48,7 @@ func gpuKernelSupport(op *Op) error {
 		}
 	case coll.Barrier, coll.Broadcast, coll.AllGather, coll.Gather, coll.Scatter, coll.AllToAll:
 	default:
-		return status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors is not supported yet (the CUDA data plane runs the collectives; send/recv stay on CPU tensors)", op.Kind)
+		return status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors is not supported", op.Kind)
 	}
 	return nil
 }

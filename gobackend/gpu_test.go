@@ -50,8 +50,6 @@ func TestPostCUDARefusesOtherOpsLocally(t *testing.T) {
 	eps := group(t, 2, 5*time.Second)
 	buf := make([]float32, 8)
 	for _, op := range []*Op{
-		{Kind: coll.Send, DType: dtype.Float32, Count: 4, Peer: 1, In: addr(buf)},
-		{Kind: coll.Recv, DType: dtype.Float32, Count: 4, Peer: 1, Out: addr(buf)},
 		{Kind: coll.ReduceScatter, DType: dtype.Float64, Count: 4, Out: addr(buf), InPieces: []Piece{{Addr: addr(buf), Count: 4}, {Addr: addr(buf[4:]), Count: 4}}},
 		{Kind: coll.AllReduce, DType: dtype.Float64, Count: 4, In: addr(buf), Out: addr(buf)},
 		{Kind: coll.AllReduce, DType: dtype.Int8, RedOp: dtype.Max, Count: 4, In: addr(buf), Out: addr(buf)},

@@ -202,9 +202,7 @@ func TestSendRecvBothOrders(t *testing.T) {
 		require.NoError(t, err)
 		s1, err := eps[1].Post(&Op{Kind: coll.Send, Peer: 0, Count: n, In: addr(b), Tag: 7})
 		require.NoError(t, err)
-		for _, w := range []*Work{r0, r1, s0, s1} {
-			require.NoError(t, w.Wait(-1))
-		}
+		waitAll(t, r0, r1, s0, s1)
 		require.Equal(t, b, ga)
 		require.Equal(t, a, gb)
 	}
@@ -254,9 +252,7 @@ func TestRecvMatchesByTag(t *testing.T) {
 	r1, _ := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 5, Out: addr(gb), Tag: 1})
 	require.NoError(t, r1.Wait(-1))
 	r2, _ := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 3, Out: addr(ga), Tag: 3})
-	for _, w := range []*Work{s1, s2, r2} {
-		require.NoError(t, w.Wait(-1))
-	}
+	waitAll(t, s1, s2, r2)
 	require.Equal(t, a, ga)
 	require.Equal(t, b, gb)
 }

@@ -10,7 +10,7 @@ import (
 )
 
 func TestSources(t *testing.T) {
-	require.Equal(t, []string{"allreduce.cu", "copy.cu", "nvls.cu"}, Sources())
+	require.Equal(t, []string{"allreduce.cu", "copy.cu", "nvls.cu", "p2p.cu"}, Sources())
 }
 
 // Every source expands to one program: headers pasted in once each, no
@@ -55,15 +55,25 @@ func TestLocalInclude(t *testing.T) {
 // copy and barrier cases checked bit for bit, plus the timeout and
 // bad-launch reports. It covers the index arithmetic, alignment handling and
 // barrier protocol without a GPU; the device check covers the rest.
-func TestHostEmulation(t *testing.T) {
+func TestHostEmulation(t *testing.T) { runEmulation(t, "testdata/emu_main.cpp") }
+
+// TestHostEmulationP2P runs p2p.cu the same way (testdata/emu_p2p.cpp), with
+// the threads of a block as OS threads and a real __syncthreads: messages
+// of every size and alignment, many rounds that wrap the slots, streams of
+// messages both ways at once from counters about to wrap, size and tag
+// mismatches drained in step, timeouts and bad launches.
+func TestHostEmulationP2P(t *testing.T) { runEmulation(t, "testdata/emu_p2p.cpp") }
+
+// runEmulation builds program against emu.h (with the address and
+// undefined-behaviour sanitizers where g++ has them) and runs it.
+func runEmulation(t *testing.T, program string) {
 	cxx, err := exec.LookPath("g++")
 	if err != nil {
 		t.Skip("no g++")
 	}
 	bin := filepath.Join(t.TempDir(), "emu")
 	args := []string{"-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
-		"-Wno-unknown-pragmas", "-include", "testdata/emu.h", "-I", ".", "-o", bin,
-		"testdata/emu_main.cpp"}
+		"-Wno-unknown-pragmas", "-include", "testdata/emu.h", "-I", ".", "-o", bin, program}
 	sanitize := []string{"-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"}
 	out, err := exec.Command(cxx, append(sanitize, args...)...).CombinedOutput()
 	if err != nil && strings.Contains(string(out), "asan") {
@@ -74,4 +84,5 @@ func TestHostEmulation(t *testing.T) {
 	out, err = exec.Command(bin).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Regexp(t, `(?m)^\d+ passed, 0 failed$`, string(out))
+	t.Logf("%s", strings.TrimSpace(string(out)))
 }

@@ -32,6 +32,20 @@
 #define GS_NVLS_ONESHOT 1
 #define GS_NVLS_INPLACE 2
 #define GS_BLOCK_THREADS 512
+#define GS_ERR_MISMATCH 3
+#define GS_P2P_BLOCKS 16
+#define GS_P2P_SLOTS 4
+#define GS_P2P_LINE 32
+#define GS_P2P_READY 0
+#define GS_P2P_ACK 512
+#define GS_P2P_SENT 1024
+#define GS_P2P_RECVD 1536
+#define GS_P2P_HDR 2048
+#define GS_P2P_HDR_WORDS 4
+#define GS_P2P_ERROR 2304
+#define GS_P2P_ERROR_WORDS 6
+#define GS_P2P_GONE 2312
+#define GS_P2P_CTRL_BYTES 16384
 
 struct gs_ar_params { // 200 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
@@ -84,6 +98,17 @@ struct gs_nvls_params { // 48 bytes, Go: cuda.NVLSParams
 	int mode;                                // offset 32
 	int world;                               // offset 36
 	int rank;                                // offset 40
+};
+
+struct gs_p2p_params { // 64 bytes, Go: cuda.P2PParams
+	void *buf;                               // offset 0
+	unsigned int *ctrl;                      // offset 8
+	unsigned int *peer_ctrl;                 // offset 16
+	void *box;                               // offset 24
+	unsigned long long bytes;                // offset 32
+	long long tag;                           // offset 40
+	unsigned long long slot_bytes;           // offset 48
+	unsigned long long timeout_ns;           // offset 56
 };
 
 #endif // GOSYM_PARAMS_CUH

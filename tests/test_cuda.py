@@ -1,8 +1,9 @@
 """The CUDA data plane on 2 GPUs, one rank each (workers/cuda_worker.py): all_reduce of
 every dtype x op x size class, and every other collective, bitwise equal to NCCL and to
 an exact reference, identical on every rank, stream-ordered without host syncs,
-CUDA-graph capturable; barrier; clear errors for what the data plane does not run
-(send/recv); DDP on 2 GPUs trains exactly like DDP on NCCL.
+CUDA-graph capturable; barrier; clear errors for what the data plane does not run;
+send/recv on CUDA tensors (workers/cuda_p2p_worker.py); DDP on 2 GPUs trains exactly
+like DDP on NCCL.
 
 Marked gpu: skipped without CUDA, and without a second device. The job runs with a small
 GOSYM_GPU_STAGE_BYTES so that the large cases run in several staging chunks.
@@ -100,6 +101,22 @@ def test_other_collectives(cuda_job):
     assert r0["passed"] >= 700, "the worker ran suspiciously few checks"
     for kind in ("broadcast/", "all_gather/"):
         assert sum(k.startswith(kind) for k in r0["digests"]) >= 8, f"too few {kind} cases ran"
+
+
+def test_cuda_p2p(tmp_path):
+    """send/recv, isend/irecv and batch_isend_irecv on CUDA tensors: every dtype and size
+    up to 40 MiB bit for bit, the 64 MiB ring in both orders, tags in order, strided
+    tensors, a drained mismatch, a captured CUDA graph replayed, CPU and CUDA messages
+    of one pair interleaved."""
+    if _device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    res = run_torchrun("cuda_p2p_worker", 2, ["--timeout", 120], timeout=600,
+                       outdir=tmp_path / "p2p")
+    res.assert_ok()
+    for r, x in enumerate(res.results):
+        assert x["passed"] >= 300, f"rank {r}: the worker ran suspiciously few checks"
+        assert x.get("graph") == "captured", x.get("graph")
+        assert x["stats"]["gpu_p2p_channels"] == 1, x["stats"]
 
 
 def test_ddp_on_gpus_matches_nccl(tmp_path):

@@ -16,15 +16,7 @@
 #include <thread>
 #include <vector>
 
-thread_local gs_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
-
-static int passed, failed;
-
-static void fail(const std::string &what) {
-	if (failed < 50)
-		fprintf(stderr, "FAIL %s\n", what.c_str());
-	failed++;
-}
+#include "emu_check.h"
 
 template <class P> static void run_rank(void (*k)(P), const P &p, unsigned grid, unsigned block) {
 	gridDim = {grid, 1, 1};
@@ -220,26 +212,6 @@ static bool same(DT dt, const unsigned char *a, const unsigned char *b) {
 }
 
 // ---- buffers --------------------------------------------------------------------
-
-static const size_t kGuard = 64;
-
-// A buffer whose data starts `mis` bytes past a 16-byte boundary, with
-// guard bytes on both sides to catch stray writes.
-struct Buf {
-	std::vector<unsigned char> mem;
-	size_t off, len;
-	Buf(size_t len_, size_t mis) : mem(len_ + 2 * kGuard + 32, 0xab), len(len_) {
-		uintptr_t base = (uintptr_t)mem.data() + kGuard;
-		off = ((base + 15) & ~(uintptr_t)15) - (uintptr_t)mem.data() + mis;
-	}
-	unsigned char *data() { return mem.data() + off; }
-	bool guards_intact() const {
-		for (size_t i = 0; i < mem.size(); ++i)
-			if ((i < off || i >= off + len) && mem[i] != 0xab)
-				return false;
-		return true;
-	}
-};
 
 struct Pads {
 	std::vector<std::vector<unsigned>> p;

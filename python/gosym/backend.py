@@ -9,10 +9,12 @@ are written into a contiguous temporary that is copied back when the operation
 completes (in Work.wait() or on the completer thread), so results appear at the
 same moment as for contiguous outputs.
 
-CUDA tensors (all_reduce and barrier so far) are stream-ordered like NCCL: the
-engine enqueues the op on the caller's current stream before the call returns,
-so the Work is complete on the host at once and the stream carries the ordering.
-A group runs on one CUDA device per rank: the device of its first CUDA op.
+CUDA tensors are stream-ordered like NCCL: the engine enqueues a collective on the
+caller's current stream before the call returns, so the Work is complete on the host
+at once and the stream carries the ordering. send/recv run on the group's internal
+send and receive streams, after the caller's stream, and their Work's wait() joins the
+caller's stream back. A group runs on one CUDA device per rank: the device of its
+first CUDA op.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _lib
 from ._dtypes import move_dtype, reduce_dtype, reduce_op
-from .work import Completer, _Op, cuda_work, done_work, work_of
+from .work import Completer, CudaSideWork, _Op, cuda_work, done_work, work_of
 
 _pack = _lib.pack_desc
 _post = _lib.post
@@ -223,6 +225,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
+        self._streams = {}  # device index -> (send stream, recv stream) of CUDA send/recv
         self._h = _bootstrap(store, rank, size, timeout, name)
         self._completer = Completer(name)
         self._finalizer = weakref.finalize(self, _destroy, self._h, self._completer, name)
@@ -674,7 +677,10 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names
         peer = self._peer(dstRank, "send")
-        src = _src(_one(tensors, "send"))
+        t = _one(tensors, "send")
+        if isinstance(t, _Tensor) and t.is_cuda:
+            return self._cuda_p2p(_lib.OP_SEND, t, peer, tag, tensors)
+        src = _src(t)
         code, mult = move_dtype(src)
         desc = _pack(_lib.OP_SEND, code, 0, 1.0, 0, peer, tag, src.numel() * mult,
                      src.data_ptr(), 0, 0, 0, 0, 0)
@@ -682,12 +688,57 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def recv(self, tensors, srcRank, tag):  # noqa: N803
         peer = self._peer(srcRank, "recv")
+        t = _one(tensors, "recv")
+        if isinstance(t, _Tensor) and t.is_cuda:
+            return self._cuda_p2p(_lib.OP_RECV, t, peer, tag, tensors)
         cb = []
-        dst = _dst(_one(tensors, "recv"), cb, False)
+        dst = _dst(t, cb, False)
         code, mult = move_dtype(dst)
         desc = _pack(_lib.OP_RECV, code, 0, 1.0, 0, peer, tag, dst.numel() * mult, 0,
                      dst.data_ptr(), 0, 0, 0, 0)
         return self._work(desc, tensors, dst, cb)
+
+    def _p2p_stream(self, idx, recv):
+        """The group's internal send (recv False) or receive stream on device idx. Sends
+        and receives run there, each after the caller's current stream, not on it: on
+        one stream, the ring isend(next); irecv(prev) (or irecv first) posted by every
+        rank would queue each receive behind a send that waits for the peer's receive
+        once the message outgrows the channel's slots."""
+        pair = self._streams.get(idx)
+        if pair is None:
+            pair = self._streams[idx] = (torch.cuda.Stream(idx), torch.cuda.Stream(idx))
+        return pair[recv]
+
+    def _cuda_p2p(self, op, t, peer, tag, out):
+        """A CUDA send or recv, enqueued on the group's internal stream for it after the
+        caller's current stream (an event: capture-legal). Its Work's wait() makes the
+        caller's current stream wait for it, as ProcessGroupNCCL's do. The tensors it
+        reads or writes are recorded on that stream, so the caching allocator does not
+        reuse them before it ran. A non-contiguous source is copied on the current stream
+        first; a non-contiguous destination is received into a temporary that the
+        internal stream copies back."""
+        _check(t)
+        idx = self._cuda_index(t.get_device())
+        cur = torch.cuda.current_stream(idx)
+        side = self._p2p_stream(idx, op == _lib.OP_RECV)
+        flags = _lib.OP_CAPTURING if torch.cuda.is_current_stream_capturing() else 0
+        if op == _lib.OP_SEND:
+            buf = t if t.is_contiguous() else t.contiguous()
+            addrs = (buf.data_ptr(), 0)
+        else:
+            buf = t if t.is_contiguous() else torch.empty_like(
+                t, memory_format=torch.contiguous_format)
+            addrs = (0, buf.data_ptr())
+        code, mult = move_dtype(buf)
+        side.wait_stream(cur)
+        desc = _pack(op, code, 0, 1.0, 0, peer, tag, buf.numel() * mult, *addrs, 0, 0, 0, 0)
+        self._cuda_post(_lib.on_stream(desc, side.cuda_stream, idx, flags), idx)
+        buf.record_stream(side)
+        if buf is not t and op == _lib.OP_RECV:
+            with torch.cuda.stream(side):
+                t.copy_(buf)
+            t.record_stream(side)
+        return CudaSideWork(out, idx, side, side.record_event())
 
     def recv_anysource(self, tensors, tag):
         raise NotImplementedError("gosym: recv from any source is not supported; pass src")

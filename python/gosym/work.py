@@ -281,6 +281,34 @@ def cuda_work(out, idx, raw, event=None, check=None) -> CudaWork:
     return w
 
 
+class CudaSideWork(CudaWork):
+    """A CUDA send or recv, enqueued on one of the group's internal streams (`side`) after
+    the caller's stream, with event `done` recorded after it. wait() makes the caller's
+    current stream wait for `done` (ProcessGroupNCCL's semantics; capture-legal, so a
+    CUDA graph may capture the op and its wait, which joins `side` back into the
+    capture)."""
+
+    __slots__ = ("_side", "_done")
+
+    def __init__(self, out, idx, side, done):
+        super().__init__()
+        self._out, self._idx, self._raw, self._event, self._check = out, idx, side.cuda_stream, None, None
+        self._side, self._done = side, done
+
+    def _stream(self):
+        return self._side
+
+    def wait(self, timeout=_ZERO):
+        torch.cuda.current_stream(self._idx).wait_event(self._done)
+        return True
+
+    def is_completed(self):
+        return self._done.query()
+
+    def __repr__(self):
+        return f"<gosym.CudaSideWork cuda:{self._idx}>"
+
+
 class Work(dist._Work):
     """A gosym operation as torch sees it: wait(), is_completed(), get_future().
     Made by work_of: a Python __init__ (which must call the pybind base's) costs more

@@ -1,4 +1,5 @@
-"""Point-to-point: send/recv, isend/irecv in both orders, tags, rings, batch_isend_irecv.
+"""Point-to-point: send/recv, isend/irecv in both orders, tags, rings, batch_isend_irecv;
+without CUDA, a CUDA send/recv fails clearly and host messages go on.
 
 Messages are generated from (case, sender, receiver), so the receiver knows
 what it must get; receive buffers are poisoned first.
@@ -129,6 +130,33 @@ def subgroup_p2p(ck, rank, world, case):
     ck.check(case, why is None, why or "")
 
 
+def cuda_unavailable(ck, rank, world, case):
+    """Without CUDA, a CUDA send/recv (posted through the C ABI with device 0, as the
+    backend posts one for a CUDA tensor) fails on both ranks of the pair with
+    NotImplementedError naming the peer; the pair's host messages go on (main's later
+    cases). With CUDA this is the GPU suite's business."""
+    if rank > 1 or torch.cuda.is_available():
+        return
+    import gosym._lib as lib
+    from torch.distributed import distributed_c10d as c10d
+
+    pg = c10d._get_default_group()
+    buf = torch.zeros(4)
+    peer = 1 - rank
+    op = lib.OP_SEND if rank == 0 else lib.OP_RECV
+    addrs = (buf.data_ptr(), 0) if rank == 0 else (0, buf.data_ptr())
+    desc = lib.on_stream(lib.pack_desc(op, lib.DTYPE_FLOAT32, 0, 1.0, 0, peer, 0, 4, *addrs, 0, 0, 0, 0),
+                         0, 0)
+    for attempt in range(2):  # the second fails at once, without a handshake
+        e = ck.expect_error(f"{case} #{attempt}", lib.post, pg._endpoint(), desc)
+        if e is not None:
+            ck.check(f"{case} #{attempt}: NotImplementedError", isinstance(e, NotImplementedError),
+                     wc.error_text(e))
+            what = f"{'send to' if rank == 0 else 'recv from'} rank {peer} on cuda:0"
+            ck.check(f"{case} #{attempt}: names the op and the peer",
+                     what in str(e) and "CUDA p2p channel" in str(e), wc.error_text(e))
+
+
 def main():
     args = wc.setup()
     rank, world = wc.init(args.backend, args.timeout)
@@ -150,6 +178,9 @@ def main():
     ck.run("same_tag_fifo", same_tag_fifo, ck, rank, world, "same_tag_fifo")
     ck.run("batch_isend_irecv", batch_ring, ck, rank, world, "batch_isend_irecv")
     ck.run("subgroup", subgroup_p2p, ck, rank, world, "subgroup")
+    ck.run("cuda_unavailable", cuda_unavailable, ck, rank, world, "cuda_unavailable")
+    case = "send_recv after cuda_unavailable"
+    ck.run(case, pairwise_blocking, ck, rank, world, case, torch.float32, 1025)
     # p2p and collectives interleave on one group.
     t = torch.ones(3)
     ck.run("all_reduce after p2p", dist.all_reduce, t)

@@ -103,6 +103,13 @@ static void fake_log_result(unsigned long long arg) {
 		gscu_fake_log_arg[gscu_fake_log_n - 1] = arg;
 }
 
+/* A fresh address in the range at base, logged as the latest call's result. */
+static CUdeviceptr fake_address(unsigned long long base) {
+	CUdeviceptr p = base + (++fake_next << 32);
+	fake_log_result(p);
+	return p;
+}
+
 #define FAKE(tier, name, dl, ver, params, args)                                               \
 	static CUresult fake_##name params { return fake_enter(GSCU_IDX_##name, 0); }
 GSCU_DRIVER_FUNCS(FAKE)
@@ -222,8 +229,7 @@ static CUresult special_cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t 
                                             CUdeviceptr addr, unsigned long long flags) {
 	(void)size, (void)align, (void)addr, (void)flags;
 	COUNT(cuMemAddressReserve);
-	*p = 0x7f0000000000ull + (++fake_next << 32);
-	fake_log_result(*p);
+	*p = fake_address(0x7f0000000000ull);
 	return GSCU_SUCCESS;
 }
 static CUresult special_cuMemAddressFree(CUdeviceptr p, size_t size) {
@@ -272,6 +278,36 @@ static CUresult special_cuMemFreeHost(void *p) {
 	free(p);
 	return r;
 }
+/* Legacy allocations and IPC, for the p2p channel tests: allocations and
+ * opened handles are distinct addresses (logged as results), a handle
+ * carries the address it was made for in its first bytes, frees and closes
+ * log what they release. */
+static CUresult special_cuMemAlloc(CUdeviceptr *p, size_t n) {
+	(void)n;
+	COUNT(cuMemAlloc);
+	*p = fake_address(0x500000000000ull);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuMemFree(CUdeviceptr p) {
+	COUNT_ARG(cuMemFree, p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+	COUNT_ARG(cuIpcGetMemHandle, p);
+	memset(h, 0, sizeof *h);
+	memcpy(h, &p, sizeof p);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+	(void)h, (void)flags;
+	COUNT(cuIpcOpenMemHandle);
+	*p = fake_address(0x600000000000ull);
+	return GSCU_SUCCESS;
+}
+static CUresult special_cuIpcCloseMemHandle(CUdeviceptr p) {
+	COUNT_ARG(cuIpcCloseMemHandle, p);
+	return GSCU_SUCCESS;
+}
 #undef COUNT
 #undef COUNT_ARG
 
@@ -303,6 +339,11 @@ static const struct {
     {"cuMemHostAlloc", (void *)special_cuMemHostAlloc},
     {"cuMemHostGetDevicePointer", (void *)special_cuMemHostGetDevicePointer},
     {"cuMemFreeHost", (void *)special_cuMemFreeHost},
+    {"cuMemAlloc", (void *)special_cuMemAlloc},
+    {"cuMemFree", (void *)special_cuMemFree},
+    {"cuIpcGetMemHandle", (void *)special_cuIpcGetMemHandle},
+    {"cuIpcOpenMemHandle", (void *)special_cuIpcOpenMemHandle},
+    {"cuIpcCloseMemHandle", (void *)special_cuIpcCloseMemHandle},
 };
 
 static void *const fake_fns[] = {

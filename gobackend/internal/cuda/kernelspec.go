@@ -58,6 +58,8 @@ var (
 	CopyKernel     = &Kernel{Name: "gs_copy", Source: "copy.cu", Params: []*Struct{copyLayout}}
 	BarrierKernel  = &Kernel{Name: "gs_barrier", Source: "copy.cu", Params: []*Struct{barrierLayout}}
 	SemaWaitKernel = &Kernel{Name: "gs_sema_wait", Source: "copy.cu", Params: []*Struct{semaLayout}}
+	P2PSendKernel  = &Kernel{Name: "gs_p2p_send", Source: "p2p.cu", Params: []*Struct{p2pLayout}}
+	P2PRecvKernel  = &Kernel{Name: "gs_p2p_recv", Source: "p2p.cu", Params: []*Struct{p2pLayout}}
 	allKernels     = buildKernels()
 	kernelByName   = func() map[string]*Kernel {
 		m := map[string]*Kernel{}
@@ -91,7 +93,7 @@ var nvlsPairs = []struct {
 func nvlsKernelName(typ, op string) string { return "gs_nvls_" + typ + "_" + op }
 
 func buildKernels() []*Kernel {
-	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel}
+	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel}
 	for _, a := range []Algo{OneShot, TwoShot, Pull} {
 		for _, t := range reduceTypes {
 			for _, op := range []string{"sum", "prod", "min", "max"} {
@@ -204,6 +206,11 @@ func CopyGridLimit(bytes uint64, limit int) (grid, block Dim3) {
 	blocks := (bytes/vectorBytes + BlockThreads - 1) / BlockThreads
 	return D1(uint32(min(max(blocks, 1), uint64(min(max(limit, 1), MaxBlocks))))), D1(BlockThreads)
 }
+
+// P2PGrid is the launch shape of gs_p2p_send and gs_p2p_recv, for any
+// message: the grid never depends on the size, so that a receiver that
+// expected another size still meets every block of its sender.
+func P2PGrid() (grid, block Dim3) { return D1(P2PBlocks), D1(BlockThreads) }
 
 // BarrierGrid is the launch shape of gs_barrier.
 func BarrierGrid() (grid, block Dim3) { return D1(1), D1(32) }

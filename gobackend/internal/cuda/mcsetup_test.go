@@ -28,6 +28,8 @@ type lockstep struct {
 	oks      []bool
 	fds      []int // by rank: what ShareFD returns
 	failed   []int
+	msgs     [][]byte // by rank: this round's Exchange deposits
+	got      [][]byte // by rank: the last completed round's
 }
 
 type lockstepPeer struct {
@@ -37,7 +39,7 @@ type lockstepPeer struct {
 }
 
 func newLockstep(world int) *lockstep {
-	l := &lockstep{world: world, oks: make([]bool, world), fd: -1}
+	l := &lockstep{world: world, oks: make([]bool, world), fd: -1, msgs: make([][]byte, world)}
 	l.cond = sync.NewCond(&l.mu)
 	return l
 }
@@ -65,6 +67,7 @@ func (p *lockstepPeer) call(deposit func(), result func()) {
 // complete computes a round's results. A shared fd is duplicated for each
 // receiver now, while the root still holds it, as SCM_RIGHTS would.
 func (l *lockstep) complete() {
+	l.got = slices.Clone(l.msgs)
 	l.failed = nil
 	for r, ok := range l.oks {
 		if !ok {
@@ -92,6 +95,12 @@ func (p *lockstepPeer) ShareFD(root, fd int) (got int, err error) {
 			p.l.fd = fd
 		}
 	}, func() { got = p.l.fds[p.rank] })
+	return got, nil
+}
+
+// Exchange (a P2PPeer between ranks 0 and 1) returns the other rank's message.
+func (p *lockstepPeer) Exchange(step string, msg []byte) (got []byte, err error) {
+	p.call(func() { p.l.msgs[p.rank] = msg }, func() { got = p.l.got[1-p.rank] })
 	return got, nil
 }
 

@@ -57,6 +57,34 @@ const (
 
 	NVLSOneShot = 1 // GS_NVLS_ONESHOT: reduce all elements into out
 	NVLSInPlace = 2 // GS_NVLS_INPLACE: reduce this rank's slice, store it to every rank
+
+	ErrMismatch = 3 // GS_ERR_MISMATCH: a p2p message's size or tag is not the receiver's
+
+	// Point-to-point channels (p2p.cu, p2p.go). Every launch has P2PBlocks
+	// blocks whatever the message size, so that a receiver can drain a
+	// message of another size in step with its sender. Block b owns
+	// P2PSlots slots of the outbox: how far a sender may run ahead.
+	P2PBlocks = 16 // GS_P2P_BLOCKS
+	P2PSlots  = 4  // GS_P2P_SLOTS
+	// Control allocation, in 32-bit words; each per-block word has its own
+	// 128-byte line. READY[b] and ACK[b] are written by the peer (release),
+	// SENT[b] and RECVD[b] only by this rank; HDR[b][slot] (bytes lo, hi,
+	// tag lo, hi) is written by the peer before it releases READY[b]. The
+	// error words: code, detail (block << 8 | what), then the first
+	// mismatched message's bytes (lo, hi) and tag (lo, hi). GONE is set to
+	// 1 by the peer when it leaves the channel (teardown: it will not touch
+	// this side's memory again).
+	P2PLineWords  = 32
+	P2PReadyWord  = 0
+	P2PAckWord    = P2PReadyWord + P2PBlocks*P2PLineWords
+	P2PSentWord   = P2PAckWord + P2PBlocks*P2PLineWords
+	P2PRecvdWord  = P2PSentWord + P2PBlocks*P2PLineWords
+	P2PHdrWord    = P2PRecvdWord + P2PBlocks*P2PLineWords
+	P2PHdrWords   = 4
+	P2PErrorWord  = P2PHdrWord + P2PBlocks*P2PSlots*P2PHdrWords
+	P2PErrorWords = 6
+	P2PGoneWord   = P2PErrorWord + 8
+	P2PCtrlBytes  = 16384 // one side's control allocation
 )
 
 const (
@@ -84,6 +112,9 @@ const (
 	_ = uint(PadSemaReadyWord - padErrorEnd)
 	_ = uint(PadSemaDoneWord - PadSemaReadyWord - MaxRanks)
 	_ = uint(0 - PadSemaReadyWord%16)
+	// The p2p control words fit their allocation.
+	_ = uint(P2PGoneWord - P2PErrorWord - P2PErrorWords)
+	_ = uint(P2PCtrlBytes - 4*(P2PGoneWord+1))
 )
 
 // headerConsts are the #defines of params.cuh, in order.
@@ -118,6 +149,20 @@ var headerConsts = []struct {
 	{"GS_NVLS_ONESHOT", NVLSOneShot},
 	{"GS_NVLS_INPLACE", NVLSInPlace},
 	{"GS_BLOCK_THREADS", BlockThreads},
+	{"GS_ERR_MISMATCH", ErrMismatch},
+	{"GS_P2P_BLOCKS", P2PBlocks},
+	{"GS_P2P_SLOTS", P2PSlots},
+	{"GS_P2P_LINE", P2PLineWords},
+	{"GS_P2P_READY", P2PReadyWord},
+	{"GS_P2P_ACK", P2PAckWord},
+	{"GS_P2P_SENT", P2PSentWord},
+	{"GS_P2P_RECVD", P2PRecvdWord},
+	{"GS_P2P_HDR", P2PHdrWord},
+	{"GS_P2P_HDR_WORDS", P2PHdrWords},
+	{"GS_P2P_ERROR", P2PErrorWord},
+	{"GS_P2P_ERROR_WORDS", P2PErrorWords},
+	{"GS_P2P_GONE", P2PGoneWord},
+	{"GS_P2P_CTRL_BYTES", P2PCtrlBytes},
 }
 
 // ARParams is the one parameter of the all-reduce kernels (gs_ar_params).
@@ -193,6 +238,24 @@ type NVLSParams struct {
 	Mode  int32   `cuda:"mode,int"` // NVLSOneShot or NVLSInPlace
 	World int32   `cuda:"world,int"`
 	Rank  int32   `cuda:"rank,int"`
+}
+
+// P2PParams is the parameter of gs_p2p_send and gs_p2p_recv (p2p.cu):
+// one message of Bytes bytes over one direction of a channel. Send copies
+// Buf into this rank's outbox Box and signals the peer's control PeerCtrl;
+// recv copies the peer's outbox (Box, mapped here) into Buf and acknowledges
+// into PeerCtrl. Ctrl is this rank's control allocation. The message is cut
+// into rounds of SlotBytes per block; both sides must use the same grid
+// and SlotBytes (the channel's, agreed at setup).
+type P2PParams struct {
+	Buf       uintptr `cuda:"buf,void *"`
+	Ctrl      uintptr `cuda:"ctrl,unsigned int *"`
+	PeerCtrl  uintptr `cuda:"peer_ctrl,unsigned int *"`
+	Box       uintptr `cuda:"box,void *"`
+	Bytes     uint64  `cuda:"bytes,unsigned long long"`
+	Tag       int64   `cuda:"tag,long long"`
+	SlotBytes uint64  `cuda:"slot_bytes,unsigned long long"` // a multiple of 16
+	TimeoutNs uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
 }
 
 // Struct is the C layout of a kernel parameter struct, derived from the Go
@@ -315,7 +378,8 @@ var (
 	barrierLayout = mustLayout("gs_barrier_params", BarrierParams{})
 	semaLayout    = mustLayout("gs_sema_params", SemaParams{})
 	nvlsLayout    = mustLayout("gs_nvls_params", NVLSParams{})
-	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout, semaLayout, nvlsLayout}
+	p2pLayout     = mustLayout("gs_p2p_params", P2PParams{})
+	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout, semaLayout, nvlsLayout, p2pLayout}
 )
 
 // C renders the struct declaration, with offsets as comments.

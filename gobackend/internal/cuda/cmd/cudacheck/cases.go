@@ -108,6 +108,7 @@ func (c *checker) runCases() {
 	record("stream memory operations (write/wait value, batch)", func() error { return c.memopsCase(g) })
 	record("pointer attributes, address range, IPC handle", func() error { return c.pointerCase(g) })
 	c.crossGPU()
+	c.p2pCases()
 }
 
 // ---- all-reduce -------------------------------------------------------------------
@@ -611,12 +612,17 @@ func (c *checker) newVMem(owner *gpu, size uintptr) (*vmem, error) {
 	return &vmem{h: h, va: va, size: size}, nil
 }
 
-func (c *checker) crossGPU() {
+// twoGPUsOverVMM reports whether the first two devices can share VMM memory.
+func (c *checker) twoGPUsOverVMM() bool {
 	usable := len(c.gpus) >= 2 && c.d.HasVMM()
 	for _, dev := range rep.Devices[:min(2, len(rep.Devices))] {
 		usable = usable && dev.VMM == 1 && dev.PosixFD == 1
 	}
-	if !usable {
+	return usable
+}
+
+func (c *checker) crossGPU() {
+	if !c.twoGPUsOverVMM() {
 		record("two GPUs over VMM", func() error { return errSkip })
 		return
 	}

@@ -7,7 +7,8 @@
 // stream memory operations, the barrier timeout, and, with two GPUs, real
 // cross-GPU runs over VMM mappings with a few timings, and the semaphore
 // protocol of issue #6 (cuda.Sema, the code the backend runs) with the pull
-// kernel: all_reduce and root-only reduce, 10k back-to-back ops. The NVLS
+// kernel: all_reduce and root-only reduce, 10k back-to-back ops, and the
+// point-to-point kernels (p2p.cu) on one GPU and across two. The NVLS
 // kernels (nvls.cu) are compiled, loaded and looked up, never launched.
 //
 // It never touches NVLink multicast: it refuses to start unless

@@ -3,11 +3,14 @@
 // code (kernels/testdata/emu.h) so that launches really run them. VMM
 // allocations are memfd pages mapped with mmap, so an exported fd imported
 // elsewhere aliases the same memory, as on a GPU. Enough of the driver API
-// for cudacheck; everything else is absent. Built with:
+// for cudacheck; everything else is absent. The p2p kernels run each
+// block's threads as threads of their own (a real __syncthreads, see
+// emu.h), the rest one thread after another. Built with:
 //   g++ -shared -fPIC -include kernels/testdata/emu.h -I kernels -I <cuda pkg>
 #include "allreduce.cu"
 #include "copy.cu"
 #include "nvls.cu"
+#include "p2p.cu"
 
 #include "dispatch.h"
 
@@ -21,6 +24,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 thread_local gs_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
@@ -117,6 +122,7 @@ struct CUfunc_st {
 	const char *name;
 	void (*run)(void *fn, void *param);
 	void *fn;
+	bool threaded = false; // a block's threads run concurrently (they talk to each other)
 };
 
 template <class P> static void invoke(void *fn, void *param) {
@@ -134,6 +140,8 @@ static CUfunc_st functions[] = {
     {"gs_sema_wait", invoke<gs_sema_params>, (void *)gs_sema_wait},
     NVLS(f32, sum) NVLS(f16, sum) NVLS(f16, min) NVLS(f16, max) NVLS(bf16, sum) NVLS(bf16, min)
     NVLS(bf16, max)
+    {"gs_p2p_send", invoke<gs_p2p_params>, (void *)gs_p2p_send, true},
+    {"gs_p2p_recv", invoke<gs_p2p_params>, (void *)gs_p2p_recv, true},
 };
 static size_t param_size(const CUfunc_st *f) {
 	if (f->run == invoke<gs_copy_params>)
@@ -144,6 +152,8 @@ static size_t param_size(const CUfunc_st *f) {
 		return sizeof(gs_sema_params);
 	if (f->run == invoke<gs_nvls_params>)
 		return sizeof(gs_nvls_params);
+	if (f->run == invoke<gs_p2p_params>)
+		return sizeof(gs_p2p_params);
 	return sizeof(gs_ar_params);
 }
 
@@ -243,14 +253,28 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 	std::string p((const char *)params[0], param_size(f)); // copied now, like the driver
 	stream_of(s)->push([f, gx, bx, p] {
 		std::string local = p;
-		gridDim = {gx, 1, 1};
-		blockDim = {bx, 1, 1};
-		for (unsigned b = 0; b < gx; ++b)
-			for (unsigned t = 0; t < bx; ++t) {
+		for (unsigned b = 0; b < gx; ++b) {
+			auto thread = [&](unsigned t, gs_emu_block *blk) {
+				gridDim = {gx, 1, 1};
+				blockDim = {bx, 1, 1};
 				blockIdx = {b, 0, 0};
 				threadIdx = {t, 0, 0};
+				gs_emu_blk = blk;
 				f->run(f->fn, &local[0]);
+			};
+			if (!f->threaded) {
+				for (unsigned t = 0; t < bx; ++t)
+					thread(t, nullptr);
+				continue;
 			}
+			gs_emu_block blk;
+			blk.n = bx;
+			std::vector<std::thread> th;
+			for (unsigned t = 0; t < bx; ++t)
+				th.emplace_back(thread, t, &blk);
+			for (auto &x : th)
+				x.join();
+		}
 	});
 	return OK;
 }

@@ -1,0 +1,402 @@
+package gobackend
+
+// send and recv on CUDA memory. Each (endpoint, peer) pair gets a channel
+// (cuda.P2PChannel: per side a control allocation and an outbox, opened by
+// the peer through legacy CUDA IPC), made by the first CUDA send or recv
+// between the two ranks and by them alone: no other rank of the group takes
+// part, and p2p ops take no collective sequence number. The two sides
+// exchange their handles through the host point-to-point path (the
+// mailboxes and inboxes that carry CPU send/recv) under a reserved tag, not
+// over the mesh links, which collective-queue tasks use at the same time.
+//
+// An op only enqueues gs_p2p_send or gs_p2p_recv on the stream the caller
+// names (Python passes its internal send or receive stream) and is complete
+// on the host at once; the kernels pace each other through counters on the
+// devices. The channel lives until the endpoint is destroyed.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// p2pSetupTag marks the host messages of a channel handshake. Post and Run
+// refuse it for callers' messages, so the two can never be confused.
+const p2pSetupTag = math.MinInt64
+
+// p2pFrameBytes is the size of every handshake message (a length, then
+// the payload): receives are posted before the peer's size is known.
+const p2pFrameBytes = 256
+
+// gpuP2P is an endpoint's CUDA point-to-point side: a channel per peer.
+type gpuP2P struct {
+	mu       sync.Mutex
+	peers    []*p2pPeer // by rank, made on first use
+	closed   bool
+	stranded [][]byte // frames of handshakes that failed with their works posted
+
+	channels, sends, recvs atomic.Int64 // for the stats
+}
+
+// p2pPeer is the channel with one peer, or why there is none (sticky: the
+// two sides failed together).
+type p2pPeer struct {
+	done   chan struct{} // closed once the handshake finished, either way
+	device int
+	g      *gpuDevice
+	ch     *cuda.P2PChannel
+	err    error
+	send   *cuda.Function
+	recv   *cuda.Function
+	used   atomic.Bool // kernels were enqueued: close waits for the device
+}
+
+// checkUserTag refuses the tag the channel handshake reserves.
+func checkUserTag(op *Op) error {
+	if op.Kind.IsP2P() && op.Tag == p2pSetupTag {
+		return status.Errorf(status.InvalidArg, "gosym: %s: tag %d is reserved by gosym", op.Kind, op.Tag)
+	}
+	return nil
+}
+
+// p2pWho names a send or recv with its peer, for errors.
+func p2pWho(op *Op) string {
+	if op.Kind == coll.Send {
+		return fmt.Sprintf("send to rank %d", op.Peer)
+	}
+	return fmt.Sprintf("recv from rank %d", op.Peer)
+}
+
+// runP2PCUDA enqueues a send or recv of CUDA device memory on stream
+// (capturing: the stream is being captured into a CUDA graph). The op is
+// matched with the peer's in the order of the pair's CUDA messages, one
+// direction at a time; its size and tag must be the peer's (a receiver
+// that expected another drains the message and writes nothing). The
+// returned Work is complete.
+func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
+	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+		return nil, err
+	}
+	if err := checkUserTag(op); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	err := e.usable(op.Kind)
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if d := int(e.gpu.device.Load()) - 1; d >= 0 && d != device {
+		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
+			op.Kind, device, e.Name, d)
+	}
+	p, err := e.p2p.channel(e, op, device, capturing)
+	if err != nil {
+		return nil, err
+	}
+	n := uint64(op.Count * op.DType.Size())
+	timeout := uint64(e.Timeout.Nanoseconds())
+	p.used.Store(true)
+	count := &e.p2p.sends
+	if op.Kind == coll.Send {
+		err = p.ch.Send(p.send, cuda.Stream(stream), op.In, n, op.Tag, timeout)
+	} else {
+		count = &e.p2p.recvs
+		err = p.ch.Recv(p.recv, cuda.Stream(stream), op.Out, n, op.Tag, timeout)
+	}
+	if err != nil {
+		return nil, status.Wrap(status.System, err, "gosym: %s on cuda:%d", p2pWho(op), device)
+	}
+	count.Add(1)
+	e.stats.Posted.Add(1)
+	e.stats.Completed.Add(1)
+	w := &Work{op: *op, done: make(chan struct{})}
+	close(w.done)
+	return w, nil
+}
+
+// channel returns the channel with op.Peer, opening it on first use. Only
+// one caller opens it; others wait for that handshake, which has its own
+// deadline.
+func (p *gpuP2P) channel(e *Endpoint, op *Op, device int, capturing bool) (*p2pPeer, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, status.Errorf(status.Closed, "gosym: %s on a destroyed group", op.Kind)
+	}
+	if p.peers == nil {
+		p.peers = make([]*p2pPeer, e.Size)
+	}
+	c := p.peers[op.Peer]
+	if c == nil && capturing {
+		p.mu.Unlock()
+		return nil, status.Errorf(status.InvalidArg, "gosym: %s on CUDA inside a CUDA graph capture: the first CUDA send/recv between two ranks sets up their channel, which cannot be captured; run one before capturing",
+			p2pWho(op))
+	}
+	opener := c == nil
+	if opener {
+		c = &p2pPeer{done: make(chan struct{}), device: device}
+		p.peers[op.Peer] = c
+	}
+	p.mu.Unlock()
+	if opener {
+		c.err = e.openP2P(c, op)
+		if c.err == nil {
+			p.channels.Add(1)
+			e.gpu.device.CompareAndSwap(0, int32(device)+1)
+		}
+		close(c.done)
+	} else {
+		t := time.NewTimer(2 * e.Timeout)
+		select {
+		case <-c.done:
+			t.Stop()
+		case <-t.C:
+			return nil, status.Errorf(status.Timeout, "gosym: %s on CUDA: the channel with rank %d is still being set up after %v",
+				p2pWho(op), op.Peer, 2*e.Timeout)
+		}
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	if c.device != device {
+		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but this rank's channel with rank %d is on cuda:%d (one device per rank and group)",
+			p2pWho(op), device, op.Peer, c.device)
+	}
+	return c, nil
+}
+
+// openP2P runs the handshake with op.Peer. Local failures (no CUDA, a
+// compile error) still take part, as refusals, so that the peer never
+// waits for this rank; failures of either side are NotSupported on both.
+func (e *Endpoint) openP2P(c *p2pPeer, op *Op) error {
+	what := fmt.Sprintf("gosym: %s on cuda:%d: setting up the CUDA p2p channel", p2pWho(op), c.device)
+	peer := &p2pMailbox{e: e, peer: op.Peer, deadline: time.Now().Add(e.Timeout)}
+	var err error
+	if c.g, err = openGPU(c.device); err == nil {
+		if c.send, err = c.g.function(cuda.P2PSendKernel); err == nil {
+			c.recv, err = c.g.function(cuda.P2PRecvKernel)
+		}
+	}
+	if err != nil {
+		debugf("rank %d: CUDA p2p with rank %d: %v", e.Rank, op.Peer, err)
+		if lerr := cuda.RefuseP2P(peer); lerr != nil {
+			return linkError(e, lerr, what)
+		}
+		return status.Errorf(status.NotSupported, "%s: %v", what, err)
+	}
+	c.ch, err = cuda.OpenP2P(c.g.d, cuda.P2PSpec{Ctx: c.g.ctx, Peer: op.Peer, SlotBytes: p2pSlotBytes()}, peer)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, cuda.ErrNotSupported):
+		return status.Errorf(status.NotSupported, "%s: %v", what, err)
+	}
+	return linkError(e, err, what)
+}
+
+// linkError is a handshake that broke on the host path: the pair is out
+// of step, so the group is unusable, as after any failed p2p message.
+func linkError(e *Endpoint, err error, what string) error {
+	var coded *status.Error
+	if !errors.As(err, &coded) {
+		err = status.Wrap(status.Peer, err, "%s", what)
+	} else {
+		err = status.Wrap(status.CodeOf(err), err, "%s", what)
+	}
+	e.fail(err)
+	return err
+}
+
+// p2pSlotBytes reads GOSYM_GPU_P2P_SLOT_BYTES: the outbox slot of one
+// block (rounded down to a multiple of 16); both sides of a channel must
+// use the same. A round of a message is P2PBlocks slots, and a sender runs
+// up to P2PSlots rounds ahead of its receiver.
+func p2pSlotBytes() uintptr {
+	return uintptr(max(16, envInt("GOSYM_GPU_P2P_SLOT_BYTES", 128<<10)&^15))
+}
+
+// p2pMailbox carries a channel handshake over the host point-to-point
+// path: each Exchange sends one frame to the peer and receives the peer's,
+// both under p2pSetupTag.
+type p2pMailbox struct {
+	e        *Endpoint
+	peer     int
+	deadline time.Time
+}
+
+func (m *p2pMailbox) Exchange(step string, msg []byte) ([]byte, error) {
+	if len(msg) > p2pFrameBytes-4 {
+		return nil, fmt.Errorf("p2p handshake: a %d-byte message does not fit a frame", len(msg))
+	}
+	out, in := make([]byte, p2pFrameBytes), make([]byte, p2pFrameBytes)
+	binary.LittleEndian.PutUint32(out, uint32(len(msg)))
+	copy(out[4:], msg)
+	op := func(k coll.Kind, buf []byte) Op {
+		a := uintptr(unsafe.Pointer(&buf[0]))
+		o := Op{Kind: k, DType: dtype.Uint8, Peer: m.peer, Tag: p2pSetupTag, Count: len(buf)}
+		if k == coll.Send {
+			o.In = a
+		} else {
+			o.Out = a
+		}
+		return o
+	}
+	so, ro := op(coll.Send, out), op(coll.Recv, in)
+	sw, err := m.e.post(&so, true)
+	if err != nil {
+		return nil, err
+	}
+	rw, err := m.e.post(&ro, true)
+	if err == nil {
+		err = m.wait(rw, step)
+	}
+	err = errors.Join(err, m.wait(sw, step))
+	if err != nil {
+		// A work that timed out is still posted and may read or write its
+		// frame later (by address): the frames stay alive until the
+		// endpoint's workers are gone.
+		m.e.p2p.strand(out, in)
+		return nil, err
+	}
+	runtime.KeepAlive(out)
+	n := binary.LittleEndian.Uint32(in)
+	if n > p2pFrameBytes-4 {
+		return nil, fmt.Errorf("p2p handshake: rank %d sent a frame of %d bytes", m.peer, n)
+	}
+	return in[4 : 4+n], nil
+}
+
+// wait waits for w until the handshake's deadline; a timeout names the
+// peer and the step.
+func (m *p2pMailbox) wait(w *Work, step string) error {
+	left := time.Until(m.deadline)
+	if left <= 0 {
+		left = time.Millisecond
+	}
+	err := w.Wait(left)
+	if status.CodeOf(err) == status.Timeout {
+		return status.Errorf(status.Timeout, "timed out after %v waiting for rank %d (step %q; did it post the matching CUDA send/recv?)",
+			m.e.Timeout, m.peer, step)
+	}
+	return err
+}
+
+// strand keeps frames alive until close (after the workers stopped).
+func (p *gpuP2P) strand(frames ...[]byte) {
+	p.mu.Lock()
+	p.stranded = append(p.stranded, frames...)
+	p.mu.Unlock()
+}
+
+// p2pGrace is how long Destroy waits for a peer that consumed everything
+// to leave the channel too before freeing this side's memory anyway.
+const p2pGrace = 2 * time.Second
+
+// close waits for handshakes in flight (they fail fast once the endpoint
+// is closed) and tears every channel down. Once the devices are idle, each
+// side tells its peer it left and drops its mappings of the peer's memory
+// (Leave); it frees its own allocations once the peer left too (so an
+// importer always closes before its exporter frees when both ranks
+// destroy the group), or consumed everything this side sent and did not
+// leave within p2pGrace (it goes on running), or exited, or the group's
+// timeout passed. Errors the kernels recorded are logged.
+func (p *gpuP2P) close(e *Endpoint) {
+	p.mu.Lock()
+	p.closed = true
+	peers := p.peers
+	p.stranded = nil // the workers that could touch them are gone
+	p.mu.Unlock()
+	synced := map[*gpuDevice]bool{}
+	var open []int
+	for r, c := range peers {
+		if c == nil {
+			continue
+		}
+		<-c.done
+		if c.ch == nil {
+			continue
+		}
+		if c.used.Load() && !synced[c.g] {
+			synced[c.g] = true
+			if err := c.g.d.CtxSynchronize(c.g.ctx); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
+				debugf("rank %d: cuCtxSynchronize before closing the p2p channels: %v", e.Rank, err)
+			}
+		}
+		if debug {
+			if w, err := c.ch.ErrorWords(); err == nil && w[0] != 0 {
+				debugf("rank %d: the CUDA p2p channel with rank %d recorded %s", e.Rank, r, p2pErrorText(r, w))
+			}
+		}
+		if err := c.ch.Leave(); err != nil {
+			debugf("rank %d: leaving the CUDA p2p channel with rank %d: %v", e.Rank, r, err)
+		}
+		open = append(open, r)
+	}
+	start := time.Now()
+	for pause := time.Millisecond; len(open) > 0; pause = min(2*pause, 50*time.Millisecond) {
+		var dead []int
+		if e.mesh != nil {
+			dead = e.mesh.Dead()
+		}
+		waited := time.Since(start)
+		left := open[:0]
+		for _, r := range open {
+			c := peers[r]
+			gone, drained, err := c.ch.Settled()
+			free := gone || err != nil || slices.Contains(dead, r) || waited > e.Timeout || (drained && waited > p2pGrace)
+			if !free {
+				left = append(left, r)
+				continue
+			}
+			if !gone {
+				debugf("rank %d: freeing the CUDA p2p channel with rank %d before it left (drained %v, %v)", e.Rank, r, drained, err)
+			}
+			if err := c.ch.Close(); err != nil {
+				debugf("rank %d: closing the CUDA p2p channel with rank %d: %v", e.Rank, r, err)
+			}
+			c.ch = nil
+		}
+		open = left
+		if len(open) > 0 {
+			time.Sleep(pause)
+		}
+	}
+}
+
+// p2pErrorText describes the error words of a channel with peer.
+func p2pErrorText(peer int, w [cuda.P2PErrorWords]uint32) string {
+	switch w[0] {
+	case cuda.ErrTimeout:
+		what := "a free slot (its receiver did not consume)"
+		if w[1]&0xff == 1 {
+			what = "data (its sender did not send)"
+		}
+		return fmt.Sprintf("a timeout: block %d waited for %s from rank %d", w[1]>>8, what, peer)
+	case cuda.ErrMismatch:
+		return fmt.Sprintf("a mismatch: rank %d sent %d bytes with tag %d, which a recv of another size or tag drained",
+			peer, uint64(w[2])|uint64(w[3])<<32, int64(uint64(w[4])|uint64(w[5])<<32))
+	case cuda.ErrConfig:
+		return fmt.Sprintf("a bad launch (%#x, slot %d)", w[1], w[2])
+	}
+	return fmt.Sprintf("error %d", w[0])
+}
+
+func (p *gpuP2P) stats(m map[string]any) {
+	m["gpu_p2p_channels"] = p.channels.Load()
+	m["gpu_p2p_sends"] = p.sends.Load()
+	m["gpu_p2p_recvs"] = p.recvs.Load()
+	m["gpu_p2p_slot_bytes"] = int64(p2pSlotBytes())
+}

@@ -1,0 +1,147 @@
+package gobackend
+
+import (
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// The handshake frames travel over the host p2p path under the reserved
+// tag, in both directions at once, and never disturb the pair's own
+// messages: one sent before the handshake and received after it, one
+// received while it runs.
+func TestP2PMailboxExchange(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	early := []float32{1, 2, 3}
+	s, err := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 3, In: addr(early), Tag: 5})
+	require.NoError(t, err)
+	during, gotDuring := []float32{7, 8}, poisoned(2)
+	r, err := eps[0].Post(&Op{Kind: coll.Recv, Peer: 1, Count: 2, Out: addr(gotDuring), Tag: 6})
+	require.NoError(t, err)
+	msgs := [2][][]byte{{[]byte("hello from 0"), {}}, {make([]byte, p2pFrameBytes-4), {1}}}
+	for i := range msgs[1][0] {
+		msgs[1][0][i] = byte(rand.Uint32())
+	}
+	var got [2][][]byte
+	var errs [2]error
+	var wg sync.WaitGroup
+	for rank := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := &p2pMailbox{e: eps[rank], peer: 1 - rank, deadline: time.Now().Add(5 * time.Second)}
+			for _, msg := range msgs[rank] {
+				g, err := m.Exchange("step", msg)
+				if err != nil {
+					errs[rank] = err
+					return
+				}
+				got[rank] = append(got[rank], g)
+			}
+		}()
+	}
+	s1, err := eps[1].Post(&Op{Kind: coll.Send, Peer: 0, Count: 2, In: addr(during), Tag: 6})
+	require.NoError(t, err)
+	wg.Wait()
+	require.Equal(t, [2]error{}, errs)
+	require.Equal(t, msgs[1], got[0])
+	require.Equal(t, msgs[0], got[1])
+	_, err = (&p2pMailbox{e: eps[0], peer: 1}).Exchange("big", make([]byte, p2pFrameBytes))
+	require.ErrorContains(t, err, "does not fit")
+
+	gotEarly := poisoned(3)
+	r1, err := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 3, Out: addr(gotEarly), Tag: 5})
+	require.NoError(t, err)
+	waitAll(t, s, r, s1, r1)
+	require.Equal(t, early, gotEarly)
+	require.Equal(t, during, gotDuring)
+}
+
+// Callers cannot use the handshake's tag.
+func TestP2PSetupTagIsReserved(t *testing.T) {
+	eps := group(t, 2, 5*time.Second)
+	buf := make([]float32, 4)
+	for _, op := range []*Op{
+		{Kind: coll.Send, Peer: 1, Count: 4, In: addr(buf), Tag: p2pSetupTag},
+		{Kind: coll.Recv, Peer: 1, Count: 4, Out: addr(buf), Tag: p2pSetupTag},
+	} {
+		_, err := eps[0].Post(op)
+		require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
+		require.ErrorContains(t, err, "reserved")
+		require.Equal(t, status.InvalidArg, status.CodeOf(eps[0].Run(op)))
+		_, err = eps[0].PostCUDA(op, 0, 0, false)
+		require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
+	}
+}
+
+// Without CUDA both sides of a pair fail their CUDA send/recv with
+// NotSupported (each takes the other through the handshake as a refusal),
+// at once the next time, and the pair's host messages go on.
+func TestCUDAP2PWithoutCUDA(t *testing.T) {
+	if cudaDevices() > 0 {
+		t.Skip("CUDA is available here; this test covers machines without it")
+	}
+	eps := group(t, 2, 10*time.Second)
+	a, b := []float32{1, 2, 3}, poisoned(3)
+	mk := func(r int) *Op {
+		if r == 0 {
+			return &Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 3, In: addr(a)}
+		}
+		return &Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 0, Count: 3, Out: addr(b)}
+	}
+	dev := func(int) int { return 0 }
+	str := func(int) uintptr { return 0 }
+	for try := 0; try < 2; try++ {
+		start := time.Now()
+		for r, err := range postCUDAAll(eps, dev, str, mk) {
+			require.Equal(t, status.NotSupported, status.CodeOf(err), "rank %d: %v", r, err)
+			require.ErrorContains(t, err, []string{"send to rank 1", "recv from rank 0"}[r]+" on cuda:0: setting up the CUDA p2p channel")
+		}
+		require.Less(t, time.Since(start), 5*time.Second)
+	}
+	require.Equal(t, []float32{1, 2, 3}, a)
+	require.Equal(t, poisoned(3), b)
+	require.Equal(t, []error{nil, nil}, postAll(t, eps, mk))
+	require.Equal(t, a, b)
+	st := eps[0].StatsMap()
+	require.EqualValues(t, 0, st["gpu_p2p_channels"])
+	require.EqualValues(t, -1, st["gpu_device"])
+}
+
+// A peer that never takes part: the handshake gives up at the group's
+// timeout, naming the peer, and the group is unusable afterwards (the pair
+// is out of step), as after any p2p message that timed out.
+func TestCUDAP2PHandshakeTimeoutNamesThePeer(t *testing.T) {
+	eps := group(t, 2, 300*time.Millisecond)
+	buf := make([]float32, 4)
+	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
+	require.ErrorContains(t, err, "setting up the CUDA p2p channel")
+	require.ErrorContains(t, err, "rank 1")
+	_, err = eps[0].Post(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 4, In: addr(buf), Out: addr(buf)})
+	require.ErrorContains(t, err, "broken")
+}
+
+// The first CUDA send/recv of a pair cannot be captured into a CUDA graph
+// (it sets the channel up): refused locally, before any handshake.
+func TestCUDAP2PFirstOpRefusedUnderCapture(t *testing.T) {
+	eps := group(t, 2, 5*time.Second)
+	buf := make([]float32, 4)
+	start := time.Now()
+	_, err := eps[0].PostCUDA(&Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 1, Count: 4, Out: addr(buf)}, 0, 0, true)
+	require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
+	require.ErrorContains(t, err, "run one before capturing")
+	require.Less(t, time.Since(start), time.Second)
+	bufs := [][]float32{{1}, {2}}
+	require.Equal(t, []error{nil, nil}, postAll(t, eps, func(r int) *Op {
+		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
+	}))
+	require.Equal(t, []float32{3}, bufs[1])
+}

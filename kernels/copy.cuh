@@ -1,0 +1,50 @@
+// Byte copies shared by the data movement kernels (copy.cu, p2p.cu): the
+// widest access (16/8/4/2/1 bytes) that dst and src are co-aligned for,
+// with byte heads and tails, spread over the threads of a launch or block.
+#ifndef GOSYM_COPY_CUH
+#define GOSYM_COPY_CUH
+
+#include "common.cuh"
+
+// Thread g of stride threads copies its share of a segment.
+template <class W>
+__device__ __forceinline__ void gs_copy_units(char *dst, const char *src, gs_u64 units, gs_u64 g,
+                                              gs_u64 stride) {
+	for (gs_u64 i = g; i < units; i += stride)
+		((W *)dst)[i] = ((const W *)src)[i];
+}
+
+__device__ __forceinline__ void gs_copy_bytes(char *dst, const char *src, gs_u64 lo, gs_u64 hi,
+                                              gs_u64 g, gs_u64 stride) {
+	for (gs_u64 i = lo + g; i < hi; i += stride)
+		dst[i] = src[i];
+}
+
+__device__ __forceinline__ void gs_copy_seg(char *dst, const char *src, gs_u64 bytes, gs_u64 g,
+                                            gs_u64 stride) {
+	const gs_u64 x = ((gs_u64)dst ^ (gs_u64)src) & 15u;
+	const gs_u64 w = x == 0 ? 16u : (x & (~x + 1u)); // lowest set bit
+	gs_u64 head = (w - ((gs_u64)dst & (w - 1u))) & (w - 1u);
+	head = head < bytes ? head : bytes;
+	const gs_u64 units = (bytes - head) / w, tail = head + units * w;
+	gs_copy_bytes(dst, src, 0, head, g, stride);
+	switch (w) {
+	case 16:
+		gs_copy_units<gs_v16>(dst + head, src + head, units, g, stride);
+		break;
+	case 8:
+		gs_copy_units<gs_u64>(dst + head, src + head, units, g, stride);
+		break;
+	case 4:
+		gs_copy_units<gs_u32>(dst + head, src + head, units, g, stride);
+		break;
+	case 2:
+		gs_copy_units<unsigned short>(dst + head, src + head, units, g, stride);
+		break;
+	default:
+		gs_copy_bytes(dst + head, src + head, 0, units, g, stride);
+	}
+	gs_copy_bytes(dst, src, tail, bytes, g, stride);
+}
+
+#endif // GOSYM_COPY_CUH

@@ -1,0 +1,181 @@
+// Point-to-point kernels: one message over one direction of a channel
+// between two ranks (gobackend/internal/cuda/p2p.go sets the channel up).
+//
+//   gs_p2p_send  copies the message into this rank's outbox, slot by slot,
+//                and tells the receiver each slot is ready;
+//   gs_p2p_recv  copies each ready slot from the sender's outbox (a peer
+//                mapping: NVLink reads) into the destination and tells the
+//                sender the slot is free again.
+//
+// Launch both with GS_P2P_BLOCKS blocks (any number up to it works if both
+// sides use the same) of at least 32 threads. The message is cut into
+// rounds of slot_bytes per block; in each round block b moves its 16-byte
+// aligned share. Every block moves exactly the same number of chunks for a
+// message, one per round (possibly empty), so per-block counters advance
+// alike on both sides, and a receiver that expected another size can still
+// drain the message in step: it reads the sender's size from the header of
+// its first chunk.
+//
+// Counters (one 128-byte line each, in the control allocations):
+//   READY[b]  in the receiver's control, written by the sender (release):
+//             chunks block b of the sender made ready;
+//   ACK[b]    in the sender's control, written by the receiver (release):
+//             chunks block b of the receiver consumed;
+//   SENT[b], RECVD[b]  each side's own count, never read by the peer.
+// Chunk k of block b uses slot k % GS_P2P_SLOTS; the sender fills it once
+// ACK[b] shows chunk k - GS_P2P_SLOTS consumed, so it runs at most
+// GS_P2P_SLOTS chunks ahead and then waits on the device. All counters live
+// on the device and only grow (cyclic comparison), so a replayed CUDA graph
+// carries on from where the last launch left them.
+#include "copy.cuh"
+
+static_assert(GS_P2P_ACK >= GS_P2P_READY + GS_P2P_BLOCKS * GS_P2P_LINE, "p2p: ready overlaps ack");
+static_assert(GS_P2P_SENT >= GS_P2P_ACK + GS_P2P_BLOCKS * GS_P2P_LINE, "p2p: ack overlaps sent");
+static_assert(GS_P2P_RECVD >= GS_P2P_SENT + GS_P2P_BLOCKS * GS_P2P_LINE, "p2p: sent overlaps recvd");
+static_assert(GS_P2P_HDR >= GS_P2P_RECVD + GS_P2P_BLOCKS * GS_P2P_LINE, "p2p: recvd overlaps hdr");
+static_assert(GS_P2P_ERROR >= GS_P2P_HDR + GS_P2P_BLOCKS * GS_P2P_SLOTS * GS_P2P_HDR_WORDS,
+              "p2p: headers overlap the error words");
+static_assert(GS_P2P_GONE >= GS_P2P_ERROR + GS_P2P_ERROR_WORDS && (GS_P2P_GONE + 1) * 4 <= GS_P2P_CTRL_BYTES,
+              "p2p: control does not fit");
+
+// What a block was waiting for when it timed out (low byte of the detail).
+#define GS_P2P_WAIT_SLOT 0  // the sender, for a free slot
+#define GS_P2P_WAIT_DATA 1  // the receiver, for a ready chunk
+
+// Records the first error on this side's control words; a0..a3 go with it.
+__device__ __forceinline__ void gs_p2p_error(gs_u32 *ctrl, gs_u32 code, gs_u32 detail, gs_u32 a0,
+                                             gs_u32 a1, gs_u32 a2, gs_u32 a3) {
+	gs_u32 *e = ctrl + GS_P2P_ERROR;
+	if (atomicCAS(e, 0u, code) == 0u) {
+		atomicExch(e + 1, detail);
+		atomicExch(e + 2, a0);
+		atomicExch(e + 3, a1);
+		atomicExch(e + 4, a2);
+		atomicExch(e + 5, a3);
+	}
+	__threadfence_system();
+}
+
+__device__ __forceinline__ bool gs_p2p_config_ok(const gs_p2p_params &p) {
+	if (!p.ctrl)
+		return false;
+	const bool ok = p.peer_ctrl && p.box && (p.buf || p.bytes == 0) && p.slot_bytes >= 16 &&
+	                p.slot_bytes % 16 == 0 && gridDim.x >= 1 && gridDim.x <= GS_P2P_BLOCKS &&
+	                gridDim.y == 1 && gridDim.z == 1 && blockDim.x >= 32 && blockDim.y == 1 &&
+	                blockDim.z == 1;
+	if (!ok && threadIdx.x == 0)
+		gs_p2p_error(p.ctrl, GS_ERR_CONFIG, (gridDim.x << 16) | (blockDim.x & 0xffffu),
+		             (gs_u32)p.slot_bytes, 0, 0, 0);
+	return ok;
+}
+
+// Rounds of a message of bytes: at least one, so that an empty message
+// still meets its receiver.
+__device__ __forceinline__ gs_u64 gs_p2p_rounds(gs_u64 bytes, gs_u64 slot_bytes) {
+	const gs_u64 round = slot_bytes * gridDim.x;
+	return bytes == 0 ? 1 : (bytes + round - 1) / round;
+}
+
+// This block's share of round j: *len bytes at message offset *off, at
+// most slot_bytes (16-byte aligned pieces, the last one shorter).
+__device__ __forceinline__ void gs_p2p_share(gs_u64 bytes, gs_u64 slot_bytes, gs_u64 j, gs_u64 *off,
+                                             gs_u64 *len) {
+	const gs_u64 round = slot_bytes * gridDim.x, base = j * round;
+	const gs_u64 left = bytes > base ? bytes - base : 0;
+	const gs_u64 rb = left < round ? left : round;
+	const gs_u64 per = ((rb + gridDim.x - 1) / gridDim.x + 15u) / 16u * 16u;
+	gs_u64 lo = (gs_u64)blockIdx.x * per, hi = lo + per;
+	lo = lo < rb ? lo : rb;
+	hi = hi < rb ? hi : rb;
+	*off = base + lo;
+	*len = hi - lo;
+}
+
+// Slot s of block b in an outbox.
+__device__ __forceinline__ char *gs_p2p_slot(const gs_p2p_params &p, gs_u32 s) {
+	return (char *)p.box + ((gs_u64)blockIdx.x * GS_P2P_SLOTS + s) * p.slot_bytes;
+}
+
+// Thread 0 waits until *flag reaches want; false (error recorded) on timeout,
+// for every thread of the block.
+__device__ __forceinline__ bool gs_p2p_wait(const gs_p2p_params &p, const gs_u32 *flag, gs_u32 want,
+                                            gs_u32 what) {
+	int failed = 0;
+	if (threadIdx.x == 0 && !gs_poll(flag, GsReached{want}, p.timeout_ns)) {
+		gs_p2p_error(p.ctrl, GS_ERR_TIMEOUT, (blockIdx.x << 8) | what, 0, 0, 0, 0);
+		failed = 1;
+	}
+	return !__syncthreads_or(failed);
+}
+
+extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_send(gs_p2p_params p) {
+	if (!gs_p2p_config_ok(p))
+		return;
+	const gs_u32 line = blockIdx.x * GS_P2P_LINE;
+	volatile gs_u32 *sent = p.ctrl + GS_P2P_SENT + line;
+	// Read by every thread before thread 0 first advances it (after the
+	// barrier in the first wait).
+	gs_u32 k = *sent;
+	const gs_u64 rounds = gs_p2p_rounds(p.bytes, p.slot_bytes);
+	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
+		// Slot k % SLOTS is free once chunk k - SLOTS was consumed.
+		if (!gs_p2p_wait(p, p.ctrl + GS_P2P_ACK + line, k + 1u - GS_P2P_SLOTS, GS_P2P_WAIT_SLOT))
+			return;
+		const gs_u32 s = k % GS_P2P_SLOTS;
+		gs_u64 off, len;
+		gs_p2p_share(p.bytes, p.slot_bytes, j, &off, &len);
+		gs_copy_seg(gs_p2p_slot(p, s), (const char *)p.buf + off, len, threadIdx.x, blockDim.x);
+		__threadfence_system();
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			volatile gs_u32 *h = p.peer_ctrl + GS_P2P_HDR + (blockIdx.x * GS_P2P_SLOTS + s) * GS_P2P_HDR_WORDS;
+			h[0] = (gs_u32)p.bytes;
+			h[1] = (gs_u32)(p.bytes >> 32);
+			h[2] = (gs_u32)(gs_u64)p.tag;
+			h[3] = (gs_u32)((gs_u64)p.tag >> 32);
+			gs_st_release(p.peer_ctrl + GS_P2P_READY + line, k + 1u);
+			*sent = k + 1u;
+		}
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2p_params p) {
+	if (!gs_p2p_config_ok(p))
+		return;
+	const gs_u32 line = blockIdx.x * GS_P2P_LINE;
+	volatile gs_u32 *recvd = p.ctrl + GS_P2P_RECVD + line;
+	gs_u32 k = *recvd;
+	gs_u64 bytes = p.bytes, rounds = gs_p2p_rounds(bytes, p.slot_bytes);
+	bool drain = false; // the message is not the one expected: consume it, write nothing
+	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
+		if (!gs_p2p_wait(p, p.ctrl + GS_P2P_READY + line, k + 1u, GS_P2P_WAIT_DATA))
+			return;
+		const gs_u32 s = k % GS_P2P_SLOTS;
+		if (j == 0) { // the sender's header, read by every thread after the wait
+			const volatile gs_u32 *h =
+			    p.ctrl + GS_P2P_HDR + (blockIdx.x * GS_P2P_SLOTS + s) * GS_P2P_HDR_WORDS;
+			const gs_u32 h0 = h[0], h1 = h[1], h2 = h[2], h3 = h[3];
+			const gs_u64 got = (gs_u64)h0 | ((gs_u64)h1 << 32);
+			const long long tag = (long long)((gs_u64)h2 | ((gs_u64)h3 << 32));
+			if (got != p.bytes || tag != p.tag) {
+				drain = true;
+				bytes = got;
+				rounds = gs_p2p_rounds(got, p.slot_bytes);
+				if (threadIdx.x == 0)
+					gs_p2p_error(p.ctrl, GS_ERR_MISMATCH, blockIdx.x << 8, h0, h1, h2, h3);
+			}
+		}
+		if (!drain) {
+			gs_u64 off, len;
+			gs_p2p_share(bytes, p.slot_bytes, j, &off, &len);
+			gs_copy_seg((char *)p.buf + off, gs_p2p_slot(p, s), len, threadIdx.x, blockDim.x);
+		}
+		// Every thread's reads of the slot are done before the sender may
+		// refill it.
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			gs_st_release(p.peer_ctrl + GS_P2P_ACK + line, k + 1u);
+			*recvd = k + 1u;
+		}
+	}
+}

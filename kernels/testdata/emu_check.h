@@ -1,0 +1,49 @@
+// Bookkeeping shared by the emulation programs (emu_main.cpp, emu_p2p.cpp):
+// the CUDA built-in variables emu.h declares, the pass/fail counts, and
+// guarded buffers.
+#ifndef GOSYM_EMU_CHECK_H
+#define GOSYM_EMU_CHECK_H
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+thread_local gs_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+static int passed, failed;
+
+static void fail(const std::string &what) {
+	if (failed < 50)
+		fprintf(stderr, "FAIL %s\n", what.c_str());
+	failed++;
+}
+
+static const size_t kGuard = 64;
+static const unsigned char kPoison = 0xab;
+
+// A buffer whose data starts `mis` bytes past a 16-byte boundary, with
+// guard bytes on both sides (kPoison, like every byte not yet written) to
+// catch stray writes.
+struct Buf {
+	std::vector<unsigned char> mem;
+	size_t off, len;
+	Buf(size_t len_, size_t mis) : mem(len_ + 2 * kGuard + 32, kPoison), len(len_) {
+		uintptr_t base = (uintptr_t)mem.data() + kGuard;
+		off = ((base + 15) & ~(uintptr_t)15) - (uintptr_t)mem.data() + mis;
+	}
+	unsigned char *data() { return mem.data() + off; }
+	bool guards_intact() const {
+		for (size_t i = 0; i < mem.size(); ++i)
+			if ((i < off || i >= off + len) && mem[i] != kPoison)
+				return false;
+		return true;
+	}
+	bool untouched() const {
+		for (unsigned char c : mem)
+			if (c != kPoison)
+				return false;
+		return true;
+	}
+};
+
+#endif // GOSYM_EMU_CHECK_H
