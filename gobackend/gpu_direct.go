@@ -482,21 +482,21 @@ func (t *gpuTeam) allToAllRegistered(op *Op, n uintptr) bool {
 
 // allToAllRecord is this rank's record for an all_to_all whose largest own
 // piece has localMax bytes: the driver is asked only from directMin.
-func (t *gpuTeam) allToAllRecord(op *Op, localMax uintptr) []byte {
+func (t *gpuTeam) allToAllRecord(sd *gpuSide, op *Op, localMax uintptr) []byte {
 	es := uintptr(op.DType.Size())
 	spans := make([]gpuSpan, len(op.InPieces))
 	for r, pc := range op.InPieces {
 		spans[r] = gpuSpan{pc.Addr, uintptr(pc.Count) * es}
 	}
 	lo, n := hull(spans)
-	return t.side().record(lo, n, int(localMax) >= t.directMin(op))
+	return sd.record(lo, n, int(localMax) >= t.directMin(op))
 }
 
 // allToAllDirect runs an all_to_all on the peers' inputs by the agreed
 // metas (per rank: 2*world split counts, the record, world piece
 // addresses); longest is the longest piece of all. done is false when it
 // must stage.
-func (t *gpuTeam) allToAllDirect(op *Op, s cuda.Stream, all [][]byte, longest uintptr, agree gpuAgree) (bool, error) {
+func (t *gpuTeam) allToAllDirect(sd *gpuSide, op *Op, s cuda.Stream, all [][]byte, longest uintptr, agree gpuAgree) (bool, error) {
 	w := t.world
 	le := binary.LittleEndian
 	mode := directNone
@@ -515,7 +515,7 @@ func (t *gpuTeam) allToAllDirect(op *Op, s cuda.Stream, all [][]byte, longest ui
 		}
 		need[r] = op.OutPieces[r].Count > 0
 	}
-	peers, ok, err := t.side().negotiate(regions, relevant, need, mode, op, agree)
+	peers, ok, err := sd.negotiate(regions, relevant, need, mode, op, agree)
 	if err != nil || !ok {
 		return false, err
 	}

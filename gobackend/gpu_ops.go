@@ -418,8 +418,11 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 		le.PutUint64(meta[16*w+gpuRegionBytes+8*r:], uint64(op.InPieces[r].Addr))
 		inTotal, localMax = inTotal+in, max(localMax, in, out)
 	}
+	// One side for the record and the negotiation: the record remembers this
+	// rank's fresh memh, which the negotiation binds.
+	sd := t.side()
 	if w > 1 && inTotal > 0 {
-		copy(meta[16*w:], t.allToAllRecord(op, localMax))
+		copy(meta[16*w:], t.allToAllRecord(sd, op, localMax))
 	}
 	all, err := agree(meta)
 	if err != nil {
@@ -441,7 +444,7 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 		}
 	}
 	if w > 1 {
-		if done, err := t.allToAllDirect(op, s, all, longest, agree); done || err != nil {
+		if done, err := t.allToAllDirect(sd, op, s, all, longest, agree); done || err != nil {
 			return err
 		}
 	}

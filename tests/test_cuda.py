@@ -108,7 +108,7 @@ def test_cuda_p2p(tmp_path):
     up to 40 MiB bit for bit, the 64 MiB ring in both orders, tags in order, strided
     tensors, a drained mismatch, a captured CUDA graph replayed, CPU and CUDA messages
     of one pair interleaved."""
-    if _device_count() < 2:
+    if cuda_device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
     res = run_torchrun("cuda_p2p_worker", 2, ["--timeout", 120], timeout=600,
                        outdir=tmp_path / "p2p")
