@@ -295,6 +295,22 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
 	free((void *)p);
 	return OK;
 }
+// Pinned host memory (the engine's host-visible error words): heap memory,
+// its device address the host one, as with unified addressing.
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
+	(void)flags;
+	*p = calloc(1, n);
+	return *p ? OK : 2;
+}
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags) {
+	(void)flags;
+	*d = (CUdeviceptr)p;
+	return OK;
+}
+CUresult cuMemFreeHost(void *p) {
+	free(p);
+	return OK;
+}
 CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) {
 	memcpy((void *)d, s, n);
 	return OK;
@@ -556,6 +572,8 @@ static const Proc procs[] = {
     P("cuModuleGetFunction", cuModuleGetFunction) P("cuFuncGetAttribute", cuFuncGetAttribute)
     P("cuLaunchKernel", cuLaunchKernel) P("cuMemAlloc", cuMemAlloc_v2) P("cuMemFree", cuMemFree_v2)
     P("cuMemcpyHtoD", cuMemcpyHtoD_v2) P("cuMemcpyDtoH", cuMemcpyDtoH_v2)
+    P("cuMemHostAlloc", cuMemHostAlloc) P("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2)
+    P("cuMemFreeHost", cuMemFreeHost)
     P("cuMemcpyAsync", cuMemcpyAsync) P("cuMemcpyDtoDAsync", cuMemcpyDtoDAsync_v2)
     P("cuMemsetD32Async", cuMemsetD32Async) P("cuStreamCreate", cuStreamCreate)
     P("cuStreamDestroy", cuStreamDestroy_v2) P("cuStreamSynchronize", cuStreamSynchronize)
