@@ -332,7 +332,7 @@ func (t *gpuTeam) reduce(op *Op, s cuda.Stream, root int) error {
 		p.Numel, p.Out, p.SrcOffset, p.In = uint64(n/es), op.Out+at, 0, 0
 		// Fused staging saves a driver call per chunk (~20 µs eager on 2×H200)
 		// but replays ~0.5-2 µs slower in a CUDA graph than copy + kernel.
-		if algo == cuda.OneShot && int(n) <= t.cfg.fuseMax && !t.capturing {
+		if algo == cuda.OneShot && t.fuses(n) {
 			p.In = op.In + at // the kernel stages it (one launch, no copy)
 		} else if err := t.stageIn(0, op.In+at, n, s); err != nil {
 			return err
@@ -363,9 +363,8 @@ func (t *gpuTeam) reduceScatter(op *Op, s cuda.Stream) error {
 	return chunks(uintptr(op.Count)*es, reg, func(at, n uintptr) error {
 		p.Numel, p.Out, p.SrcOffset = uint64(n/es), op.Out+at, uint64(uintptr(t.rank)*reg/es)
 		p.In, p.InStride, p.StageStride = 0, 0, 0
-		// As reduce: fused staging saves world driver calls per chunk, but not
-		// under graph capture, where copy nodes replay faster.
-		if even && int(n)*t.world <= t.cfg.fuseMax && !t.capturing {
+		// As reduce: fused staging saves world driver calls per chunk.
+		if even && t.fuses(n*uintptr(t.world)) {
 			p.In, p.InStride, p.StageStride = op.InPieces[0].Addr+at, uint64(stride/es), uint64(reg/es)
 		} else {
 			for r, pc := range op.InPieces {
@@ -377,6 +376,10 @@ func (t *gpuTeam) reduceScatter(op *Op, s cuda.Stream) error {
 		return t.reduceKernel(op, cuda.OneShot, &p, s)
 	})
 }
+
+// fuses says whether a one-shot launch stages n bytes itself: up to
+// fuseMax, and not under graph capture, where copy nodes replay faster.
+func (t *gpuTeam) fuses(n uintptr) bool { return int(n) <= t.cfg.fuseMax && !t.capturing }
 
 // pieceStride reports whether pieces lie evenly spaced, stride bytes apart
 // (a positive multiple of es), as reduce_scatter_tensor's do.

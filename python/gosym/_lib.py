@@ -143,7 +143,7 @@ def stream_tail(stream: int, device: int, flags: int = 0) -> bytes:
 
 def on_stream(desc: bytes, stream: int, device: int, flags: int = 0) -> bytes:
     """desc, moved onto CUstream stream of CUDA device ordinal device (flags: GOSYM_OP_*)."""
-    return desc[:STREAM_AT] + _TAIL.pack(stream, device, flags)
+    return desc[:STREAM_AT] + stream_tail(stream, device, flags)
 
 
 _u64p = POINTER(c_uint64)
