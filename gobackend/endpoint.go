@@ -39,8 +39,12 @@ type Config struct {
 	Slots      int           // sync slots per rank (GOSYM_SLOTS); every rank the same
 }
 
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+func envInt(name string, def int) int { return envIntFrom(name, def, 1) }
+
+// envIntFrom is envInt for tunables where values from least up are
+// meaningful (0 turning a feature off, say).
+func envIntFrom(name string, def, least int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= least {
 		return v
 	}
 	return def
@@ -363,7 +367,7 @@ func (e *Endpoint) StatsMap() map[string]any {
 		m["slot_stalls"] = e.team.SlotStalls()
 	}
 	e.gpu.stats(m)
-	e.p2p.stats(m)
+	e.p2p.stats(e, m)
 	if e.bind != nil {
 		for k, v := range e.bind.stats() {
 			m[k] = v

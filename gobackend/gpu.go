@@ -278,6 +278,7 @@ type gpuConfig struct {
 	regMin           int // GOSYM_GPU_REG_DIRECT_MIN: directMin for ops on registered (mem_map'ed) buffers
 	semaMin          int // GOSYM_GPU_SEMA_MIN: reductions of at least this many bytes use the semaphore protocol
 	fuseMax          int // GOSYM_GPU_FUSE_MAX: one-shot chunks of at most this many bytes stage inside the kernel, outside graph capture
+	altSlot          int // GOSYM_GPU_ALT_SLOT: bytes per block of the alternating staging of small all_reduce (0, the default: none)
 }
 
 func gpuConfigFromEnv() gpuConfig {
@@ -293,6 +294,9 @@ func gpuConfigFromEnv() gpuConfig {
 		regMin:           envInt("GOSYM_GPU_REG_DIRECT_MIN", 1<<20),
 		semaMin:          envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
 		fuseMax:          envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
+		// Off: on 2×H200 its in-kernel staging and fence cost more than the
+		// barrier it saves (docs/ARCHITECTURE.md, "Measured").
+		altSlot: envIntFrom("GOSYM_GPU_ALT_SLOT", 0, 0),
 	}
 }
 
@@ -538,6 +542,7 @@ type gpuTeam struct {
 	rank, world int
 	ctrl, data  gpuSymm
 	stage       uintptr // bytes of staging, a multiple of 16
+	alt         uintptr // bytes of each slot of the alternating staging after it (gpu_ops.go, alternates)
 	timeoutNs   uint64
 	pads        [cuda.MaxRanks]uintptr
 	stages      [cuda.MaxRanks]uintptr
@@ -586,8 +591,9 @@ func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (
 	t.g = g
 	round := func(n uintptr) uintptr { return (n + g.gran - 1) / g.gran * g.gran }
 	t.ctrl.size = round(cuda.PadBytes)
-	t.data.size = round(uintptr(max(cfg.stageBytes, 64<<10)))
-	t.stage = t.data.size &^ 15
+	t.stage = round(uintptr(max(cfg.stageBytes, 64<<10)))
+	t.alt = uintptr(max(cfg.altSlot, 0)) &^ 15
+	t.data.size = round(t.stage + 2*altBlocks*t.alt)
 	for _, src := range []string{"allreduce.cu", cuda.BarrierKernel.Source} {
 		if _, err := g.module(src); err != nil {
 			return t, err

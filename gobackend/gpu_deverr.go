@@ -28,16 +28,21 @@ func (e *Endpoint) deviceError(w *cuda.ErrorWords, ordinal int) error {
 }
 
 // DeviceError is the error a CUDA kernel of this group recorded on this
-// rank (a peer that did not arrive in time), nil if none. It reads host
-// memory only: callers use it after waiting on the GPU (a barrier).
+// rank (a peer that did not arrive in time, a p2p message that did not
+// match), nil if none. It reads host memory only: callers use it after
+// waiting on the GPU (a barrier).
 func (e *Endpoint) DeviceError() error {
 	g := &e.gpu
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.errw == nil {
-		return nil
+	var err error
+	if g.errw != nil {
+		err = e.deviceError(g.errw, int(g.device.Load())-1)
 	}
-	return e.deviceError(g.errw, int(g.device.Load())-1)
+	g.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return e.p2p.deviceError(e)
 }
 
 // deviceErrorCode is the recorded code for stats, 0 while none.

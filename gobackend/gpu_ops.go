@@ -98,6 +98,10 @@ func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
 			return t.nvlsReduce(op, s, root, nvlsStageAddr(t.nvls))
 		}
 	}
+	if root < 0 && t.alternates(uintptr(n), uintptr(op.DType.Size())) {
+		t.algos.Add(gpuAlgoAlt, t.rank, op)
+		return t.reduce(op, s, root)
+	}
 	if root < 0 {
 		done, err := t.direct(op, s, agree)
 		if done {
@@ -282,13 +286,7 @@ func (t *gpuTeam) reduceParams(op *Op) cuda.ARParams {
 // rank that receives nothing (reduce's non-roots: out == 0), gs_copy with
 // no segments in the same grid, which takes part in the same barriers.
 func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.Stream) error {
-	es := op.DType.Size()
-	grid, block := cuda.ReduceGrid(algo, p.Numel, es, t.world)
-	// Bandwidth-bound: two-shot, or a one-shot that reads twoShotMin bytes
-	// in all (world inputs).
-	if algo == cuda.TwoShot || int(p.Numel)*es*t.world >= t.cfg.twoShotMin {
-		grid, block = cuda.ReduceGridLimit(algo, p.Numel, es, t.world, t.cfg.bigBlocks)
-	}
+	grid, block := t.reduceGrid(algo, p.Numel, op.DType.Size())
 	if p.Out == 0 && p.In == 0 && algo == cuda.OneShot { // nothing to stage or to reduce here
 		return t.copyKernel(nil, nil, grid, s)
 	}
@@ -303,6 +301,37 @@ func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.
 	t.used = true
 	p.Post = post
 	return t.g.d.Launch(f, grid, block, 0, s, p)
+}
+
+// reduceGrid is the launch shape of a reduction kernel for numel elements
+// of es bytes: bandwidth-bound ones (two-shot, or a one-shot that reads
+// twoShotMin bytes in all) may use bigBlocks.
+func (t *gpuTeam) reduceGrid(algo cuda.Algo, numel uint64, es int) (grid, block cuda.Dim3) {
+	if algo == cuda.TwoShot || int(numel)*es*t.world >= t.cfg.twoShotMin {
+		return cuda.ReduceGridLimit(algo, numel, es, t.world, t.cfg.bigBlocks)
+	}
+	return cuda.ReduceGrid(algo, numel, es, t.world)
+}
+
+// altBlocks is the most blocks a launch on the alternating staging may
+// have: the area holds two slots per block.
+const altBlocks = 32
+
+// alternates says whether an all_reduce of n bytes (elements of es bytes)
+// runs as one fused one-shot launch on the alternating staging (two slots
+// of t.alt bytes per block after the staging, gs_oneshot_fused with Alt):
+// one block barrier instead of two, in eager mode and under capture alike,
+// so it is taken before the direct path. Every block's range must fit its
+// slot, computed as the kernel computes it.
+func (t *gpuTeam) alternates(n, es uintptr) bool {
+	if t.alt == 0 || t.world < 2 || n == 0 {
+		return false
+	}
+	numel := uint64(n / es)
+	grid, _ := t.reduceGrid(cuda.OneShot, numel, int(es))
+	g, vec := uint64(grid.X), uint64(16/es)
+	per := ((numel+g-1)/g + vec - 1) / vec * vec
+	return g <= altBlocks && per*uint64(es) <= uint64(t.alt)
 }
 
 // reduce is all_reduce (root < 0) and reduce (only root writes its
@@ -329,10 +358,13 @@ func (t *gpuTeam) reduce(op *Op, s cuda.Stream, root int) error {
 		if root < 0 && t.world > 1 && int(n) >= t.cfg.twoShotMin {
 			algo = cuda.TwoShot
 		}
-		p.Numel, p.Out, p.SrcOffset, p.In = uint64(n/es), op.Out+at, 0, 0
+		p.Numel, p.Out, p.SrcOffset, p.In, p.Alt = uint64(n/es), op.Out+at, 0, 0, 0
 		// Fused staging saves a driver call per chunk (~20 µs eager on 2×H200)
-		// but replays ~0.5-2 µs slower in a CUDA graph than copy + kernel.
-		if algo == cuda.OneShot && t.fuses(n) {
+		// but replays ~0.5-2 µs slower in a CUDA graph than copy + kernel,
+		// unless it also saves the closing barrier (alternates).
+		if root < 0 && algo == cuda.OneShot && t.alternates(n, es) {
+			p.In, p.SrcOffset, p.Alt = op.In+at, uint64(t.stage/es), uint64(t.alt/es)
+		} else if algo == cuda.OneShot && t.fuses(n) {
 			p.In = op.In + at // the kernel stages it (one launch, no copy)
 		} else if err := t.stageIn(0, op.In+at, n, s); err != nil {
 			return err

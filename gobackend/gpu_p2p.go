@@ -106,6 +106,9 @@ func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool
 	if err != nil {
 		return nil, err
 	}
+	if err := p.deviceError(e, op.Peer); err != nil {
+		return nil, err
+	}
 	n := uint64(op.Count * op.DType.Size())
 	timeout := uint64(e.Timeout.Nanoseconds())
 	p.used.Store(true)
@@ -125,6 +128,56 @@ func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool
 	w := &Work{op: *op, done: make(chan struct{})}
 	close(w.done)
 	return w, nil
+}
+
+// deviceError is the error a kernel of this channel recorded, nil while
+// none. It is sticky: after a timeout the two sides' counters are out of
+// step, and after a drained mismatch the pair's programs disagree, so every
+// later CUDA send or recv with that peer fails with it (collectives and the
+// other peers' channels go on).
+func (c *p2pPeer) deviceError(e *Endpoint, peer int) error {
+	w, set := c.ch.HostError()
+	if !set {
+		return nil
+	}
+	code := status.Internal
+	switch w[0] {
+	case cuda.ErrTimeout:
+		code = status.Timeout
+	case cuda.ErrMismatch:
+		code = status.InvalidArg
+	}
+	return status.Errorf(code, "gosym: CUDA send/recv between ranks %d and %d of group %q on cuda:%d: a kernel recorded %s; "+
+		"the pair cannot run CUDA send/recv any more", e.Rank, peer, e.Name, c.device, p2pErrorText(peer, w))
+}
+
+// deviceError is the first error any channel's kernels recorded, nil if
+// none (DeviceError, stats; host memory only).
+func (p *gpuP2P) deviceError(e *Endpoint) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed { // close frees the channels without the lock
+		return nil
+	}
+	for r, c := range p.peers {
+		if c == nil || !isDone(c.done) || c.ch == nil {
+			continue
+		}
+		if err := c.deviceError(e, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isDone reports whether ch is closed, without blocking.
+func isDone(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // channel returns the channel with op.Peer, opening it on first use. Only
@@ -394,9 +447,12 @@ func p2pErrorText(peer int, w [cuda.P2PErrorWords]uint32) string {
 	return fmt.Sprintf("error %d", w[0])
 }
 
-func (p *gpuP2P) stats(m map[string]any) {
+func (p *gpuP2P) stats(e *Endpoint, m map[string]any) {
 	m["gpu_p2p_channels"] = p.channels.Load()
 	m["gpu_p2p_sends"] = p.sends.Load()
 	m["gpu_p2p_recvs"] = p.recvs.Load()
 	m["gpu_p2p_slot_bytes"] = int64(p2pSlotBytes())
+	if err := p.deviceError(e); err != nil {
+		m["gpu_p2p_error"] = err.Error()
+	}
 }

@@ -3,12 +3,14 @@ package gobackend
 import (
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
@@ -144,4 +146,42 @@ func TestCUDAP2PFirstOpRefusedUnderCapture(t *testing.T) {
 		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
 	}))
 	require.Equal(t, []float32{3}, bufs[1])
+}
+
+// A mismatch a recv kernel recorded (written here as gs_p2p_error writes
+// it: the words, then the code) fails every later CUDA send/recv of the
+// pair with an error that gives the message's size and tag; DeviceError
+// and stats show it. A timeout is a Timeout. Nothing reaches a driver.
+func TestCUDAP2PDeviceErrorFailsLaterOps(t *testing.T) {
+	eps := group(t, 2, 5*time.Second)
+	ep := eps[0]
+	var words [cuda.HostErrorWords]uint32
+	done := make(chan struct{})
+	close(done)
+	ep.p2p.peers = []*p2pPeer{nil, {done: done, ch: cuda.P2PChannelAt(cuda.ErrorWordsAt(&words))}}
+	t.Cleanup(func() { ep.p2p.peers = nil })
+	buf := make([]float32, 999)
+	recv := &Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 1, Count: 999, Out: addr(buf)}
+	require.NoError(t, ep.DeviceError())
+	require.NotContains(t, ep.StatsMap(), "gpu_p2p_error")
+
+	atomic.StoreUint32(&words[2], 4000)
+	atomic.StoreUint32(&words[4], 7)
+	atomic.StoreUint32(&words[1], 5<<8)
+	atomic.StoreUint32(&words[0], cuda.ErrMismatch)
+	want := "a mismatch: rank 1 sent 4000 bytes with tag 7"
+	for try := 0; try < 2; try++ {
+		_, err := ep.PostCUDA(recv, 0, 0, false)
+		require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
+		require.ErrorContains(t, err, want)
+		require.ErrorContains(t, err, "between ranks 0 and 1")
+	}
+	require.ErrorContains(t, ep.DeviceError(), want)
+	require.Contains(t, ep.StatsMap()["gpu_p2p_error"], want)
+
+	atomic.StoreUint32(&words[1], 3<<8|1)
+	atomic.StoreUint32(&words[0], cuda.ErrTimeout)
+	_, err := ep.PostCUDA(recv, 0, 0, false)
+	require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
+	require.ErrorContains(t, err, "block 3 waited for data (its sender did not send) from rank 1")
 }

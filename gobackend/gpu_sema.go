@@ -73,10 +73,11 @@ const (
 	gpuAlgoTwoShot                // two-shot kernel, block barriers
 	gpuAlgoSema                   // semaphore protocol, unicast pull kernel
 	gpuAlgoNVLS                   // semaphore protocol, multimem.ld_reduce
+	gpuAlgoAlt                    // one-shot kernel on the alternating staging, one block barrier
 	numGPUAlgos
 )
 
-var gpuAlgoNames = [numGPUAlgos]string{"oneshot", "twoshot", "sema_unicast", "nvls"}
+var gpuAlgoNames = [numGPUAlgos]string{"oneshot", "twoshot", "sema_unicast", "nvls", "oneshot_alt"}
 
 func (a gpuAlgo) String() string { return gpuAlgoNames[a] }
 

@@ -166,12 +166,39 @@ __device__ __forceinline__ void gs_block_copy(S *dst, const S *src, gs_u64 lo, g
 		dst[i] = src[i];
 }
 
+// The staging offset (in elements) of a fused one-shot's block whose range
+// starts at element lo: src_offset, or with p.alt set, the block's own
+// slot of the alternating area: slot 2b + parity (alt elements each) from
+// src_offset, parity that of the block's barrier count. Block b's counters
+// advance alike on every rank (every barrier bumps all of them), so every
+// rank picks the same slot. Read before the launch's first barrier.
+__device__ __forceinline__ gs_u64 gs_stage_offset(const gs_ar_params &p, gs_u64 lo) {
+	if (!p.alt)
+		return p.src_offset;
+	gs_u32 parity = 0;
+	if (p.world > 1) {
+		const int q = p.rank == 0 ? 1 : 0; // any peer: all counters of the block agree
+		parity = *((const volatile gs_u32 *)p.pads[p.rank] + GS_PAD_COUNTERS +
+		           blockIdx.x * GS_MAX_RANKS + q) & 1u;
+	}
+	return p.src_offset + (2u * blockIdx.x + parity) * p.alt - lo;
+}
+
 // One-shot with the staging copy fused in (p.in set): block b copies its
 // range of this rank's input (for reduce_scatter, of each of its world
 // pieces) into this rank's staging, the block barrier
 // then tells peer block b that exactly that range is there, and block b
 // reduces the same range from every peer. One launch per chunk instead of a
 // copy and a launch. A rank with no output (reduce, p.out == 0) only stages.
+//
+// The closing barrier keeps a rank from restaging while peers still read
+// it. With p.alt set (all_reduce of small inputs) there is none: block b
+// stages its range into one of its own two slots, chosen by the parity of
+// its barrier count, so its consecutive launches alternate. Only block b of
+// each rank ever touches block b's slots, and a block that writes a slot
+// again has passed at least one more barrier since the launch that last
+// used it, which peer block b reached only after that launch's reads.
+// Other paths never stage into the slots.
 template <class T, class Op> __device__ __forceinline__ void gs_oneshot_fused(const gs_ar_params &p) {
 	typedef typename T::S S;
 	const gs_u64 N = GsPack<T>::kN;
@@ -179,26 +206,29 @@ template <class T, class Op> __device__ __forceinline__ void gs_oneshot_fused(co
 	gs_u64 lo = (gs_u64)blockIdx.x * per, hi = lo + per;
 	lo = lo < p.numel ? lo : p.numel;
 	hi = hi < p.numel ? hi : p.numel;
+	gs_ar_params q = p;
+	q.src_offset = gs_stage_offset(p, lo);
 	if (p.in_stride) { // reduce_scatter: every rank's piece, each into its region
-		for (int q = 0; q < p.world; ++q)
-			gs_block_copy<S>((S *)p.peers[p.rank] + (gs_u64)q * p.stage_stride,
-			                 (const S *)p.in + (gs_u64)q * p.in_stride, lo, hi);
+		for (int r = 0; r < p.world; ++r)
+			gs_block_copy<S>((S *)p.peers[p.rank] + (gs_u64)r * p.stage_stride,
+			                 (const S *)p.in + (gs_u64)r * p.in_stride, lo, hi);
 	} else {
-		gs_block_copy<S>((S *)p.peers[p.rank] + p.src_offset, (const S *)p.in, lo, hi);
+		gs_block_copy<S>((S *)p.peers[p.rank] + q.src_offset, (const S *)p.in, lo, hi);
 	}
 	__threadfence_system();
 	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
 		return;
 	if (p.out) {
 		const char *ptrs[GS_MAX_RANKS + 1];
-		gs_sources<T>(p, ptrs);
+		gs_sources<T>(q, ptrs);
 		ptrs[GS_MAX_RANKS] = (const char *)p.out;
 		char *const dst[1] = {(char *)p.out};
 		const gs_u64 head = gs_head_of<T>(ptrs, p.numel);
 		gs_reduce_range<T, Op>(ptrs, p.world, dst, 1, lo, hi, head, p.scale, p.post,
 		                       threadIdx.x, blockDim.x);
 	}
-	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+	if (!p.alt)
+		gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
 }
 
 template <class T, class Op>

@@ -43,15 +43,22 @@ static_assert(GS_P2P_GONE >= GS_P2P_ERROR + GS_P2P_ERROR_WORDS && (GS_P2P_GONE +
 #define GS_P2P_WAIT_DATA 1  // the receiver, for a ready chunk
 
 // Records the first error on this side's control words; a0..a3 go with it.
-__device__ __forceinline__ void gs_p2p_error(gs_u32 *ctrl, gs_u32 code, gs_u32 detail, gs_u32 a0,
-                                             gs_u32 a1, gs_u32 a2, gs_u32 a3) {
-	gs_u32 *e = ctrl + GS_P2P_ERROR;
+// With p.host_err set, the first error is copied to that pinned host block
+// too (code last, release), so that the host sees it with one atomic load
+// before the channel's next op (gpu_p2p.go) and raises it.
+__device__ __forceinline__ void gs_p2p_error(const gs_p2p_params &p, gs_u32 code, gs_u32 detail,
+                                             gs_u32 a0, gs_u32 a1, gs_u32 a2, gs_u32 a3) {
+	gs_u32 *e = p.ctrl + GS_P2P_ERROR;
 	if (atomicCAS(e, 0u, code) == 0u) {
-		atomicExch(e + 1, detail);
-		atomicExch(e + 2, a0);
-		atomicExch(e + 3, a1);
-		atomicExch(e + 4, a2);
-		atomicExch(e + 5, a3);
+		const gs_u32 w[GS_P2P_ERROR_WORDS] = {code, detail, a0, a1, a2, a3};
+		for (int i = 1; i < GS_P2P_ERROR_WORDS; ++i)
+			atomicExch(e + i, w[i]);
+		__threadfence_system();
+		if (p.host_err) {
+			for (int i = 1; i < GS_P2P_ERROR_WORDS; ++i)
+				gs_st_release(p.host_err + i, w[i]);
+			gs_st_release(p.host_err, code);
+		}
 	}
 	__threadfence_system();
 }
@@ -64,7 +71,7 @@ __device__ __forceinline__ bool gs_p2p_config_ok(const gs_p2p_params &p) {
 	                gridDim.y == 1 && gridDim.z == 1 && blockDim.x >= 32 && blockDim.y == 1 &&
 	                blockDim.z == 1;
 	if (!ok && threadIdx.x == 0)
-		gs_p2p_error(p.ctrl, GS_ERR_CONFIG, (gridDim.x << 16) | (blockDim.x & 0xffffu),
+		gs_p2p_error(p, GS_ERR_CONFIG, (gridDim.x << 16) | (blockDim.x & 0xffffu),
 		             (gs_u32)p.slot_bytes, 0, 0, 0);
 	return ok;
 }
@@ -102,7 +109,7 @@ __device__ __forceinline__ bool gs_p2p_wait(const gs_p2p_params &p, const gs_u32
                                             gs_u32 what) {
 	int failed = 0;
 	if (threadIdx.x == 0 && !gs_poll(flag, GsReached{want}, p.timeout_ns)) {
-		gs_p2p_error(p.ctrl, GS_ERR_TIMEOUT, (blockIdx.x << 8) | what, 0, 0, 0, 0);
+		gs_p2p_error(p, GS_ERR_TIMEOUT, (blockIdx.x << 8) | what, 0, 0, 0, 0);
 		failed = 1;
 	}
 	return !__syncthreads_or(failed);
@@ -162,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2
 				bytes = got;
 				rounds = gs_p2p_rounds(got, p.slot_bytes);
 				if (threadIdx.x == 0)
-					gs_p2p_error(p.ctrl, GS_ERR_MISMATCH, blockIdx.x << 8, h0, h1, h2, h3);
+					gs_p2p_error(p, GS_ERR_MISMATCH, blockIdx.x << 8, h0, h1, h2, h3);
 			}
 		}
 		if (!drain) {

@@ -47,7 +47,7 @@
 #define GS_P2P_GONE 2312
 #define GS_P2P_CTRL_BYTES 16384
 
-struct gs_ar_params { // 200 bytes, Go: cuda.ARParams
+struct gs_ar_params { // 208 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
 	unsigned int *pads[GS_MAX_RANKS];        // offset 64
 	void *out;                               // offset 128
@@ -56,11 +56,12 @@ struct gs_ar_params { // 200 bytes, Go: cuda.ARParams
 	unsigned long long src_offset;           // offset 152
 	unsigned long long in_stride;            // offset 160
 	unsigned long long stage_stride;         // offset 168
-	unsigned long long timeout_ns;           // offset 176
-	float scale;                             // offset 184
-	int post;                                // offset 188
-	int world;                               // offset 192
-	int rank;                                // offset 196
+	unsigned long long alt;                  // offset 176
+	unsigned long long timeout_ns;           // offset 184
+	float scale;                             // offset 192
+	int post;                                // offset 196
+	int world;                               // offset 200
+	int rank;                                // offset 204
 };
 
 struct gs_copy_params { // 480 bytes, Go: cuda.CopyParams
@@ -100,7 +101,7 @@ struct gs_nvls_params { // 48 bytes, Go: cuda.NVLSParams
 	int rank;                                // offset 40
 };
 
-struct gs_p2p_params { // 64 bytes, Go: cuda.P2PParams
+struct gs_p2p_params { // 72 bytes, Go: cuda.P2PParams
 	void *buf;                               // offset 0
 	unsigned int *ctrl;                      // offset 8
 	unsigned int *peer_ctrl;                 // offset 16
@@ -109,6 +110,7 @@ struct gs_p2p_params { // 64 bytes, Go: cuda.P2PParams
 	long long tag;                           // offset 40
 	unsigned long long slot_bytes;           // offset 48
 	unsigned long long timeout_ns;           // offset 56
+	unsigned int *host_err;                  // offset 64
 };
 
 #endif // GOSYM_PARAMS_CUH

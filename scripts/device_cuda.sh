@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [sanitize]
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [alt] [sanitize]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +29,10 @@ for s in "${steps[@]}"; do
 		echo "== pytest tests/test_cuda*.py"
 		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
 			--junitxml="$out/test_cuda.xml" 2>&1 | tail -40
-		cp -r /tmp/pytest-of-*/ "$out/pytest-tmp" 2>/dev/null || true ;;
+		# the workers' result files, flat (the device returns shallow trees only)
+		find /tmp/pytest-of-*/ -name '*.json' 2>/dev/null | while read -r f; do
+			cp "$f" "$out/result$(echo "${f#/tmp/pytest-of-*/}" | tr '/' '_')"
+		done ;;
 	bench)
 		echo "== bench eager"
 		timeout 400 python3 -m gosym.bench --device cuda --sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M,256M \
@@ -68,6 +71,18 @@ for s in "${steps[@]}"; do
 		done
 		echo "-- host cost per call, layer by layer"
 		timeout 200 torchrun --nproc-per-node 2 scripts/cuda_overhead.py --json "$out/overhead.json" 2>&1 | grep " us$" ;;
+	alt)
+		echo "== alternating staging of small all_reduce (GOSYM_GPU_ALT_SLOT, 0: off), gosym alone"
+		for a in 0 16384; do
+			echo "-- GOSYM_GPU_ALT_SLOT=$a, graph"
+			GOSYM_GPU_ALT_SLOT=$a timeout 200 python3 -m gosym.bench --device cuda --ops all_reduce --cuda-graph 10 \
+				--backends gosym --sizes 1K,4K,16K,64K,256K --target-time 0.05 --no-check \
+				--json "$out/tune-alt-graph-$a.json" 2>&1 | tail -8
+			echo "-- GOSYM_GPU_ALT_SLOT=$a, eager, 40 per sample"
+			GOSYM_GPU_ALT_SLOT=$a timeout 200 python3 -m gosym.bench --device cuda --ops all_reduce --batch 40 \
+				--backends gosym --sizes 1K,4K,16K,64K,256K --target-time 0.05 --no-check \
+				--json "$out/tune-alt-batch-$a.json" 2>&1 | tail -8
+		done ;;
 	graph)
 		echo "== bench graph"
 		timeout 300 python3 -m gosym.bench --device cuda --ops all_reduce --cuda-graph 10 \

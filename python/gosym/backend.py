@@ -226,6 +226,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
         self._streams = {}  # device index -> (send stream, recv stream) of CUDA send/recv
+        self._pending = []  # CUDA sends and receives not launched yet (_cuda_p2p)
         self._h = _bootstrap(store, rank, size, timeout, name)
         self._completer = Completer(name)
         self._finalizer = weakref.finalize(self, _destroy, self._h, self._completer, name)
@@ -270,7 +271,11 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def shutdown(self):
         """Destroys the endpoint; outstanding work fails. Idempotent.
-        destroy_process_group() calls it; so does garbage collection or exit, via the finalizer."""
+        destroy_process_group() calls it; so does garbage collection or exit, via the finalizer.
+        CUDA sends and receives still pending are launched first, as a caller that never
+        waited for them would expect of any backend."""
+        if self._pending and self._h:
+            self._flush_p2p()
         self._h = 0
         self._finalizer()
 
@@ -371,6 +376,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         right after the op."""
         if idx != self._cuda:
             idx = self._cuda_index(idx)
+        if self._pending:
+            self._flush_p2p()
         raw = _raw_stream(idx)
         tail = _lib.stream_tail(raw, idx, _lib.OP_CAPTURING if _capturing() else 0)
         for desc, _, cb in built:
@@ -710,19 +717,27 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return pair[recv]
 
     def _cuda_p2p(self, op, t, peer, tag, out):
-        """A CUDA send or recv, enqueued on the group's internal stream for it after the
-        caller's current stream (an event: capture-legal). Its Work's wait() makes the
-        caller's current stream wait for it, as ProcessGroupNCCL's do. The tensors it
-        reads or writes are recorded on that stream, so the caching allocator does not
-        reuse them before it ran. A non-contiguous source is copied on the current stream
-        first; a non-contiguous destination is received into a temporary that the
-        internal stream copies back."""
+        """A CUDA send or recv, to run on the group's internal stream for it after the
+        caller's current stream as it is now (an event: capture-legal). Its Work's wait()
+        makes the caller's current stream wait for it, as ProcessGroupNCCL's do.
+
+        The kernel is not launched here but when a wait(), is_completed() or the group's
+        next CUDA collective flushes the pending sends and receives, in post order. A
+        launched receive spins on the GPU until its peer sends, and any host call that
+        synchronises the device waits for it: CUDA's lazy module loading does, at the
+        first launch of each kernel. A peer blocked the same way before it posts the
+        matching send would deadlock the pair until the kernels time out. Deferring
+        keeps whatever the caller runs between its posts out of that window; the flush
+        enqueues every kernel before the copy-backs into non-contiguous destinations.
+
+        A non-contiguous source is copied on the current stream first; a non-contiguous
+        destination is received into a temporary that the internal stream copies back.
+        The tensors are recorded on that stream, so the caching allocator does not reuse
+        them before it ran."""
         _check(t)
         idx = self._cuda_index(t.get_device())
-        cur = torch.cuda.current_stream(idx)
-        side = self._p2p_stream(idx, op == _lib.OP_RECV)
-        flags = _lib.OP_CAPTURING if torch.cuda.is_current_stream_capturing() else 0
-        if op == _lib.OP_SEND:
+        recv = op == _lib.OP_RECV
+        if not recv:
             buf = t if t.is_contiguous() else t.contiguous()
             addrs = (buf.data_ptr(), 0)
         else:
@@ -730,15 +745,42 @@ class ProcessGroupGosym(dist.ProcessGroup):
                 t, memory_format=torch.contiguous_format)
             addrs = (0, buf.data_ptr())
         code, mult = move_dtype(buf)
-        side.wait_stream(cur)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(idx))
         desc = _pack(op, code, 0, 1.0, 0, peer, tag, buf.numel() * mult, *addrs, 0, 0, 0, 0)
-        self._cuda_post(_lib.on_stream(desc, side.cuda_stream, idx, flags), idx)
-        buf.record_stream(side)
-        if buf is not t and op == _lib.OP_RECV:
-            with torch.cuda.stream(side):
-                t.copy_(buf)
-            t.record_stream(side)
-        return CudaSideWork(out, idx, side, side.record_event())
+        w = CudaSideWork(out, idx, self._p2p_stream(idx, recv), self)
+        self._pending.append((w, desc, ready, buf, t if recv and buf is not t else None))
+        return w
+
+    def _flush_p2p(self):
+        """Launches the pending CUDA sends and receives (see _cuda_p2p), then the
+        copy-backs, and gives each Work the event its wait() joins. If a launch fails,
+        it and the ops after it fail with that error: their wait() raises it, not the
+        caller that happened to flush."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        flags = _lib.OP_CAPTURING if _capturing() else 0
+        copies = []
+        for i, (w, desc, ready, buf, dst) in enumerate(pending):
+            side = w._side
+            side.wait_event(ready)
+            try:
+                self._cuda_post(_lib.on_stream(desc, side.cuda_stream, w._idx, flags), w._idx)
+            except Exception as e:  # noqa: BLE001 - raised by the failed works' wait()
+                for x in pending[i:]:
+                    x[0]._err = e
+                break
+            buf.record_stream(side)
+            if dst is None:
+                w._done = side.record_event()
+            else:
+                copies.append((w, buf, dst))
+        for w, buf, dst in copies:
+            with torch.cuda.stream(w._side):
+                dst.copy_(buf)
+            dst.record_stream(w._side)
+            w._done = w._side.record_event()
 
     def recv_anysource(self, tensors, tag):
         raise NotImplementedError("gosym: recv from any source is not supported; pass src")
@@ -751,6 +793,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if idx is None:
             return self._host_barrier(opts.asyncOp)
         raw = _raw_stream(idx)
+        if self._pending:
+            self._flush_p2p()
         self._cuda_post(_pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, raw, idx),
                         self._cuda_index(idx))
         ev = torch.cuda.Event()

@@ -282,27 +282,38 @@ def cuda_work(out, idx, raw, event=None, check=None) -> CudaWork:
 
 
 class CudaSideWork(CudaWork):
-    """A CUDA send or recv, enqueued on one of the group's internal streams (`side`) after
-    the caller's stream, with event `done` recorded after it. wait() makes the caller's
-    current stream wait for `done` (ProcessGroupNCCL's semantics; capture-legal, so a
-    CUDA graph may capture the op and its wait, which joins `side` back into the
-    capture)."""
+    """A CUDA send or recv of group `pg`, to run on one of its internal streams (`side`)
+    after the caller's stream. Its kernel is launched when the group flushes its pending
+    sends and receives (the first wait(), is_completed() or CUDA collective after the
+    post; backend._cuda_p2p says why), which records `_done` after it. wait() makes the
+    caller's current stream wait for `_done` (ProcessGroupNCCL's semantics; capture-legal,
+    so a CUDA graph may capture the op and its wait, which joins `side` back into the
+    capture), or raises the error that kept the op from being launched."""
 
-    __slots__ = ("_side", "_done")
+    __slots__ = ("_side", "_done", "_pg", "_err")
 
-    def __init__(self, out, idx, side, done):
+    def __init__(self, out, idx, side, pg):
         super().__init__()
         self._out, self._idx, self._raw, self._event, self._check = out, idx, side.cuda_stream, None, None
-        self._side, self._done = side, done
+        self._side, self._done, self._pg, self._err = side, None, pg, None
+
+    def _launched(self):
+        if self._done is None and self._err is None:
+            self._pg._flush_p2p()
+        if self._err is not None:
+            raise self._err
 
     def _stream(self):
+        self._launched()
         return self._side
 
     def wait(self, timeout=_ZERO):
+        self._launched()
         torch.cuda.current_stream(self._idx).wait_event(self._done)
         return True
 
     def is_completed(self):
+        self._launched()
         return self._done.query()
 
     def __repr__(self):

@@ -3,9 +3,10 @@ ranks: every dtype and size (up to 40 MiB, past what the channel's slots hold) a
 element offsets into poisoned, guarded destinations, compared bit for bit with what the
 peer sent; the ring of batch_isend_irecv with 64 MiB messages in both post orders (no
 deadlock); back-to-back isend/irecv with different tags; non-contiguous sources and
-destinations; a receive that expected another size (drained, destination untouched,
-the next message intact); a CUDA graph that captures a send/recv pair, replayed 20
-times on new data; CPU and CUDA messages of one pair interleaved.
+destinations; a CUDA graph that captures a send/recv pair, replayed 20 times on new data; CPU and
+CUDA messages of one pair interleaved; last, a receive that expected another size
+(drained, destination untouched, the pair's next op raises what was sent). After each
+section, no kernel of the channel has recorded an error.
 
 Every message is rebuilt from (case, sender) by both ranks, so the receiver knows what
 it must get. Random bytes, viewed as each dtype: NaN patterns and all.
@@ -150,7 +151,11 @@ def tagged(ck, rank, dev):
 
 def strided(ck, rank, dev):
     """A non-contiguous source (every other column) into a non-contiguous destination
-    (a column block of a wider matrix): the elements in between stay poisoned."""
+    (a column block of a wider matrix): the elements in between stay poisoned. Both
+    ranks post the irecv first and only then make the source, whose first strided fp16
+    copy loads a kernel module lazily, which synchronises the device: with the irecv's
+    kernel already spinning on the GPU, that deadlocked the pair until the kernels timed
+    out (the sends and receives are launched at wait() now)."""
     peer = 1 - rank
     rows, cols = 257, 33
     case = "strided"
@@ -170,19 +175,26 @@ def strided(ck, rank, dev):
 
 
 def mismatch(ck, rank, dev):
-    """Rank 0 sends 1000 elements, rank 1 expects 999: rank 1 drains the message and
-    writes nothing; the next message of the pair arrives intact in both directions."""
-    peer = 1 - rank
+    """Rank 0 sends 1000 elements, rank 1 expects 999: rank 1's kernel drains the message,
+    writes nothing and records the mismatch, so rank 1's next CUDA send/recv with rank 0
+    raises an error that gives the size and tag rank 0 sent (the pair's programs
+    disagree; the error is sticky), at its wait(), which launches it. Runs last."""
     case = "mismatch"
     if rank == 0:
         dist.send(_msg(case, 0, 1000, torch.float32, dev), dst=1)
-    else:
-        base, out = _poisoned(999, torch.float32, dev)
-        dist.recv(out, src=0)
         torch.cuda.synchronize()
-        ck.check(f"{case}: destination untouched", bool((base == 0xA5).all()),
-                 f"{int((base != 0xA5).sum())} bytes written")
-    exchange(ck, rank, dev, f"{case}/next", 5000, torch.float32, rank == 1)
+        return
+    base, out = _poisoned(999, torch.float32, dev)
+    dist.recv(out, src=0)
+    torch.cuda.synchronize()
+    ck.check(f"{case}: destination untouched", bool((base == 0xA5).all()),
+             f"{int((base != 0xA5).sum())} bytes written")
+    for what, post in (("recv", lambda: dist.irecv(out, src=0).wait()),
+                       ("send", lambda: dist.isend(out, dst=0).wait())):
+        e = ck.expect_error(f"{case}: the next {what} raises", post)
+        if e is not None:
+            ck.check(f"{case}: the {what}'s error gives what was sent",
+                     "mismatch: rank 0 sent 4000 bytes with tag 0" in str(e), str(e))
 
 
 def graph(ck, rank, dev):
@@ -246,24 +258,34 @@ def main():
     rank, world, dev, _ = wc.init_cuda(args)
     assert world == 2, "the CUDA p2p worker runs on 2 ranks"
     ck = wc.Checker(rank)
-    t0 = time.perf_counter()
-    ck.run("matrix", matrix, ck, rank, dev)
-    ck.info["matrix_s"] = round(time.perf_counter() - t0, 2)
-    ck.run("blocking", blocking, ck, rank, dev)
-    ck.run("ring", ring, ck, rank, world, dev)
-    ck.run("tagged", tagged, ck, rank, dev)
-    ck.run("strided", strided, ck, rank, dev)
-    ck.run("mismatch", mismatch, ck, rank, dev)
-    graph_status = ck.run("graph", graph, ck, rank, dev)
-    ck.run("mixed", mixed, ck, rank, dev)
-    torch.cuda.synchronize()
-    stats = {}
+    gosym_stats = lambda: {}  # noqa: E731
     if args.backend == "gosym":
         import gosym
 
-        stats = gosym.stats()
+        gosym_stats = gosym.stats
+    sections = [("matrix", matrix, (ck, rank, dev)), ("blocking", blocking, (ck, rank, dev)),
+                ("ring", ring, (ck, rank, world, dev)), ("tagged", tagged, (ck, rank, dev)),
+                ("strided", strided, (ck, rank, dev)), ("graph", graph, (ck, rank, dev)),
+                ("mixed", mixed, (ck, rank, dev))]
+    graph_status = None
+    for name, fn, fargs in sections:
+        t0 = time.perf_counter()
+        got = ck.run(name, fn, *fargs)
+        torch.cuda.synchronize()
+        ck.info[f"{name}_s"] = round(time.perf_counter() - t0, 2)
+        if name == "graph":
+            graph_status = got
+        err = gosym_stats().get("gpu_p2p_error")
+        ck.check(f"{name}: no channel error", err is None, str(err))
+    ck.run("mismatch", mismatch, ck, rank, dev)
+    torch.cuda.synchronize()
+    stats = gosym_stats()
+    if stats:
         ck.check("stats: one channel", stats.get("gpu_p2p_channels") == 1, str(stats))
         ck.check("stats: sends counted", stats.get("gpu_p2p_sends", 0) > 100, str(stats))
+        err = stats.get("gpu_p2p_error") or ""
+        ck.check("stats: the mismatch recorded on rank 1 only",
+                 ("4000 bytes" in err) == (rank == 1), err)
     wc.write_result(ck.result(graph=graph_status, stats=stats))
     wc.print_summary(ck, "cuda_p2p")
     dist.destroy_process_group()

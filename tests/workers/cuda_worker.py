@@ -383,25 +383,32 @@ def noncontiguous(ck, rank, world, dev, digests):
 
 
 def back_to_back(ck, rank, world, dev, digests):
-    """10k all_reduce with no host sync while each rank delays its stream at random; now
-    and then a larger op (several staging chunks with a small GOSYM_GPU_STAGE_BYTES)."""
+    """10k all_reduce with no host sync while each rank delays its stream at random; the
+    sizes cycle through launches of 1, 10 and 20 blocks (the alternating staging of small
+    all_reduce keeps a slot pair per block); now and then a larger op (several staging
+    chunks with a small GOSYM_GPU_STAGE_BYTES)."""
     rng = random.Random(1234 + rank)
-    N, n = 10_000, 1027
-    rows = (torch.arange(N, dtype=torch.float32, device=dev)[:, None] * world + rank).expand(N, n)
-    rows = rows.contiguous()
+    N, sizes = 10_000, (1027, 20_011, 40_009)
+    n = max(sizes)
+    cols = torch.arange(n, device=dev)[None, :]
+    used = cols < torch.tensor(sizes, device=dev)[torch.arange(N, device=dev) % 3][:, None]
+    start = (torch.arange(N, dtype=torch.float32, device=dev)[:, None] * world + rank).expand(N, n)
+    start = torch.where(used, start, -1.0)  # the columns no op covers: the same on every rank
+    rows = start.clone()
     extras = []
     for i in range(N):
         if rng.random() < 0.1:
             torch.cuda._sleep(rng.randint(1_000, 200_000))
-        dist.all_reduce(rows[i])
+        dist.all_reduce(rows[i, :sizes[i % 3]])
         if i % 997 == 0:
             e = torch.full((600_003,), float(i + rank), device=dev)
             dist.all_reduce(e)
             extras.append((i, e))
     torch.cuda.synchronize()
     exp = (torch.arange(N, dtype=torch.float32, device=dev) * world * world +
-           world * (world - 1) / 2)[:, None].expand(N, n)
-    why = wc.compare(rows, exp.contiguous())
+           world * (world - 1) / 2)[:, None].expand(N, n).contiguous()
+    exp = torch.where(used, exp, start)
+    why = wc.compare(rows, exp)
     ck.check("back_to_back: 10k ops under random delays", why is None, why or "")
     for i, e in extras:
         why = wc.compare(e, torch.full_like(e, float(i * world + world * (world - 1) / 2)))

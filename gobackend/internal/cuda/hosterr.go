@@ -55,6 +55,20 @@ func (w *ErrorWords) Device() uintptr { return w.dev }
 // Code is the recorded error code, 0 while none: one atomic load.
 func (w *ErrorWords) Code() uint32 { return atomic.LoadUint32(&w.words[HostErrorCode]) }
 
+// Words loads the whole block, the code first: a writer publishes the
+// code last, so the other words are in place once it is seen.
+func (w *ErrorWords) Words() [HostErrorWords]uint32 {
+	var out [HostErrorWords]uint32
+	out[0] = w.Code()
+	if out[0] == 0 {
+		return out
+	}
+	for i := 1; i < HostErrorWords; i++ {
+		out[i] = atomic.LoadUint32(&w.words[i])
+	}
+	return out
+}
+
 // Load returns the recorded error, if any. The kernel publishes the code
 // last, so detail and mask are in place once the code is seen.
 func (w *ErrorWords) Load() (DeviceError, bool) {

@@ -54,6 +54,7 @@ type P2PChannel struct {
 
 	d    *Driver
 	spec P2PSpec
+	errw *ErrorWords // pinned copy of this side's first error (HostError)
 }
 
 // OpenP2P opens a channel with spec.Peer. Both sides call it together:
@@ -133,6 +134,9 @@ func (c *P2PChannel) allocate() error {
 		return err
 	}
 	if c.Data, err = d.MemAlloc(ctx, P2PDataBytes(c.SlotBytes)); err != nil {
+		return err
+	}
+	if c.errw, err = NewErrorWords(d, ctx); err != nil {
 		return err
 	}
 	return c.zeroCtrl()
@@ -231,6 +235,8 @@ func (c *P2PChannel) Close() error {
 			*p = 0
 		}
 	}
+	errs = append(errs, c.errw.Close())
+	c.errw = nil
 	return errors.Join(append(errs, err)...)
 }
 
@@ -306,8 +312,28 @@ func (c *P2PChannel) launch(f *Function, s Stream, p P2PParams, timeoutNs uint64
 		return fmt.Errorf("cuda: p2p channel with rank %d is closed", c.spec.Peer)
 	}
 	p.Ctrl, p.PeerCtrl, p.SlotBytes, p.TimeoutNs = c.Ctrl, c.PeerCtrl, uint64(c.SlotBytes), timeoutNs
+	if c.errw != nil {
+		p.HostErr = c.errw.Device()
+	}
 	grid, block := P2PGrid()
 	return c.d.Launch(f, grid, block, 0, s, &p)
+}
+
+// P2PChannelAt is a channel with no memory whose pinned error words are w:
+// for tests that play the kernels' part.
+func P2PChannelAt(w *ErrorWords) *P2PChannel { return &P2PChannel{errw: w} }
+
+// HostError returns the first error a kernel of this side recorded (its
+// error words: code, detail, then the bytes and tag of a mismatched
+// message) from the pinned copy: atomic loads, no driver call, so it is
+// checked before every op. ok is false while none is recorded.
+func (c *P2PChannel) HostError() (w [P2PErrorWords]uint32, ok bool) {
+	if c.errw == nil {
+		return w, false
+	}
+	all := c.errw.Words()
+	copy(w[:], all[:])
+	return w, w[0] != 0
 }
 
 // ErrorWords reads this side's error words (code, detail, then the bytes

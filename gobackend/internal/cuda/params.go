@@ -41,7 +41,7 @@ const (
 	HostErrorCode    = 0
 	HostErrorDetail  = 1
 	HostErrorMissing = 2
-	HostErrorWords   = 4 // the block's size in words
+	HostErrorWords   = 8 // the block's size in words (a p2p channel's error words fit)
 
 	ErrTimeout = 1 // GS_ERR_TIMEOUT: a peer missed a barrier
 	ErrConfig  = 2 // GS_ERR_CONFIG: launch shape or parameters out of range
@@ -114,6 +114,7 @@ const (
 	_ = uint(0 - PadSemaReadyWord%16)
 	// The p2p control words fit their allocation.
 	_ = uint(P2PGoneWord - P2PErrorWord - P2PErrorWords)
+	_ = uint(HostErrorWords - P2PErrorWords)
 	_ = uint(P2PCtrlBytes - 4*(P2PGoneWord+1))
 )
 
@@ -182,13 +183,18 @@ type ARParams struct {
 	SrcOffset uint64            `cuda:"src_offset,unsigned long long"` // in elements
 	// With In: 0 stages In at SrcOffset; else In holds World pieces
 	// InStride elements apart (reduce_scatter), piece q staged at q*StageStride.
-	InStride    uint64  `cuda:"in_stride,unsigned long long"`
-	StageStride uint64  `cuda:"stage_stride,unsigned long long"`
-	TimeoutNs   uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
-	Scale       float32 `cuda:"scale,float"`
-	Post        int32   `cuda:"post,int"` // PostNone, PostMul or PostDiv
-	World       int32   `cuda:"world,int"`
-	Rank        int32   `cuda:"rank,int"`
+	InStride    uint64 `cuda:"in_stride,unsigned long long"`
+	StageStride uint64 `cuda:"stage_stride,unsigned long long"`
+	// With In and no InStride: nonzero stages block b's range into slot
+	// 2b or 2b+1 (by the parity of its barrier count) of Alt elements each
+	// from SrcOffset, and skips the closing barrier (allreduce.cu,
+	// gs_oneshot_fused). Needs a grid of at most AltBlocks.
+	Alt       uint64  `cuda:"alt,unsigned long long"`
+	TimeoutNs uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
+	Scale     float32 `cuda:"scale,float"`
+	Post      int32   `cuda:"post,int"` // PostNone, PostMul or PostDiv
+	World     int32   `cuda:"world,int"`
+	Rank      int32   `cuda:"rank,int"`
 }
 
 // CopyParams is the parameter of gs_copy: Bytes[i] bytes from Src[i] to
@@ -256,6 +262,7 @@ type P2PParams struct {
 	Tag       int64   `cuda:"tag,long long"`
 	SlotBytes uint64  `cuda:"slot_bytes,unsigned long long"` // a multiple of 16
 	TimeoutNs uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
+	HostErr   uintptr `cuda:"host_err,unsigned int *"`       // pinned copy of the first error (0: none)
 }
 
 // Struct is the C layout of a kernel parameter struct, derived from the Go
