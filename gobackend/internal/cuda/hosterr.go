@@ -56,28 +56,26 @@ func (w *ErrorWords) Device() uintptr { return w.dev }
 func (w *ErrorWords) Code() uint32 { return atomic.LoadUint32(&w.words[HostErrorCode]) }
 
 // Words loads the whole block, the code first: a writer publishes the
-// code last, so the other words are in place once it is seen.
+// code last, so the other words are in place once it is seen. A p2p
+// channel's block holds its error words (P2PErrorWords) in this order.
 func (w *ErrorWords) Words() [HostErrorWords]uint32 {
 	var out [HostErrorWords]uint32
-	out[0] = w.Code()
-	if out[0] == 0 {
+	if out[HostErrorCode] = w.Code(); out[HostErrorCode] == 0 {
 		return out
 	}
-	for i := 1; i < HostErrorWords; i++ {
-		out[i] = atomic.LoadUint32(&w.words[i])
+	for i := range out {
+		if i != HostErrorCode {
+			out[i] = atomic.LoadUint32(&w.words[i])
+		}
 	}
 	return out
 }
 
-// Load returns the recorded error, if any. The kernel publishes the code
-// last, so detail and mask are in place once the code is seen.
+// Load returns the recorded error of a collective's block, if any.
 func (w *ErrorWords) Load() (DeviceError, bool) {
-	c := w.Code()
-	if c == 0 {
-		return DeviceError{}, false
-	}
-	return DeviceError{Code: c, Detail: atomic.LoadUint32(&w.words[HostErrorDetail]),
-		Missing: atomic.LoadUint32(&w.words[HostErrorMissing])}, true
+	ws := w.Words()
+	return DeviceError{Code: ws[HostErrorCode], Detail: ws[HostErrorDetail], Missing: ws[HostErrorMissing]},
+		ws[HostErrorCode] != 0
 }
 
 // Close frees the block; kernels that may still write it must have

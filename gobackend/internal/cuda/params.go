@@ -188,7 +188,8 @@ type ARParams struct {
 	// With In and no InStride: nonzero stages block b's range into slot
 	// 2b or 2b+1 (by the parity of its barrier count) of Alt elements each
 	// from SrcOffset, and skips the closing barrier (allreduce.cu,
-	// gs_oneshot_fused). Needs a grid of at most AltBlocks.
+	// gs_oneshot_fused). The caller keeps every block's range within a
+	// slot and reserves two slots per block (gobackend's alternates).
 	Alt       uint64  `cuda:"alt,unsigned long long"`
 	TimeoutNs uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
 	Scale     float32 `cuda:"scale,float"`
