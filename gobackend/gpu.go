@@ -271,14 +271,17 @@ type gpuConfig struct {
 	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of chunks of at least twoShotMin bytes (bandwidth-bound)
 	ceMin      int // GOSYM_GPU_CE_MIN: data-movement chunks of at least this many bytes use the copy engines
 	copyBlocks int // GOSYM_GPU_COPY_BLOCKS: block limit of gs_copy (chunks below ceMin)
-	directMin  int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
+	// GOSYM_GPU_DIRECT_CE_MIN: data movement on the direct path uses the
+	// copy engines from this many bytes, gs_copy with bigBlocks below
+	directCEMin int
+	directMin   int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
 	captureDirectMin int
 	regMin           int // GOSYM_GPU_REG_DIRECT_MIN: directMin for ops on registered (mem_map'ed) buffers
 	semaMin          int // GOSYM_GPU_SEMA_MIN: reductions of at least this many bytes use the semaphore protocol
 	fuseMax          int // GOSYM_GPU_FUSE_MAX: one-shot chunks of at most this many bytes stage inside the kernel, outside graph capture
-	altSlot          int // GOSYM_GPU_ALT_SLOT: bytes per block of the alternating staging of small all_reduce (0, the default: none)
+	llMax            int // GOSYM_GPU_LL_MAX: all_reduce of at most this many bytes runs the LL kernel (0: never)
 }
 
 func gpuConfigFromEnv() gpuConfig {
@@ -288,15 +291,17 @@ func gpuConfigFromEnv() gpuConfig {
 		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
 		ceMin:      envInt("GOSYM_GPU_CE_MIN", 8<<20),
 		copyBlocks: envInt("GOSYM_GPU_COPY_BLOCKS", 64),
-		directMin:  envInt("GOSYM_GPU_DIRECT_MIN", 8<<20),
+		// Measured on 2×H200 (docs/ARCHITECTURE.md, "The direct path"):
+		// gs_copy wins at 16 MiB, the copy engines from 64 MiB.
+		directCEMin: envIntFrom("GOSYM_GPU_DIRECT_CE_MIN", 32<<20, 0),
+		directMin:   envInt("GOSYM_GPU_DIRECT_MIN", 8<<20),
 		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
 		captureDirectMin: envInt("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1),
 		regMin:           envInt("GOSYM_GPU_REG_DIRECT_MIN", 1<<20),
 		semaMin:          envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
 		fuseMax:          envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
-		// Off: on 2×H200 its in-kernel staging and fence cost more than the
-		// barrier it saves (docs/ARCHITECTURE.md, "Measured").
-		altSlot: envIntFrom("GOSYM_GPU_ALT_SLOT", 0, 0),
+		// Measured on 2×H200: LL wins to 256 KiB (docs/ARCHITECTURE.md).
+		llMax: min(envIntFrom("GOSYM_GPU_LL_MAX", 256<<10, 0), cuda.LLMaxBytes),
 	}
 }
 
@@ -542,7 +547,7 @@ type gpuTeam struct {
 	rank, world int
 	ctrl, data  gpuSymm
 	stage       uintptr // bytes of staging, a multiple of 16
-	alt         uintptr // bytes of each slot of the alternating staging after it (gpu_ops.go, alternates)
+	llArea      uintptr // bytes of the LL area after the staging (0: none; gpu_ops.go, llReduce)
 	timeoutNs   uint64
 	pads        [cuda.MaxRanks]uintptr
 	stages      [cuda.MaxRanks]uintptr
@@ -592,8 +597,10 @@ func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (
 	round := func(n uintptr) uintptr { return (n + g.gran - 1) / g.gran * g.gran }
 	t.ctrl.size = round(cuda.PadBytes)
 	t.stage = round(uintptr(max(cfg.stageBytes, 64<<10)))
-	t.alt = uintptr(max(cfg.altSlot, 0)) &^ 15
-	t.data.size = round(t.stage + 2*altBlocks*t.alt)
+	if cfg.llMax > 0 && world > 1 {
+		t.llArea = cuda.LLAreaBytes(world, cfg.llMax)
+	}
+	t.data.size = round(t.stage + t.llArea)
 	for _, src := range []string{"allreduce.cu", cuda.BarrierKernel.Source} {
 		if _, err := g.module(src); err != nil {
 			return t, err
@@ -669,6 +676,12 @@ func (t *gpuTeam) zeroPad() error {
 	defer g.d.StreamDestroy(g.ctx, s)
 	if err := g.d.MemsetD32Async(g.ctx, t.pads[t.rank], 0, t.ctrl.size/4, s); err != nil {
 		return err
+	}
+	// The LL area too: its lines' flags start below every launch's flag.
+	if t.llArea > 0 {
+		if err := g.d.MemsetD32Async(g.ctx, t.stages[t.rank]+t.stage, 0, t.llArea/4, s); err != nil {
+			return err
+		}
 	}
 	// The pad names the host error block (two words, low first).
 	at, hp := t.pads[t.rank]+4*cuda.PadHostErrorWord, uint64(t.errw.Device())

@@ -447,7 +447,7 @@ func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err 
 		for r, pc := range op.OutPieces {
 			segs = append(segs, gpuSeg{pc.Addr, in(r), n})
 		}
-		return true, t.moveCE(segs, s)
+		return true, t.moveDirect(segs, n, s)
 	case coll.Broadcast:
 		var segs []gpuSeg
 		if t.rank != op.Root {
@@ -455,7 +455,7 @@ func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err 
 		} else if op.Out != op.In {
 			segs = append(segs, gpuSeg{op.Out, op.In, n})
 		}
-		return true, t.moveCE(segs, s)
+		return true, t.moveDirect(segs, n, s)
 	case coll.ReduceScatter:
 		p := t.reduceParams(op)
 		for r := range metas {
@@ -528,7 +528,21 @@ func (t *gpuTeam) allToAllDirect(sd *gpuSide, op *Op, s cuda.Stream, all [][]byt
 			segs = append(segs, gpuSeg{out.Addr, src, uintptr(out.Count) * es})
 		}
 	}
-	return true, t.moveCE(segs, s)
+	return true, t.moveDirect(segs, longest, s)
+}
+
+// moveDirect makes segs (copies from the peers' own buffers, each at most
+// n bytes, n the same on every rank) by one gs_copy launch with its
+// barriers fused in, up to bigBlocks blocks, for n below directCEMin;
+// else by the copy engines between two barrier kernels. A launch moves
+// every segment at once, where the copy engines of one stream serialise
+// them (all_gather's local piece, then the peer's).
+func (t *gpuTeam) moveDirect(segs []gpuSeg, n uintptr, s cuda.Stream) error {
+	if int(n) < t.cfg.directCEMin {
+		g, _ := cuda.CopyGridLimit(uint64(n), t.cfg.bigBlocks)
+		return t.copyKernel(nil, segs, g, s)
+	}
+	return t.moveCE(segs, s)
 }
 
 // moveCE makes segs by the copy engines between two barriers of all ranks.

@@ -98,9 +98,9 @@ func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
 			return t.nvlsReduce(op, s, root, nvlsStageAddr(t.nvls))
 		}
 	}
-	if root < 0 && t.alternates(uintptr(n), uintptr(op.DType.Size())) {
-		t.algos.Add(gpuAlgoAlt, t.rank, op)
-		return t.reduce(op, s, root)
+	if root < 0 && t.lowLatency(n) {
+		t.algos.Add(gpuAlgoLL, t.rank, op)
+		return t.llReduce(op, s)
 	}
 	if root < 0 {
 		done, err := t.direct(op, s, agree)
@@ -307,31 +307,33 @@ func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.
 // of es bytes: bandwidth-bound ones (two-shot, or a one-shot that reads
 // twoShotMin bytes in all) may use bigBlocks.
 func (t *gpuTeam) reduceGrid(algo cuda.Algo, numel uint64, es int) (grid, block cuda.Dim3) {
+	if algo == cuda.LL {
+		return cuda.LLGrid(numel, es)
+	}
 	if algo == cuda.TwoShot || int(numel)*es*t.world >= t.cfg.twoShotMin {
 		return cuda.ReduceGridLimit(algo, numel, es, t.world, t.cfg.bigBlocks)
 	}
 	return cuda.ReduceGrid(algo, numel, es, t.world)
 }
 
-// altBlocks is the most blocks a launch on the alternating staging may
-// have: the area holds two slots per block.
-const altBlocks = 32
+// lowLatency says whether an all_reduce of n bytes runs the LL kernel:
+// from 1 byte to llMax (at most cuda.LLMaxBytes), eager and captured
+// alike, so it is taken before the direct path.
+func (t *gpuTeam) lowLatency(n int) bool {
+	return t.llArea > 0 && n > 0 && n <= t.cfg.llMax
+}
 
-// alternates says whether an all_reduce of n bytes (elements of es bytes)
-// runs as one fused one-shot launch on the alternating staging (two slots
-// of t.alt bytes per block after the staging, gs_oneshot_fused with Alt):
-// one block barrier instead of two, in eager mode and under capture alike,
-// so it is taken before the direct path. Every block's range must fit its
-// slot, computed as the kernel computes it.
-func (t *gpuTeam) alternates(n, es uintptr) bool {
-	if t.alt == 0 || t.world < 2 || n == 0 {
-		return false
+// llReduce runs all_reduce as one gs_ll launch: every rank sends its input
+// into every peer's LL area as flagged lines and reduces what arrives in
+// its own (allreduce.cu), with no barrier, no staging copy and no host
+// round; the peers' LL areas lie after their staging.
+func (t *gpuTeam) llReduce(op *Op, s cuda.Stream) error {
+	p := t.reduceParams(op)
+	for r := range t.world {
+		p.Peers[r] = t.stages[r] + t.stage
 	}
-	numel := uint64(n / es)
-	grid, _ := t.reduceGrid(cuda.OneShot, numel, int(es))
-	g, vec := uint64(grid.X), uint64(16/es)
-	per := ((numel+g-1)/g + vec - 1) / vec * vec
-	return g <= altBlocks && per*uint64(es) <= uint64(t.alt)
+	p.In, p.Out, p.Numel = op.In, op.Out, uint64(op.Count)
+	return t.reduceKernel(op, cuda.LL, &p, s)
 }
 
 // reduce is all_reduce (root < 0) and reduce (only root writes its
@@ -358,13 +360,10 @@ func (t *gpuTeam) reduce(op *Op, s cuda.Stream, root int) error {
 		if root < 0 && t.world > 1 && int(n) >= t.cfg.twoShotMin {
 			algo = cuda.TwoShot
 		}
-		p.Numel, p.Out, p.SrcOffset, p.In, p.Alt = uint64(n/es), op.Out+at, 0, 0, 0
+		p.Numel, p.Out, p.SrcOffset, p.In = uint64(n/es), op.Out+at, 0, 0
 		// Fused staging saves a driver call per chunk (~20 µs eager on 2×H200)
-		// but replays ~0.5-2 µs slower in a CUDA graph than copy + kernel,
-		// unless it also saves the closing barrier (alternates).
-		if root < 0 && algo == cuda.OneShot && t.alternates(n, es) {
-			p.In, p.SrcOffset, p.Alt = op.In+at, uint64(t.stage/es), uint64(t.alt/es)
-		} else if algo == cuda.OneShot && t.fuses(n) {
+		// but replays ~0.5-2 µs slower in a CUDA graph than copy + kernel.
+		if algo == cuda.OneShot && t.fuses(n) {
 			p.In = op.In + at // the kernel stages it (one launch, no copy)
 		} else if err := t.stageIn(0, op.In+at, n, s); err != nil {
 			return err

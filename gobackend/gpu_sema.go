@@ -73,11 +73,11 @@ const (
 	gpuAlgoTwoShot                // two-shot kernel, block barriers
 	gpuAlgoSema                   // semaphore protocol, unicast pull kernel
 	gpuAlgoNVLS                   // semaphore protocol, multimem.ld_reduce
-	gpuAlgoAlt                    // one-shot kernel on the alternating staging, one block barrier
+	gpuAlgoLL                     // LL kernel: flagged lines into the peers' LL areas, no barrier
 	numGPUAlgos
 )
 
-var gpuAlgoNames = [numGPUAlgos]string{"oneshot", "twoshot", "sema_unicast", "nvls", "oneshot_alt"}
+var gpuAlgoNames = [numGPUAlgos]string{"oneshot", "twoshot", "sema_unicast", "nvls", "ll"}
 
 func (a gpuAlgo) String() string { return gpuAlgoNames[a] }
 

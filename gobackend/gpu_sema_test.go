@@ -17,13 +17,13 @@ import (
 func TestGPUAlgoStats(t *testing.T) {
 	var s gpuAlgoStats
 	op := &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 3}
-	for _, a := range []gpuAlgo{gpuAlgoOneShot, gpuAlgoSema, gpuAlgoSema, gpuAlgoNVLS, gpuAlgoSema, gpuAlgoAlt} {
+	for _, a := range []gpuAlgo{gpuAlgoOneShot, gpuAlgoSema, gpuAlgoSema, gpuAlgoNVLS, gpuAlgoSema, gpuAlgoLL} {
 		s.Add(a, 0, op)
 	}
 	m := map[string]any{}
 	s.stats(m)
 	require.Equal(t, map[string]any{"gpu_algo_oneshot": int64(1), "gpu_algo_twoshot": int64(0),
-		"gpu_algo_sema_unicast": int64(3), "gpu_algo_nvls": int64(1), "gpu_algo_oneshot_alt": int64(1)}, m)
+		"gpu_algo_sema_unicast": int64(3), "gpu_algo_nvls": int64(1), "gpu_algo_ll": int64(1)}, m)
 }
 
 func TestReduceScale(t *testing.T) {

@@ -11,6 +11,10 @@
 //   gs_pull_<type>_<op>     one-shot without its barriers: the caller orders
 //                           the launch after every peer's input is ready and
 //                           before anyone reuses it (the semaphore protocol).
+//   gs_ll_<type>_<op>       low latency, for small inputs: every rank stores
+//                           its input into every peer's LL area as lines
+//                           that carry their own flag, and reduces the lines
+//                           that arrive in its own: no barrier at all.
 //
 // types: f32, f16, bf16 (fp32 accumulation), i32, i64; ops: sum, prod, min,
 // max. AVG and PREMUL_SUM are sum with post = GS_POST_DIV / GS_POST_MUL.
@@ -166,39 +170,13 @@ __device__ __forceinline__ void gs_block_copy(S *dst, const S *src, gs_u64 lo, g
 		dst[i] = src[i];
 }
 
-// The staging offset (in elements) of a fused one-shot's block whose range
-// starts at element lo: src_offset, or with p.alt set, the block's own
-// slot of the alternating area: slot 2b + parity (alt elements each) from
-// src_offset, parity that of the block's barrier count. Block b's counters
-// advance alike on every rank (every barrier bumps all of them), so every
-// rank picks the same slot. Read before the launch's first barrier.
-__device__ __forceinline__ gs_u64 gs_stage_offset(const gs_ar_params &p, gs_u64 lo) {
-	if (!p.alt)
-		return p.src_offset;
-	gs_u32 parity = 0;
-	if (p.world > 1) {
-		const int q = p.rank == 0 ? 1 : 0; // any peer: all counters of the block agree
-		parity = *((const volatile gs_u32 *)p.pads[p.rank] + GS_PAD_COUNTERS +
-		           blockIdx.x * GS_MAX_RANKS + q) & 1u;
-	}
-	return p.src_offset + (2u * blockIdx.x + parity) * p.alt - lo;
-}
-
 // One-shot with the staging copy fused in (p.in set): block b copies its
 // range of this rank's input (for reduce_scatter, of each of its world
 // pieces) into this rank's staging, the block barrier
 // then tells peer block b that exactly that range is there, and block b
 // reduces the same range from every peer. One launch per chunk instead of a
 // copy and a launch. A rank with no output (reduce, p.out == 0) only stages.
-//
-// The closing barrier keeps a rank from restaging while peers still read
-// it. With p.alt set (all_reduce of small inputs) there is none: block b
-// stages its range into one of its own two slots, chosen by the parity of
-// its barrier count, so its consecutive launches alternate. Only block b of
-// each rank ever touches block b's slots, and a block that writes a slot
-// again has passed at least one more barrier since the launch that last
-// used it, which peer block b reached only after that launch's reads.
-// Other paths never stage into the slots.
+// The closing barrier keeps a rank from restaging while peers still read it.
 template <class T, class Op> __device__ __forceinline__ void gs_oneshot_fused(const gs_ar_params &p) {
 	typedef typename T::S S;
 	const gs_u64 N = GsPack<T>::kN;
@@ -206,29 +184,26 @@ template <class T, class Op> __device__ __forceinline__ void gs_oneshot_fused(co
 	gs_u64 lo = (gs_u64)blockIdx.x * per, hi = lo + per;
 	lo = lo < p.numel ? lo : p.numel;
 	hi = hi < p.numel ? hi : p.numel;
-	gs_ar_params q = p;
-	q.src_offset = gs_stage_offset(p, lo);
 	if (p.in_stride) { // reduce_scatter: every rank's piece, each into its region
 		for (int r = 0; r < p.world; ++r)
 			gs_block_copy<S>((S *)p.peers[p.rank] + (gs_u64)r * p.stage_stride,
 			                 (const S *)p.in + (gs_u64)r * p.in_stride, lo, hi);
 	} else {
-		gs_block_copy<S>((S *)p.peers[p.rank] + q.src_offset, (const S *)p.in, lo, hi);
+		gs_block_copy<S>((S *)p.peers[p.rank] + p.src_offset, (const S *)p.in, lo, hi);
 	}
 	__threadfence_system();
 	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
 		return;
 	if (p.out) {
 		const char *ptrs[GS_MAX_RANKS + 1];
-		gs_sources<T>(q, ptrs);
+		gs_sources<T>(p, ptrs);
 		ptrs[GS_MAX_RANKS] = (const char *)p.out;
 		char *const dst[1] = {(char *)p.out};
 		const gs_u64 head = gs_head_of<T>(ptrs, p.numel);
 		gs_reduce_range<T, Op>(ptrs, p.world, dst, 1, lo, hi, head, p.scale, p.post,
 		                       threadIdx.x, blockDim.x);
 	}
-	if (!p.alt)
-		gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
 }
 
 template <class T, class Op>
@@ -284,6 +259,161 @@ __device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
 	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
 }
 
+// ---- low latency (LL) -----------------------------------------------------------
+//
+// A line is 16 bytes: 8 bytes of data, each 4-byte half followed by the
+// launch's flag, stored as one 16-byte access and read back until both
+// flags match (every 8-byte half is single-copy atomic, as NCCL's LL
+// protocol assumes). The receiver needs no barrier and no fence: a line
+// whose flags match carries its data.
+//
+// Rank r's LL area holds, for block b, parity 0 and 1, and source rank q,
+// GS_LL_LINES lines (p.peers[r] is its address here). Block b's launch
+// number seq (word GS_PAD_LL_SEQ + b of the rank's own pad) names its flag,
+// seq + 1, and its parity, seq & 1. Block b of every rank runs the same
+// launches in the same order (every rank runs the same collectives with
+// the same grids), so their seq agree. A line is never read as the wrong
+// launch's: the region of a parity last held flag seq - 1, or zero before
+// its first use, and seq + 1 differs from both (mod 2^32: seq + 1 is zero
+// only once seq - 1 is not). A region is never overwritten while its
+// reader needs it: rank r writes parity p for seq + 2 after its launch seq
+// + 1 received lines from every peer's block b, which each peer sent from
+// a later launch than the one in which it read parity p for seq.
+
+#ifndef GS_EMULATION
+__device__ __forceinline__ void gs_ll_store(char *line, gs_u64 data, gs_u32 flag) {
+	asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line),
+	             "r"((gs_u32)data), "r"(flag), "r"((gs_u32)(data >> 32)), "r"(flag)
+	             : "memory");
+}
+
+// Whether line holds flag (both halves); its data if so.
+__device__ __forceinline__ bool gs_ll_load(const char *line, gs_u32 flag, gs_u64 &data) {
+	gs_u32 lo, f1, hi, f2;
+	asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+	             : "=r"(lo), "=r"(f1), "=r"(hi), "=r"(f2)
+	             : "l"(line)
+	             : "memory");
+	data = (gs_u64)lo | ((gs_u64)hi << 32);
+	return f1 == flag && f2 == flag;
+}
+#else // two 8-byte atomics: exactly the guarantee the GPU code relies on
+__device__ __forceinline__ void gs_ll_store(char *line, gs_u64 data, gs_u32 flag) {
+	__atomic_store_n((gs_u64 *)line, (data & 0xffffffffu) | ((gs_u64)flag << 32), __ATOMIC_RELAXED);
+	__atomic_store_n((gs_u64 *)line + 1, (data >> 32) | ((gs_u64)flag << 32), __ATOMIC_RELAXED);
+}
+__device__ __forceinline__ bool gs_ll_load(const char *line, gs_u32 flag, gs_u64 &data) {
+	gs_emu_spin();
+	const gs_u64 a = __atomic_load_n((const gs_u64 *)line, __ATOMIC_RELAXED);
+	const gs_u64 b = __atomic_load_n((const gs_u64 *)line + 1, __ATOMIC_RELAXED);
+	data = (a & 0xffffffffu) | (b << 32);
+	return (gs_u32)(a >> 32) == flag && (gs_u32)(b >> 32) == flag;
+}
+#endif
+
+// The 8 bytes of line l (elements l*E .. l*E+E-1, zero past numel).
+template <class S>
+__device__ __forceinline__ gs_u64 gs_ll_gather(const S *in, gs_u64 numel, gs_u64 l) {
+	const gs_u64 E = 8 / sizeof(S), e0 = l * E;
+	union {
+		gs_u64 u;
+		S e[8 / sizeof(S)];
+	} w;
+	if (e0 + E <= numel && ((gs_u64)(in + e0) & 7u) == 0)
+		return *(const gs_u64 *)(in + e0);
+	w.u = 0;
+	for (gs_u64 k = 0; k < E; ++k)
+		if (e0 + k < numel)
+			w.e[k] = in[e0 + k];
+	return w.u;
+}
+
+template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_params &p) {
+	typedef typename T::S S;
+	const gs_u64 E = 8 / sizeof(S);
+	const int K = GS_LL_LINES / GS_BLOCK_THREADS; // lines per thread
+	if (!gs_config_ok(p.pads, p.world, p.rank))
+		return;
+	if (gridDim.x > GS_LL_BLOCKS || blockDim.x != GS_BLOCK_THREADS) {
+		if (threadIdx.x == 0)
+			gs_record_error(p.pads[p.rank], GS_ERR_CONFIG, (gridDim.x << 16) | blockDim.x, 2);
+		return;
+	}
+	__shared__ gs_u32 seq_shared;
+	gs_u32 *seqw = p.pads[p.rank] + GS_PAD_LL_SEQ + blockIdx.x;
+	if (threadIdx.x == 0)
+		seq_shared = *(volatile gs_u32 *)seqw;
+	__syncthreads();
+	const gs_u32 seq = seq_shared, flag = seq + 1u;
+	const gs_u64 region = ((gs_u64)blockIdx.x * 2u + (seq & 1u)) * (gs_u64)p.world; // in regions
+	const gs_u64 lines = (p.numel + E - 1) / E;
+	const S *in = (const S *)p.in;
+
+	gs_u64 mine[K];
+#pragma unroll
+	for (int k = 0; k < K; ++k) {
+		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_BLOCK_THREADS;
+		const gs_u64 l = (gs_u64)blockIdx.x * GS_LL_LINES + j;
+		if (l >= lines)
+			break;
+		mine[k] = gs_ll_gather<S>(in, p.numel, l);
+		const gs_u64 at = ((region + (gs_u64)p.rank) * GS_LL_LINES + j) * 16u;
+		for (int q = 0; q < p.world; ++q)
+			if (q != p.rank)
+				gs_ll_store((char *)p.peers[q] + at, mine[k], flag);
+	}
+
+	int failed = 0;
+#pragma unroll
+	for (int k = 0; k < K; ++k) {
+		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_BLOCK_THREADS;
+		const gs_u64 l = (gs_u64)blockIdx.x * GS_LL_LINES + j;
+		if (l >= lines || failed)
+			break;
+		union {
+			gs_u64 u;
+			S e[8 / sizeof(S)];
+		} d[GS_MAX_RANKS];
+		for (int q = 0; q < p.world && !failed; ++q) {
+			if (q == p.rank) {
+				d[q].u = mine[k];
+				continue;
+			}
+			const char *line = (const char *)p.peers[p.rank] + ((region + (gs_u64)q) * GS_LL_LINES + j) * 16u;
+			gs_u64 start = 0;
+			while (!gs_ll_load(line, flag, d[q].u)) {
+				if (p.timeout_ns == 0)
+					continue;
+				const gs_u64 now = gs_globaltimer();
+				if (start == 0) {
+					start = now;
+				} else if (now - start > p.timeout_ns) {
+					gs_record_error(p.pads[p.rank], GS_ERR_TIMEOUT, (blockIdx.x << 8) | (gs_u32)q, 1u << q);
+					failed = 1;
+					break;
+				}
+			}
+		}
+		if (failed)
+			break;
+		S *out = (S *)p.out;
+		for (gs_u64 k2 = 0; k2 < E; ++k2) {
+			const gs_u64 e = l * E + k2;
+			if (e >= p.numel)
+				break;
+			typename T::A acc = T::load(d[0].e[k2]);
+			for (int q = 1; q < p.world; ++q)
+				acc = Op::apply(acc, T::load(d[q].e[k2]));
+			out[e] = gs_finish<T, Op>(acc, p.scale, p.post);
+		}
+	}
+	// The launch is over for this block once every thread is: only then may
+	// its next launch reuse the other parity's regions.
+	__syncthreads();
+	if (threadIdx.x == 0)
+		*(volatile gs_u32 *)seqw = seq + 1u;
+}
+
 #define GS_AR_KERNEL(algo, tname, T, oname, Op)                                               \
 	extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS)                         \
 	    gs_##algo##_##tname##_##oname(gs_ar_params p) {                                   \
@@ -297,7 +427,8 @@ __device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
 	GS_AR_KERNEL(algo, tname, T, max, GsMax)
 
 #define GS_AR_KERNELS(tname, T)                                                               \
-	GS_AR_OPS(oneshot, tname, T) GS_AR_OPS(twoshot, tname, T) GS_AR_OPS(pull, tname, T)
+	GS_AR_OPS(oneshot, tname, T)                                                           \
+	GS_AR_OPS(twoshot, tname, T) GS_AR_OPS(pull, tname, T) GS_AR_OPS(ll, tname, T)
 
 GS_AR_KERNELS(f32, GsF32)
 GS_AR_KERNELS(f16, GsF16)

@@ -20,7 +20,10 @@
 #define GS_HOST_ERROR_MISSING 2
 #define GS_PAD_SEMA_READY 2064
 #define GS_PAD_SEMA_DONE 2072
-#define GS_PAD_USED 2080
+#define GS_PAD_LL_SEQ 2080
+#define GS_LL_BLOCKS 64
+#define GS_LL_LINES 1024
+#define GS_PAD_USED 2144
 #define GS_ERR_TIMEOUT 1
 #define GS_ERR_CONFIG 2
 #define GS_SYNC_START 1
@@ -47,7 +50,7 @@
 #define GS_P2P_GONE 2312
 #define GS_P2P_CTRL_BYTES 16384
 
-struct gs_ar_params { // 208 bytes, Go: cuda.ARParams
+struct gs_ar_params { // 200 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
 	unsigned int *pads[GS_MAX_RANKS];        // offset 64
 	void *out;                               // offset 128
@@ -56,12 +59,11 @@ struct gs_ar_params { // 208 bytes, Go: cuda.ARParams
 	unsigned long long src_offset;           // offset 152
 	unsigned long long in_stride;            // offset 160
 	unsigned long long stage_stride;         // offset 168
-	unsigned long long alt;                  // offset 176
-	unsigned long long timeout_ns;           // offset 184
-	float scale;                             // offset 192
-	int post;                                // offset 196
-	int world;                               // offset 200
-	int rank;                                // offset 204
+	unsigned long long timeout_ns;           // offset 176
+	float scale;                             // offset 184
+	int post;                                // offset 188
+	int world;                               // offset 192
+	int rank;                                // offset 196
 };
 
 struct gs_copy_params { // 480 bytes, Go: cuda.CopyParams

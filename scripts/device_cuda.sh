@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [alt] [sanitize]
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [sanitize] [probe] [pinned]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,17 +71,30 @@ for s in "${steps[@]}"; do
 		done
 		echo "-- host cost per call, layer by layer"
 		timeout 200 torchrun --nproc-per-node 2 scripts/cuda_overhead.py --json "$out/overhead.json" 2>&1 | grep " us$" ;;
-	alt)
-		echo "== alternating staging of small all_reduce (GOSYM_GPU_ALT_SLOT, 0: off), gosym alone"
-		for a in 0 16384; do
-			echo "-- GOSYM_GPU_ALT_SLOT=$a, graph"
-			GOSYM_GPU_ALT_SLOT=$a timeout 200 python3 -m gosym.bench --device cuda --ops all_reduce --cuda-graph 10 \
-				--backends gosym --sizes 1K,4K,16K,64K,256K --target-time 0.05 --no-check \
-				--json "$out/tune-alt-graph-$a.json" 2>&1 | tail -8
-			echo "-- GOSYM_GPU_ALT_SLOT=$a, eager, 40 per sample"
-			GOSYM_GPU_ALT_SLOT=$a timeout 200 python3 -m gosym.bench --device cuda --ops all_reduce --batch 40 \
-				--backends gosym --sizes 1K,4K,16K,64K,256K --target-time 0.05 --no-check \
-				--json "$out/tune-alt-batch-$a.json" 2>&1 | tail -8
+	ll)
+		echo "== small all_reduce: LL kernel (default) against the one-shot (GOSYM_GPU_LL_MAX=0), gosym alone"
+		for ll in 0 524288; do
+			echo "-- GOSYM_GPU_LL_MAX=$ll, graph"
+			GOSYM_GPU_LL_MAX=$ll timeout 200 python3 -m gosym.bench --device cuda --ops all_reduce --cuda-graph 10 \
+				--backends gosym --sizes 1K,16K,64K,128K,256K,512K --target-time 0.05 --no-check \
+				--json "$out/tune-ll-graph-$ll.json" 2>&1 | tail -9
+			echo "-- GOSYM_GPU_LL_MAX=$ll, eager, 40 per sample"
+			GOSYM_GPU_LL_MAX=$ll timeout 200 python3 -m gosym.bench --device cuda --ops all_reduce --batch 40 \
+				--backends gosym --sizes 1K,16K,64K,128K,256K,512K --target-time 0.05 --no-check \
+				--json "$out/tune-ll-batch-$ll.json" 2>&1 | tail -9
+		done ;;
+	probe)
+		echo "== NVLink probe (scripts/nvlink_probe.cu): SM loads/stores and copy engines, both GPUs at once"
+		nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/nvlink_probe scripts/nvlink_probe.cu &&
+			timeout 200 /tmp/nvlink_probe 2>&1 >"$out/nvlink-probe.json"
+		echo "exit $?"
+		:;;
+	pinned)
+		echo "== small all_reduce, eager 40 per sample, pinned 4 CPUs per rank against unpinned"
+		for pin in 0 4 0 4; do
+			timeout 200 python3 -m gosym.bench --device cuda --ops all_reduce --batch 40 --pin $pin \
+				--backends gosym,nccl --sizes 1K,4K,64K,1M --target-time 0.1 --no-check \
+				--json "$out/pinned-$pin-$RANDOM.json" 2>&1 | tail -6
 		done ;;
 	graph)
 		echo "== bench graph"

@@ -38,16 +38,16 @@ def cuda_job(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cuda_direct_job(tmp_path_factory):
     """Every op large enough for the direct path (peers' own buffers through CUDA IPC),
-    small all_reduce included (no alternating staging, which comes first)."""
+    small all_reduce included (no LL kernel, which comes first)."""
     return _worker_job(tmp_path_factory, "cuda_direct", GOSYM_GPU_DIRECT_MIN="1",
-                       GOSYM_GPU_ALT_SLOT="0")
+                       GOSYM_GPU_LL_MAX="0")
 
 
 @pytest.fixture(scope="module")
-def cuda_alt_job(tmp_path_factory):
-    """Small all_reduce on the alternating staging (GOSYM_GPU_ALT_SLOT, opt-in): one
-    fused launch with one block barrier, eager and captured."""
-    return _worker_job(tmp_path_factory, "cuda_alt", GOSYM_GPU_ALT_SLOT=str(16 << 10))
+def cuda_oneshot_job(tmp_path_factory):
+    """Small all_reduce on the one-shot kernel over the staging (GOSYM_GPU_LL_MAX=0: no
+    LL kernel), eager (staging fused into the launch) and captured (copy + kernel)."""
+    return _worker_job(tmp_path_factory, "cuda_oneshot", GOSYM_GPU_LL_MAX="0")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def cuda_sema_job(tmp_path_factory):
     # where all_reduce would run two-shot).
     return _worker_job(tmp_path_factory, "cuda_sema", GOSYM_GPU_SEMA_MIN="1",
                        GOSYM_GPU_CAPTURE_DIRECT_MIN=str(1 << 62), GOSYM_GPU_TWOSHOT_MIN=str(1 << 62),
-                       GOSYM_GPU_DIRECT_MIN=str(32 << 20), GOSYM_GPU_ALT_SLOT="0")
+                       GOSYM_GPU_DIRECT_MIN=str(32 << 20), GOSYM_GPU_LL_MAX="0")
 
 
 def _checked(job, min_passed):
@@ -91,17 +91,19 @@ def test_direct_path(cuda_direct_job):
     assert 0 < st["gpu_ipc_opens"] < st["gpu_ipc_hits"], st
 
 
-def test_alt_path(cuda_alt_job):
-    r0 = _checked(cuda_alt_job, 700)
+def test_oneshot_path(cuda_oneshot_job):
+    r0 = _checked(cuda_oneshot_job, 700)
     assert r0.get("graph") == "captured", r0.get("graph")
-    # back_to_back's 10k all_reduce (1, 10 and 20 blocks) and the captured ones
-    assert r0["stats"]["gpu_algo_oneshot_alt"] > 10_000, r0["stats"]
+    st = r0["stats"]
+    assert st["gpu_algo_ll"] == 0 and st["gpu_algo_oneshot"] > 10_000, st
 
 
 def test_all_reduce_and_barrier(cuda_job):
     r0 = _checked(cuda_job, 400)
     assert len(r0["digests"]) >= 80
-    assert r0["stats"]["gpu_algo_oneshot_alt"] == 0, r0["stats"]  # opt-in
+    # the LL kernel by default: back_to_back's 10k all_reduce (1, 3 and 8 blocks), the
+    # captured ones and every small case of the sweep
+    assert r0["stats"]["gpu_algo_ll"] > 10_000, r0["stats"]
 
 
 def test_cuda_graph(cuda_job):

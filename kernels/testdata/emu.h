@@ -18,6 +18,8 @@
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
+// A block's threads of one rank run on one OS thread, one after another.
+#define __shared__ static thread_local
 
 struct gs_emu_dim3 {
 	unsigned x, y, z;

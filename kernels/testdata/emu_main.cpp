@@ -51,6 +51,7 @@ typedef void (*ArKernel)(gs_ar_params);
 #define ROW(a, t) {gs_##a##_##t##_sum, gs_##a##_##t##_prod, gs_##a##_##t##_min, gs_##a##_##t##_max}
 enum ALGO { ONESHOT, TWOSHOT, PULL, NALGO };
 static const char *algo_name[] = {"oneshot", "twoshot", "pull"};
+static const ArKernel ll_kernels[NDT][NOP] = {ROW(ll, f32), ROW(ll, f16), ROW(ll, bf16), ROW(ll, i32), ROW(ll, i64)};
 static const ArKernel kernels[NALGO][NDT][NOP] = {
     {ROW(oneshot, f32), ROW(oneshot, f16), ROW(oneshot, bf16), ROW(oneshot, i32), ROW(oneshot, i64)},
     {ROW(twoshot, f32), ROW(twoshot, f16), ROW(twoshot, bf16), ROW(twoshot, i32), ROW(twoshot, i64)},
@@ -251,6 +252,22 @@ static void fill(DT dt, OP op, unsigned char *p, size_t n, bool nans) {
 
 // ---- cases ----------------------------------------------------------------------
 
+// Whether a run left no pad error and wrote nothing outside its buffers;
+// records the failure under name if not.
+static bool clean_run(const char *name, Pads &pads, std::vector<Buf> &in, std::vector<Buf> &out) {
+	std::string err = pads.errors();
+	if (!err.empty()) {
+		fail(std::string(name) + ": pad errors" + err);
+		return false;
+	}
+	for (size_t r = 0; r < in.size(); ++r)
+		if (!in[r].guards_intact() || !out[r].guards_intact()) {
+			fail(std::string(name) + ": write outside a buffer of rank " + std::to_string(r));
+			return false;
+		}
+	return true;
+}
+
 // One all-reduce call. mis[r] is rank r's data misalignment in bytes (a
 // multiple of the element size), omis that of every out buffer.
 static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const std::vector<size_t> &mis,
@@ -295,13 +312,10 @@ static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const st
 	snprintf(name, sizeof name, "%s %s %s world=%d n=%zu mis0=%zu omis=%zu grid=%u block=%u post=%d%s",
 	         algo_name[algo], dt_name[dt], op_name[op], world, n, mis[0], omis, grid, block,
 	         post, scatter ? " scatter" : "");
-	std::string err = pads.errors();
-	if (!err.empty())
-		return fail(std::string(name) + ": pad errors" + err);
+	if (!clean_run(name, pads, in, out))
+		return;
 	unsigned char want[8];
 	for (int r = 0; r < world; ++r) {
-		if (!in[r].guards_intact() || !out[r].guards_intact())
-			return fail(std::string(name) + ": write outside a buffer of rank " + std::to_string(r));
 		std::vector<const unsigned char *> src;
 		for (int q = 0; q < world; ++q)
 			src.push_back(orig[q].data() + (scatter ? r * n * es : 0));
@@ -319,6 +333,126 @@ static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const st
 }
 
 // All-to-all through gs_copy: rank r pulls chunk r of every peer.
+// The LL areas of a group (one per rank, 16-byte aligned) and its pads,
+// kept across calls: the launch counters and the two parities carry over.
+struct LLGroup {
+	int world;
+	Pads pads;
+	std::vector<std::vector<unsigned long long>> area;
+	explicit LLGroup(int w)
+	    : world(w), pads(w),
+	      area(w, std::vector<unsigned long long>(GS_LL_BLOCKS * 2 * w * GS_LL_LINES * 2, 0)) {}
+};
+
+// calls back-to-back LL all-reduce of n elements on g, fresh inputs each
+// time (misaligned by mis bytes; in place when inplace), every output
+// element checked bit for bit.
+static void ll_case(DT dt, OP op, size_t n, size_t mis, bool inplace, int post, int calls, LLGroup &g) {
+	const size_t es = dt_size[dt];
+	const int world = g.world;
+	const unsigned grid = (unsigned)std::min<size_t>(
+	    std::max<size_t>(((n * es + 7) / 8 + GS_LL_LINES - 1) / GS_LL_LINES, 1), GS_LL_BLOCKS);
+	const float scale = post == GS_POST_DIV ? (float)world : 0.375f;
+	for (int c = 0; c < calls; ++c) {
+		std::vector<Buf> in, out;
+		for (int r = 0; r < world; ++r) {
+			in.emplace_back(n * es, mis);
+			fill(dt, op, in.back().data(), n, op == MIN || op == MAX);
+			out.emplace_back(n * es, inplace ? mis : 0);
+		}
+		std::vector<std::vector<unsigned char>> orig;
+		for (auto &b : in)
+			orig.emplace_back(b.data(), b.data() + n * es);
+		std::vector<gs_ar_params> ps(world);
+		for (int r = 0; r < world; ++r) {
+			gs_ar_params &p = ps[r];
+			memset(&p, 0, sizeof p);
+			for (int q = 0; q < world; ++q) {
+				p.peers[q] = g.area[q].data();
+				p.pads[q] = g.pads.at(q);
+			}
+			p.in = in[r].data();
+			p.out = inplace ? in[r].data() : out[r].data();
+			p.numel = n;
+			p.timeout_ns = 5000000000ull;
+			p.scale = scale;
+			p.post = post;
+			p.world = world;
+			p.rank = r;
+		}
+		run_all(ll_kernels[dt][op], ps, grid, GS_BLOCK_THREADS);
+		char name[256];
+		snprintf(name, sizeof name, "ll %s %s world=%d n=%zu mis=%zu%s post=%d call=%d", dt_name[dt],
+		         op_name[op], world, n, mis, inplace ? " inplace" : "", post, c);
+		if (!clean_run(name, g.pads, in, out))
+			return;
+		unsigned char want[8];
+		for (int r = 0; r < world; ++r) {
+			if (g.pads.at(r)[GS_PAD_LL_SEQ] != g.pads.at(0)[GS_PAD_LL_SEQ])
+				return fail(std::string(name) + ": launch counters differ between ranks");
+			std::vector<const unsigned char *> src;
+			for (int q = 0; q < world; ++q)
+				src.push_back(orig[q].data());
+			const unsigned char *res = inplace ? in[r].data() : out[r].data();
+			for (size_t i = 0; i < n; ++i) {
+				reference(dt, op, post, scale, src, i, want);
+				if (!same(dt, res + i * es, want))
+					return fail(std::string(name) + ": rank " + std::to_string(r) + " element " +
+					            std::to_string(i) + " wrong");
+			}
+			if (!inplace && memcmp(in[r].data(), orig[r].data(), n * es) != 0)
+				return fail(std::string(name) + ": the kernel modified its input");
+		}
+	}
+	passed++;
+}
+
+// Rank 0's parameters for a float sum of in into out in a group of 2.
+static gs_ar_params ll_rank0_params(LLGroup &g, std::vector<float> &in, std::vector<float> &out,
+                                    unsigned long long timeout_ns) {
+	gs_ar_params p;
+	memset(&p, 0, sizeof p);
+	for (int q = 0; q < 2; ++q) {
+		p.peers[q] = g.area[q].data();
+		p.pads[q] = g.pads.at(q);
+	}
+	p.in = in.data();
+	p.out = out.data();
+	p.numel = in.size();
+	p.world = 2;
+	p.timeout_ns = timeout_ns;
+	return p;
+}
+
+// A gs_ll launch with more blocks than the LL area has records a
+// configuration error and touches no line.
+static void ll_config_case() {
+	LLGroup g(2);
+	std::vector<float> in(8, 1.0f), out(8, 7.0f);
+	const gs_ar_params p = ll_rank0_params(g, in, out, 1000000);
+	run_rank(gs_ll_f32_sum, p, GS_LL_BLOCKS + 1, GS_BLOCK_THREADS);
+	bool untouched = out[0] == 7.0f;
+	for (auto &a : g.area)
+		for (auto w : a)
+			untouched = untouched && w == 0;
+	if (g.pads.at(0)[GS_PAD_ERROR] != GS_ERR_CONFIG || !untouched)
+		return fail("ll config: a grid past GS_LL_BLOCKS was not refused");
+	passed++;
+}
+
+// A rank whose peer never sends times out with the peer and block named.
+static void ll_timeout_case() {
+	LLGroup g(2);
+	std::vector<float> in(4, 1.0f), out(4, 0.0f);
+	const gs_ar_params p = ll_rank0_params(g, in, out, 2000000);
+	run_rank(gs_ll_f32_sum, p, 1, GS_BLOCK_THREADS);
+	const unsigned *pad = g.pads.at(0);
+	if (pad[GS_PAD_ERROR] != GS_ERR_TIMEOUT || pad[GS_PAD_ERROR_DETAIL] != 1u ||
+	    pad[GS_PAD_ERROR_MISSING] != 2u)
+		return fail("ll timeout: the missing peer was not recorded");
+	passed++;
+}
+
 static void copy_case(int world, size_t chunk, unsigned grid, unsigned block, Pads &pads) {
 	std::vector<Buf> in, out;
 	for (int r = 0; r < world; ++r) {
@@ -689,6 +823,33 @@ int main() {
 		for (int algo = 0; algo < NALGO; ++algo)
 			allreduce_case(algo, BF16, SUM, world, (1 << 16) + 3, std::vector<size_t>(world, 0), 0, 24, 512,
 			               GS_POST_NONE, false, pads[world]);
+	// LL: every type and op, odd sizes and offsets, in place or not, with
+	// the group's counters carried from call to call (both parities, and
+	// blocks that sit out some launches).
+	{
+		std::vector<std::unique_ptr<LLGroup>> ll;
+		for (int w = 0; w <= GS_MAX_RANKS; ++w)
+			ll.emplace_back(new LLGroup(std::max(w, 1)));
+		const size_t ll_sizes[] = {1, 2, 3, 5, 9, 1025, 2047, 4099, 20011};
+		for (int dt = 0; dt < NDT; ++dt)
+			for (int op = 0; op < NOP; ++op)
+				for (int k = 0; k < 6; ++k) {
+					const size_t es = dt_size[dt];
+					const int world = worlds[rng() % 5];
+					size_t n = ll_sizes[rng() % (sizeof ll_sizes / sizeof ll_sizes[0])];
+					n = std::min<size_t>(n, GS_LL_BLOCKS * GS_LL_LINES * 8 / es - 1); // LLMaxBytes
+					const size_t mis = k % 2 ? (rng() % (16 / es)) * es : 0;
+					int post = GS_POST_NONE;
+					if (op == SUM && dt <= BF16 && k % 3 != 0)
+						post = k % 3 == 1 ? GS_POST_DIV : GS_POST_MUL;
+					ll_case((DT)dt, (OP)op, n, mis, k % 4 == 3, post, 3, *ll[world]);
+				}
+		// The largest input: every block, and a later small one reusing block 0.
+		ll_case(BF16, SUM, GS_LL_BLOCKS * GS_LL_LINES * 4, 0, false, GS_POST_NONE, 2, *ll[2]);
+		ll_case(F32, MAX, 3, 4, false, GS_POST_NONE, 3, *ll[2]);
+		ll_config_case();
+		ll_timeout_case();
+	}
 	for (int world : worlds)
 		for (size_t chunk : {0, 1, 7, 16, 33, 1000, 4097})
 			copy_case(world, chunk, grids[rng() % 3], blocks[rng() % 3], pads[world]);

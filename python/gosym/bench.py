@@ -113,6 +113,9 @@ def parse_args(argv):
                    help="process-group timeout in seconds (a hung op raises after this)")
     p.add_argument("--timeout", type=float, default=1200.0,
                    help="hard timeout in seconds for the whole torchrun job")
+    p.add_argument("--pin", type=int, default=0, metavar="K",
+                   help="pin rank r to CPUs [r*K, r*K+K) of those allowed (0: no pinning), so "
+                        "that the host side of small ops is measured without scheduler noise")
     p.add_argument("--max-errors", type=int, default=3,
                    help="stop measuring a backend after this many failed cases")
     args = p.parse_args(argv)
@@ -702,7 +705,7 @@ def machine_info(torch, world, gosym, device):
     info = {
         "hostname": platform.node(),
         "nproc": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "cpu_model": cpu_model(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -758,11 +761,22 @@ def plot(report, path, main, baselines):
     print(f"wrote {path}", flush=True)
 
 
+def pin(k, local_rank):
+    """Pins this rank to k CPUs of its own (--pin); applies to threads started after it."""
+    if k <= 0 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = cpus[local_rank * k:(local_rank + 1) * k]
+    if len(mine) == k:
+        os.sched_setaffinity(0, mine)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return launch(args, argv)
+    pin(args.pin, int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
     return Bench(args).run()
 
 

@@ -384,11 +384,12 @@ def noncontiguous(ck, rank, world, dev, digests):
 
 def back_to_back(ck, rank, world, dev, digests):
     """10k all_reduce with no host sync while each rank delays its stream at random; the
-    sizes cycle through launches of 1, 10 and 20 blocks (the alternating staging of small
-    all_reduce keeps a slot pair per block); now and then a larger op (several staging
-    chunks with a small GOSYM_GPU_STAGE_BYTES)."""
+    sizes cycle through LL launches of 1, 3 and 8 blocks (the LL kernel alternates two
+    regions per block, by each block's own launch count: blocks that sit out some launches
+    must still agree); now and then a larger op (several staging chunks with a small
+    GOSYM_GPU_STAGE_BYTES)."""
     rng = random.Random(1234 + rank)
-    N, sizes = 10_000, (1027, 20_011, 40_009)
+    N, sizes = 10_000, (1027, 6007, 16_001)
     n = max(sizes)
     cols = torch.arange(n, device=dev)[None, :]
     used = cols < torch.tensor(sizes, device=dev)[torch.arange(N, device=dev) % 3][:, None]
@@ -420,6 +421,10 @@ def host_does_not_wait(ck, rank, world, dev):
     """With every stream held by a long GPU sleep, 100 all_reduce return to the host long
     before the GPU runs them: nothing in the op waits for the GPU."""
     t = torch.ones(4096, device=dev)
+    # Start together: ops whose hosts agree per op (the direct path) would otherwise
+    # count the other rank's late start as this host's time.
+    torch.cuda.synchronize()
+    dist.barrier()
     torch.cuda.synchronize()
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)

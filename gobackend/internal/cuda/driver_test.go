@@ -216,6 +216,24 @@ func TestReduceGridIsBounded(t *testing.T) {
 	}
 }
 
+// gs_ll's grid is one block per LLLines lines of 8 bytes, and a rank's LL
+// area holds two parities of world regions for every block its largest
+// launch has.
+func TestLLGridAndArea(t *testing.T) {
+	for _, c := range []struct {
+		numel  uint64
+		es     int
+		blocks uint32
+	}{{1, 4, 1}, {2048, 4, 1}, {2049, 4, 2}, {LLMaxBytes / 2, 2, LLBlocks}, {LLMaxBytes / 8, 8, LLBlocks}} {
+		g, b := LLGrid(c.numel, c.es)
+		require.Equal(t, D1(c.blocks), g, "%d elements of %d bytes", c.numel, c.es)
+		require.Equal(t, D1(BlockThreads), b)
+	}
+	require.Equal(t, uintptr(8*2*2*LLLines*LLLineBytes), LLAreaBytes(2, 64<<10))
+	require.Equal(t, uintptr(LLBlocks*2*8*LLLines*LLLineBytes), LLAreaBytes(8, 1<<40))
+	require.Equal(t, uintptr(2*3*LLLines*LLLineBytes), LLAreaBytes(3, 1))
+}
+
 // The library must load where there is no CUDA: nothing may link against
 // libcuda or libnvrtc. This checks the test binary, which links this package
 // the same way libgosym.so does.

@@ -19,6 +19,10 @@ const (
 	// Pull: one-shot without the kernel's own barriers, for callers that
 	// order the launch themselves (the semaphore protocol of sema.go).
 	Pull
+	// LL: every rank sends its input to every peer as lines that carry
+	// their own flag, and reduces what arrives: no barrier, one trip over
+	// NVLink (gs_ll; inputs up to LLMaxBytes).
+	LL
 )
 
 func (a Algo) String() string {
@@ -29,6 +33,8 @@ func (a Algo) String() string {
 		return "twoshot"
 	case Pull:
 		return "pull"
+	case LL:
+		return "ll"
 	}
 	return fmt.Sprintf("algo(%d)", int(a))
 }
@@ -94,7 +100,7 @@ func nvlsKernelName(typ, op string) string { return "gs_nvls_" + typ + "_" + op 
 
 func buildKernels() []*Kernel {
 	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel}
-	for _, a := range []Algo{OneShot, TwoShot, Pull} {
+	for _, a := range []Algo{OneShot, TwoShot, Pull, LL} {
 		for _, t := range reduceTypes {
 			for _, op := range []string{"sum", "prod", "min", "max"} {
 				ks = append(ks, &Kernel{Name: reduceKernelName(a, t.name, op), Source: "allreduce.cu",
@@ -195,6 +201,22 @@ func ReduceGridLimit(a Algo, numel uint64, esize, world, limit int) (grid, block
 	blocks := (work + BlockThreads - 1) / BlockThreads
 	blocks = min(max(blocks, 1), uint64(min(max(limit, 1), MaxBlocks)))
 	return D1(uint32(blocks)), D1(BlockThreads)
+}
+
+// LLGrid is the launch shape of gs_ll for numel elements of esize bytes:
+// one block per LLLines lines of 8 data bytes. The caller keeps the input
+// within LLMaxBytes.
+func LLGrid(numel uint64, esize int) (grid, block Dim3) {
+	lines := (numel*uint64(esize) + 7) / 8
+	blocks := min(max((lines+LLLines-1)/LLLines, 1), LLBlocks)
+	return D1(uint32(blocks)), D1(BlockThreads)
+}
+
+// LLAreaBytes is the size of one rank's LL area in a group of world ranks
+// whose gs_ll launches take at most maxBytes (at most LLMaxBytes).
+func LLAreaBytes(world, maxBytes int) uintptr {
+	grid, _ := LLGrid(uint64(min(max(maxBytes, 1), LLMaxBytes)), 1)
+	return uintptr(grid.X) * 2 * uintptr(world) * LLLines * LLLineBytes
 }
 
 // CopyGrid is the launch shape of gs_copy for a largest segment of bytes.

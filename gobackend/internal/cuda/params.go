@@ -34,7 +34,20 @@ const (
 	// waits on it and consumes it (back to 0).
 	PadSemaReadyWord = PadErrorWord + 16
 	PadSemaDoneWord  = PadSemaReadyWord + MaxRanks
-	PadBytes         = 16384 // one pad: one rank, one channel
+	// Word PadLLSeqWord+b counts the low-latency launches block b of this
+	// rank ran (allreduce.cu, gs_ll): local, written only by that block.
+	PadLLSeqWord = PadSemaDoneWord + MaxRanks
+	PadBytes     = 16384 // one pad: one rank, one channel
+
+	// Low-latency all-reduce (gs_ll): block b of a launch sends LLLines
+	// lines of 16 bytes to every peer, each 8 data bytes with the launch's
+	// flag twice, into the peer's LL area: blocks × 2 (parity) × world ×
+	// LLLines lines after the staging of the data allocation
+	// (LLAreaBytes).
+	LLBlocks    = 64   // GS_LL_BLOCKS: blocks a gs_ll launch may have
+	LLLines     = 1024 // GS_LL_LINES: lines per block (two per thread)
+	LLLineBytes = 16
+	LLMaxBytes  = LLBlocks * LLLines * 8 // the largest input gs_ll takes
 
 	// The host error block (ErrorWords), in 32-bit words: the same three
 	// as the pad's, code last (the kernel publishes it after the others).
@@ -89,7 +102,7 @@ const (
 
 const (
 	padErrorEnd         = PadHostErrorWord + 2 // one past the error words and the host pointer
-	padUsedWords        = PadSemaDoneWord + MaxRanks
+	padUsedWords        = PadLLSeqWord + LLBlocks
 	defaultReduceBlocks = 24 // PyTorch's one-shot limit (register-heavy kernels)
 	defaultCopyBlocks   = 32
 	vectorBytes         = 16
@@ -112,6 +125,10 @@ const (
 	_ = uint(PadSemaReadyWord - padErrorEnd)
 	_ = uint(PadSemaDoneWord - PadSemaReadyWord - MaxRanks)
 	_ = uint(0 - PadSemaReadyWord%16)
+	// A thread of gs_ll owns LLLines/BlockThreads lines; the sequence
+	// words follow the semaphores.
+	_ = uint(0 - LLLines%BlockThreads)
+	_ = uint(PadLLSeqWord - PadSemaDoneWord - MaxRanks)
 	// The p2p control words fit their allocation.
 	_ = uint(P2PGoneWord - P2PErrorWord - P2PErrorWords)
 	_ = uint(HostErrorWords - P2PErrorWords)
@@ -138,6 +155,9 @@ var headerConsts = []struct {
 	{"GS_HOST_ERROR_MISSING", HostErrorMissing},
 	{"GS_PAD_SEMA_READY", PadSemaReadyWord},
 	{"GS_PAD_SEMA_DONE", PadSemaDoneWord},
+	{"GS_PAD_LL_SEQ", PadLLSeqWord},
+	{"GS_LL_BLOCKS", LLBlocks},
+	{"GS_LL_LINES", LLLines},
 	{"GS_PAD_USED", padUsedWords},
 	{"GS_ERR_TIMEOUT", ErrTimeout},
 	{"GS_ERR_CONFIG", ErrConfig},
@@ -170,6 +190,8 @@ var headerConsts = []struct {
 // gs_oneshot_*: out[i] = op over r of peers[r][src_offset+i], i < numel,
 // folded in rank order, so every rank computes identical bits; with
 // src_offset = rank*numel it is the pull half of a reduce-scatter.
+// gs_ll_*: out = op over every rank's in, by lines sent into Peers, the
+// ranks' LL areas (LLAreaBytes each), with no barrier (LLGrid's shape).
 // gs_twoshot_*: in place on the peers' buffers at src_offset; each rank
 // reduces its 1/world slice and writes the result into every peer's buffer.
 // Peers and Pads are the local addresses of every rank's buffer and signal
@@ -183,19 +205,13 @@ type ARParams struct {
 	SrcOffset uint64            `cuda:"src_offset,unsigned long long"` // in elements
 	// With In: 0 stages In at SrcOffset; else In holds World pieces
 	// InStride elements apart (reduce_scatter), piece q staged at q*StageStride.
-	InStride    uint64 `cuda:"in_stride,unsigned long long"`
-	StageStride uint64 `cuda:"stage_stride,unsigned long long"`
-	// With In and no InStride: nonzero stages block b's range into slot
-	// 2b or 2b+1 (by the parity of its barrier count) of Alt elements each
-	// from SrcOffset, and skips the closing barrier (allreduce.cu,
-	// gs_oneshot_fused). The caller keeps every block's range within a
-	// slot and reserves two slots per block (gobackend's alternates).
-	Alt       uint64  `cuda:"alt,unsigned long long"`
-	TimeoutNs uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
-	Scale     float32 `cuda:"scale,float"`
-	Post      int32   `cuda:"post,int"` // PostNone, PostMul or PostDiv
-	World     int32   `cuda:"world,int"`
-	Rank      int32   `cuda:"rank,int"`
+	InStride    uint64  `cuda:"in_stride,unsigned long long"`
+	StageStride uint64  `cuda:"stage_stride,unsigned long long"`
+	TimeoutNs   uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
+	Scale       float32 `cuda:"scale,float"`
+	Post        int32   `cuda:"post,int"` // PostNone, PostMul or PostDiv
+	World       int32   `cuda:"world,int"`
+	Rank        int32   `cuda:"rank,int"`
 }
 
 // CopyParams is the parameter of gs_copy: Bytes[i] bytes from Src[i] to

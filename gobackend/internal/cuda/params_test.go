@@ -36,14 +36,14 @@ func TestParamLayouts(t *testing.T) {
 			}
 		})
 	}
-	require.Equal(t, uintptr(208), arLayout.Size)
+	require.Equal(t, uintptr(200), arLayout.Size)
 	off := map[string]uintptr{}
 	for _, f := range arLayout.Fields {
 		off[f.Name] = f.Offset
 	}
 	require.Equal(t, map[string]uintptr{"peers": 0, "pads": 64, "out": 128, "in": 136, "numel": 144,
-		"src_offset": 152, "in_stride": 160, "stage_stride": 168, "alt": 176, "timeout_ns": 184, "scale": 192,
-		"post": 196, "world": 200, "rank": 204}, off)
+		"src_offset": 152, "in_stride": 160, "stage_stride": 168, "timeout_ns": 176, "scale": 184,
+		"post": 188, "world": 192, "rank": 196}, off)
 }
 
 func TestLayoutRejectsBadTags(t *testing.T) {

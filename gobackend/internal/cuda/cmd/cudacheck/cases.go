@@ -82,6 +82,19 @@ func (c *checker) runCases() {
 	ar(arCase{algo: cuda.OneShot, dt: dtype.Float32, op: dtype.Sum, world: 2, numel: 1025, scatter: true})
 	ar(arCase{algo: cuda.OneShot, dt: dtype.BFloat16, op: dtype.Sum, world: 4, numel: 65539})
 	ar(arCase{algo: cuda.TwoShot, dt: dtype.Float32, op: dtype.Sum, world: 4, numel: 65539})
+	// LL: each case launches three times back to back on the same pads
+	// (both parities of every block, the counters carried across cases).
+	for _, k := range []arCase{
+		{dt: dtype.Float32, op: dtype.Sum, world: 2, numel: 1}, {dt: dtype.Float32, op: dtype.Sum, world: 2, numel: 1025},
+		{dt: dtype.BFloat16, op: dtype.Sum, world: 2, numel: 4099, mis: 1, outMis: 3},
+		{dt: dtype.Float16, op: dtype.Min, world: 4, numel: 3}, {dt: dtype.Float32, op: dtype.Avg, world: 2, numel: 16001},
+		{dt: dtype.Int64, op: dtype.Sum, world: 2, numel: cuda.LLMaxBytes / 8},
+		{dt: dtype.Int32, op: dtype.Product, world: 4, numel: 20011, mis: 1},
+		{dt: dtype.BFloat16, op: dtype.Max, world: 2, numel: cuda.LLMaxBytes/2 - 1},
+	} {
+		k.algo = cuda.LL
+		ar(k)
+	}
 
 	record("gs_copy all-to-all, 2 simulated ranks, 1 MiB+7 chunks", func() error {
 		ps, err := padsFor(2)
@@ -135,6 +148,10 @@ func (k arCase) String() string {
 	return s
 }
 
+// outOfPlace says whether k's kernel writes a separate output (every
+// algorithm but the in-place two-shot).
+func (k arCase) outOfPlace() bool { return k.algo != cuda.TwoShot }
+
 func seedOf(name string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(name))
@@ -174,7 +191,7 @@ func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
 		if err := c.d.MemcpyHtoD(g.ctx, ins[r].ptr+uintptr(k.mis)*es, inputs[r]); err != nil {
 			return err
 		}
-		if k.algo == cuda.OneShot {
+		if k.outOfPlace() {
 			if outs[r], err = c.alloc(g, outLen); err != nil {
 				return err
 			}
@@ -190,13 +207,30 @@ func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
 	case dtype.PremulSum:
 		scale = 0.375
 	}
+	// LL: every rank's LL area, zeroed (a flag is never 0).
+	areas := make([]*dbuf, k.world)
+	defer freeAll(areas)
+	for r := 0; r < k.world && k.algo == cuda.LL; r++ {
+		if areas[r], err = c.alloc(g, cuda.LLAreaBytes(k.world, cuda.LLMaxBytes)); err != nil {
+			return err
+		}
+		if err := areas[r].fill(0); err != nil {
+			return err
+		}
+	}
 	for r := 0; r < k.world; r++ {
 		p := &ps[r]
 		for q := 0; q < k.world; q++ {
 			p.Peers[q] = ins[q].ptr + uintptr(k.mis)*es
+			if k.algo == cuda.LL {
+				p.Peers[q] = areas[q].ptr
+			}
+		}
+		if k.algo == cuda.LL {
+			p.In = ins[r].ptr + uintptr(k.mis)*es
 		}
 		p.Pads = pads.ptrs
-		if k.algo == cuda.OneShot {
+		if k.outOfPlace() {
 			p.Out = outs[r].ptr + uintptr(k.outMis)*es
 		}
 		p.Numel = uint64(k.numel)
@@ -207,9 +241,16 @@ func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
 		p.World, p.Rank = int32(k.world), int32(r)
 	}
 	grid, block := cuda.ReduceGrid(k.algo, uint64(k.numel), int(es), k.world)
-	for r := 0; r < k.world; r++ {
-		if err := c.d.Launch(fn, grid, block, 0, g.streams[r], &ps[r]); err != nil {
-			return err
+	launches := 1
+	if k.algo == cuda.LL {
+		grid, block = cuda.LLGrid(uint64(k.numel), int(es))
+		launches = 3
+	}
+	for range launches {
+		for r := 0; r < k.world; r++ {
+			if err := c.d.Launch(fn, grid, block, 0, g.streams[r], &ps[r]); err != nil {
+				return err
+			}
 		}
 	}
 	if err := c.syncAll(g, k.world); err != nil {
@@ -222,7 +263,7 @@ func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
 	results := make([][]byte, k.world)
 	for r := 0; r < k.world; r++ {
 		buf, at := ins[r], uintptr(k.mis)*es
-		if k.algo == cuda.OneShot {
+		if k.outOfPlace() {
 			buf, at = outs[r], uintptr(k.outMis)*es
 		}
 		whole, err := buf.read(0, buf.size)
@@ -239,13 +280,13 @@ func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
 			}
 		}
 		results[r] = whole[at : at+uintptr(k.numel)*es]
-		if k.algo == cuda.OneShot {
+		if k.outOfPlace() {
 			in, err := ins[r].read(uintptr(k.mis)*es, uintptr(total)*es)
 			if err != nil {
 				return err
 			}
 			if string(in) != string(inputs[r]) {
-				return fmt.Errorf("rank %d: one-shot modified its input", r)
+				return fmt.Errorf("rank %d: %s modified its input", r, k.algo)
 			}
 		}
 	}
