@@ -22,7 +22,7 @@ def main():
     dist.init_process_group("gosym")
     rank, world = dist.get_rank(), dist.get_world_size()
     bad = 0
-    for n in (1, 1025, 600_003):
+    for n in (1, 1025, 60_001, 600_003):  # LL: 1 to 30 blocks; then staged
         x = torch.full((n,), float(rank + 1), device=dev)
         dist.all_reduce(x)
         bad += int((x != world * (world + 1) / 2).sum())
