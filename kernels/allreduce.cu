@@ -388,7 +388,8 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 				if (start == 0) {
 					start = now;
 				} else if (now - start > p.timeout_ns) {
-					gs_record_error(p.pads[p.rank], GS_ERR_TIMEOUT, (blockIdx.x << 8) | (gs_u32)q, 1u << q);
+					gs_record_error(p.pads[p.rank], GS_ERR_TIMEOUT,
+					                GS_LL_WAIT | (blockIdx.x << 8) | (gs_u32)q, 1u << q);
 					failed = 1;
 					break;
 				}

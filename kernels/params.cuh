@@ -23,6 +23,7 @@
 #define GS_PAD_LL_SEQ 2080
 #define GS_LL_BLOCKS 64
 #define GS_LL_LINES 1024
+#define GS_LL_WAIT 16777216
 #define GS_PAD_USED 2144
 #define GS_ERR_TIMEOUT 1
 #define GS_ERR_CONFIG 2

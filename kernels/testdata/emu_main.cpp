@@ -447,7 +447,7 @@ static void ll_timeout_case() {
 	const gs_ar_params p = ll_rank0_params(g, in, out, 2000000);
 	run_rank(gs_ll_f32_sum, p, 1, GS_BLOCK_THREADS);
 	const unsigned *pad = g.pads.at(0);
-	if (pad[GS_PAD_ERROR] != GS_ERR_TIMEOUT || pad[GS_PAD_ERROR_DETAIL] != 1u ||
+	if (pad[GS_PAD_ERROR] != GS_ERR_TIMEOUT || pad[GS_PAD_ERROR_DETAIL] != (GS_LL_WAIT | 1u) ||
 	    pad[GS_PAD_ERROR_MISSING] != 2u)
 		return fail("ll timeout: the missing peer was not recorded");
 	passed++;

@@ -105,6 +105,8 @@ func (e DeviceError) Where() string {
 	switch {
 	case e.Code == ErrConfig:
 		return fmt.Sprintf("launch configuration or parameters out of range, detail %#x", e.Detail)
+	case e.Detail&LLWaitDetail != 0:
+		return fmt.Sprintf("LL kernel, block %d waiting for the lines of rank %d", e.Detail>>8&0xffff, e.Detail&0xff)
 	case e.Detail>>8 == PadSemaReadyWord:
 		return fmt.Sprintf("semaphore wait for staged input, rank %d", e.Detail&0xff)
 	case e.Detail>>8 == PadSemaDoneWord:

@@ -85,6 +85,7 @@ func TestDeviceErrorWhere(t *testing.T) {
 		{DeviceError{Code: ErrTimeout, Detail: 127<<8 | 1}, "kernel barrier, block 127"},
 		{DeviceError{Code: ErrTimeout, Detail: PadSemaReadyWord<<8 | 2}, "semaphore wait for staged input, rank 2"},
 		{DeviceError{Code: ErrTimeout, Detail: PadSemaDoneWord<<8 | 5}, "semaphore wait for release, rank 5"},
+		{DeviceError{Code: ErrTimeout, Detail: LLWaitDetail | 63<<8 | 1}, "LL kernel, block 63 waiting for the lines of rank 1"},
 		{DeviceError{Code: ErrConfig, Detail: 129<<16 | 32}, "launch configuration or parameters out of range, detail 0x810020"},
 	} {
 		require.Equal(t, c.want, c.e.Where())

@@ -47,7 +47,10 @@ const (
 	LLBlocks    = 64   // GS_LL_BLOCKS: blocks a gs_ll launch may have
 	LLLines     = 1024 // GS_LL_LINES: lines per block (two per thread)
 	LLLineBytes = 16
-	LLMaxBytes  = LLBlocks * LLLines * 8 // the largest input gs_ll takes
+	// GS_LL_WAIT: set in the detail of a timeout gs_ll recorded (a block
+	// that waited for a peer's lines), with block << 8 | rank.
+	LLWaitDetail = 1 << 24
+	LLMaxBytes   = LLBlocks * LLLines * 8 // the largest input gs_ll takes
 
 	// The host error block (ErrorWords), in 32-bit words: the same three
 	// as the pad's, code last (the kernel publishes it after the others).
@@ -158,6 +161,7 @@ var headerConsts = []struct {
 	{"GS_PAD_LL_SEQ", PadLLSeqWord},
 	{"GS_LL_BLOCKS", LLBlocks},
 	{"GS_LL_LINES", LLLines},
+	{"GS_LL_WAIT", LLWaitDetail},
 	{"GS_PAD_USED", padUsedWords},
 	{"GS_ERR_TIMEOUT", ErrTimeout},
 	{"GS_ERR_CONFIG", ErrConfig},

@@ -134,7 +134,7 @@ template <class P> static void invoke(void *fn, void *param) {
 #define AR_TYPES(a) AR_OPS(a, f32) AR_OPS(a, f16) AR_OPS(a, bf16) AR_OPS(a, i32) AR_OPS(a, i64)
 #define NVLS(t, o) {"gs_nvls_" #t "_" #o, invoke<gs_nvls_params>, (void *)gs_nvls_##t##_##o},
 static CUfunc_st functions[] = {
-    AR_TYPES(oneshot) AR_TYPES(twoshot) AR_TYPES(pull)
+    AR_TYPES(oneshot) AR_TYPES(twoshot) AR_TYPES(pull) AR_TYPES(ll)
     {"gs_copy", invoke<gs_copy_params>, (void *)gs_copy},
     {"gs_barrier", invoke<gs_barrier_params>, (void *)gs_barrier},
     {"gs_sema_wait", invoke<gs_sema_params>, (void *)gs_sema_wait},
