@@ -157,11 +157,12 @@ def test_device_timeout_names_the_peer(tmp_path):
     """Rank 1 reaches a barrier kernel of a group with a 3 s timeout 9 s late (its GPU
     sleeps): rank 0's kernel gives up and records rank 1; the barrier's wait and the next
     CUDA op on rank 0 raise an error naming rank 1, stats show it, and both ranks then
-    meet on the default group and destroy cleanly (workers/cuda_timeout_worker.py)."""
+    meet on the default group and destroy cleanly; the same for a small all_reduce (the LL
+    kernel's wait for the peer's lines) on another group (workers/cuda_timeout_worker.py)."""
     if cuda_device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
     res = run_torchrun("cuda_timeout_worker", 2, ["--timeout", 120], timeout=300,
                        outdir=tmp_path / "out")
     res.assert_ok()
     r0, r1 = res.results
-    assert r0["passed"] >= 7 and r1["passed"] >= 2, (r0, r1)
+    assert r0["passed"] >= 10 and r1["passed"] >= 5, (r0, r1)

@@ -7,7 +7,10 @@ rank 1 keeps its GPU busy for 3T (torch.cuda._sleep) before its barrier kernel o
 group, while rank 0's barrier kernel gives up after T and records rank 1 as missing.
 Rank 0's barrier wait must raise an error naming rank 1, its next CUDA op on the group
 too, and stats must show the device error; rank 1's barrier passes (rank 0 had arrived).
-Both ranks then meet on the default group and destroy everything.
+The same with a small all_reduce on a third group (the LL kernel: no barrier, rank 0's
+kernel waits for rank 1's lines): rank 0's next op names rank 1 and the LL wait, rank 1
+gets the right sum (rank 0's lines had arrived). Both ranks then meet on the default
+group and destroy everything.
 """
 
 from __future__ import annotations
@@ -59,6 +62,34 @@ def scenario(ck, rank, dev, short):
     ck.check("stats show the device error", st["gpu_device_error"] == 1, str(st))
 
 
+def ll_scenario(ck, rank, dev, short):
+    import gosym
+
+    z = torch.ones(1024, device=dev)  # 4 KiB: the LL kernel
+    dist.all_reduce(z, group=short)  # sets up this group's CUDA data plane
+    torch.cuda.synchronize()
+    ck.check("LL: warm all_reduce", bool((z == 2).all()), str(z[:4]))
+    st = gosym.stats(short)
+    ck.check("LL: the small all_reduce ran the LL kernel", st["gpu_algo_ll"] == 1, str(st))
+    dist.barrier()
+    torch.cuda.synchronize()
+    z.fill_(rank + 1)
+    if rank == 1:
+        torch.cuda._sleep(int(3 * SHORT_S * _cycles_per_second(dev)))
+        dist.all_reduce(z, group=short)
+        torch.cuda.synchronize()
+        ck.check("LL: the late rank got the sum", bool((z == 3).all()), str(z[:4]))
+        ck.check("LL: no device error on the late rank", gosym.stats(short)["gpu_device_error"] == 0,
+                 str(gosym.stats(short)))
+        return
+    dist.all_reduce(z, group=short)
+    torch.cuda.synchronize()  # the kernel gives up after SHORT_S
+    e = ck.expect_error("LL: next op", dist.all_reduce, z, group=short)
+    ck.check("LL: next op names rank 1 and the LL wait",
+             e is not None and "waiting for ranks [1]" in str(e) and "LL kernel, block 0 waiting for "
+             "the lines of rank 1" in str(e), repr(e))
+
+
 def main():
     args = wc.setup()
     dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # torchrun sets it
@@ -69,7 +100,11 @@ def main():
     dist.all_reduce(x)  # compiles the kernels before the short group's deadlines apply
     torch.cuda.synchronize()
     short = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=SHORT_S))
+    short_ll = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=SHORT_S))
     ck.run("scenario", scenario, ck, rank, dev, short)
+    ck.run("meet", dist.barrier)
+    torch.cuda.synchronize()
+    ck.run("LL scenario", ll_scenario, ck, rank, dev, short_ll)
     ck.run("meet again", dist.barrier)  # the default group is unaffected
     torch.cuda.synchronize()
     t0 = time.monotonic()
