@@ -82,8 +82,9 @@ func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
 
 // reduction runs all_reduce or reduce with the algorithm for its size, and
 // counts it: NVLS where a multicast object is bound and its kernels take
-// the type and op; the direct two-shot on the peers' buffers for large
-// in-place all_reduce; the semaphore protocol from semaMin bytes (off by
+// the type and op; the LL kernel for small all_reduce (up to llMax); the
+// direct two-shot on the peers' buffers for large in-place all_reduce; the
+// semaphore protocol from semaMin bytes (off by
 // default: measured slower than the kernels' block barriers, see
 // docs/ARCHITECTURE.md); else one-shot or two-shot over the staging.
 func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
