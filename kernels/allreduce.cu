@@ -263,9 +263,12 @@ __device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
 //
 // A line is 16 bytes: 8 bytes of data, each 4-byte half followed by the
 // launch's flag, stored as one 16-byte access and read back until both
-// flags match (every 8-byte half is single-copy atomic, as NCCL's LL
-// protocol assumes). The receiver needs no barrier and no fence: a line
-// whose flags match carries its data.
+// flags match. Like NCCL's LL protocol this relies on an aligned 16-byte
+// access being observed whole (at least per 8-byte half); PTX promises
+// that per vector element only, so a v2.u64 form (data half and flag in
+// one element) would rest on the memory model alone (docs/ARCHITECTURE.md).
+// The receiver needs no barrier and no fence: a line whose flags match
+// carries its data.
 //
 // Rank r's LL area holds, for block b, parity 0 and 1, and source rank q,
 // GS_LL_LINES lines (p.peers[r] is its address here). Block b's launch
