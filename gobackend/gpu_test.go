@@ -171,3 +171,26 @@ func TestCUDAAllReduce(t *testing.T) {
 		require.False(t, errors.Is(err, cuda.ErrNoCUDA))
 	}
 }
+
+// The LL and direct-copy tunables: LL_MAX is clamped to what the kernel's
+// area layout allows (0 turns it off), DIRECT_CE_MIN takes 0 (copy engines
+// always), and the defaults are the measured ones.
+func TestGPUConfigLLAndDirectCopy(t *testing.T) {
+	cfg := gpuConfigFromEnv()
+	require.Equal(t, 256<<10, cfg.llMax)
+	require.Equal(t, 32<<20, cfg.directCEMin)
+	t.Setenv("GOSYM_GPU_LL_MAX", "1073741824")
+	t.Setenv("GOSYM_GPU_DIRECT_CE_MIN", "0")
+	cfg = gpuConfigFromEnv()
+	require.Equal(t, cuda.LLMaxBytes, cfg.llMax)
+	require.Equal(t, 0, cfg.directCEMin)
+	t.Setenv("GOSYM_GPU_LL_MAX", "0")
+	require.Equal(t, 0, gpuConfigFromEnv().llMax)
+	tm := &gpuTeam{cfg: gpuConfig{llMax: 4096}, llArea: cuda.LLAreaBytes(2, 4096)}
+	require.True(t, tm.lowLatency(1))
+	require.True(t, tm.lowLatency(4096))
+	require.False(t, tm.lowLatency(4097))
+	require.False(t, tm.lowLatency(0))
+	tm.llArea = 0 // a group of one rank has no LL area
+	require.False(t, tm.lowLatency(1))
+}
