@@ -74,6 +74,7 @@ type gpuCounters struct {
 	directOps atomic.Int64 // ops that ran on the peers' own buffers (gpu_direct.go)
 	ipcOpens  atomic.Int64 // peer allocations mapped (cache misses)
 	ipcHits   atomic.Int64 // peer allocations found mapped
+	llMoves   atomic.Int64 // data movement by one gs_llmove launch (gpu_ops.go, llMove)
 }
 
 func (g *gpuState) add(seq uint64, a gpuArgs) {
@@ -121,6 +122,7 @@ func (g *gpuState) stats(m map[string]any) {
 	m["gpu_direct_ops"] = g.counters.directOps.Load()
 	m["gpu_ipc_opens"] = g.counters.ipcOpens.Load()
 	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
+	m["gpu_ll_moves"] = g.counters.llMoves.Load()
 	m["gpu_nvls"] = g.nvls.Load()
 	m["gpu_device_error"] = g.deviceErrorCode()
 	g.algos.stats(m)

@@ -58,6 +58,9 @@ func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
 	if op.Kind == coll.AllReduce || op.Kind == coll.Reduce {
 		return t.reduction(op, s, agree)
 	}
+	if done, err := t.llOp(op, s); done || err != nil {
+		return err
+	}
 	if done, err := t.direct(op, s, agree); done || err != nil {
 		return err
 	}
@@ -330,11 +333,106 @@ func (t *gpuTeam) lowLatency(n int) bool {
 // round; the peers' LL areas lie after their staging.
 func (t *gpuTeam) llReduce(op *Op, s cuda.Stream) error {
 	p := t.reduceParams(op)
-	for r := range t.world {
-		p.Peers[r] = t.stages[r] + t.stage
-	}
+	p.Peers = t.llAreas()
 	p.In, p.Out, p.Numel = op.In, op.Out, uint64(op.Count)
 	return t.reduceKernel(op, cuda.LL, &p, s)
+}
+
+// llAreas are the ranks' LL areas, as mapped here: after their staging.
+func (t *gpuTeam) llAreas() (a [cuda.MaxRanks]uintptr) {
+	for r := range t.world {
+		a[r] = t.stages[r] + t.stage
+	}
+	return a
+}
+
+// llOp runs a reduce_scatter with evenly spaced pieces, or a broadcast,
+// all_gather, gather, scatter or equal-split all_to_all, of at most llMax
+// bytes per rank and peer as one LL launch: gs_ll with in_stride for the
+// first, gs_llmove (copy.cu) for the rest. Each rank sends each peer its
+// segment as LL lines, with no barrier, no staging copy and no host round.
+// It reports false for the ops it does not take; every rank decides
+// alike, from the segment size.
+func (t *gpuTeam) llOp(op *Op, s cuda.Stream) (bool, error) {
+	if op.Kind == coll.ReduceScatter {
+		es := uintptr(op.DType.Size())
+		stride, even := pieceStride(op.InPieces, es)
+		if !even || !t.lowLatency(op.Count*op.DType.Size()) {
+			return false, nil
+		}
+		t.algos.Add(gpuAlgoLL, t.rank, op)
+		p := t.reduceParams(op)
+		p.Peers = t.llAreas()
+		p.In, p.InStride, p.Out, p.Numel = op.InPieces[0].Addr, uint64(stride/es), op.Out, uint64(op.Count)
+		return true, t.reduceKernel(op, cuda.LL, &p, s)
+	}
+	p, ok := t.llMoveParams(op)
+	if !ok {
+		return false, nil
+	}
+	f, err := t.function(cuda.LLMoveKernel)
+	if err != nil {
+		return true, err
+	}
+	t.used = true
+	t.counters.llMoves.Add(1)
+	grid, block := cuda.LLGrid(p.Bytes, 1)
+	return true, t.g.d.Launch(f, grid, block, 0, s, &p)
+}
+
+// llMoveParams is gs_llmove's parameter for op on this rank, if op is a
+// data movement that the kernel takes: what this rank sends each peer
+// (Src) and where what each peer sends it goes (Dst). Rank q's Src[r] is
+// set exactly when rank r's Dst[q] is; the others exchange a handshake.
+func (t *gpuTeam) llMoveParams(op *Op) (cuda.LLMoveParams, bool) {
+	p := cuda.LLMoveParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank)}
+	if t.llArea == 0 {
+		return p, false
+	}
+	n := uintptr(op.Count * op.DType.Size())
+	pieces := func(dst *[cuda.MaxRanks]uintptr, ps []coll.Piece) {
+		for q := range t.world {
+			dst[q] = ps[q].Addr
+		}
+	}
+	switch op.Kind {
+	case coll.Broadcast:
+		if t.rank == op.Root {
+			for q := range t.world {
+				p.Src[q] = op.In
+			}
+		}
+		p.Dst[op.Root] = op.Out
+	case coll.AllGather, coll.Gather:
+		for q := range t.world {
+			if op.Kind == coll.AllGather || q == op.Root {
+				p.Src[q] = op.In
+			}
+		}
+		if op.Kind == coll.AllGather || t.rank == op.Root {
+			pieces(&p.Dst, op.OutPieces)
+		}
+	case coll.Scatter:
+		if t.rank == op.Root {
+			pieces(&p.Src, op.InPieces)
+		}
+		p.Dst[op.Root] = op.Out
+	case coll.AllToAll:
+		c, ok := uniform(op)
+		if !ok {
+			return p, false
+		}
+		n = c * uintptr(op.DType.Size())
+		pieces(&p.Src, op.InPieces)
+		pieces(&p.Dst, op.OutPieces)
+	default:
+		return p, false
+	}
+	if n == 0 || int(n) > t.cfg.llMax {
+		return p, false
+	}
+	p.Areas, p.Bytes = t.llAreas(), uint64(n)
+	return p, true
 }
 
 // reduce is all_reduce (root < 0) and reduce (only root writes its

@@ -194,3 +194,89 @@ func TestGPUConfigLLAndDirectCopy(t *testing.T) {
 	tm.llArea = 0 // a group of one rank has no LL area
 	require.False(t, tm.lowLatency(1))
 }
+
+// gs_llmove's parameters on every rank of groups of 2 to 4 fit together:
+// rank q sends rank r data exactly when r expects data from q (else both
+// exchange only the handshake), from the piece meant for r into the place
+// r wants it; ops past LL_MAX and uneven all_to_all are left to the other
+// paths.
+func TestLLMoveParams(t *testing.T) {
+	const count = 100 // float32: 400 bytes per segment
+	base := func(r, which int) uintptr { return uintptr(r+1)<<32 | uintptr(which)<<20 }
+	pieces := func(r, which int) []coll.Piece {
+		ps := make([]coll.Piece, 4)
+		for q := range ps {
+			ps[q] = coll.Piece{Addr: base(r, which) + uintptr(q)*400, Count: count}
+		}
+		return ps
+	}
+	for world := 2; world <= 4; world++ {
+		root := world - 1
+		ops := map[coll.Kind]func(r int) *Op{
+			coll.Broadcast: func(r int) *Op { return &Op{Kind: coll.Broadcast, Root: root, In: base(r, 1), Out: base(r, 2)} },
+			coll.AllGather: func(r int) *Op { return &Op{Kind: coll.AllGather, In: base(r, 1), OutPieces: pieces(r, 2)[:world]} },
+			coll.Gather: func(r int) *Op {
+				op := &Op{Kind: coll.Gather, Root: root, In: base(r, 1)}
+				if r == root {
+					op.OutPieces = pieces(r, 2)[:world]
+				}
+				return op
+			},
+			coll.Scatter: func(r int) *Op {
+				op := &Op{Kind: coll.Scatter, Root: root, Out: base(r, 2)}
+				if r == root {
+					op.InPieces = pieces(r, 1)[:world]
+				}
+				return op
+			},
+			coll.AllToAll: func(r int) *Op {
+				return &Op{Kind: coll.AllToAll, InPieces: pieces(r, 1)[:world], OutPieces: pieces(r, 2)[:world]}
+			},
+		}
+		for kind, mk := range ops {
+			ps := make([]cuda.LLMoveParams, world)
+			for r := range world {
+				tm := &gpuTeam{rank: r, world: world, cfg: gpuConfig{llMax: 4096}, llArea: cuda.LLAreaBytes(world, 4096)}
+				op := mk(r)
+				op.DType, op.Count = dtype.Float32, count
+				if kind == coll.AllToAll {
+					op.Count = 0 // its pieces carry the counts, as coll.Even leaves them
+				}
+				p, ok := tm.llMoveParams(op)
+				require.True(t, ok, "%s world %d rank %d", kind, world, r)
+				require.EqualValues(t, 400, p.Bytes)
+				ps[r] = p
+			}
+			for q := range world {
+				for r := range world {
+					if q == r {
+						continue
+					}
+					sends, expects := ps[q].Src[r] != 0, ps[r].Dst[q] != 0
+					require.Equal(t, sends, expects, "%s world %d: rank %d sends rank %d %v, which expects %v", kind, world, q, r, sends, expects)
+				}
+			}
+			switch kind { // where the data comes from and goes, spot checks
+			case coll.Broadcast:
+				require.Equal(t, base(root, 1), ps[root].Src[0])
+				require.Equal(t, base(0, 2), ps[0].Dst[root])
+			case coll.AllToAll:
+				require.Equal(t, base(1, 1)+400*0, ps[1].Src[0]) // rank 1's piece for rank 0
+				require.Equal(t, base(0, 2)+400*1, ps[0].Dst[1]) // lands in rank 0's piece from rank 1
+			case coll.Scatter:
+				require.Equal(t, base(root, 1)+400*0, ps[root].Src[0])
+			}
+		}
+	}
+	tm := &gpuTeam{rank: 0, world: 2, cfg: gpuConfig{llMax: 4096}, llArea: cuda.LLAreaBytes(2, 4096)}
+	big := &Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 1025, In: 1, Out: 1}
+	_, ok := tm.llMoveParams(big)
+	require.False(t, ok, "past LL_MAX")
+	uneven := &Op{Kind: coll.AllToAll, DType: dtype.Float32,
+		InPieces: []coll.Piece{{Addr: 8, Count: 1}, {Addr: 16, Count: 2}}, OutPieces: []coll.Piece{{Addr: 32, Count: 1}, {Addr: 40, Count: 2}}}
+	_, ok = tm.llMoveParams(uneven)
+	require.False(t, ok, "uneven all_to_all")
+	tm.llArea = 0
+	_, ok = tm.llMoveParams(&Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 1, In: 1, Out: 1})
+	require.False(t, ok, "no LL area")
+}

@@ -14,7 +14,8 @@
 //   gs_ll_<type>_<op>       low latency, for small inputs: every rank stores
 //                           its input into every peer's LL area as lines
 //                           that carry their own flag, and reduces the lines
-//                           that arrive in its own: no barrier at all.
+//                           that arrive in its own: no barrier at all (with
+//                           in_stride: reduce_scatter, piece q to rank q).
 //
 // types: f32, f16, bf16 (fp32 accumulation), i32, i64; ops: sum, prod, min,
 // max. AVG and PREMUL_SUM are sum with post = GS_POST_DIV / GS_POST_MUL.
@@ -26,7 +27,7 @@
 // Launch: block = GS_BLOCK_THREADS threads, grid <= GS_MAX_BLOCKS, the same
 // grid on every rank for the same call (barrier slots are per block). out
 // must not alias any peer's buffer in one-shot: peers are still reading it.
-#include "common.cuh"
+#include "ll.cuh"
 
 // Folds element i of every peer.
 template <class T, class Op>
@@ -261,94 +262,19 @@ __device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
 
 // ---- low latency (LL) -----------------------------------------------------------
 //
-// A line is 16 bytes: 8 bytes of data, each 4-byte half followed by the
-// launch's flag, stored as one 16-byte access and read back until both
-// flags match. Like NCCL's LL protocol this relies on an aligned 16-byte
-// access being observed whole (at least per 8-byte half); PTX promises
-// that per vector element only, so a v2.u64 form (data half and flag in
-// one element) would rest on the memory model alone (docs/ARCHITECTURE.md).
-// The receiver needs no barrier and no fence: a line whose flags match
-// carries its data.
-//
-// Rank r's LL area holds, for block b, parity 0 and 1, and source rank q,
-// GS_LL_LINES lines (p.peers[r] is its address here). Block b's launch
-// number seq (word GS_PAD_LL_SEQ + b of the rank's own pad) names its flag,
-// seq + 1, and its parity, seq & 1. Block b of every rank runs the same
-// launches in the same order (every rank runs the same collectives with
-// the same grids), so their seq agree. A line is never read as the wrong
-// launch's: the region of a parity last held flag seq - 1, or zero before
-// its first use, and seq + 1 differs from both (mod 2^32: seq + 1 is zero
-// only once seq - 1 is not). A region is never overwritten while its
-// reader needs it: rank r writes parity p for seq + 2 after its launch seq
-// + 1 received lines from every peer's block b, which each peer sent from
-// a later launch than the one in which it read parity p for seq.
-
-#ifndef GS_EMULATION
-__device__ __forceinline__ void gs_ll_store(char *line, gs_u64 data, gs_u32 flag) {
-	asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line),
-	             "r"((gs_u32)data), "r"(flag), "r"((gs_u32)(data >> 32)), "r"(flag)
-	             : "memory");
-}
-
-// Whether line holds flag (both halves); its data if so.
-__device__ __forceinline__ bool gs_ll_load(const char *line, gs_u32 flag, gs_u64 &data) {
-	gs_u32 lo, f1, hi, f2;
-	asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-	             : "=r"(lo), "=r"(f1), "=r"(hi), "=r"(f2)
-	             : "l"(line)
-	             : "memory");
-	data = (gs_u64)lo | ((gs_u64)hi << 32);
-	return f1 == flag && f2 == flag;
-}
-#else // two 8-byte atomics: exactly the guarantee the GPU code relies on
-__device__ __forceinline__ void gs_ll_store(char *line, gs_u64 data, gs_u32 flag) {
-	__atomic_store_n((gs_u64 *)line, (data & 0xffffffffu) | ((gs_u64)flag << 32), __ATOMIC_RELAXED);
-	__atomic_store_n((gs_u64 *)line + 1, (data >> 32) | ((gs_u64)flag << 32), __ATOMIC_RELAXED);
-}
-__device__ __forceinline__ bool gs_ll_load(const char *line, gs_u32 flag, gs_u64 &data) {
-	gs_emu_spin();
-	const gs_u64 a = __atomic_load_n((const gs_u64 *)line, __ATOMIC_RELAXED);
-	const gs_u64 b = __atomic_load_n((const gs_u64 *)line + 1, __ATOMIC_RELAXED);
-	data = (a & 0xffffffffu) | (b << 32);
-	return (gs_u32)(a >> 32) == flag && (gs_u32)(b >> 32) == flag;
-}
-#endif
-
-// The 8 bytes of line l (elements l*E .. l*E+E-1, zero past numel).
-template <class S>
-__device__ __forceinline__ gs_u64 gs_ll_gather(const S *in, gs_u64 numel, gs_u64 l) {
-	const gs_u64 E = 8 / sizeof(S), e0 = l * E;
-	union {
-		gs_u64 u;
-		S e[8 / sizeof(S)];
-	} w;
-	if (e0 + E <= numel && ((gs_u64)(in + e0) & 7u) == 0)
-		return *(const gs_u64 *)(in + e0);
-	w.u = 0;
-	for (gs_u64 k = 0; k < E; ++k)
-		if (e0 + k < numel)
-			w.e[k] = in[e0 + k];
-	return w.u;
-}
+// Every rank stores its input into every peer's LL area as lines (ll.cuh
+// has the protocol and why it needs no barrier), then waits for each peer's
+// lines in its own area and folds them in rank order. With in_stride set
+// (reduce_scatter) the input is world pieces in_stride elements apart, and
+// piece q goes to rank q: each rank folds its own piece of every rank.
 
 template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_params &p) {
 	typedef typename T::S S;
 	const gs_u64 E = 8 / sizeof(S);
 	const int K = GS_LL_LINES / GS_BLOCK_THREADS; // lines per thread
-	if (!gs_config_ok(p.pads, p.world, p.rank))
+	GsLL ll;
+	if (!gs_ll_begin(p.pads, p.world, p.rank, ll))
 		return;
-	if (gridDim.x > GS_LL_BLOCKS || blockDim.x != GS_BLOCK_THREADS) {
-		if (threadIdx.x == 0)
-			gs_record_error(p.pads[p.rank], GS_ERR_CONFIG, (gridDim.x << 16) | blockDim.x, 2);
-		return;
-	}
-	__shared__ gs_u32 seq_shared;
-	gs_u32 *seqw = p.pads[p.rank] + GS_PAD_LL_SEQ + blockIdx.x;
-	if (threadIdx.x == 0)
-		seq_shared = *(volatile gs_u32 *)seqw;
-	__syncthreads();
-	const gs_u32 seq = seq_shared, flag = seq + 1u;
-	const gs_u64 region = ((gs_u64)blockIdx.x * 2u + (seq & 1u)) * (gs_u64)p.world; // in regions
 	const gs_u64 lines = (p.numel + E - 1) / E;
 	const S *in = (const S *)p.in;
 
@@ -359,14 +285,15 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 		const gs_u64 l = (gs_u64)blockIdx.x * GS_LL_LINES + j;
 		if (l >= lines)
 			break;
-		mine[k] = gs_ll_gather<S>(in, p.numel, l);
-		const gs_u64 at = ((region + (gs_u64)p.rank) * GS_LL_LINES + j) * 16u;
+		mine[k] = gs_ll_gather<S>(in + (gs_u64)p.rank * p.in_stride, p.numel, l);
 		for (int q = 0; q < p.world; ++q)
 			if (q != p.rank)
-				gs_ll_store((char *)p.peers[q] + at, mine[k], flag);
+				gs_ll_store((char *)p.peers[q] + ll.at(p.rank, j),
+				            p.in_stride ? gs_ll_gather<S>(in + (gs_u64)q * p.in_stride, p.numel, l) : mine[k],
+				            ll.flag);
 	}
 
-	int failed = 0;
+	bool failed = false;
 #pragma unroll
 	for (int k = 0; k < K; ++k) {
 		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_BLOCK_THREADS;
@@ -378,25 +305,11 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 			S e[8 / sizeof(S)];
 		} d[GS_MAX_RANKS];
 		for (int q = 0; q < p.world && !failed; ++q) {
-			if (q == p.rank) {
+			if (q == p.rank)
 				d[q].u = mine[k];
-				continue;
-			}
-			const char *line = (const char *)p.peers[p.rank] + ((region + (gs_u64)q) * GS_LL_LINES + j) * 16u;
-			gs_u64 start = 0;
-			while (!gs_ll_load(line, flag, d[q].u)) {
-				if (p.timeout_ns == 0)
-					continue;
-				const gs_u64 now = gs_globaltimer();
-				if (start == 0) {
-					start = now;
-				} else if (now - start > p.timeout_ns) {
-					gs_record_error(p.pads[p.rank], GS_ERR_TIMEOUT,
-					                GS_LL_WAIT | (blockIdx.x << 8) | (gs_u32)q, 1u << q);
-					failed = 1;
-					break;
-				}
-			}
+			else
+				failed = !gs_ll_wait(ll, (const char *)p.peers[p.rank] + ll.at(q, j), d[q].u,
+				                     p.timeout_ns, p.pads[p.rank], q);
 		}
 		if (failed)
 			break;
@@ -411,11 +324,7 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 			out[e] = gs_finish<T, Op>(acc, p.scale, p.post);
 		}
 	}
-	// The launch is over for this block once every thread is: only then may
-	// its next launch reuse the other parity's regions.
-	__syncthreads();
-	if (threadIdx.x == 0)
-		*(volatile gs_u32 *)seqw = seq + 1u;
+	gs_ll_end(ll);
 }
 
 #define GS_AR_KERNEL(algo, tname, T, oname, Op)                                               \

@@ -113,12 +113,12 @@ __device__ __forceinline__ bool gs_config_ok(gs_u32 *const *pads, int world, int
 	return true;
 }
 
-// Polls *flag (acquire) until done(value); false if that took longer than
-// timeout_ns (0 waits forever).
-template <class Done>
-__device__ __forceinline__ bool gs_poll(const gs_u32 *flag, Done done, gs_u64 timeout_ns) {
+// Spins until ready() holds; false if that took longer than timeout_ns (0
+// waits forever). The one deadline loop of every wait: flags (gs_poll) and
+// LL lines (ll.cuh).
+template <class Ready> __device__ __forceinline__ bool gs_wait(Ready ready, gs_u64 timeout_ns) {
 	gs_u64 start = 0;
-	while (!done(gs_ld_acquire(flag))) {
+	while (!ready()) {
 		if (timeout_ns == 0)
 			continue;
 		const gs_u64 now = gs_globaltimer();
@@ -128,6 +128,13 @@ __device__ __forceinline__ bool gs_poll(const gs_u32 *flag, Done done, gs_u64 ti
 			return false;
 	}
 	return true;
+}
+
+// Polls *flag (acquire) until done(value); false if that took longer than
+// timeout_ns (0 waits forever).
+template <class Done>
+__device__ __forceinline__ bool gs_poll(const gs_u32 *flag, Done done, gs_u64 timeout_ns) {
+	return gs_wait([&] { return done(gs_ld_acquire(flag)); }, timeout_ns);
 }
 
 // A barrier flag has reached want (cyclic comparison).

@@ -6,10 +6,15 @@
 //               reuse their buffers); the first npre segments stage this
 //               rank's data before the first barrier. Uses the widest access
 //               (16/8/4/2/1 bytes) that dst and src are co-aligned for.
+//   gs_llmove   moves up to GS_LL_BLOCKS * GS_LL_LINES * 8 bytes between
+//               every pair of ranks as LL lines (ll.cuh): broadcast,
+//               all-gather, all-to-all, gather and scatter of small inputs in
+//               one launch with no barrier.
 //   gs_barrier  a stream-ordered barrier of all ranks: launch 1 block of 32.
 //   gs_sema_wait  the waiting half of the semaphore protocol (sema.go):
 //               launch 1 block of 32.
 #include "copy.cuh"
+#include "ll.cuh"
 
 // This block's share of a segment when the launch stages (p.npre > 0): the
 // same byte range [lo, hi) of every segment of a given length, whatever the
@@ -55,6 +60,73 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy(gs_copy_p
 		}
 	if (p.sync & GS_SYNC_END)
 		gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+}
+
+// Every rank sends p.bytes from src[q] to each peer q (src[q] == 0: only
+// the handshake line) and writes what each peer q sent into dst[q] (dst[q]
+// == 0: q sends only the handshake); src[rank] goes to dst[rank] locally
+// (skipped when either is 0 or they are equal). Rank q's src[r] is set
+// exactly when rank r's dst[q] is. Thread j of block b owns line
+// b * GS_LL_LINES + j (+ k * GS_BLOCK_THREADS) of every segment: it reads
+// all of them before it writes any, so in-place ops (a dst that is a src)
+// are safe. Grid: the same on every rank, as LLGrid gives for p.bytes.
+extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_llmove(gs_llmove_params p) {
+	const int K = GS_LL_LINES / GS_BLOCK_THREADS; // lines per thread
+	GsLL ll;
+	if (!gs_ll_begin(p.pads, p.world, p.rank, ll))
+		return;
+	const gs_u64 lines = (p.bytes + 7u) / 8u;
+	const gs_u64 first = (gs_u64)blockIdx.x * GS_LL_LINES;
+	const char *self = (const char *)p.src[p.rank];
+	const bool copy_self = self && p.dst[p.rank] && p.dst[p.rank] != self;
+	gs_u64 mine[K];
+#pragma unroll
+	for (int k = 0; k < K; ++k) {
+		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_BLOCK_THREADS, l = first + j;
+		if (l >= lines)
+			break;
+		for (int q = 0; q < p.world; ++q) {
+			const unsigned char *src = (const unsigned char *)p.src[q];
+			if (q == p.rank || !src)
+				continue;
+			gs_ll_store((char *)p.areas[q] + ll.at(p.rank, j), gs_ll_gather(src, p.bytes, l), ll.flag);
+		}
+		if (copy_self)
+			mine[k] = gs_ll_gather((const unsigned char *)self, p.bytes, l);
+	}
+	if (threadIdx.x == 0)
+		for (int q = 0; q < p.world; ++q)
+			if (q != p.rank && !p.src[q])
+				gs_ll_store((char *)p.areas[q] + ll.at(p.rank, 0), 0, ll.flag);
+
+	bool failed = false;
+#pragma unroll
+	for (int k = 0; k < K; ++k) {
+		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_BLOCK_THREADS, l = first + j;
+		if (l >= lines || failed)
+			break;
+		for (int q = 0; q < p.world && !failed; ++q) {
+			char *dst = (char *)p.dst[q];
+			gs_u64 d = 0;
+			if (q == p.rank) {
+				if (copy_self)
+					gs_ll_put(dst, p.bytes, l, mine[k]);
+			} else if (dst) {
+				failed = !gs_ll_wait(ll, (const char *)p.areas[p.rank] + ll.at(q, j), d, p.timeout_ns,
+				                     p.pads[p.rank], q);
+				if (!failed)
+					gs_ll_put(dst, p.bytes, l, d);
+			}
+		}
+	}
+	if (threadIdx.x == 0)
+		for (int q = 0; q < p.world && !failed; ++q) {
+			gs_u64 d;
+			if (q != p.rank && !p.dst[q])
+				failed = !gs_ll_wait(ll, (const char *)p.areas[p.rank] + ll.at(q, 0), d, p.timeout_ns,
+				                     p.pads[p.rank], q);
+		}
+	gs_ll_end(ll);
 }
 
 extern "C" __global__ void __launch_bounds__(32) gs_barrier(gs_barrier_params p) {

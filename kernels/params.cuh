@@ -116,4 +116,15 @@ struct gs_p2p_params { // 72 bytes, Go: cuda.P2PParams
 	unsigned int *host_err;                  // offset 64
 };
 
+struct gs_llmove_params { // 280 bytes, Go: cuda.LLMoveParams
+	void *areas[GS_MAX_RANKS];               // offset 0
+	unsigned int *pads[GS_MAX_RANKS];        // offset 64
+	const void *src[GS_MAX_RANKS];           // offset 128
+	void *dst[GS_MAX_RANKS];                 // offset 192
+	unsigned long long bytes;                // offset 256
+	unsigned long long timeout_ns;           // offset 264
+	int world;                               // offset 272
+	int rank;                                // offset 276
+};
+
 #endif // GOSYM_PARAMS_CUH

@@ -66,6 +66,7 @@ var (
 	SemaWaitKernel = &Kernel{Name: "gs_sema_wait", Source: "copy.cu", Params: []*Struct{semaLayout}}
 	P2PSendKernel  = &Kernel{Name: "gs_p2p_send", Source: "p2p.cu", Params: []*Struct{p2pLayout}}
 	P2PRecvKernel  = &Kernel{Name: "gs_p2p_recv", Source: "p2p.cu", Params: []*Struct{p2pLayout}}
+	LLMoveKernel   = &Kernel{Name: "gs_llmove", Source: "copy.cu", Params: []*Struct{llMoveLayout}}
 	allKernels     = buildKernels()
 	kernelByName   = func() map[string]*Kernel {
 		m := map[string]*Kernel{}
@@ -99,7 +100,7 @@ var nvlsPairs = []struct {
 func nvlsKernelName(typ, op string) string { return "gs_nvls_" + typ + "_" + op }
 
 func buildKernels() []*Kernel {
-	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel}
+	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel, LLMoveKernel}
 	for _, a := range []Algo{OneShot, TwoShot, Pull, LL} {
 		for _, t := range reduceTypes {
 			for _, op := range []string{"sum", "prod", "min", "max"} {
@@ -203,7 +204,8 @@ func ReduceGridLimit(a Algo, numel uint64, esize, world, limit int) (grid, block
 	return D1(uint32(blocks)), D1(BlockThreads)
 }
 
-// LLGrid is the launch shape of gs_ll for numel elements of esize bytes:
+// LLGrid is the launch shape of gs_ll for numel elements of esize bytes
+// (and of gs_llmove for segments of numel bytes, esize 1):
 // one block per LLLines lines of 8 data bytes. The caller keeps the input
 // within LLMaxBytes.
 func LLGrid(numel uint64, esize int) (grid, block Dim3) {

@@ -54,7 +54,7 @@ type Kernel struct {
 
 // Param is a value that can be passed as a kernel parameter: one of the
 // parameter structs of this package (ARParams, CopyParams, BarrierParams,
-// SemaParams, NVLSParams, P2PParams).
+// SemaParams, NVLSParams, P2PParams, LLMoveParams).
 type Param interface {
 	kernelParam() (*Struct, unsafe.Pointer)
 }
@@ -67,6 +67,9 @@ func (p *BarrierParams) kernelParam() (*Struct, unsafe.Pointer) {
 func (p *SemaParams) kernelParam() (*Struct, unsafe.Pointer) { return semaLayout, unsafe.Pointer(p) }
 func (p *NVLSParams) kernelParam() (*Struct, unsafe.Pointer) { return nvlsLayout, unsafe.Pointer(p) }
 func (p *P2PParams) kernelParam() (*Struct, unsafe.Pointer)  { return p2pLayout, unsafe.Pointer(p) }
+func (p *LLMoveParams) kernelParam() (*Struct, unsafe.Pointer) {
+	return llMoveLayout, unsafe.Pointer(p)
+}
 
 // Module is a loaded CUBIN/PTX image, bound to the context it was loaded in.
 type Module struct {

@@ -234,6 +234,23 @@ type CopyParams struct {
 	Sync      int32             `cuda:"sync,int"` // SyncStart | SyncEnd
 }
 
+// LLMoveParams is the parameter of gs_llmove: every rank sends Bytes bytes
+// from Src[q] to each peer q as LL lines into q's LL area (Areas[q], mapped
+// here) and writes what each peer q sent into Dst[q]. Src[q] == 0 sends q
+// only the handshake line; Dst[q] == 0 expects only q's handshake; rank q's
+// Src[r] must be set exactly when rank r's Dst[q] is. Src[Rank] is copied
+// to Dst[Rank] locally.
+type LLMoveParams struct {
+	Areas     [MaxRanks]uintptr `cuda:"areas,void *,GS_MAX_RANKS"`
+	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
+	Src       [MaxRanks]uintptr `cuda:"src,const void *,GS_MAX_RANKS"`
+	Dst       [MaxRanks]uintptr `cuda:"dst,void *,GS_MAX_RANKS"`
+	Bytes     uint64            `cuda:"bytes,unsigned long long"` // per segment, at most LLMaxBytes
+	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"`
+	World     int32             `cuda:"world,int"`
+	Rank      int32             `cuda:"rank,int"`
+}
+
 // BarrierParams is the parameter of gs_barrier (one block of 32 threads).
 type BarrierParams struct {
 	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
@@ -407,7 +424,8 @@ var (
 	semaLayout    = mustLayout("gs_sema_params", SemaParams{})
 	nvlsLayout    = mustLayout("gs_nvls_params", NVLSParams{})
 	p2pLayout     = mustLayout("gs_p2p_params", P2PParams{})
-	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout, semaLayout, nvlsLayout, p2pLayout}
+	llMoveLayout  = mustLayout("gs_llmove_params", LLMoveParams{})
+	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout, semaLayout, nvlsLayout, p2pLayout, llMoveLayout}
 )
 
 // C renders the struct declaration, with offsets as comments.
