@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [sanitize] [probe] [pinned]
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [sanitize] [probe] [pinned]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -82,6 +82,20 @@ for s in "${steps[@]}"; do
 			GOSYM_GPU_LL_MAX=$ll timeout 200 python3 -m gosym.bench --device cuda --ops all_reduce --batch 40 \
 				--backends gosym --sizes 1K,16K,64K,128K,256K,512K --target-time 0.05 --no-check \
 				--json "$out/tune-ll-batch-$ll.json" 2>&1 | tail -9
+		done ;;
+	moves)
+		echo "== small data movement: the LL move kernel (default) against gs_copy (GOSYM_GPU_LL_MAX=0)"
+		for ll in 0 262144; do
+			echo "-- GOSYM_GPU_LL_MAX=$ll, eager, 40 per sample"
+			GOSYM_GPU_LL_MAX=$ll timeout 200 python3 -m gosym.bench --device cuda --batch 40 \
+				--ops broadcast,all_gather_into_tensor,all_to_all_single --backends gosym,nccl \
+				--sizes 1K,16K,64K,256K --target-time 0.05 --no-check \
+				--json "$out/moves-batch-$ll.json" 2>&1 | tail -14
+			echo "-- GOSYM_GPU_LL_MAX=$ll, graph of 10"
+			GOSYM_GPU_LL_MAX=$ll timeout 200 python3 -m gosym.bench --device cuda --cuda-graph 10 \
+				--ops broadcast,all_gather_into_tensor,all_to_all_single,reduce_scatter_tensor --backends gosym,nccl \
+				--sizes 1K,16K,64K,256K --target-time 0.05 --no-check \
+				--json "$out/moves-graph-$ll.json" 2>&1 | tail -18
 		done ;;
 	probe)
 		echo "== NVLink probe (scripts/nvlink_probe.cu): SM loads/stores and copy engines, both GPUs at once"

@@ -9,7 +9,8 @@ Rank 0's barrier wait must raise an error naming rank 1, its next CUDA op on the
 too, and stats must show the device error; rank 1's barrier passes (rank 0 had arrived).
 The same with a small all_reduce on a third group (the LL kernel: no barrier, rank 0's
 kernel waits for rank 1's lines): rank 0's next op names rank 1 and the LL wait, rank 1
-gets the right sum (rank 0's lines had arrived). Both ranks then meet on the default
+gets the right sum (rank 0's lines had arrived). The same once more with a small
+all_gather on a fourth group (gs_llmove: the same lines and waits). Both ranks then meet on the default
 group and destroy everything.
 """
 
@@ -62,30 +63,48 @@ def scenario(ck, rank, dev, short):
     ck.check("stats show the device error", st["gpu_device_error"] == 1, str(st))
 
 
-def ll_scenario(ck, rank, dev, short):
+def ll_scenario(ck, rank, dev, short, gather=False):
+    """The LL scenario on group short: a small all_reduce (gs_ll), or with gather a small
+    all_gather_into_tensor (gs_llmove, the same lines and waits)."""
     import gosym
 
-    z = torch.ones(1024, device=dev)  # 4 KiB: the LL kernel
-    dist.all_reduce(z, group=short)  # sets up this group's CUDA data plane
+    tag = "LL gather" if gather else "LL"
+    z = torch.ones(1024, device=dev)  # 4 KiB: an LL kernel
+    out = torch.empty(2048, device=dev)
+
+    def op():
+        if gather:
+            dist.all_gather_into_tensor(out, z, group=short)
+            return out
+        dist.all_reduce(z, group=short)
+        return z
+
+    def expect(vals):  # the result's halves (all_gather) or whole (all_reduce)
+        return torch.cat([torch.full((1024,), float(v), device=dev) for v in vals]) if gather \
+            else torch.full((1024,), float(sum(vals)), device=dev)
+
+    got = op()  # sets up this group's CUDA data plane
     torch.cuda.synchronize()
-    ck.check("LL: warm all_reduce", bool((z == 2).all()), str(z[:4]))
+    ck.check(f"{tag}: warm op", bool((got == expect([1, 1])).all()), str(got[:4]))
     st = gosym.stats(short)
-    ck.check("LL: the small all_reduce ran the LL kernel", st["gpu_algo_ll"] == 1, str(st))
+    ran = st["gpu_ll_moves"] if gather else st["gpu_algo_ll"]
+    ck.check(f"{tag}: the small op ran an LL kernel", ran == 1, str(st))
     dist.barrier()
     torch.cuda.synchronize()
     z.fill_(rank + 1)
     if rank == 1:
         torch.cuda._sleep(int(3 * SHORT_S * _cycles_per_second(dev)))
-        dist.all_reduce(z, group=short)
+        got = op()
         torch.cuda.synchronize()
-        ck.check("LL: the late rank got the sum", bool((z == 3).all()), str(z[:4]))
-        ck.check("LL: no device error on the late rank", gosym.stats(short)["gpu_device_error"] == 0,
+        ck.check(f"{tag}: the late rank got the result", bool((got == expect([1, 2])).all()),
+                 str(got[:4]))
+        ck.check(f"{tag}: no device error on the late rank", gosym.stats(short)["gpu_device_error"] == 0,
                  str(gosym.stats(short)))
         return
-    dist.all_reduce(z, group=short)
+    op()
     torch.cuda.synchronize()  # the kernel gives up after SHORT_S
-    e = ck.expect_error("LL: next op", dist.all_reduce, z, group=short)
-    ck.check("LL: next op names rank 1 and the LL wait",
+    e = ck.expect_error(f"{tag}: next op", op)
+    ck.check(f"{tag}: next op names rank 1 and the LL wait",
              e is not None and "waiting for ranks [1]" in str(e) and "LL kernel, block 0 waiting for "
              "the lines of rank 1" in str(e), repr(e))
 
@@ -101,11 +120,15 @@ def main():
     torch.cuda.synchronize()
     short = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=SHORT_S))
     short_ll = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=SHORT_S))
+    short_llmove = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=SHORT_S))
     ck.run("scenario", scenario, ck, rank, dev, short)
     ck.run("meet", dist.barrier)
     torch.cuda.synchronize()
     ck.run("LL scenario", ll_scenario, ck, rank, dev, short_ll)
     ck.run("meet again", dist.barrier)  # the default group is unaffected
+    torch.cuda.synchronize()
+    ck.run("LL gather scenario", ll_scenario, ck, rank, dev, short_llmove, gather=True)
+    ck.run("meet at last", dist.barrier)
     torch.cuda.synchronize()
     t0 = time.monotonic()
     ck.run("destroy", dist.destroy_process_group)

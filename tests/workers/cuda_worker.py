@@ -417,6 +417,58 @@ def back_to_back(ck, rank, world, dev, digests):
     digests["back_to_back"] = _digest(rows)
 
 
+def back_to_back_moves(ck, rank, world, dev, digests):
+    """3000 small ops with no host sync under random per-rank delays, cycling through
+    all_reduce, all_gather, broadcast (rotating root), all_to_all and reduce_scatter of 1, 3
+    and 8 LL blocks per segment: the LL kernels of reductions and of data movement share
+    each block's launch count and LL regions, so any disagreement between them shows."""
+    rng = random.Random(4321 + rank)
+    N, sizes = 3000, (1027, 6007, 16_001)
+    done = []
+    for i in range(N):
+        if rng.random() < 0.1:
+            torch.cuda._sleep(rng.randint(1_000, 200_000))
+        n, kind = sizes[i % 3], i % 5
+        base = float(i * world + rank)
+        if kind >= 3:  # all_to_all and reduce_scatter: chunk j goes to rank j
+            x = torch.arange(n * world, dtype=torch.float32, device=dev) + base
+            if kind == 3:
+                out = _poison(n * world, torch.float32, dev)
+                dist.all_to_all_single(out, x)
+            else:
+                out = _poison(n, torch.float32, dev)
+                dist.reduce_scatter_tensor(out, x)
+        elif kind == 1:
+            x = torch.arange(n, dtype=torch.float32, device=dev) + base
+            out = _poison(n * world, torch.float32, dev)
+            dist.all_gather_into_tensor(out, x)
+        else:
+            out = torch.arange(n, dtype=torch.float32, device=dev) + base
+            if kind == 0:
+                dist.all_reduce(out)
+            else:
+                dist.broadcast(out, src=i % world)
+        done.append((i, n, kind, out))
+    torch.cuda.synchronize()
+    bad = []
+    for i, n, kind, out in done:
+        a = torch.arange(n, dtype=torch.float32, device=dev)
+        if kind == 0:
+            exp = a * world + (i * world * world + world * (world - 1) / 2)
+        elif kind == 1:
+            exp = torch.cat([a + (i * world + r) for r in range(world)])
+        elif kind == 2:
+            exp = a + (i * world + i % world)
+        elif kind == 3:
+            exp = torch.cat([a + (rank * n + i * world + r) for r in range(world)])
+        else:
+            exp = (a + (rank * n + i * world)) * world + world * (world - 1) / 2
+        if not torch.equal(out, exp):
+            bad.append((i, ("all_reduce", "all_gather", "broadcast", "all_to_all", "reduce_scatter")[kind], n))
+    ck.check("back_to_back_moves: 3000 mixed LL ops under random delays", not bad, str(bad[:5]))
+    digests["back_to_back_moves"] = _digest(torch.cat([o for _, _, k, o in done if k < 3]))
+
+
 def host_does_not_wait(ck, rank, world, dev):
     """With every stream held by a long GPU sleep, 100 all_reduce return to the host long
     before the GPU runs them: nothing in the op waits for the GPU."""
@@ -547,6 +599,7 @@ def main():
         ck.run("symmetric", symmetric, ck, rank, world, dev, digests)
     ck.run("noncontiguous", noncontiguous, ck, rank, world, dev, digests)
     ck.run("back_to_back", back_to_back, ck, rank, world, dev, digests)
+    ck.run("back_to_back_moves", back_to_back_moves, ck, rank, world, dev, digests)
     ck.run("host_does_not_wait", host_does_not_wait, ck, rank, world, dev)
     graph_status = ck.run("graph", graph, ck, rank, world, dev, digests)
     ck.run("barrier", barrier, ck, rank, world, dev)
