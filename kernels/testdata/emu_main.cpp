@@ -7,9 +7,11 @@
 #include "copy.cu"
 #include "nvls.cu"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,14 +31,21 @@ template <class P> static void run_rank(void (*k)(P), const P &p, unsigned grid,
 		}
 }
 
-// Every rank in its own thread, as every GPU runs its own copy.
+// Every rank in its own thread, as every GPU runs its own copy; rank r
+// with grids[r] blocks (0: the rank never runs).
 template <class P>
-static void run_all(void (*k)(P), const std::vector<P> &ps, unsigned grid, unsigned block) {
+static void run_ranks(void (*k)(P), const std::vector<P> &ps, const std::vector<unsigned> &grids,
+                      unsigned block) {
 	std::vector<std::thread> th;
 	for (size_t r = 0; r < ps.size(); ++r)
-		th.emplace_back([&, r] { run_rank(k, ps[r], grid, block); });
+		th.emplace_back([&, r] { run_rank(k, ps[r], grids[r], block); });
 	for (auto &t : th)
 		t.join();
+}
+
+template <class P>
+static void run_all(void (*k)(P), const std::vector<P> &ps, unsigned grid, unsigned block) {
+	run_ranks(k, ps, std::vector<unsigned>(ps.size(), grid), block);
 }
 
 // ---- reference ----------------------------------------------------------------
@@ -332,35 +341,107 @@ static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const st
 	passed++;
 }
 
-// All-to-all through gs_copy: rank r pulls chunk r of every peer.
 // The LL areas of a group (one per rank, 16-byte aligned) and its pads,
-// kept across calls: the launch counters and the two parities carry over.
+// kept across calls: the launch counters and the two parities carry over,
+// from gs_ll to gs_llmove launches too. Launches are queued per rank and
+// run at sync() with no host sync between them, as on a GPU stream, so a
+// rank may run launches ahead of its peers. seq is what every rank's
+// launch counters must say: a launch counts on its blocks alone.
 struct LLGroup {
 	int world;
 	Pads pads;
 	std::vector<std::vector<unsigned long long>> area;
+	std::vector<unsigned> seq;
+	std::vector<std::vector<std::function<void()>>> queued; // per rank
 	explicit LLGroup(int w)
 	    : world(w), pads(w),
-	      area(w, std::vector<unsigned long long>(GS_LL_BLOCKS * 2 * w * GS_LL_LINES * 2, 0)) {}
+	      area(w, std::vector<unsigned long long>(GS_LL_BLOCKS * 2 * w * GS_LL_LINES * 2, 0)),
+	      seq(GS_LL_BLOCKS, 0), queued(w) {}
+
+	template <class P> void launch(void (*k)(P), const std::vector<P> &ps, unsigned grid) {
+		for (int r = 0; r < world; ++r)
+			queued[r].push_back([k, p = ps[r], grid] { run_rank(k, p, grid, GS_BLOCK_THREADS); });
+		for (unsigned b = 0; b < grid; ++b)
+			seq[b]++;
+	}
+	void sync() {
+		std::vector<std::thread> th;
+		for (int r = 0; r < world; ++r)
+			th.emplace_back([this, r] {
+				for (auto &f : queued[r])
+					f();
+			});
+		for (auto &t : th)
+			t.join();
+		for (auto &q : queued)
+			q.clear();
+	}
+	// Whether every rank's pad has counted every block's launches.
+	bool counted() {
+		for (int r = 0; r < world; ++r)
+			for (int b = 0; b < GS_LL_BLOCKS; ++b)
+				if (pads.at(r)[GS_PAD_LL_SEQ + b] != seq[b])
+					return false;
+		return true;
+	}
 };
 
-// calls back-to-back LL all-reduce of n elements on g, fresh inputs each
-// time (misaligned by mis bytes; in place when inplace), every output
-// element checked bit for bit.
-static void ll_case(DT dt, OP op, size_t n, size_t mis, bool inplace, int post, int calls, LLGroup &g) {
-	const size_t es = dt_size[dt];
-	const int world = g.world;
-	const unsigned grid = (unsigned)std::min<size_t>(
-	    std::max<size_t>(((n * es + 7) / 8 + GS_LL_LINES - 1) / GS_LL_LINES, 1), GS_LL_BLOCKS);
-	const float scale = post == GS_POST_DIV ? (float)world : 0.375f;
-	for (int c = 0; c < calls; ++c) {
-		std::vector<Buf> in, out;
+// The grid of an LL launch for bytes per segment (cuda.LLGrid).
+static unsigned ll_grid(size_t bytes) {
+	return (unsigned)std::min<size_t>(std::max<size_t>(((bytes + 7) / 8 + GS_LL_LINES - 1) / GS_LL_LINES, 1),
+	                                  GS_LL_BLOCKS);
+}
+
+// A call queued on an LLGroup, with what it needs to check its result
+// once the group has synced.
+struct LLCall {
+	std::string name;
+	virtual ~LLCall() = default;
+	// Records the failure and says false if the result is wrong.
+	virtual bool check() = 0;
+};
+
+// Runs what is queued on g and checks the calls: one pass or one failure
+// for them all.
+static void ll_settle(LLGroup &g, const std::vector<std::unique_ptr<LLCall>> &calls) {
+	g.sync();
+	std::string name = calls[0]->name;
+	if (calls.size() > 1)
+		name += " and " + std::to_string(calls.size() - 1) + " calls after it";
+	const std::string err = g.pads.errors();
+	if (!err.empty())
+		return fail(name + ": pad errors" + err);
+	if (!g.counted())
+		return fail(name + ": launch counters wrong");
+	for (const auto &c : calls)
+		if (!c->check())
+			return;
+	passed++;
+}
+
+// An LL all-reduce of n elements, fresh inputs (misaligned by mis bytes;
+// in place when inplace), every output element checked bit for bit.
+struct ARCall : LLCall {
+	DT dt;
+	OP op;
+	size_t n;
+	bool inplace;
+	int post;
+	float scale;
+	std::vector<Buf> in, out;
+	std::vector<std::vector<unsigned char>> orig;
+	LLGroup &g;
+
+	ARCall(DT dt_, OP op_, size_t n_, size_t mis, bool inplace_, int post_, int call, LLGroup &g_)
+	    : dt(dt_), op(op_), n(n_), inplace(inplace_), post(post_),
+	      scale(post_ == GS_POST_DIV ? (float)g_.world : 0.375f), g(g_) {
+		const size_t es = dt_size[dt];
+		const int world = g.world;
 		for (int r = 0; r < world; ++r) {
 			in.emplace_back(n * es, mis);
 			fill(dt, op, in.back().data(), n, op == MIN || op == MAX);
 			out.emplace_back(n * es, inplace ? mis : 0);
 		}
-		std::vector<std::vector<unsigned char>> orig;
 		for (auto &b : in)
 			orig.emplace_back(b.data(), b.data() + n * es);
 		std::vector<gs_ar_params> ps(world);
@@ -380,31 +461,45 @@ static void ll_case(DT dt, OP op, size_t n, size_t mis, bool inplace, int post, 
 			p.world = world;
 			p.rank = r;
 		}
-		run_all(ll_kernels[dt][op], ps, grid, GS_BLOCK_THREADS);
-		char name[256];
-		snprintf(name, sizeof name, "ll %s %s world=%d n=%zu mis=%zu%s post=%d call=%d", dt_name[dt],
-		         op_name[op], world, n, mis, inplace ? " inplace" : "", post, c);
-		if (!clean_run(name, g.pads, in, out))
-			return;
+		g.launch(ll_kernels[dt][op], ps, ll_grid(n * es));
+		char s[256];
+		snprintf(s, sizeof s, "ll %s %s world=%d n=%zu mis=%zu%s post=%d call=%d", dt_name[dt], op_name[op],
+		         world, n, mis, inplace ? " inplace" : "", post, call);
+		name = s;
+	}
+
+	bool check() override {
+		const size_t es = dt_size[dt];
+		if (!clean_run(name.c_str(), g.pads, in, out))
+			return false;
 		unsigned char want[8];
-		for (int r = 0; r < world; ++r) {
-			if (g.pads.at(r)[GS_PAD_LL_SEQ] != g.pads.at(0)[GS_PAD_LL_SEQ])
-				return fail(std::string(name) + ": launch counters differ between ranks");
-			std::vector<const unsigned char *> src;
-			for (int q = 0; q < world; ++q)
-				src.push_back(orig[q].data());
+		std::vector<const unsigned char *> src;
+		for (auto &o : orig)
+			src.push_back(o.data());
+		for (int r = 0; r < g.world; ++r) {
 			const unsigned char *res = inplace ? in[r].data() : out[r].data();
 			for (size_t i = 0; i < n; ++i) {
 				reference(dt, op, post, scale, src, i, want);
-				if (!same(dt, res + i * es, want))
-					return fail(std::string(name) + ": rank " + std::to_string(r) + " element " +
-					            std::to_string(i) + " wrong");
+				if (!same(dt, res + i * es, want)) {
+					fail(name + ": rank " + std::to_string(r) + " element " + std::to_string(i) + " wrong");
+					return false;
+				}
 			}
-			if (!inplace && memcmp(in[r].data(), orig[r].data(), n * es) != 0)
-				return fail(std::string(name) + ": the kernel modified its input");
+			if (!inplace && memcmp(in[r].data(), orig[r].data(), n * es) != 0) {
+				fail(name + ": the kernel modified its input");
+				return false;
+			}
 		}
+		return true;
 	}
-	passed++;
+};
+
+// calls back-to-back LL all-reduce calls on g (ARCall).
+static void ll_case(DT dt, OP op, size_t n, size_t mis, bool inplace, int post, int calls, LLGroup &g) {
+	std::vector<std::unique_ptr<LLCall>> q;
+	for (int c = 0; c < calls; ++c)
+		q.emplace_back(new ARCall(dt, op, n, mis, inplace, post, c, g));
+	ll_settle(g, q);
 }
 
 // Rank 0's parameters for a float sum of in into out in a group of 2.
@@ -424,35 +519,278 @@ static gs_ar_params ll_rank0_params(LLGroup &g, std::vector<float> &in, std::vec
 	return p;
 }
 
-// A gs_ll launch with more blocks than the LL area has records a
-// configuration error and touches no line.
+// p's exchange as a gs_llmove: in to every rank, every rank's into out.
+static gs_llmove_params ll_move_params(const gs_ar_params &p) {
+	gs_llmove_params m;
+	memset(&m, 0, sizeof m);
+	for (int q = 0; q < p.world; ++q) {
+		m.areas[q] = (void *)p.peers[q];
+		m.pads[q] = p.pads[q];
+		m.src[q] = p.in;
+		m.dst[q] = p.out;
+	}
+	m.bytes = p.numel * 4;
+	m.timeout_ns = p.timeout_ns;
+	m.world = p.world;
+	m.rank = p.rank;
+	return m;
+}
+
+// An LL launch (gs_ll or gs_llmove) with more blocks than the LL area has
+// records a configuration error and touches no line.
 static void ll_config_case() {
-	LLGroup g(2);
-	std::vector<float> in(8, 1.0f), out(8, 7.0f);
-	const gs_ar_params p = ll_rank0_params(g, in, out, 1000000);
-	run_rank(gs_ll_f32_sum, p, GS_LL_BLOCKS + 1, GS_BLOCK_THREADS);
-	bool untouched = out[0] == 7.0f;
-	for (auto &a : g.area)
-		for (auto w : a)
-			untouched = untouched && w == 0;
-	if (g.pads.at(0)[GS_PAD_ERROR] != GS_ERR_CONFIG || !untouched)
-		return fail("ll config: a grid past GS_LL_BLOCKS was not refused");
+	for (bool move : {false, true}) {
+		LLGroup g(2);
+		std::vector<float> in(8, 1.0f), out(8, 7.0f);
+		const gs_ar_params p = ll_rank0_params(g, in, out, 1000000);
+		if (move)
+			run_rank(gs_llmove, ll_move_params(p), GS_LL_BLOCKS + 1, GS_BLOCK_THREADS);
+		else
+			run_rank(gs_ll_f32_sum, p, GS_LL_BLOCKS + 1, GS_BLOCK_THREADS);
+		bool untouched = out[0] == 7.0f;
+		for (auto &a : g.area)
+			for (auto w : a)
+				untouched = untouched && w == 0;
+		if (g.pads.at(0)[GS_PAD_ERROR] != GS_ERR_CONFIG || !untouched)
+			return fail(std::string(move ? "llmove" : "ll") + " config: a grid past GS_LL_BLOCKS was not refused");
+	}
 	passed++;
 }
 
 // A rank whose peer never sends times out with the peer and block named.
 static void ll_timeout_case() {
-	LLGroup g(2);
-	std::vector<float> in(4, 1.0f), out(4, 0.0f);
-	const gs_ar_params p = ll_rank0_params(g, in, out, 2000000);
-	run_rank(gs_ll_f32_sum, p, 1, GS_BLOCK_THREADS);
-	const unsigned *pad = g.pads.at(0);
-	if (pad[GS_PAD_ERROR] != GS_ERR_TIMEOUT || pad[GS_PAD_ERROR_DETAIL] != (GS_LL_WAIT | 1u) ||
-	    pad[GS_PAD_ERROR_MISSING] != 2u)
-		return fail("ll timeout: the missing peer was not recorded");
+	for (bool move : {false, true}) {
+		LLGroup g(2);
+		std::vector<float> in(4, 1.0f), out(4, 0.0f);
+		const gs_ar_params p = ll_rank0_params(g, in, out, 2000000);
+		if (move)
+			run_rank(gs_llmove, ll_move_params(p), 1, GS_BLOCK_THREADS);
+		else
+			run_rank(gs_ll_f32_sum, p, 1, GS_BLOCK_THREADS);
+		const unsigned *pad = g.pads.at(0);
+		if (pad[GS_PAD_ERROR] != GS_ERR_TIMEOUT || pad[GS_PAD_ERROR_DETAIL] != (GS_LL_WAIT | 1u) ||
+		    pad[GS_PAD_ERROR_MISSING] != 2u)
+			return fail(std::string(move ? "llmove" : "ll") + " timeout: the missing peer was not recorded");
+	}
 	passed++;
 }
 
+// ---- LL data movement (gs_llmove) ---------------------------------------------------
+
+enum MOVE { BCAST, ALLGATHER, ALLTOALL, GATHER, SCATTER, NMOVE };
+static const char *move_name[] = {"broadcast", "all_gather", "all_to_all", "gather", "scatter"};
+
+// Where a segment of a gs_llmove call lies: at byte off of its rank's input
+// (IN) or output (OUT); NONE: no segment (a null pointer).
+enum { NONE = -1, IN, OUT };
+struct Seg {
+	int buf;
+	size_t off;
+};
+
+// A collective as one gs_llmove launch, set up as the backend does
+// (gobackend/gpu_ops.go, llMove): for rank r, src[r][q] is what it sends
+// rank q and dst[r][q] where what q sends lands. Every rank has an input
+// of in_len and an output of out_len bytes (one it does not use must stay
+// untouched). In place, the root's or every rank's input is its chunk of
+// the output (scatter: the root's output is its chunk of the input).
+struct Move {
+	MOVE kind;
+	int world, root;
+	size_t bytes, in_len, out_len;
+	bool inplace;
+	std::vector<std::vector<Seg>> src, dst;
+
+	Move(MOVE k, int w, int rt, size_t n, bool ip)
+	    : kind(k), world(w), root(rt), bytes(n), in_len(k == ALLTOALL || k == SCATTER ? w * n : n),
+	      out_len(k == BCAST || k == SCATTER ? n : w * n), inplace(ip),
+	      src(w, std::vector<Seg>(w, Seg{NONE, 0})), dst(src) {
+		for (int r = 0; r < w; ++r)
+			for (int q = 0; q < w; ++q)
+				switch (k) {
+				case BCAST:
+					if (r == rt)
+						src[r][q] = {ip ? OUT : IN, 0};
+					if (q == rt)
+						dst[r][q] = {OUT, 0};
+					break;
+				case ALLGATHER:
+					src[r][q] = ip ? Seg{OUT, r * n} : Seg{IN, 0};
+					dst[r][q] = {OUT, q * n};
+					break;
+				case ALLTOALL:
+					src[r][q] = {ip ? OUT : IN, q * n};
+					dst[r][q] = {OUT, q * n};
+					break;
+				case GATHER:
+					if (q == rt)
+						src[r][q] = ip && r == rt ? Seg{OUT, r * n} : Seg{IN, 0};
+					if (r == rt)
+						dst[r][q] = {OUT, q * n};
+					break;
+				default: // SCATTER
+					if (r == rt)
+						src[r][q] = {IN, q * n};
+					if (q == rt)
+						dst[r][q] = ip && r == rt ? Seg{IN, r * n} : Seg{OUT, 0};
+				}
+	}
+
+	std::string name() const {
+		char s[160];
+		snprintf(s, sizeof s, "llmove %s world=%d root=%d bytes=%zu%s", move_name[kind], world, root, bytes,
+		         inplace ? " inplace" : "");
+		return s;
+	}
+};
+
+// The buffers of one gs_llmove call: rank r's input is b[2r], its output
+// b[2r+1], misaligned by smis and dmis bytes. Inputs hold random bytes,
+// outputs kPoison but where they hold an input (in place).
+struct MoveBufs {
+	std::vector<Buf> b;
+	MoveBufs(const Move &m, size_t smis, size_t dmis) {
+		for (int r = 0; r < m.world; ++r) {
+			b.emplace_back(m.in_len, smis);
+			b.emplace_back(m.out_len, dmis);
+		}
+		for (int r = 0; r < m.world; ++r) {
+			std::generate_n(b[2 * r].data(), m.in_len, [] { return (unsigned char)rng(); });
+			for (const Seg &s : m.src[r])
+				if (s.buf == OUT)
+					std::generate_n(at(r, s), m.bytes, [] { return (unsigned char)rng(); });
+		}
+	}
+	unsigned char *at(int r, Seg s) { return s.buf == NONE ? nullptr : b[2 * r + s.buf].data() + s.off; }
+	// The index in b[2r + s.buf].mem of s's first byte.
+	size_t mem_at(int r, Seg s) const { return b[2 * r + s.buf].off + s.off; }
+};
+
+static gs_llmove_params move_params(const Move &m, MoveBufs &bufs, LLGroup &g, int r,
+                                    unsigned long long timeout_ns) {
+	gs_llmove_params p;
+	memset(&p, 0, sizeof p);
+	for (int q = 0; q < m.world; ++q) {
+		p.areas[q] = g.area[q].data();
+		p.pads[q] = g.pads.at(q);
+		p.src[q] = bufs.at(r, m.src[r][q]);
+		p.dst[q] = bufs.at(r, m.dst[r][q]);
+	}
+	p.bytes = m.bytes;
+	p.timeout_ns = timeout_ns;
+	p.world = m.world;
+	p.rank = r;
+	return p;
+}
+
+// A gs_llmove call of m on fresh data. Every byte of every buffer, guards
+// included, must end as the reference says: the memory before the call
+// with, for every rank r and peer q, dst[r][q] replaced by the bytes of
+// q's src[q][r] before the call.
+struct MoveCall : LLCall {
+	MoveBufs bufs;
+	std::vector<std::vector<unsigned char>> want; // every buffer's mem
+
+	MoveCall(const Move &m, size_t smis, size_t dmis, int call, LLGroup &g) : bufs(m, smis, dmis) {
+		name = m.name() + " smis=" + std::to_string(smis) + " dmis=" + std::to_string(dmis) + " call=" +
+		       std::to_string(call);
+		for (const Buf &b : bufs.b)
+			want.push_back(b.mem);
+		const std::vector<std::vector<unsigned char>> orig = want;
+		for (int r = 0; r < m.world; ++r)
+			for (int q = 0; q < m.world; ++q) {
+				const Seg d = m.dst[r][q], s = m.src[q][r];
+				if (d.buf != NONE && s.buf != NONE)
+					memcpy(&want[2 * r + d.buf][bufs.mem_at(r, d)], &orig[2 * q + s.buf][bufs.mem_at(q, s)],
+					       m.bytes);
+			}
+		std::vector<gs_llmove_params> ps;
+		for (int r = 0; r < m.world; ++r)
+			ps.push_back(move_params(m, bufs, g, r, 5000000000ull));
+		g.launch(gs_llmove, ps, ll_grid(m.bytes));
+	}
+
+	bool check() override {
+		for (size_t i = 0; i < want.size(); ++i) {
+			const Buf &b = bufs.b[i];
+			const auto bad = std::mismatch(b.mem.begin(), b.mem.end(), want[i].begin());
+			if (bad.first == b.mem.end())
+				continue;
+			const ptrdiff_t at = (bad.first - b.mem.begin()) - (ptrdiff_t)b.off;
+			fail(name + ": rank " + std::to_string(i / 2) + (i % 2 ? " output" : " input") +
+			     (at < 0 || at >= (ptrdiff_t)b.len ? " guard" : "") + " byte " + std::to_string(at) + " is " +
+			     std::to_string(*bad.first) + ", want " + std::to_string(*bad.second));
+			return false;
+		}
+		return true;
+	}
+};
+
+// calls back-to-back gs_llmove calls of m on g (MoveCall).
+static void llmove_case(const Move &m, size_t smis, size_t dmis, int calls, LLGroup &g) {
+	std::vector<std::unique_ptr<LLCall>> q;
+	for (int c = 0; c < calls; ++c)
+		q.emplace_back(new MoveCall(m, smis, dmis, c, g));
+	ll_settle(g, q);
+}
+
+// gs_ll and gs_llmove calls in turn, back to back on one group, with
+// grids of 1 to GS_LL_BLOCKS blocks: they share the areas and each block's
+// counter.
+static void ll_mixed_case() {
+	LLGroup g(3);
+	const size_t max = GS_LL_BLOCKS * GS_LL_LINES * 8;
+	const struct {
+		size_t ll_numel, move_bytes; // f32 elements of the all-reduce, bytes of the move
+	} steps[] = {{3, 60001}, {max / 4, 9}, {20011, max}, {1, 4100}, {max / 4 - 1, 1}, {5000, 24577}};
+	std::vector<std::unique_ptr<LLCall>> q;
+	int i = 0;
+	for (const auto &s : steps) {
+		q.emplace_back(new ARCall(F32, SUM, s.ll_numel, 0, i % 2, GS_POST_NONE, i, g));
+		q.emplace_back(new MoveCall(Move((MOVE)(i % NMOVE), 3, i % 3, s.move_bytes, i % 2), i % 3, 2 * i + 1, i, g));
+		i++;
+	}
+	ll_settle(g, q);
+}
+
+// A gs_llmove launch on ranks of which some never run (grids[r] == 0) or
+// run fewer blocks than the others: a rank that times out names the first
+// rank and block it waited for in vain (want[r]: its detail and missing
+// mask; 0, 0: no error).
+static void llmove_timeout_case(const Move &m, const std::vector<unsigned> &grids,
+                                const std::vector<std::pair<unsigned, unsigned>> &want) {
+	LLGroup g(m.world);
+	MoveBufs bufs(m, 0, 0);
+	std::vector<gs_llmove_params> ps;
+	for (int r = 0; r < m.world; ++r)
+		ps.push_back(move_params(m, bufs, g, r, 2000000));
+	run_ranks(gs_llmove, ps, grids, GS_BLOCK_THREADS);
+	for (int r = 0; r < m.world; ++r) {
+		const unsigned *pad = g.pads.at(r);
+		const unsigned code = want[r].second ? GS_ERR_TIMEOUT : 0;
+		if (pad[GS_PAD_ERROR] != code || pad[GS_PAD_ERROR_DETAIL] != want[r].first ||
+		    pad[GS_PAD_ERROR_MISSING] != want[r].second)
+			return fail(m.name() + " timeout: rank " + std::to_string(r) + " error words " +
+			            std::to_string(pad[GS_PAD_ERROR]) + "," + std::to_string(pad[GS_PAD_ERROR_DETAIL]) + "," +
+			            std::to_string(pad[GS_PAD_ERROR_MISSING]));
+	}
+	passed++;
+}
+
+static void llmove_timeout_cases() {
+	const size_t two = GS_LL_LINES * 8 + 8; // block 1 has one line: thread 0's
+	const unsigned w = GS_LL_WAIT, b1 = 1u << 8;
+	// The root waits for rank 1's handshake; rank 1 for the root's lines.
+	llmove_timeout_case(Move(BCAST, 2, 0, 8, false), {1, 0}, {{w | 1, 2}, {0, 0}});
+	llmove_timeout_case(Move(BCAST, 2, 0, 8, false), {0, 1}, {{0, 0}, {w | 0, 1}});
+	// The root runs block 0 alone: the others' block 1 waits for its
+	// handshake (after each other's), or for its lines.
+	llmove_timeout_case(Move(GATHER, 3, 2, two, false), {2, 2, 1}, {{w | b1 | 2, 4}, {w | b1 | 2, 4}, {0, 0}});
+	llmove_timeout_case(Move(ALLTOALL, 4, 3, two, true), {2, 2, 2, 1},
+	                    {{w | b1 | 3, 8}, {w | b1 | 3, 8}, {w | b1 | 3, 8}, {0, 0}});
+}
+
+// All-to-all through gs_copy: rank r pulls chunk r of every peer.
 static void copy_case(int world, size_t chunk, unsigned grid, unsigned block, Pads &pads) {
 	std::vector<Buf> in, out;
 	for (int r = 0; r < world; ++r) {
@@ -849,6 +1187,21 @@ int main() {
 		ll_case(F32, MAX, 3, 4, false, GS_POST_NONE, 3, *ll[2]);
 		ll_config_case();
 		ll_timeout_case();
+		// gs_llmove: every collective, from the first and the last root, in
+		// place or not, at odd offsets, up to the largest segment, three
+		// calls back to back (the third reuses the first's parity), on the
+		// groups of the all-reduce cases (their counters carry over).
+		const size_t move_sizes[] = {1, 3, 7, 8, 9, 4100, 60001, GS_LL_BLOCKS * GS_LL_LINES * 8};
+		const size_t move_mis[][2] = {{0, 0}, {1, 0}, {0, 3}, {5, 13}, {7, 7}};
+		for (int world = 1; world <= 4; ++world)
+			for (int kind = 0; kind < NMOVE; ++kind)
+				for (size_t i = 0; i < sizeof move_sizes / sizeof move_sizes[0]; ++i) {
+					const size_t v = i + world + kind, *mis = move_mis[v % 5];
+					llmove_case(Move((MOVE)kind, world, v % 2 ? world - 1 : 0, move_sizes[i], v / 2 % 2), mis[0],
+					            mis[1], 3, *ll[world]);
+				}
+		ll_mixed_case();
+		llmove_timeout_cases();
 	}
 	for (int world : worlds)
 		for (size_t chunk : {0, 1, 7, 16, 33, 1000, 4097})

@@ -83,7 +83,8 @@ func (c *checker) runCases() {
 	ar(arCase{algo: cuda.OneShot, dt: dtype.BFloat16, op: dtype.Sum, world: 4, numel: 65539})
 	ar(arCase{algo: cuda.TwoShot, dt: dtype.Float32, op: dtype.Sum, world: 4, numel: 65539})
 	// LL: each case launches three times back to back on the same pads
-	// (both parities of every block, the counters carried across cases).
+	// (both parities of every block, the counters and LL areas carried
+	// across cases, gs_llmove's too).
 	for _, k := range []arCase{
 		{dt: dtype.Float32, op: dtype.Sum, world: 2, numel: 1}, {dt: dtype.Float32, op: dtype.Sum, world: 2, numel: 1025},
 		{dt: dtype.BFloat16, op: dtype.Sum, world: 2, numel: 4099, mis: 1, outMis: 3},
@@ -95,6 +96,7 @@ func (c *checker) runCases() {
 		k.algo = cuda.LL
 		ar(k)
 	}
+	c.moveCases(g, padsFor)
 
 	record("gs_copy all-to-all, 2 simulated ranks, 1 MiB+7 chunks", func() error {
 		ps, err := padsFor(2)
@@ -158,14 +160,97 @@ func seedOf(name string) uint64 {
 	return h.Sum64()
 }
 
+// step is one launch on every simulated rank of a case: launch enqueues
+// it on the ranks' streams; check reads its results once they have synced.
+type step interface {
+	launch(c *checker, g *gpu, pads *padSet) error
+	check() error
+	free()
+}
+
+// runFresh makes a step with each of next, runs them back to back
+// (runSteps) and frees them.
+func (c *checker) runFresh(g *gpu, pads *padSet, next ...func() (step, error)) error {
+	var launches []step
+	defer func() {
+		for _, s := range launches {
+			s.free()
+		}
+	}()
+	for _, f := range next {
+		s, err := f()
+		if err != nil {
+			return err
+		}
+		launches = append(launches, s)
+	}
+	return c.runSteps(g, pads, launches)
+}
+
+// runSteps launches back to back, with no sync between them (a rank may run
+// ahead of its peers, as on the backend's streams), then checks every
+// rank's pad and each step's results.
+func (c *checker) runSteps(g *gpu, pads *padSet, launches []step) error {
+	for _, s := range launches {
+		if err := s.launch(c, g, pads); err != nil {
+			return err
+		}
+	}
+	if err := c.syncAll(g, len(pads.bufs)); err != nil {
+		return err
+	}
+	if err := pads.errors(); err != nil {
+		return err
+	}
+	if err := pads.checkLLSeq(); err != nil {
+		return err
+	}
+	checked := map[step]bool{}
+	for i, s := range launches {
+		if checked[s] {
+			continue
+		}
+		checked[s] = true
+		if err := s.check(); err != nil {
+			return fmt.Errorf("launch %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
 func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
-	kern, post, err := cuda.ReduceKernel(k.algo, k.dt, k.op)
+	s, err := c.newARStep(g, pads, k)
 	if err != nil {
 		return err
 	}
+	defer s.free()
+	launches := []step{s}
+	if k.algo == cuda.LL {
+		launches = []step{s, s, s} // both parities of every block, the first again
+	}
+	return c.runSteps(g, pads, launches)
+}
+
+// arStep is an all-reduce case on simulated ranks of one GPU: its buffers,
+// inputs and every rank's parameters.
+type arStep struct {
+	k           arCase
+	fn          *cuda.Function
+	grid, block cuda.Dim3
+	scale       float32
+	inputs      [][]byte
+	ins, outs   []*dbuf
+	ps          []cuda.ARParams
+}
+
+func (c *checker) newARStep(g *gpu, pads *padSet, k arCase) (s *arStep, err error) {
+	kern, post, err := cuda.ReduceKernel(k.algo, k.dt, k.op)
+	if err != nil {
+		return nil, err
+	}
 	fn := g.fns[kern.Name]
 	if fn == nil {
-		return fmt.Errorf("kernel %s not loaded", kern.Name)
+		return nil, fmt.Errorf("kernel %s not loaded", kern.Name)
 	}
 	es := uintptr(k.dt.Size())
 	total := k.numel
@@ -173,98 +258,96 @@ func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
 		total *= k.world
 	}
 	rng := rand.New(rand.NewPCG(seedOf(k.String()), 7))
-	inputs := make([][]byte, k.world)
-	ins := make([]*dbuf, k.world)
-	outs := make([]*dbuf, k.world)
-	defer freeAll(ins, outs)
+	s = &arStep{k: k, fn: fn, inputs: make([][]byte, k.world), ins: make([]*dbuf, k.world),
+		outs: make([]*dbuf, k.world), ps: make([]cuda.ARParams, k.world)}
+	defer func() {
+		if err != nil {
+			s.free()
+			s = nil
+		}
+	}()
 	inLen := uintptr(total)*es + uintptr(k.mis)*es + guardBytes
 	outLen := uintptr(k.numel)*es + uintptr(k.outMis)*es + guardBytes
-	ps := make([]cuda.ARParams, k.world)
 	for r := 0; r < k.world; r++ {
-		inputs[r] = genData(rng, k.dt, k.op, total)
-		if ins[r], err = c.alloc(g, inLen); err != nil {
-			return err
+		s.inputs[r] = genData(rng, k.dt, k.op, total)
+		if s.ins[r], err = c.alloc(g, inLen); err != nil {
+			return s, err
 		}
-		if err := ins[r].fill(0xab); err != nil {
-			return err
+		if err := s.ins[r].fill(0xab); err != nil {
+			return s, err
 		}
-		if err := c.d.MemcpyHtoD(g.ctx, ins[r].ptr+uintptr(k.mis)*es, inputs[r]); err != nil {
-			return err
+		if err := c.d.MemcpyHtoD(g.ctx, s.ins[r].ptr+uintptr(k.mis)*es, s.inputs[r]); err != nil {
+			return s, err
 		}
 		if k.outOfPlace() {
-			if outs[r], err = c.alloc(g, outLen); err != nil {
-				return err
+			if s.outs[r], err = c.alloc(g, outLen); err != nil {
+				return s, err
 			}
-			if err := outs[r].fill(0xab); err != nil {
-				return err
+			if err := s.outs[r].fill(0xab); err != nil {
+				return s, err
 			}
 		}
 	}
-	scale := float32(1)
+	s.scale = 1
 	switch k.op {
 	case dtype.Avg:
-		scale = float32(k.world)
+		s.scale = float32(k.world)
 	case dtype.PremulSum:
-		scale = 0.375
+		s.scale = 0.375
 	}
-	// LL: every rank's LL area, zeroed (a flag is never 0).
-	areas := make([]*dbuf, k.world)
-	defer freeAll(areas)
-	for r := 0; r < k.world && k.algo == cuda.LL; r++ {
-		if areas[r], err = c.alloc(g, cuda.LLAreaBytes(k.world, cuda.LLMaxBytes)); err != nil {
-			return err
-		}
-		if err := areas[r].fill(0); err != nil {
-			return err
+	var areas [cuda.MaxRanks]uintptr
+	if k.algo == cuda.LL {
+		if areas, err = c.llAreas(g, pads); err != nil {
+			return s, err
 		}
 	}
 	for r := 0; r < k.world; r++ {
-		p := &ps[r]
+		p := &s.ps[r]
 		for q := 0; q < k.world; q++ {
-			p.Peers[q] = ins[q].ptr + uintptr(k.mis)*es
+			p.Peers[q] = s.ins[q].ptr + uintptr(k.mis)*es
 			if k.algo == cuda.LL {
-				p.Peers[q] = areas[q].ptr
+				p.Peers[q] = areas[q]
 			}
 		}
 		if k.algo == cuda.LL {
-			p.In = ins[r].ptr + uintptr(k.mis)*es
+			p.In = s.ins[r].ptr + uintptr(k.mis)*es
 		}
 		p.Pads = pads.ptrs
 		if k.outOfPlace() {
-			p.Out = outs[r].ptr + uintptr(k.outMis)*es
+			p.Out = s.outs[r].ptr + uintptr(k.outMis)*es
 		}
 		p.Numel = uint64(k.numel)
 		if k.scatter {
 			p.SrcOffset = uint64(r * k.numel)
 		}
-		p.TimeoutNs, p.Scale, p.Post = timeoutNs, scale, post
+		p.TimeoutNs, p.Scale, p.Post = timeoutNs, s.scale, post
 		p.World, p.Rank = int32(k.world), int32(r)
 	}
-	grid, block := cuda.ReduceGrid(k.algo, uint64(k.numel), int(es), k.world)
-	launches := 1
+	s.grid, s.block = cuda.ReduceGrid(k.algo, uint64(k.numel), int(es), k.world)
 	if k.algo == cuda.LL {
-		grid, block = cuda.LLGrid(uint64(k.numel), int(es))
-		launches = 3
+		s.grid, s.block = cuda.LLGrid(uint64(k.numel), int(es))
 	}
-	for range launches {
-		for r := 0; r < k.world; r++ {
-			if err := c.d.Launch(fn, grid, block, 0, g.streams[r], &ps[r]); err != nil {
-				return err
-			}
-		}
+	return s, nil
+}
+
+func (s *arStep) free() { freeAll(s.ins, s.outs) }
+
+func (s *arStep) launch(c *checker, g *gpu, pads *padSet) error {
+	return c.launchAll(g, pads, s.fn, s.k.algo == cuda.LL, s.grid, s.block, func(r int) cuda.Param { return &s.ps[r] })
+}
+
+// check reads every rank's result and its buffer's guards.
+func (s *arStep) check() error {
+	k, es := s.k, uintptr(s.k.dt.Size())
+	total := k.numel
+	if k.scatter {
+		total *= k.world
 	}
-	if err := c.syncAll(g, k.world); err != nil {
-		return err
-	}
-	if err := pads.errors(); err != nil {
-		return err
-	}
-	// Read every rank's result and its buffer's guards.
 	results := make([][]byte, k.world)
 	for r := 0; r < k.world; r++ {
-		buf, at := ins[r], uintptr(k.mis)*es
+		buf, at := s.ins[r], uintptr(k.mis)*es
 		if k.outOfPlace() {
-			buf, at = outs[r], uintptr(k.outMis)*es
+			buf, at = s.outs[r], uintptr(k.outMis)*es
 		}
 		whole, err := buf.read(0, buf.size)
 		if err != nil {
@@ -281,11 +364,11 @@ func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
 		}
 		results[r] = whole[at : at+uintptr(k.numel)*es]
 		if k.outOfPlace() {
-			in, err := ins[r].read(uintptr(k.mis)*es, uintptr(total)*es)
+			in, err := s.ins[r].read(uintptr(k.mis)*es, uintptr(total)*es)
 			if err != nil {
 				return err
 			}
-			if string(in) != string(inputs[r]) {
+			if string(in) != string(s.inputs[r]) {
 				return fmt.Errorf("rank %d: %s modified its input", r, k.algo)
 			}
 		}
@@ -296,7 +379,7 @@ func (c *checker) runAR(g *gpu, pads *padSet, k arCase) error {
 		}
 	}
 	for r := 0; r < k.world; r++ {
-		if err := checkResult(k, inputs, r, results[r], float64(scale)); err != nil {
+		if err := checkResult(k, s.inputs, r, results[r], float64(s.scale)); err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 	}

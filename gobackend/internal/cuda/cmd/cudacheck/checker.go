@@ -161,10 +161,14 @@ func (b *dbuf) read(off, n uintptr) ([]byte, error) {
 }
 
 // padSet is one signal pad per rank, zeroed once; its counters then grow
-// across every launch that uses it, as in production.
+// across every launch that uses it, as in production. Its LL areas (made by
+// llAreas) carry over with the LL counters; llSeq counts the LL launches of
+// each block, what every rank's counters must say.
 type padSet struct {
-	bufs []*dbuf
-	ptrs [cuda.MaxRanks]uintptr
+	bufs  []*dbuf
+	ptrs  [cuda.MaxRanks]uintptr
+	areas [cuda.MaxRanks]uintptr
+	llSeq [cuda.LLBlocks]uint32
 }
 
 func (c *checker) newPads(g *gpu, world int) (*padSet, error) {
@@ -195,6 +199,67 @@ func (ps *padSet) errors() error {
 		if code != 0 || missing != 0 {
 			return fmt.Errorf("rank %d pad error: code=%d detail=%#x missing-ranks=%#x", r, code, detail, missing)
 		}
+	}
+	return nil
+}
+
+// checkLLSeq compares every rank's LL launch counters with the LL
+// launches counted (launchAll).
+func (ps *padSet) checkLLSeq() error {
+	for r, b := range ps.bufs {
+		w, err := b.read(cuda.PadLLSeqWord*4, cuda.LLBlocks*4)
+		if err != nil {
+			return err
+		}
+		for blk, want := range ps.llSeq {
+			if got := le32(w[4*blk:]); got != want {
+				return fmt.Errorf("rank %d: LL launch counter of block %d is %d, want %d", r, blk, got, want)
+			}
+		}
+	}
+	return nil
+}
+
+// newLLAreas is an LL area per rank of a group of world ranks, zeroed (no
+// line holds a flag), for launches of up to LLMaxBytes; freed at close.
+func (c *checker) newLLAreas(g *gpu, world int) (areas [cuda.MaxRanks]uintptr, err error) {
+	for r := 0; r < world; r++ {
+		b, err := c.alloc(g, cuda.LLAreaBytes(world, cuda.LLMaxBytes))
+		if err != nil {
+			return areas, err
+		}
+		c.onClose(func() error { b.free(); return nil })
+		if err := b.fill(0); err != nil {
+			return areas, err
+		}
+		areas[r] = b.ptr
+	}
+	return areas, nil
+}
+
+// llAreas are the LL areas of pads' group, made on first use.
+func (c *checker) llAreas(g *gpu, ps *padSet) ([cuda.MaxRanks]uintptr, error) {
+	if ps.areas[0] == 0 {
+		areas, err := c.newLLAreas(g, len(ps.bufs))
+		if err != nil {
+			return areas, err
+		}
+		ps.areas = areas
+	}
+	return ps.areas, nil
+}
+
+// launchAll launches fn on every rank's stream of g, with param(r); an LL
+// launch (ll: gs_ll or gs_llmove) is counted on every block it has.
+func (c *checker) launchAll(g *gpu, pads *padSet, fn *cuda.Function, ll bool, grid, block cuda.Dim3,
+	param func(r int) cuda.Param) error {
+	for r := range pads.bufs {
+		if err := c.d.Launch(fn, grid, block, 0, g.streams[r], param(r)); err != nil {
+			return err
+		}
+	}
+	for b := 0; ll && b < int(grid.X); b++ {
+		pads.llSeq[b]++
 	}
 	return nil
 }

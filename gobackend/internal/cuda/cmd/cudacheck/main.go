@@ -2,8 +2,10 @@
 // it loads libcuda and NVRTC through package cuda, reports the driver and
 // the devices (attribute reads only), compiles and loads every kernel of
 // package kernels, and runs the kernels against a float64 host reference:
-// one-shot and two-shot all-reduce with several "ranks" simulated on one GPU
-// (each rank its own buffers, pads and stream), the copy and barrier kernels,
+// one-shot, two-shot and LL all-reduce with several "ranks" simulated on one
+// GPU (each rank its own buffers, pads and stream), the LL data movement
+// (gs_llmove: broadcast, all_gather, all_to_all, gather, scatter, back to
+// back and between LL all-reduces), the copy and barrier kernels,
 // stream memory operations, the barrier timeout, and, with two GPUs, real
 // cross-GPU runs over VMM mappings with a few timings, and the semaphore
 // protocol of issue #6 (cuda.Sema, the code the backend runs) with the pull

@@ -122,6 +122,7 @@ struct CUfunc_st {
 	const char *name;
 	void (*run)(void *fn, void *param);
 	void *fn;
+	size_t param_size;
 	bool threaded = false; // a block's threads run concurrently (they talk to each other)
 };
 
@@ -129,33 +130,23 @@ template <class P> static void invoke(void *fn, void *param) {
 	((void (*)(P))fn)(*(P *)param);
 }
 
-#define AR(a, t, o) {"gs_" #a "_" #t "_" #o, invoke<gs_ar_params>, (void *)gs_##a##_##t##_##o},
+// A kernel f taking a P: its name, how to call it, and its parameter's size.
+#define FN(f, P) #f, invoke<P>, (void *)f, sizeof(P)
+#define AR(a, t, o) {FN(gs_##a##_##t##_##o, gs_ar_params)},
 #define AR_OPS(a, t) AR(a, t, sum) AR(a, t, prod) AR(a, t, min) AR(a, t, max)
 #define AR_TYPES(a) AR_OPS(a, f32) AR_OPS(a, f16) AR_OPS(a, bf16) AR_OPS(a, i32) AR_OPS(a, i64)
-#define NVLS(t, o) {"gs_nvls_" #t "_" #o, invoke<gs_nvls_params>, (void *)gs_nvls_##t##_##o},
+#define NVLS(t, o) {FN(gs_nvls_##t##_##o, gs_nvls_params)},
 static CUfunc_st functions[] = {
     AR_TYPES(oneshot) AR_TYPES(twoshot) AR_TYPES(pull) AR_TYPES(ll)
-    {"gs_copy", invoke<gs_copy_params>, (void *)gs_copy},
-    {"gs_barrier", invoke<gs_barrier_params>, (void *)gs_barrier},
-    {"gs_sema_wait", invoke<gs_sema_params>, (void *)gs_sema_wait},
+    {FN(gs_copy, gs_copy_params)},
+    {FN(gs_llmove, gs_llmove_params)},
+    {FN(gs_barrier, gs_barrier_params)},
+    {FN(gs_sema_wait, gs_sema_params)},
     NVLS(f32, sum) NVLS(f16, sum) NVLS(f16, min) NVLS(f16, max) NVLS(bf16, sum) NVLS(bf16, min)
     NVLS(bf16, max)
-    {"gs_p2p_send", invoke<gs_p2p_params>, (void *)gs_p2p_send, true},
-    {"gs_p2p_recv", invoke<gs_p2p_params>, (void *)gs_p2p_recv, true},
+    {FN(gs_p2p_send, gs_p2p_params), true},
+    {FN(gs_p2p_recv, gs_p2p_params), true},
 };
-static size_t param_size(const CUfunc_st *f) {
-	if (f->run == invoke<gs_copy_params>)
-		return sizeof(gs_copy_params);
-	if (f->run == invoke<gs_barrier_params>)
-		return sizeof(gs_barrier_params);
-	if (f->run == invoke<gs_sema_params>)
-		return sizeof(gs_sema_params);
-	if (f->run == invoke<gs_nvls_params>)
-		return sizeof(gs_nvls_params);
-	if (f->run == invoke<gs_p2p_params>)
-		return sizeof(gs_p2p_params);
-	return sizeof(gs_ar_params);
-}
 
 // This driver has no multicast: an NVLS kernel that runs anyway stops the
 // process (cudacheck only loads them and looks them up).
@@ -250,7 +241,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 		return 201; // CUDA_ERROR_INVALID_CONTEXT: gosym must set one
 	if (gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024 || gx == 0)
 		return INVALID_VALUE;
-	std::string p((const char *)params[0], param_size(f)); // copied now, like the driver
+	std::string p((const char *)params[0], f->param_size); // copied now, like the driver
 	stream_of(s)->push([f, gx, bx, p] {
 		std::string local = p;
 		for (unsigned b = 0; b < gx; ++b) {
