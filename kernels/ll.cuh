@@ -14,11 +14,15 @@
 // the rank's own pad) names its flag, seq + 1, and its parity, seq & 1.
 // Block b of every rank runs the same LL launches (of either kernel) in the
 // same order (every rank runs the same collectives with the same grids), so
-// their seq agree. A line is never read as the wrong launch's: the region
-// of a parity last held flag seq - 1, or zero before its first use, and
-// seq + 1 differs from both (mod 2^32: seq + 1 is zero only once seq - 1 is
-// not). A region is never overwritten while its reader needs it: in every
-// launch, block b of every rank sends at least one line to every peer and
+// their seq agree. A line is never read as the wrong launch's: it holds
+// zero or the flag of an earlier launch of its block, seq - 1 or older
+// where a smaller launch left it untouched, and seq + 1 equals neither
+// unless the line sat unused for 2^32 launches of its block (not guarded:
+// at 3 µs a launch, 3.6 hours of nothing but smaller launches of that
+// block, and then a larger one landing on the exact count). The grid must
+// be LLGrid's for the size, with at least one line per block, for the next
+// rule to hold. A region is never overwritten while its reader needs it: in
+// every launch, block b of every rank sends at least one line to every peer and
 // waits for at least one from every peer (a rank with no data for a peer
 // sends the handshake line 0 alone). So rank r writes parity p for seq + 2
 // after its launch seq + 1 received a line from every peer's block b, which
