@@ -104,7 +104,7 @@ func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
 	}
 	if root < 0 && t.lowLatency(n) {
 		t.algos.Add(gpuAlgoLL, t.rank, op)
-		return t.llReduce(op, s)
+		return t.llReduce(op, op.In, 0, s)
 	}
 	if root < 0 {
 		done, err := t.direct(op, s, agree)
@@ -327,14 +327,16 @@ func (t *gpuTeam) lowLatency(n int) bool {
 	return t.llArea > 0 && n > 0 && n <= t.cfg.llMax
 }
 
-// llReduce runs all_reduce as one gs_ll launch: every rank sends its input
-// into every peer's LL area as flagged lines and reduces what arrives in
-// its own (allreduce.cu), with no barrier, no staging copy and no host
-// round; the peers' LL areas lie after their staging.
-func (t *gpuTeam) llReduce(op *Op, s cuda.Stream) error {
+// llReduce runs all_reduce (inStride 0) or reduce_scatter (in holds world
+// pieces inStride elements apart, piece q for rank q) as one gs_ll launch:
+// every rank sends its input into every peer's LL area as flagged lines
+// and reduces what arrives in its own (allreduce.cu), with no barrier, no
+// staging copy and no host round; the peers' LL areas lie after their
+// staging.
+func (t *gpuTeam) llReduce(op *Op, in uintptr, inStride uint64, s cuda.Stream) error {
 	p := t.reduceParams(op)
 	p.Peers = t.llAreas()
-	p.In, p.Out, p.Numel = op.In, op.Out, uint64(op.Count)
+	p.In, p.InStride, p.Out, p.Numel = in, inStride, op.Out, uint64(op.Count)
 	return t.reduceKernel(op, cuda.LL, &p, s)
 }
 
@@ -361,10 +363,7 @@ func (t *gpuTeam) llOp(op *Op, s cuda.Stream) (bool, error) {
 			return false, nil
 		}
 		t.algos.Add(gpuAlgoLL, t.rank, op)
-		p := t.reduceParams(op)
-		p.Peers = t.llAreas()
-		p.In, p.InStride, p.Out, p.Numel = op.InPieces[0].Addr, uint64(stride/es), op.Out, uint64(op.Count)
-		return true, t.reduceKernel(op, cuda.LL, &p, s)
+		return true, t.llReduce(op, op.InPieces[0].Addr, uint64(stride/es), s)
 	}
 	p, ok := t.llMoveParams(op)
 	if !ok {

@@ -536,6 +536,15 @@ static gs_llmove_params ll_move_params(const gs_ar_params &p) {
 	return m;
 }
 
+// Launches rank 0 of a 2-rank LL group alone: gs_llmove with p turned
+// into its parameters when move, else gs_ll (f32 sum).
+static void run_ll_rank0(bool move, const gs_ar_params &p, unsigned grid) {
+	if (move)
+		run_rank(gs_llmove, ll_move_params(p), grid, GS_BLOCK_THREADS);
+	else
+		run_rank(gs_ll_f32_sum, p, grid, GS_BLOCK_THREADS);
+}
+
 // An LL launch (gs_ll or gs_llmove) with more blocks than the LL area has
 // records a configuration error and touches no line.
 static void ll_config_case() {
@@ -543,10 +552,7 @@ static void ll_config_case() {
 		LLGroup g(2);
 		std::vector<float> in(8, 1.0f), out(8, 7.0f);
 		const gs_ar_params p = ll_rank0_params(g, in, out, 1000000);
-		if (move)
-			run_rank(gs_llmove, ll_move_params(p), GS_LL_BLOCKS + 1, GS_BLOCK_THREADS);
-		else
-			run_rank(gs_ll_f32_sum, p, GS_LL_BLOCKS + 1, GS_BLOCK_THREADS);
+		run_ll_rank0(move, p, GS_LL_BLOCKS + 1);
 		bool untouched = out[0] == 7.0f;
 		for (auto &a : g.area)
 			for (auto w : a)
@@ -563,10 +569,7 @@ static void ll_timeout_case() {
 		LLGroup g(2);
 		std::vector<float> in(4, 1.0f), out(4, 0.0f);
 		const gs_ar_params p = ll_rank0_params(g, in, out, 2000000);
-		if (move)
-			run_rank(gs_llmove, ll_move_params(p), 1, GS_BLOCK_THREADS);
-		else
-			run_rank(gs_ll_f32_sum, p, 1, GS_BLOCK_THREADS);
+		run_ll_rank0(move, p, 1);
 		const unsigned *pad = g.pads.at(0);
 		if (pad[GS_PAD_ERROR] != GS_ERR_TIMEOUT || pad[GS_PAD_ERROR_DETAIL] != (GS_LL_WAIT | 1u) ||
 		    pad[GS_PAD_ERROR_MISSING] != 2u)
