@@ -109,7 +109,9 @@ typedef struct gosym_piece {
  * receives belong on different streams. The first CUDA SEND/RECV of a pair
  * sets the channel up with the peer and must not be captured. flags:
  * GOSYM_OP_CAPTURING says the stream is being captured into a CUDA graph
- * (the op then prefers the kernels that replay fastest).
+ * (the op then prefers the kernels that replay fastest); a collective
+ * asks the driver itself (cuStreamIsCapturing) when the flag is absent, a
+ * SEND/RECV relies on it.
  */
 #define GOSYM_OP_CAPTURING 1
 typedef struct gosym_op_desc {

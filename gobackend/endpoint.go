@@ -285,14 +285,33 @@ func (e *Endpoint) peerQueue(qs []*queue, peer int, run func(*Work) error) *queu
 }
 
 func (e *Endpoint) runColl(w *Work) error {
+	a, ok := e.gpu.take(w.op.Seq)
+	return e.runCollOp(&w.op, a, ok)
+}
+
+// runCollOp runs collective op in its turn: a host op, or (cudaOp) a CUDA
+// op or group task with its arguments a.
+func (e *Endpoint) runCollOp(op *Op, a gpuArgs, cudaOp bool) error {
 	e.stats.Barriers.Add(1)
-	if a, ok := e.gpu.take(w.op.Seq); ok {
-		if a.task != nil {
-			return a.task(w.op.Who(), time.Now().Add(e.Timeout))
-		}
-		return e.runGPU(&w.op, a, time.Now().Add(e.Timeout))
+	deadline := time.Now().Add(e.Timeout)
+	switch {
+	case !cudaOp:
+		return e.exec.Run(op, deadline)
+	case a.task != nil:
+		return a.task(op.Who(), deadline)
 	}
-	return e.exec.Run(&w.op, time.Now().Add(e.Timeout))
+	return e.runGPU(op, a, deadline)
+}
+
+// finished counts an op that ran and returns its error; an error that
+// leaves the peers out of step breaks the group (fail).
+func (e *Endpoint) finished(err error) error {
+	if err != nil {
+		e.fail(err)
+	} else {
+		e.stats.Completed.Add(1)
+	}
+	return err
 }
 
 func (e *Endpoint) runSend(w *Work) error { return e.exec.SendMsg(&w.op, time.Now().Add(e.Timeout)) }

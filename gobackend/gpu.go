@@ -38,7 +38,7 @@ import (
 type gpuArgs struct {
 	device    int         // CUDA device ordinal
 	stream    cuda.Stream // the caller's stream
-	capturing bool        // the stream is being captured into a CUDA graph
+	capturing bool        // the caller says the stream is being captured (runGPU also asks the driver)
 	// task, when set, runs instead of an op: group-wide setup that must
 	// happen in collective order (contiguous views).
 	task func(who symm.Who, deadline time.Time) error
@@ -162,10 +162,12 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) 
 	return e.runQueued(op, gpuArgs{device: device, stream: cuda.Stream(stream), capturing: capturing})
 }
 
-// runQueued queues op with its CUDA arguments on the collective queue and
-// waits until it ran. That usually runs the queue on this thread, so a CUDA
-// op is enqueued here, in stream order with whatever the caller enqueues
-// next.
+// runQueued runs op with its CUDA arguments in collective order, on this
+// thread, so a CUDA op is enqueued here, in stream order with whatever the
+// caller enqueues next. When the collective queue is idle (the common case:
+// the caller's previous op is done) op runs at once, as if queued and
+// drained, with no Work to queue and no arguments to park; else it is
+// queued behind the others and the queue runs here until it ran.
 func (e *Endpoint) runQueued(op *Op, a gpuArgs) (*Work, error) {
 	e.mu.Lock()
 	if err := e.usable(op.Kind); err != nil {
@@ -173,14 +175,23 @@ func (e *Endpoint) runQueued(op *Op, a gpuArgs) (*Work, error) {
 		return nil, err
 	}
 	e.seq++
-	w := &Work{op: *op, q: e.coll, done: make(chan struct{})}
+	w := &Work{op: *op}
 	w.op.Seq = e.seq
-	e.gpu.add(w.op.Seq, a)
 	e.stats.Posted.Add(1)
-	e.coll.push(w, false)
-	e.mu.Unlock()
-	if err := w.Wait(-1); err != nil {
-		return nil, err
+	if e.coll.claimIdle() { // nothing can be queued ahead of op: posts hold e.mu
+		e.mu.Unlock()
+		w.err = e.finished(e.runCollOp(&w.op, a, true))
+		e.coll.unclaim()
+		w.done = closedDone
+	} else {
+		w.q, w.done = e.coll, make(chan struct{})
+		e.gpu.add(w.op.Seq, a)
+		e.coll.push(w, false)
+		e.mu.Unlock()
+		w.Wait(-1)
+	}
+	if w.err != nil {
+		return nil, w.err
 	}
 	return w, nil
 }
@@ -254,9 +265,17 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 		g.err = e.deviceError(t.errw, t.g.ordinal)
 		return g.err
 	}
+	capturing := a.capturing
+	if !capturing { // asked here, not by every caller: one driver call, no Python round
+		c, err := t.g.d.StreamIsCapturing(t.g.ctx, a.stream)
+		if err != nil {
+			return status.Wrap(status.System, err, "gosym: %s on cuda:%d: asking whether the stream is being captured", op.Kind, a.device)
+		}
+		capturing = c
+	}
 	g.ops.Add(1)
 	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
-	t.capturing = a.capturing
+	t.capturing = capturing
 	err := t.run(op, a.stream, agree)
 	var coded *status.Error
 	if err != nil && !errors.As(err, &coded) {

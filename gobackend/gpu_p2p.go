@@ -125,9 +125,7 @@ func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool
 	count.Add(1)
 	e.stats.Posted.Add(1)
 	e.stats.Completed.Add(1)
-	w := &Work{op: *op, done: make(chan struct{})}
-	close(w.done)
-	return w, nil
+	return &Work{op: *op, done: closedDone}, nil
 }
 
 // deviceError is the error a kernel of this channel recorded, nil while

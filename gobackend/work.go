@@ -74,12 +74,7 @@ func (e *Endpoint) startQueue(run func(*Work) error) *queue {
 	q := &queue{}
 	q.cond = sync.NewCond(&q.mu)
 	q.exec = func(w *Work) {
-		w.err = run(w)
-		if w.err != nil {
-			e.fail(w.err)
-		} else {
-			e.stats.Completed.Add(1)
-		}
+		w.err = e.finished(run(w))
 		close(w.done)
 	}
 	q.kick = time.AfterFunc(time.Hour, func() {
@@ -148,6 +143,37 @@ func (q *queue) push(w *Work, kick bool) {
 	}
 	q.mu.Unlock()
 }
+
+// claimIdle makes the caller the queue's runner if nobody runs it and
+// nothing waits in it: the caller then runs its op directly, in queue
+// order, and gives the queue back with unclaim.
+func (q *queue) claimIdle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.running || q.closed || len(q.items) > 0 {
+		return false
+	}
+	q.running = true
+	return true
+}
+
+// unclaim ends claimIdle's run; work queued meanwhile goes to the worker
+// or a waiter, as after drain.
+func (q *queue) unclaim() {
+	q.mu.Lock()
+	q.running = false
+	if len(q.items) > 0 || q.closed {
+		q.cond.Broadcast()
+	}
+	q.mu.Unlock()
+}
+
+// closedDone is the done channel of work that completed as it was posted.
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // help runs the queue on the calling thread up to w, unless someone else is
 // running it already.

@@ -83,16 +83,21 @@ def main():
     def native0():
         _lib.work_release(_lib.post(h, desc0))
 
+    def run1():
+        _lib.run(h, desc)
+
     cases = {
         "dist.all_reduce 1K": lambda: dist.all_reduce(t),
         "pg.allreduce 1K (no torch dispatch)": lambda: be.allreduce([t], ar_opts),
         "native post+release 1K (Go + launch)": native,
         "native post+release, count 0 (Go, no driver)": native0,
+        "native run 1K (one call: post, wait, release)": run1,
         "dist.broadcast 1K": lambda: dist.broadcast(t, 0),
         "dist.all_gather_into_tensor 1K": lambda: dist.all_gather_into_tensor(out, t),
         "dist.reduce_scatter_tensor 1K": lambda: dist.reduce_scatter_tensor(t[: 256 // w], big[:256]),
         "dist.all_to_all_single 1K": lambda: dist.all_to_all_single(out[:256], t),
         "t.add_(1) (one torch kernel)": lambda: t.add_(1),
+        "torch.cuda._sleep(0) (one bare launch)": lambda: torch.cuda._sleep(0),
         "pg.allreduce 1K on a side stream": lambda: on_side(lambda: be.allreduce([t], ar_opts)),
         "native post+release 1K on a side stream": lambda: on_side(native_side),
         "t.add_(1) on a side stream": lambda: on_side(lambda: t.add_(1)),

@@ -57,17 +57,11 @@ for s in "${steps[@]}"; do
 			--json "$out/bench-cuda-batch.json" --plot "$out/bench-cuda-batch.png" 2>&1 | tail -80 ;;
 	tune)
 		echo "== tunables (gosym alone, 40 ops per sample)"
-		for cb in 32 64; do
+		for cb in 64 128; do
 			echo "-- GOSYM_GPU_COPY_BLOCKS=$cb"
 			GOSYM_GPU_COPY_BLOCKS=$cb timeout 200 python3 -m gosym.bench --device cuda --backends gosym --batch 40 \
 				--ops all_gather_into_tensor,broadcast,all_to_all_single,reduce_scatter_tensor --sizes 1M,4M \
 				--target-time 0.05 --no-check --json "$out/tune-copyblocks-$cb.json" 2>&1 | tail -12
-		done
-		for dm in $((8 << 20)) $((32 << 20)); do
-			echo "-- GOSYM_GPU_DIRECT_MIN=$dm"
-			GOSYM_GPU_DIRECT_MIN=$dm timeout 200 python3 -m gosym.bench --device cuda --backends gosym,nccl --batch 40 \
-				--ops all_reduce,all_to_all_single,all_gather_into_tensor --sizes 4M,16M \
-				--target-time 0.05 --no-check --json "$out/tune-direct-$dm.json" 2>&1 | tail -10
 		done
 		echo "-- host cost per call, layer by layer"
 		timeout 200 torchrun --nproc-per-node 2 scripts/cuda_overhead.py --json "$out/overhead.json" 2>&1 | grep " us$" ;;

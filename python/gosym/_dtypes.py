@@ -67,9 +67,17 @@ def _hash_is_op() -> bool:
 _op_key = hash if _hash_is_op() else (lambda op: int(op.op))
 
 
+# The answers for the ops without a factor, ready made: reduce_op is on every reduction's path.
+_PLAIN = {key: (code, 1.0) for key, code in _REDS.items() if code != _PREMUL}
+
+
 def reduce_op(op) -> tuple[int, float]:
     """(GOSYM_RED_*, scale) for opts.reduceOp; scale is PREMUL_SUM's factor, else 1.0."""
-    code = _REDS.get(_op_key(op))
+    key = _op_key(op)
+    plain = _PLAIN.get(key)
+    if plain is not None:
+        return plain
+    code = _REDS.get(key)
     if code is None:
         raise NotImplementedError(f"gosym: reduce op {op.op} is not supported")
     if code != _PREMUL:

@@ -39,6 +39,7 @@ _pack = _lib.pack_desc
 _post = _lib.post
 _run = _lib.run
 _STREAM_AT = _lib.STREAM_AT
+_tail = _lib.stream_tail
 _capturing = torch.cuda.is_current_stream_capturing
 _strided = torch.strided
 _Tensor = torch.Tensor
@@ -295,18 +296,20 @@ class ProcessGroupGosym(dist.ProcessGroup):
     # ---- plumbing -----------------------------------------------------------
 
     def _work(self, desc, out, keep, cb, async_op=True):
-        """Posts one op. A host op of a synchronous caller (torch's asyncOp false: it waits
-        at once) runs in one native call that posts, waits and releases, and returns done;
-        its failure raises here, where the caller's wait would have raised it."""
+        """Posts one op. For a synchronous caller (torch's asyncOp false: it waits at once)
+        a host op runs in one native call that posts, waits and releases, and its failure
+        raises here, where the caller's wait would have raised it. Such a caller gets no
+        Work: torch's wrappers skip the wait when there is none, and there is nothing
+        left to wait for (a CUDA op is on the caller's current stream)."""
         dev = _op_device(keep)
         if dev >= 0:
-            return self._cuda_works([(desc, keep, cb)], out, dev)
+            return self._cuda_op(desc, out, dev, cb, async_op)
         if not async_op:
             _run(self._h, desc)
             if cb:
                 for t, tmp in cb:
                     t.copy_(tmp)
-            return done_work(out)
+            return None
         return work_of(_Op((_post(self._h, desc),), out, keep, cb or None, self._completer))
 
     def _works(self, built, out):
@@ -369,23 +372,30 @@ class ProcessGroupGosym(dist.ProcessGroup):
         _run(self._h, desc)
         self._cuda = idx
 
-    def _cuda_works(self, built, out, idx):
-        """Enqueues ops on CUDA device idx, on the caller's current stream. Their
-        temporaries may go as soon as this returns: the caching allocator reuses them only
-        in the order of that stream. Copy-backs into non-contiguous outputs are enqueued
-        right after the op."""
+    def _cuda_op(self, desc, out, idx, cb, async_op=True):
+        """Enqueues one op on CUDA device idx, on the caller's current stream (the engine
+        asks the driver whether that stream is being captured). Its temporaries may go
+        as soon as this returns: the caching allocator reuses them only in the order of
+        that stream. Copy-backs into non-contiguous outputs are enqueued right after the
+        op. A synchronous caller gets None (see _work). The path of every CUDA op: one
+        native call and nothing that is not needed."""
         if idx != self._cuda:
             idx = self._cuda_index(idx)
         if self._pending:
             self._flush_p2p()
         raw = _raw_stream(idx)
-        tail = _lib.stream_tail(raw, idx, _lib.OP_CAPTURING if _capturing() else 0)
+        _run(self._h, desc[:_STREAM_AT] + _tail(raw, idx, 0))
+        self._cuda = idx
+        if cb:
+            for t, tmp in cb:
+                t.copy_(tmp)
+        return cuda_work(out, idx, raw) if async_op else None
+
+    def _cuda_works(self, built, out, idx):
+        """Enqueues several ops on CUDA device idx as one Work (see _cuda_op)."""
         for desc, _, cb in built:
-            self._cuda_post(desc[:_STREAM_AT] + tail, idx)
-            if cb:
-                for t, tmp in cb:
-                    t.copy_(tmp)
-        return cuda_work(out, idx, raw)
+            self._cuda_op(desc, None, idx, cb, False)
+        return cuda_work(out, idx, _raw_stream(idx))
 
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")

@@ -308,6 +308,12 @@ static CUresult special_cuIpcCloseMemHandle(CUdeviceptr p) {
 	COUNT_ARG(cuIpcCloseMemHandle, p);
 	return GSCU_SUCCESS;
 }
+static CUresult special_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) {
+	(void)s;
+	COUNT(cuStreamIsCapturing);
+	*st = 0;
+	return GSCU_SUCCESS;
+}
 #undef COUNT
 #undef COUNT_ARG
 
@@ -344,6 +350,7 @@ static const struct {
     {"cuIpcGetMemHandle", (void *)special_cuIpcGetMemHandle},
     {"cuIpcOpenMemHandle", (void *)special_cuIpcOpenMemHandle},
     {"cuIpcCloseMemHandle", (void *)special_cuIpcCloseMemHandle},
+    {"cuStreamIsCapturing", (void *)special_cuStreamIsCapturing},
 };
 
 static void *const fake_fns[] = {

@@ -29,6 +29,7 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef int CUstreamCaptureStatus; /* 0: not capturing, 1: active, 2: invalidated */
 typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
@@ -155,6 +156,8 @@ typedef int CUdriverProcAddressQueryResult;
 	  (s, flags))                                                                          \
 	X(REQ, cuStreamDestroy, "cuStreamDestroy_v2", 12000, (CUstream s), (s))                \
 	X(REQ, cuStreamSynchronize, "cuStreamSynchronize", 12000, (CUstream s), (s))           \
+	X(REQ, cuStreamIsCapturing, "cuStreamIsCapturing", 12000,                              \
+	  (CUstream s, CUstreamCaptureStatus *st), (s, st))                                    \
 	X(REQ, cuStreamWaitEvent, "cuStreamWaitEvent", 12000,                                  \
 	  (CUstream s, CUevent e, unsigned int flags), (s, e, flags))                          \
 	X(REQ, cuEventCreate, "cuEventCreate", 12000, (CUevent * e, unsigned int flags),       \

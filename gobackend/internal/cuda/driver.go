@@ -417,6 +417,14 @@ func (d *Driver) StreamSynchronize(ctx Context, s Stream) error {
 	return d.check("cuStreamSynchronize", C.gscu_in_cuStreamSynchronize(d.t, cCtx(ctx), cStream(s)))
 }
 
+// StreamIsCapturing reports whether s is being captured into a CUDA graph
+// (an invalidated capture counts: whatever is enqueued on s fails anyway).
+func (d *Driver) StreamIsCapturing(ctx Context, s Stream) (bool, error) {
+	var st C.CUstreamCaptureStatus
+	err := d.check("cuStreamIsCapturing", C.gscu_in_cuStreamIsCapturing(d.t, cCtx(ctx), cStream(s), &st))
+	return st != 0, err
+}
+
 // StreamWaitEvent makes later work on s wait for e.
 func (d *Driver) StreamWaitEvent(ctx Context, s Stream, e Event) error {
 	return d.check("cuStreamWaitEvent", C.gscu_in_cuStreamWaitEvent(d.t, cCtx(ctx), cStream(s), cEvent(e), 0))

@@ -338,6 +338,10 @@ CUresult cuStreamSynchronize(CUstream s) {
 	stream_of(s)->drain();
 	return OK;
 }
+CUresult cuStreamIsCapturing(CUstream, int *st) {
+	*st = 0; // the fake never captures
+	return OK;
+}
 CUresult cuEventCreate(CUevent *e, unsigned) {
 	*e = new CUevent_st;
 	return OK;
@@ -568,6 +572,7 @@ static const Proc procs[] = {
     P("cuMemcpyAsync", cuMemcpyAsync) P("cuMemcpyDtoDAsync", cuMemcpyDtoDAsync_v2)
     P("cuMemsetD32Async", cuMemsetD32Async) P("cuStreamCreate", cuStreamCreate)
     P("cuStreamDestroy", cuStreamDestroy_v2) P("cuStreamSynchronize", cuStreamSynchronize)
+    P("cuStreamIsCapturing", cuStreamIsCapturing)
     P("cuStreamWaitEvent", cuStreamWaitEvent) P("cuEventCreate", cuEventCreate)
     P("cuEventRecord", cuEventRecord) P("cuEventSynchronize", cuEventSynchronize)
     P("cuEventQuery", cuEventQuery) P("cuEventElapsedTime", cuEventElapsedTime)
