@@ -420,11 +420,14 @@ static void ll_settle(LLGroup &g, const std::vector<std::unique_ptr<LLCall>> &ca
 }
 
 // An LL all-reduce of n elements, fresh inputs (misaligned by mis bytes;
-// in place when inplace), every output element checked bit for bit.
+// in place when inplace), every output element checked bit for bit. With
+// a stride (elements, at least n) it is the LL reduce_scatter: each rank's
+// input is world pieces of n elements, stride apart, and rank r gets the
+// reduction of every rank's piece r (never in place).
 struct ARCall : LLCall {
 	DT dt;
 	OP op;
-	size_t n;
+	size_t n, stride;
 	bool inplace;
 	int post;
 	float scale;
@@ -432,18 +435,20 @@ struct ARCall : LLCall {
 	std::vector<std::vector<unsigned char>> orig;
 	LLGroup &g;
 
-	ARCall(DT dt_, OP op_, size_t n_, size_t mis, bool inplace_, int post_, int call, LLGroup &g_)
-	    : dt(dt_), op(op_), n(n_), inplace(inplace_), post(post_),
+	ARCall(DT dt_, OP op_, size_t n_, size_t mis, bool inplace_, int post_, int call, LLGroup &g_,
+	       size_t stride_ = 0)
+	    : dt(dt_), op(op_), n(n_), stride(stride_), inplace(inplace_ && !stride_), post(post_),
 	      scale(post_ == GS_POST_DIV ? (float)g_.world : 0.375f), g(g_) {
 		const size_t es = dt_size[dt];
 		const int world = g.world;
+		const size_t in_n = stride ? world * stride : n;
 		for (int r = 0; r < world; ++r) {
-			in.emplace_back(n * es, mis);
-			fill(dt, op, in.back().data(), n, op == MIN || op == MAX);
+			in.emplace_back(in_n * es, mis);
+			fill(dt, op, in.back().data(), in_n, op == MIN || op == MAX);
 			out.emplace_back(n * es, inplace ? mis : 0);
 		}
 		for (auto &b : in)
-			orig.emplace_back(b.data(), b.data() + n * es);
+			orig.emplace_back(b.data(), b.data() + in_n * es);
 		std::vector<gs_ar_params> ps(world);
 		for (int r = 0; r < world; ++r) {
 			gs_ar_params &p = ps[r];
@@ -453,6 +458,7 @@ struct ARCall : LLCall {
 				p.pads[q] = g.pads.at(q);
 			}
 			p.in = in[r].data();
+			p.in_stride = stride;
 			p.out = inplace ? in[r].data() : out[r].data();
 			p.numel = n;
 			p.timeout_ns = 5000000000ull;
@@ -463,8 +469,9 @@ struct ARCall : LLCall {
 		}
 		g.launch(ll_kernels[dt][op], ps, ll_grid(n * es));
 		char s[256];
-		snprintf(s, sizeof s, "ll %s %s world=%d n=%zu mis=%zu%s post=%d call=%d", dt_name[dt], op_name[op],
-		         world, n, mis, inplace ? " inplace" : "", post, call);
+		snprintf(s, sizeof s, "ll %s %s %s world=%d n=%zu stride=%zu mis=%zu%s post=%d call=%d",
+		         stride ? "reduce_scatter" : "all_reduce", dt_name[dt], op_name[op], world, n, stride, mis,
+		         inplace ? " inplace" : "", post, call);
 		name = s;
 	}
 
@@ -473,10 +480,10 @@ struct ARCall : LLCall {
 		if (!clean_run(name.c_str(), g.pads, in, out))
 			return false;
 		unsigned char want[8];
-		std::vector<const unsigned char *> src;
-		for (auto &o : orig)
-			src.push_back(o.data());
 		for (int r = 0; r < g.world; ++r) {
+			std::vector<const unsigned char *> src; // every rank's piece for rank r
+			for (auto &o : orig)
+				src.push_back(o.data() + (stride ? r * stride * es : 0));
 			const unsigned char *res = inplace ? in[r].data() : out[r].data();
 			for (size_t i = 0; i < n; ++i) {
 				reference(dt, op, post, scale, src, i, want);
@@ -485,7 +492,7 @@ struct ARCall : LLCall {
 					return false;
 				}
 			}
-			if (!inplace && memcmp(in[r].data(), orig[r].data(), n * es) != 0) {
+			if (!inplace && memcmp(in[r].data(), orig[r].data(), orig[r].size()) != 0) {
 				fail(name + ": the kernel modified its input");
 				return false;
 			}
@@ -494,11 +501,13 @@ struct ARCall : LLCall {
 	}
 };
 
-// calls back-to-back LL all-reduce calls on g (ARCall).
-static void ll_case(DT dt, OP op, size_t n, size_t mis, bool inplace, int post, int calls, LLGroup &g) {
+// calls back-to-back LL all-reduce calls on g (ARCall; reduce_scatter with
+// a stride).
+static void ll_case(DT dt, OP op, size_t n, size_t mis, bool inplace, int post, int calls, LLGroup &g,
+                    size_t stride = 0) {
 	std::vector<std::unique_ptr<LLCall>> q;
 	for (int c = 0; c < calls; ++c)
-		q.emplace_back(new ARCall(dt, op, n, mis, inplace, post, c, g));
+		q.emplace_back(new ARCall(dt, op, n, mis, inplace, post, c, g, stride));
 	ll_settle(g, q);
 }
 
@@ -1187,6 +1196,8 @@ int main() {
 					if (op == SUM && dt <= BF16 && k % 3 != 0)
 						post = k % 3 == 1 ? GS_POST_DIV : GS_POST_MUL;
 					ll_case((DT)dt, (OP)op, n, mis, k % 4 == 3, post, 3, *ll[world]);
+					// reduce_scatter: pieces back to back, or with a gap
+					ll_case((DT)dt, (OP)op, n, mis, false, post, 2, *ll[world], n + (k % 2) * (rng() % 7));
 				}
 		// The largest input: every block, and a later small one reusing block 0.
 		ll_case(BF16, SUM, GS_LL_BLOCKS * GS_LL_LINES * 4, 0, false, GS_POST_NONE, 2, *ll[2]);
