@@ -272,10 +272,10 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 	typedef typename T::S S;
 	const gs_u64 E = 8 / sizeof(S);
 	const int K = GS_LL_LINES / GS_BLOCK_THREADS; // lines per thread
-	GsLL ll;
-	if (!gs_ll_begin(p.pads, p.world, p.rank, ll))
-		return;
 	const gs_u64 lines = (p.numel + E - 1) / E;
+	GsLL ll;
+	if (!gs_ll_begin(p.pads, p.world, p.rank, lines, ll))
+		return;
 	const S *in = (const S *)p.in;
 
 	gs_u64 mine[K];

@@ -21,7 +21,7 @@
 // at 3 µs a launch, 3.6 hours of nothing but smaller launches of that
 // block, and then a larger one landing on the exact count). The grid must
 // be LLGrid's for the size, with at least one line per block, for the next
-// rule to hold. A region is never overwritten while its reader needs it: in
+// rule to hold (gs_ll_begin refuses any other grid). A region is never overwritten while its reader needs it: in
 // every launch, block b of every rank sends at least one line to every peer and
 // waits for at least one from every peer (a rank with no data for a peer
 // sends the handshake line 0 alone). So rank r writes parity p for seq + 2
@@ -106,13 +106,18 @@ struct GsLL {
 	}
 };
 
-// Starts an LL launch on this block: checks the launch shape (the grid
-// must fit the LL area; recorded as a config error otherwise) and reads the
-// block's launch number. Every thread of the block calls it.
-__device__ __forceinline__ bool gs_ll_begin(gs_u32 *const *pads, int world, int rank, GsLL &ll) {
+// Starts an LL launch of `lines` lines per segment on this block: checks
+// the launch shape and reads the block's launch number. Every thread of
+// the block calls it. The grid must be exactly one block per GS_LL_LINES
+// lines (cuda.LLGrid) and fit the LL area: a block with no line would
+// exchange nothing with its peers, which the region-reuse rule above
+// forbids, and lines past the grid would be dropped. Anything else,
+// including an empty launch, is recorded as a config error.
+__device__ __forceinline__ bool gs_ll_begin(gs_u32 *const *pads, int world, int rank, gs_u64 lines, GsLL &ll) {
 	if (!gs_config_ok(pads, world, rank))
 		return false;
-	if (gridDim.x > GS_LL_BLOCKS || blockDim.x != GS_BLOCK_THREADS) {
+	const gs_u64 blocks = (lines + GS_LL_LINES - 1) / GS_LL_LINES;
+	if (gridDim.x != blocks || blocks > GS_LL_BLOCKS || blockDim.x != GS_BLOCK_THREADS) {
 		if (threadIdx.x == 0)
 			gs_record_error(pads[rank], GS_ERR_CONFIG, (gridDim.x << 16) | blockDim.x, 2);
 		return false;

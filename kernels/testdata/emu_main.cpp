@@ -554,21 +554,35 @@ static void run_ll_rank0(bool move, const gs_ar_params &p, unsigned grid) {
 		run_rank(gs_ll_f32_sum, p, grid, GS_BLOCK_THREADS);
 }
 
-// An LL launch (gs_ll or gs_llmove) with more blocks than the LL area has
-// records a configuration error and touches no line.
+// An LL launch (gs_ll or gs_llmove) whose grid is not LLGrid's for its
+// size records a configuration error and touches no line: more blocks than
+// the LL area has, a block with no line, too few blocks for the lines, and
+// an empty launch.
 static void ll_config_case() {
-	for (bool move : {false, true}) {
-		LLGroup g(2);
-		std::vector<float> in(8, 1.0f), out(8, 7.0f);
-		const gs_ar_params p = ll_rank0_params(g, in, out, 1000000);
-		run_ll_rank0(move, p, GS_LL_BLOCKS + 1);
-		bool untouched = out[0] == 7.0f;
-		for (auto &a : g.area)
-			for (auto w : a)
-				untouched = untouched && w == 0;
-		if (g.pads.at(0)[GS_PAD_ERROR] != GS_ERR_CONFIG || !untouched)
-			return fail(std::string(move ? "llmove" : "ll") + " config: a grid past GS_LL_BLOCKS was not refused");
-	}
+	const size_t per_block = GS_LL_LINES * 2; // floats: 8 bytes a line
+	const struct {
+		size_t n;
+		unsigned grid;
+		const char *what;
+	} cases[] = {{8, GS_LL_BLOCKS + 1, "a grid past GS_LL_BLOCKS"},
+	             {8, 2, "a block with no line"},
+	             {per_block + 1, 1, "lines past the grid"},
+	             {0, 1, "an empty launch"}};
+	for (const auto &c : cases)
+		for (bool move : {false, true}) {
+			LLGroup g(2);
+			std::vector<float> in(c.n, 1.0f), out(c.n + 1, 7.0f);
+			const gs_ar_params p = ll_rank0_params(g, in, out, 1000000);
+			run_ll_rank0(move, p, c.grid);
+			bool untouched = true;
+			for (float v : out)
+				untouched = untouched && v == 7.0f;
+			for (auto &a : g.area)
+				for (auto w : a)
+					untouched = untouched && w == 0;
+			if (g.pads.at(0)[GS_PAD_ERROR] != GS_ERR_CONFIG || !untouched)
+				return fail(std::string(move ? "llmove" : "ll") + " config: " + c.what + " was not refused");
+		}
 	passed++;
 }
 
@@ -777,8 +791,11 @@ static void llmove_timeout_case(const Move &m, const std::vector<unsigned> &grid
 	// must outlast a busy machine's scheduling stalls.
 	const bool together = std::count(grids.begin(), grids.end(), 0u) < m.world - 1;
 	std::vector<gs_llmove_params> ps;
-	for (int r = 0; r < m.world; ++r)
+	for (int r = 0; r < m.world; ++r) {
 		ps.push_back(move_params(m, bufs, g, r, together ? 500000000 : 2000000));
+		if (grids[r] && grids[r] < ll_grid(m.bytes)) // a rank that ran a smaller op: its later blocks never come
+			ps.back().bytes = (size_t)grids[r] * GS_LL_LINES * 8;
+	}
 	run_ranks(gs_llmove, ps, grids, GS_BLOCK_THREADS);
 	for (int r = 0; r < m.world; ++r) {
 		const unsigned *pad = g.pads.at(r);
@@ -798,7 +815,7 @@ static void llmove_timeout_cases() {
 	// The root waits for rank 1's handshake; rank 1 for the root's lines.
 	llmove_timeout_case(Move(BCAST, 2, 0, 8, false), {1, 0}, {{w | 1, 2}, {0, 0}});
 	llmove_timeout_case(Move(BCAST, 2, 0, 8, false), {0, 1}, {{0, 0}, {w | 0, 1}});
-	// The root runs block 0 alone: the others' block 1 waits for its
+	// The root runs a one-block op: the others' block 1 waits for its
 	// handshake (after each other's), or for its lines.
 	llmove_timeout_case(Move(GATHER, 3, 2, two, false), {2, 2, 1}, {{w | b1 | 2, 4}, {w | b1 | 2, 4}, {0, 0}});
 	llmove_timeout_case(Move(ALLTOALL, 4, 3, two, true), {2, 2, 2, 1},
