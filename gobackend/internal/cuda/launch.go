@@ -157,24 +157,18 @@ func (d *Driver) Launch(f *Function, grid, block Dim3, shmem uint32, stream Stre
 	var offsets [maxParams]C.size_t
 	var blob unsafe.Pointer
 	var size uintptr
-	var packed [maxParamBytes]byte
-	for i, a := range args {
-		layout, p := a.kernelParam()
-		if layout != f.k.Params[i] {
-			return fmt.Errorf("cuda: launch %s: argument %d is %s, the kernel takes %s", f.k.Name, i,
-				layout.Name, f.k.Params[i].Name)
+	if len(args) == 1 { // every kernel of ours: hand the struct over as it is
+		layout, p := args[0].kernelParam()
+		if layout != f.k.Params[0] {
+			return fmt.Errorf("cuda: launch %s: argument 0 is %s, the kernel takes %s", f.k.Name, layout.Name, f.k.Params[0].Name)
 		}
-		if len(args) == 1 { // the common case: hand the struct over as it is
-			blob, size = p, layout.Size
-			break
+		blob, size = p, layout.Size
+	} else {
+		packed, n, err := packParams(f.k, args, &offsets)
+		if err != nil {
+			return err
 		}
-		off := alignUp(size, layout.Align)
-		if off+layout.Size > maxParamBytes {
-			return fmt.Errorf("cuda: launch %s: parameters exceed %d bytes", f.k.Name, maxParamBytes)
-		}
-		copy(packed[off:], unsafe.Slice((*byte)(p), layout.Size))
-		offsets[i], size = C.size_t(off), off+layout.Size
-		blob = unsafe.Pointer(&packed[0])
+		blob, size = unsafe.Pointer(&packed[0]), n
 	}
 	r := C.gscu_launch(d.t, cCtx(f.m.ctx), f.h, C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z),
 		C.uint(block.X), C.uint(block.Y), C.uint(block.Z), C.uint(shmem), cStream(stream),
@@ -183,4 +177,26 @@ func (d *Driver) Launch(f *Function, grid, block Dim3, shmem uint32, stream Stre
 		return fmt.Errorf("%w (kernel %s)", err, f.k.Name)
 	}
 	return nil
+}
+
+// packParams lays several parameters out as the kernel's C signature does,
+// filling their offsets. Kept out of Launch so that the common single-struct
+// launch does not zero a parameter buffer it never uses.
+func packParams(k *Kernel, args []Param, offsets *[maxParams]C.size_t) (*[maxParamBytes]byte, uintptr, error) {
+	packed := new([maxParamBytes]byte)
+	var size uintptr
+	for i, a := range args {
+		layout, p := a.kernelParam()
+		if layout != k.Params[i] {
+			return nil, 0, fmt.Errorf("cuda: launch %s: argument %d is %s, the kernel takes %s", k.Name, i,
+				layout.Name, k.Params[i].Name)
+		}
+		off := alignUp(size, layout.Align)
+		if off+layout.Size > maxParamBytes {
+			return nil, 0, fmt.Errorf("cuda: launch %s: parameters exceed %d bytes", k.Name, maxParamBytes)
+		}
+		copy(packed[off:], unsafe.Slice((*byte)(p), layout.Size))
+		offsets[i], size = C.size_t(off), off+layout.Size
+	}
+	return packed, size, nil
 }
