@@ -33,7 +33,7 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _lib
 from ._dtypes import move_dtype, reduce_dtype, reduce_op
-from .work import Completer, CudaSideWork, _Op, cuda_work, done_work, work_of
+from .work import Completer, CudaSideWork, _Op, cuda_work, work_of
 
 _pack = _lib.pack_desc
 _post = _lib.post
