@@ -343,7 +343,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             raise ValueError(f"gosym: {what}: rank {peer} cannot {what} to/from itself")
         return peer
 
-    # ---- reductions on one buffer -------------------------------------------
+    # ---- ops on one buffer, in place ----------------------------------------
 
     def _reduce_desc(self, op, t, opts, root):
         code = reduce_dtype(t)
@@ -353,9 +353,37 @@ class ProcessGroupGosym(dist.ProcessGroup):
         a = buf.data_ptr()
         return _pack(op, code, red, scale, root, 0, 0, buf.numel(), a, a, 0, 0, 0, 0), buf, cb
 
-    def allreduce(self, tensors, opts=_AR):
-        desc, buf, cb = self._reduce_desc(_lib.OP_ALLREDUCE, _one(tensors, "allreduce"), opts, 0)
+    def _buffer_op(self, op, tensors, opts, root, what):
+        """all_reduce, reduce (op a reduction) and broadcast: one tensor, in place. A dense
+        contiguous CUDA tensor, the common case, takes the short path: its desc is packed
+        with its stream at once and posted by one native call. Small eager CUDA ops are
+        bound by the host, where every Python frame shows; the rest goes through _work."""
+        t = _one(tensors, what)
+        reduction = op != _lib.OP_BROADCAST
+        if t.__class__ is _Tensor and t.is_cuda and t.layout is _strided and t.is_contiguous():
+            if reduction:
+                code, mult = reduce_dtype(t), 1
+                red, scale = reduce_op(opts.reduceOp)
+            else:
+                (code, mult), red, scale = move_dtype(t), 0, 1.0
+            idx = t.get_device()
+            raw = self._cuda_stream(idx)
+            a = t.data_ptr()
+            self._cuda_post(_pack(op, code, red, scale, root, 0, 0, t.numel() * mult, a, a, 0, 0, 0, 0,
+                                  raw, idx), idx)
+            return cuda_work(tensors, idx, raw) if opts.asyncOp else None
+        if reduction:
+            desc, buf, cb = self._reduce_desc(op, t, opts, root)
+        else:
+            cb = []
+            buf = _dst(t, cb, True)
+            code, mult = move_dtype(buf)
+            a = buf.data_ptr()
+            desc = _pack(op, code, 0, 1.0, root, 0, 0, buf.numel() * mult, a, a, 0, 0, 0, 0)
         return self._work(desc, tensors, buf, cb, opts.asyncOp)
+
+    def allreduce(self, tensors, opts=_AR):
+        return self._buffer_op(_lib.OP_ALLREDUCE, tensors, opts, 0, "allreduce")
 
     # ---- the CUDA data plane ----------------------------------------------------
 
@@ -372,20 +400,23 @@ class ProcessGroupGosym(dist.ProcessGroup):
         _run(self._h, desc)
         self._cuda = idx
 
-    def _cuda_op(self, desc, out, idx, cb, async_op=True):
-        """Enqueues one op on CUDA device idx, on the caller's current stream (the engine
-        asks the driver whether that stream is being captured). Its temporaries may go
-        as soon as this returns: the caching allocator reuses them only in the order of
-        that stream. Copy-backs into non-contiguous outputs are enqueued right after the
-        op. A synchronous caller gets None (see _work). The path of every CUDA op: one
-        native call and nothing that is not needed."""
+    def _cuda_stream(self, idx):
+        """The caller's current stream on CUDA device idx (checked against the group's
+        device), once the pending CUDA sends and receives are launched: where a CUDA
+        collective goes. The engine asks the driver whether it is being captured."""
         if idx != self._cuda:
-            idx = self._cuda_index(idx)
+            self._cuda_index(idx)
         if self._pending:
             self._flush_p2p()
-        raw = _raw_stream(idx)
-        _run(self._h, desc[:_STREAM_AT] + _tail(raw, idx, 0))
-        self._cuda = idx
+        return _raw_stream(idx)
+
+    def _cuda_op(self, desc, out, idx, cb, async_op=True):
+        """Enqueues one op on CUDA device idx, on the caller's current stream. Its
+        temporaries may go as soon as this returns: the caching allocator reuses them only
+        in the order of that stream. Copy-backs into non-contiguous outputs are enqueued
+        right after the op. A synchronous caller gets None (see _work)."""
+        raw = self._cuda_stream(idx)
+        self._cuda_post(desc[:_STREAM_AT] + _tail(raw, idx, 0), idx)
         if cb:
             for t, tmp in cb:
                 t.copy_(tmp)
@@ -399,8 +430,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")
-        desc, buf, cb = self._reduce_desc(_lib.OP_REDUCE, _one(tensors, "reduce"), opts, root)
-        return self._work(desc, tensors, buf, cb, opts.asyncOp)
+        return self._buffer_op(_lib.OP_REDUCE, tensors, opts, root, "reduce")
 
     def allreduce_coalesced(self, tensors, opts=_ARC):
         """One allreduce over the tensors packed into one buffer, unpacked on completion."""
@@ -423,14 +453,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         root = self._root(opts.rootRank, "broadcast")
         if opts.rootTensor != 0:
             raise ValueError(f"gosym: broadcast: rootTensor must be 0, got {opts.rootTensor}")
-        t = _one(tensors, "broadcast")
-        cb = []
-        buf = _dst(t, cb, True)
-        code, mult = move_dtype(buf)
-        a = buf.data_ptr()
-        desc = _pack(_lib.OP_BROADCAST, code, 0, 1.0, root, 0, 0, buf.numel() * mult, a, a,
-                     0, 0, 0, 0)
-        return self._work(desc, tensors, buf, cb, opts.asyncOp)
+        return self._buffer_op(_lib.OP_BROADCAST, tensors, opts, root, "broadcast")
 
     # ---- allgather ------------------------------------------------------------
 
