@@ -72,6 +72,13 @@ def _op_device(keep):
     tests first, one pass, no set."""
     if isinstance(keep, _Tensor):  # the common single-buffer op
         return keep.get_device()
+    if keep.__class__ is tuple and len(keep) == 2:  # (src, dst) of the common two-buffer ops
+        a, b = keep
+        if a.__class__ is _Tensor and b.__class__ is _Tensor:
+            d = a.get_device()
+            if b.get_device() != d:
+                raise _mixed(keep)
+            return d
     dev = None
     todo = [keep]
     for x in todo:  # grows as nested lists and tuples are met
