@@ -187,12 +187,34 @@ def two_groups_interleaved(ck, rank, world):
     dist.destroy_process_group(gb)
 
 
+def sync_gets_no_work(ck, rank, world):
+    """A synchronous caller (torch's asyncOp false) gets no Work, with the result already in
+    place (torch's wrappers skip the wait then); an asynchronous one gets a Work to wait on."""
+    pg = dist.distributed_c10d._get_default_group()
+    t = torch.full((1025,), float(rank + 1))
+    s = world * (world + 1) / 2
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    w = pg.allreduce([t], opts)
+    ck.check("sync_gets_no_work/none", w is None, f"got {w!r}")
+    ck.check("sync_gets_no_work/value", bool((t == s).all()), str(t.unique().tolist()[:5]))
+    opts.asyncOp = True
+    w = pg.allreduce([t], opts)
+    ck.check("sync_gets_no_work/async gets a Work", w is not None and hasattr(w, "wait"), f"got {w!r}")
+    w.wait()
+    ck.check("sync_gets_no_work/async value", bool((t == world * s).all()), str(t.unique().tolist()[:5]))
+    out = torch.full((world * 1025,), float("nan"))
+    ck.check("sync_gets_no_work/dist wrapper", dist.all_gather_into_tensor(out, t) is None)
+    ck.check("sync_gets_no_work/dist wrapper value", bool((out == world * s).all()),
+             str(out.unique().tolist()[:5]))
+
+
 def main():
     args = wc.setup()
     rank, world = wc.init(args.backend, args.timeout)
     ck = wc.Checker(rank)
     for fn in (issue_order, wait_blocks, wait_timeout, futures, threads_run_while_waiting, deep_queue_alltoall, back_to_back,
-               two_groups_interleaved):
+               two_groups_interleaved, sync_gets_no_work):
         ck.run(fn.__name__, fn, ck, rank, world)
         dist.barrier()
     wc.print_summary(ck, "async")
