@@ -61,6 +61,7 @@ type gpuState struct {
 	errw *cuda.ErrorWords
 
 	ops      atomic.Int64
+	captured atomic.Int64 // ops enqueued while their stream was being captured (a CUDA graph)
 	device   atomic.Int32 // ordinal + 1 once set up, for stats
 	stage    atomic.Int64
 	counters gpuCounters
@@ -117,6 +118,7 @@ func (g *gpuState) close() {
 
 func (g *gpuState) stats(m map[string]any) {
 	m["gpu_ops"] = g.ops.Load()
+	m["gpu_captured_ops"] = g.captured.Load()
 	m["gpu_device"] = int(g.device.Load()) - 1
 	m["gpu_stage_bytes"] = g.stage.Load()
 	m["gpu_direct_ops"] = g.counters.directOps.Load()
@@ -274,6 +276,9 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 		capturing = c
 	}
 	g.ops.Add(1)
+	if capturing {
+		g.captured.Add(1)
+	}
 	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
 	t.capturing = capturing
 	err := t.run(op, a.stream, agree)

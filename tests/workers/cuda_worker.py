@@ -496,6 +496,16 @@ def host_does_not_wait(ck, rank, world, dev):
     ck.check("host does not wait: result", why is None, why or "")
 
 
+def _captured_ops():
+    """gosym's count of CUDA ops enqueued under graph capture; None on another backend."""
+    try:
+        import gosym
+
+        return gosym.stats().get("gpu_captured_ops", 0)
+    except (ImportError, ValueError):  # gosym.stats refuses a group that is not gosym's
+        return None
+
+
 def graph(ck, rank, world, dev, digests):
     """10 all_reduce captured in a CUDA graph, replayed 100 times on fresh inputs."""
     n = 4099
@@ -514,11 +524,15 @@ def graph(ck, rank, world, dev, digests):
         body()  # warm-up outside the capture
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
+    captured = _captured_ops()
     try:
         with torch.cuda.graph(g):
             body()
     except Exception as e:  # noqa: BLE001 - reported to the test, which xfails on it
         return f"capture failed: {wc.error_text(e)}"
+    if captured is not None:  # the engine saw the capture itself (cuStreamIsCapturing)
+        ck.check("cuda graph: the engine knew it was captured", _captured_ops() - captured == 10,
+                 f"{_captured_ops() - captured} of 10 ops counted as captured")
     bad = torch.zeros((), dtype=torch.int64, device=dev)
     for k in range(100):
         src.copy_(base * (k + 1) + rank)
