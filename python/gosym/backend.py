@@ -363,31 +363,25 @@ class ProcessGroupGosym(dist.ProcessGroup):
     def _buffer_op(self, op, tensors, opts, root, what):
         """all_reduce, reduce (op a reduction) and broadcast: one tensor, in place. A dense
         contiguous CUDA tensor, the common case, takes the short path: its desc is packed
-        with its stream at once and posted by one native call. Small eager CUDA ops are
-        bound by the host, where every Python frame shows; the rest goes through _work."""
+        with its stream at once and posted by one native call (small eager CUDA ops are
+        bound by the host, where every Python frame shows); the rest goes through _work."""
         t = _one(tensors, what)
-        reduction = op != _lib.OP_BROADCAST
-        if t.__class__ is _Tensor and t.is_cuda and t.layout is _strided and t.is_contiguous():
-            if reduction:
-                code, mult = reduce_dtype(t), 1
-                red, scale = reduce_op(opts.reduceOp)
-            else:
-                (code, mult), red, scale = move_dtype(t), 0, 1.0
-            idx = t.get_device()
-            raw = self._cuda_stream(idx)
-            a = t.data_ptr()
-            self._cuda_post(_pack(op, code, red, scale, root, 0, 0, t.numel() * mult, a, a, 0, 0, 0, 0,
-                                  raw, idx), idx)
-            return cuda_work(tensors, idx, raw) if opts.asyncOp else None
-        if reduction:
-            desc, buf, cb = self._reduce_desc(op, t, opts, root)
+        fast = t.__class__ is _Tensor and t.is_cuda and t.layout is _strided and t.is_contiguous()
+        cb = []
+        buf = t if fast else _dst(t, cb, True)
+        if op == _lib.OP_BROADCAST:
+            (code, mult), red, scale = move_dtype(buf), 0, 1.0
         else:
-            cb = []
-            buf = _dst(t, cb, True)
-            code, mult = move_dtype(buf)
-            a = buf.data_ptr()
-            desc = _pack(op, code, 0, 1.0, root, 0, 0, buf.numel() * mult, a, a, 0, 0, 0, 0)
-        return self._work(desc, tensors, buf, cb, opts.asyncOp)
+            code, mult = reduce_dtype(buf), 1
+            red, scale = reduce_op(opts.reduceOp)
+        a = buf.data_ptr()
+        fields = (op, code, red, scale, root, 0, 0, buf.numel() * mult, a, a, 0, 0, 0, 0)
+        if not fast:
+            return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
+        idx = t.get_device()
+        raw = self._cuda_stream(idx)
+        self._cuda_post(_pack(*fields, raw, idx), idx)
+        return cuda_work(tensors, idx, raw) if opts.asyncOp else None
 
     def allreduce(self, tensors, opts=_AR):
         return self._buffer_op(_lib.OP_ALLREDUCE, tensors, opts, 0, "allreduce")
