@@ -352,13 +352,19 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     # ---- ops on one buffer, in place ----------------------------------------
 
-    def _reduce_desc(self, op, t, opts, root):
-        code = reduce_dtype(t)
-        red, scale = reduce_op(opts.reduceOp)
+    def _in_place(self, op, t, opts, root, dense=False):
+        """The desc fields of op (a reduction, or a broadcast) in place on t, the buffer
+        the engine works on and its copy-backs: t itself when dense (a contiguous strided
+        tensor, checked by the caller), else what _dst makes of it."""
         cb = []
-        buf = _dst(t, cb, True)
+        buf = t if dense else _dst(t, cb, True)
+        if op == _lib.OP_BROADCAST:
+            (code, mult), red, scale = move_dtype(buf), 0, 1.0
+        else:
+            code, mult = reduce_dtype(buf), 1
+            red, scale = reduce_op(opts.reduceOp)
         a = buf.data_ptr()
-        return _pack(op, code, red, scale, root, 0, 0, buf.numel(), a, a, 0, 0, 0, 0), buf, cb
+        return (op, code, red, scale, root, 0, 0, buf.numel() * mult, a, a, 0, 0, 0, 0), buf, cb
 
     def _buffer_op(self, op, tensors, opts, root, what):
         """all_reduce, reduce (op a reduction) and broadcast: one tensor, in place. A dense
@@ -367,15 +373,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         bound by the host, where every Python frame shows); the rest goes through _work."""
         t = _one(tensors, what)
         fast = t.__class__ is _Tensor and t.is_cuda and t.layout is _strided and t.is_contiguous()
-        cb = []
-        buf = t if fast else _dst(t, cb, True)
-        if op == _lib.OP_BROADCAST:
-            (code, mult), red, scale = move_dtype(buf), 0, 1.0
-        else:
-            code, mult = reduce_dtype(buf), 1
-            red, scale = reduce_op(opts.reduceOp)
-        a = buf.data_ptr()
-        fields = (op, code, red, scale, root, 0, 0, buf.numel() * mult, a, a, 0, 0, 0, 0)
+        fields, buf, cb = self._in_place(op, t, opts, root, fast)
         if not fast:
             return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
         idx = t.get_device()
@@ -447,8 +445,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
             n = t.numel()
             cb.append((t, flat[off:off + n].view(t.shape)))
             off += n
-        desc, buf, _ = self._reduce_desc(_lib.OP_ALLREDUCE, flat, opts, 0)
-        return self._work(desc, tensors, buf, cb, opts.asyncOp)
+        fields, buf, _ = self._in_place(_lib.OP_ALLREDUCE, flat, opts, 0)
+        return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
 
     def broadcast(self, tensors, opts=_BC):
         root = self._root(opts.rootRank, "broadcast")
