@@ -301,6 +301,9 @@ type gpuConfig struct {
 	// copy engines from this many bytes, gs_copy with bigBlocks below
 	directCEMin int
 	directMin   int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
+	// GOSYM_GPU_MOVE_DIRECT_MIN: the same for broadcast and all_gather,
+	// which read one buffer per peer and save a whole staging copy
+	moveDirectMin int
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
 	captureDirectMin int
@@ -321,6 +324,8 @@ func gpuConfigFromEnv() gpuConfig {
 		// gs_copy wins at 16 MiB, the copy engines from 64 MiB.
 		directCEMin: envIntFrom("GOSYM_GPU_DIRECT_CE_MIN", 32<<20, 0),
 		directMin:   envInt("GOSYM_GPU_DIRECT_MIN", 8<<20),
+		// Measured on 2×H200: direct wins at 4 MiB (docs/ARCHITECTURE.md).
+		moveDirectMin: envInt("GOSYM_GPU_MOVE_DIRECT_MIN", 4<<20),
 		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
 		captureDirectMin: envInt("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1),
 		regMin:           envInt("GOSYM_GPU_REG_DIRECT_MIN", 1<<20),

@@ -195,6 +195,36 @@ func TestGPUConfigLLAndDirectCopy(t *testing.T) {
 	require.False(t, tm.lowLatency(1))
 }
 
+// Each kind's direct-path threshold: all_reduce from where it runs
+// two-shot, broadcast and all_gather from moveDirectMin, the rest from
+// directMin; under capture all_reduce and reduce_scatter from
+// captureDirectMin. None is ever above directMin.
+func TestGPUDirectMinByKind(t *testing.T) {
+	cfg := gpuConfigFromEnv()
+	require.Equal(t, 8<<20, cfg.directMin)
+	require.Equal(t, 4<<20, cfg.moveDirectMin)
+	tm := &gpuTeam{cfg: gpuConfig{directMin: 8 << 20, moveDirectMin: 4 << 20, twoShotMin: 2 << 20, captureDirectMin: 1}}
+	want := map[coll.Kind][2]int{ // eager, captured
+		coll.AllReduce:     {2 << 20, 1},
+		coll.ReduceScatter: {8 << 20, 1},
+		coll.Broadcast:     {4 << 20, 4 << 20},
+		coll.AllGather:     {4 << 20, 4 << 20},
+		coll.AllToAll:      {8 << 20, 8 << 20},
+		coll.Reduce:        {8 << 20, 8 << 20},
+	}
+	for kind, w := range want {
+		for i, capturing := range []bool{false, true} {
+			tm.capturing = capturing
+			require.Equal(t, w[i], tm.directMin(&Op{Kind: kind}), "%v, capturing %v", kind, capturing)
+		}
+	}
+	tm.cfg.directMin = 1 << 20 // a lower directMin wins over every kind's own
+	tm.capturing = false
+	for kind := range want {
+		require.LessOrEqual(t, tm.directMin(&Op{Kind: kind}), 1<<20, "%v", kind)
+	}
+}
+
 // gs_llmove's parameters on every rank of groups of 2 to 4 fit together:
 // rank q sends rank r data exactly when r expects data from q (else both
 // exchange only the handshake), from the piece meant for r into the place

@@ -49,6 +49,11 @@ __global__ void __launch_bounds__(512) twoshot(float4 *own, float4 *peer, size_t
 			own[i + u * stride] = a[u]; peer[i + u * stride] = a[u];
 		}
 	}
+	for (; i < lo + n; i += stride) { // the tail (rows before session 8 skipped it for U > 1)
+		float4 a = own[i], b = peer[i];
+		a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+		own[i] = a; peer[i] = a;
+	}
 }
 
 typedef void (*launcher)(int g, int blocks, size_t nvec);

@@ -151,6 +151,11 @@ def _even_pieces(base, step_bytes, count, world):
     return _pieces([v for r in range(world) for v in (base + r * step_bytes, count)])
 
 
+def _packed(built):
+    """Two-buffer ops' (fields, src, dst, cb) as _works takes them: (desc, keep, cb)."""
+    return [(_pack(*f), (src, dst), cb) for f, src, dst, cb in built]
+
+
 def _destroy(handle: int, completer: Completer, name: str) -> None:
     """Endpoint finalizer: explicit shutdown, garbage collection or interpreter exit."""
     st = _lib.endpoint_destroy(handle)
@@ -376,10 +381,18 @@ class ProcessGroupGosym(dist.ProcessGroup):
         fields, buf, cb = self._in_place(op, t, opts, root, fast)
         if not fast:
             return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
-        idx = t.get_device()
-        raw = self._cuda_stream(idx)
-        self._cuda_post(_pack(*fields, raw, idx), idx)
-        return cuda_work(tensors, idx, raw) if opts.asyncOp else None
+        return self._cuda_now(fields, tensors, t.get_device(), opts.asyncOp)
+
+    def _pair_op(self, fields, src, dst, cb, out, async_op):
+        """A two-buffer op (all_gather_into_tensor, reduce_scatter_tensor, equal-split
+        all_to_all_single) given its desc fields: src is read, dst written, cb dst's
+        copy-back. Buffers on one CUDA device with no copy-back, the common case, take
+        _buffer_op's short path; the rest goes through _work."""
+        if not cb and src.is_cuda:
+            idx = src.get_device()
+            if dst.get_device() == idx:
+                return self._cuda_now(fields, out, idx, async_op)
+        return self._work(_pack(*fields), out, (src, dst), cb, async_op)
 
     def allreduce(self, tensors, opts=_AR):
         return self._buffer_op(_lib.OP_ALLREDUCE, tensors, opts, 0, "allreduce")
@@ -408,6 +421,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if self._pending:
             self._flush_p2p()
         return _raw_stream(idx)
+
+    def _cuda_now(self, fields, out, idx, async_op):
+        """The short path: the desc of fields, packed with the caller's stream on CUDA
+        device idx, posted by one native call (small eager CUDA ops are bound by the host,
+        where every Python frame shows). A synchronous caller gets None (see _work)."""
+        raw = self._cuda_stream(idx)
+        self._cuda_post(_pack(*fields, raw, idx), idx)
+        return cuda_work(out, idx, raw) if async_op else None
 
     def _cuda_op(self, desc, out, idx, cb, async_op=True):
         """Enqueues one op on CUDA device idx, on the caller's current stream. Its
@@ -491,6 +512,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return self._works(built, output_lists)
 
     def _allgather_base_desc(self, out, inp):
+        """all_gather_into_tensor's desc fields, buffers and copy-backs (as _pair_op takes
+        them)."""
         world = self._size
         _same_dtype(inp, out, "all_gather_into_tensor")
         src = _src(inp)
@@ -502,20 +525,18 @@ class ProcessGroupGosym(dist.ProcessGroup):
         dst = _dst(out, cb, False)
         code, mult = move_dtype(src)
         # No output pieces: the engine puts rank r's part at dst + r * n elements.
-        desc = _pack(_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(),
-                     dst.data_ptr(), 0, 0, 0, 0)
-        return desc, (src, dst), cb
+        return (_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(),
+                dst.data_ptr(), 0, 0, 0, 0), src, dst, cb
 
     def _allgather_base(self, output, input, opts=_AG):  # noqa: A002 - torch's names
-        desc, keep, cb = self._allgather_base_desc(output, input)
-        return self._work(desc, [output], keep, cb, opts.asyncOp)
+        return self._pair_op(*self._allgather_base_desc(output, input), [output], opts.asyncOp)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=_AG):
         if len(outputs) != len(inputs):
             raise ValueError(f"gosym: all_gather_into_tensor_coalesced: {len(outputs)} "
                              f"outputs for {len(inputs)} inputs")
         built = [self._allgather_base_desc(o, i) for o, i in zip(outputs, inputs)]
-        return self._works(built, outputs)
+        return self._works(_packed(built), outputs)
 
     # ---- reduce-scatter ---------------------------------------------------------
 
@@ -546,6 +567,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return self._work(desc, output_tensors, (srcs, dst, arr), cb, opts.asyncOp)
 
     def _reduce_scatter_base_desc(self, out, inp, opts):
+        """reduce_scatter_tensor's desc fields, buffers and copy-backs (as _pair_op takes
+        them)."""
         world = self._size
         _same_dtype(out, inp, "reduce_scatter_tensor")
         code = reduce_dtype(out)
@@ -558,20 +581,19 @@ class ProcessGroupGosym(dist.ProcessGroup):
         cb = []
         dst = _dst(out, cb, False)
         # No input pieces: the engine reduces src + r * n elements into rank r.
-        desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n, src.data_ptr(),
-                     dst.data_ptr(), 0, 0, 0, 0)
-        return desc, (src, dst), cb
+        return (_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n, src.data_ptr(),
+                dst.data_ptr(), 0, 0, 0, 0), src, dst, cb
 
     def _reduce_scatter_base(self, output, input, opts=_RS):  # noqa: A002
-        desc, keep, cb = self._reduce_scatter_base_desc(output, input, opts)
-        return self._work(desc, [output], keep, cb, opts.asyncOp)
+        built = self._reduce_scatter_base_desc(output, input, opts)
+        return self._pair_op(*built, [output], opts.asyncOp)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=_RS):
         if len(outputs) != len(inputs):
             raise ValueError(f"gosym: reduce_scatter_tensor_coalesced: {len(outputs)} "
                              f"outputs for {len(inputs)} inputs")
         built = [self._reduce_scatter_base_desc(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._works(built, outputs)
+        return self._works(_packed(built), outputs)
 
     # ---- all-to-all -------------------------------------------------------------
 
@@ -622,9 +644,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if not input_split_sizes and not output_split_sizes:
             n = self._even_count(src, "input")
             if self._even_count(dst, "output") == n:  # the engine splits both buffers
-                desc = _pack(_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(),
-                             dst.data_ptr(), 0, 0, 0, 0)
-                return self._work(desc, [output], (src, dst), cb, opts.asyncOp)
+                return self._pair_op((_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, n * mult,
+                                      src.data_ptr(), dst.data_ptr(), 0, 0, 0, 0),
+                                     src, dst, cb, [output], opts.asyncOp)
         in_arr, ip = self._a2a_pieces(src, input_split_sizes, "input", mult)
         out_arr, op = self._a2a_pieces(dst, output_split_sizes, "output", mult)
         world = self._size

@@ -380,6 +380,36 @@ def noncontiguous(ck, rank, world, dev, digests):
     empty = torch.empty(0, device=dev)
     dist.all_reduce(empty)
     ck.check("zero elements", empty.numel() == 0)
+    # The two-buffer ops: a strided input is read through a contiguous copy (short path),
+    # a strided output is written through a temporary and copied back in stream order.
+    n = 1029
+    g = torch.Generator(device=dev).manual_seed(wc.seed_of("noncontiguous pairs", rank))
+    src = torch.randn(2 * n * world, device=dev, generator=g).reshape(-1, 2)[:, 0]  # stride 2
+    whole = [torch.empty(n * world, device=dev) for _ in range(world)]
+    dist.all_gather(whole, src.contiguous())  # every rank's input, as it is
+    inputs = torch.stack(whole)
+    summed = inputs[0].clone()
+    for r in range(1, world):  # fp32 in rank order, as the kernels add
+        summed += inputs[r]
+    for name, run, exp in (
+        ("all_gather_into_tensor", lambda o: dist.all_gather_into_tensor(o, src[:n]),
+         inputs[:, :n].reshape(-1)),
+        ("reduce_scatter_tensor", lambda o: dist.reduce_scatter_tensor(o[: n], src),
+         summed[rank * n:(rank + 1) * n]),
+        ("all_to_all_single", lambda o: dist.all_to_all_single(o, src),
+         inputs[:, rank * n:(rank + 1) * n].reshape(-1)),
+    ):
+        grid = torch.full((n * world, 3), -7.0, device=dev)
+        out = grid[:, 1]  # stride 3
+        run(out)
+        got = out[: exp.numel()]
+        why = wc.compare(got, exp)
+        ck.check(f"noncontiguous {name}: result", why is None, why or "")
+        rest = torch.cat([grid[:, ::2].reshape(-1), out[exp.numel():]])
+        ck.check(f"noncontiguous {name}: nothing else written", bool((rest == -7.0).all()),
+                 f"{int((rest != -7.0).sum())} elements changed")
+        if name == "all_gather_into_tensor":  # the one result every rank shares
+            digests[f"noncontiguous {name}"] = _digest(got)
 
 
 def back_to_back(ck, rank, world, dev, digests):
