@@ -4,10 +4,11 @@
 //
 // A line is 16 bytes: 8 bytes of data, each 4-byte half followed by the
 // launch's flag, stored as one 16-byte access and read back until both
-// flags match. Like NCCL's LL protocol this relies on an aligned 16-byte
-// access being observed whole (at least per 8-byte half); PTX promises
-// that per vector element only, so a v2.u64 form (data half and flag in
-// one element) would rest on the memory model alone (docs/ARCHITECTURE.md).
+// flags match. The access is a vector of two 64-bit elements, each a data
+// half with its flag (v2.u64): the PTX memory model makes each element
+// single-copy atomic, which is all the reader needs (docs/ARCHITECTURE.md).
+// NCCL's LL stores four 32-bit elements and relies on the hardware
+// observing them whole.
 //
 // Rank r's LL area holds, for block b, parity 0 and 1, and source rank q,
 // GS_LL_LINES lines. Block b's launch number seq (word GS_PAD_LL_SEQ + b of
@@ -34,21 +35,25 @@
 #include "common.cuh"
 
 #ifndef GS_EMULATION
+// One 16-byte access of two 64-bit elements, each a data half with the flag
+// above it: the PTX memory model makes each element single-copy atomic, so
+// a reader that sees an element's flag sees that element's data half.
 __device__ __forceinline__ void gs_ll_store(char *line, gs_u64 data, gs_u32 flag) {
-	asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line),
-	             "r"((gs_u32)data), "r"(flag), "r"((gs_u32)(data >> 32)), "r"(flag)
+	const gs_u64 f = (gs_u64)flag << 32;
+	asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(line),
+	             "l"((data & 0xffffffffu) | f), "l"((data >> 32) | f)
 	             : "memory");
 }
 
 // Whether line holds flag (both halves); its data if so.
 __device__ __forceinline__ bool gs_ll_load(const char *line, gs_u32 flag, gs_u64 &data) {
-	gs_u32 lo, f1, hi, f2;
-	asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-	             : "=r"(lo), "=r"(f1), "=r"(hi), "=r"(f2)
+	gs_u64 a, b;
+	asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+	             : "=l"(a), "=l"(b)
 	             : "l"(line)
 	             : "memory");
-	data = (gs_u64)lo | ((gs_u64)hi << 32);
-	return f1 == flag && f2 == flag;
+	data = (a & 0xffffffffu) | (b << 32);
+	return (gs_u32)(a >> 32) == flag && (gs_u32)(b >> 32) == flag;
 }
 #else // two 8-byte atomics: exactly the guarantee the GPU code relies on
 __device__ __forceinline__ void gs_ll_store(char *line, gs_u64 data, gs_u32 flag) {
