@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 import gosym  # noqa: F401 - registers the backend
 from gosym import _lib
+from gosym._dtypes import move_dtype
 from gosym.backend import _raw_stream
 
 
@@ -86,6 +87,27 @@ def main():
     def run1():
         _lib.run(h, desc)
 
+    # The two-buffer ops on tensors sliced once, layer by layer, as all_reduce above.
+    rs_out, rs_in, a2a_out = t[: 256 // w], big[:256], out[:256]
+    rs_opts = dist.ReduceScatterOptions()
+    code, mult = move_dtype(t)
+    # bench.py's skewed split: the bulk to the next rank, a sliver to every other
+    minor = 256 // (8 * w)
+    ins = [256 - (w - 1) * minor if d == (rank + 1) % w else minor for d in range(w)]
+    outs = [256 - (w - 1) * minor if q == (rank - 1) % w else minor for q in range(w)]
+    two = {
+        "all_gather_into_tensor": (lambda: dist.all_gather_into_tensor(out, t),
+                                   lambda: be._allgather_base(out, t),
+                                   be._allgather_base_desc(out, t)[0]),
+        "reduce_scatter_tensor": (lambda: dist.reduce_scatter_tensor(rs_out, rs_in),
+                                  lambda: be._reduce_scatter_base(rs_out, rs_in, rs_opts),
+                                  be._reduce_scatter_base_desc(rs_out, rs_in, rs_opts)[0]),
+        "all_to_all_single": (lambda: dist.all_to_all_single(a2a_out, t),
+                              lambda: be.alltoall_base(a2a_out, t, [], []),
+                              (_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 256 * mult // w,
+                               t.data_ptr(), a2a_out.data_ptr(), 0, 0, 0, 0)),
+    }
+
     cases = {
         "dist.all_reduce 1K": lambda: dist.all_reduce(t),
         "pg.allreduce 1K (no torch dispatch)": lambda: be.allreduce([t], ar_opts),
@@ -96,6 +118,13 @@ def main():
         "dist.all_gather_into_tensor 1K": lambda: dist.all_gather_into_tensor(out, t),
         "dist.reduce_scatter_tensor 1K": lambda: dist.reduce_scatter_tensor(t[: 256 // w], big[:256]),
         "dist.all_to_all_single 1K": lambda: dist.all_to_all_single(out[:256], t),
+        **{f"{layer}{name} 1K{note}": fn
+           for name, (d, p, fields) in two.items()
+           for layer, note, fn in (
+               ("dist.", " (views made once)", d), ("pg.", " (no torch dispatch)", p),
+               ("native run ", "", lambda dd=_lib.pack_desc(*fields, raw, rank): _lib.run(h, dd)))},
+        "dist.all_to_all_single 1K, skewed splits": lambda: dist.all_to_all_single(a2a_out, t, outs, ins),
+        "pg.alltoall_base 1K, skewed splits": lambda: be.alltoall_base(a2a_out, t, outs, ins),
         "t.add_(1) (one torch kernel)": lambda: t.add_(1),
         "torch.cuda._sleep(0) (one bare launch)": lambda: torch.cuda._sleep(0),
         "pg.allreduce 1K on a side stream": lambda: on_side(lambda: be.allreduce([t], ar_opts)),
@@ -108,7 +137,7 @@ def main():
     for name, fn in cases.items():
         res[name] = min(per_call(fn, a.n) for _ in range(a.reps))
     if a.profile and rank == 0:
-        for name in ("dist.all_reduce 1K", "dist.all_to_all_single 1K"):
+        for name in ("dist.all_reduce 1K", "dist.all_to_all_single 1K", "dist.all_to_all_single 1K, skewed splits"):
             pr = cProfile.Profile()
             pr.enable()
             for _ in range(2000):
@@ -119,7 +148,7 @@ def main():
             pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
             res[f"profile {name}"] = s.getvalue()
     elif a.profile:
-        for name in ("dist.all_reduce 1K", "dist.all_to_all_single 1K"):
+        for name in ("dist.all_reduce 1K", "dist.all_to_all_single 1K", "dist.all_to_all_single 1K, skewed splits"):
             for _ in range(2000):
                 cases[name]()
         torch.cuda.synchronize()

@@ -17,6 +17,7 @@ export PYTHONPATH=python PYTHONUNBUFFERED=1
 out="${OUT:-/tmp/gosym-device}"
 mkdir -p "$out"
 steps=("$@")
+summary=() # repeated at the end: the device returns only the output's tail
 ((${#steps[@]})) || steps=(check test bench graph sanitize)
 nvidia-smi -L
 for s in "${steps[@]}"; do
@@ -24,11 +25,14 @@ for s in "${steps[@]}"; do
 	check)
 		echo "== cudacheck"
 		timeout 200 scripts/gpu_check.sh >"$out/gpu_check.out" 2>&1
-		echo "exit $?"; grep -E "FAIL|passed|failed" "$out/gpu_check.out" | tail -15 ;;
+		rc=$?
+		echo "exit $rc"; grep -E "FAIL|passed|failed" "$out/gpu_check.out" | tail -15
+		summary+=("cudacheck: exit $rc, $(grep -E "passed|failed" "$out/gpu_check.out" | tail -1)") ;;
 	test)
 		echo "== pytest tests/test_cuda*.py"
 		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
-			--junitxml="$out/test_cuda.xml" 2>&1 | tail -40
+			--junitxml="$out/test_cuda.xml" 2>&1 | tail -40 | tee /tmp/gosym-pytest.tail
+		summary+=("pytest: $(tail -1 /tmp/gosym-pytest.tail)")
 		# the workers' result files, flat (the device returns shallow trees only)
 		find /tmp/pytest-of-*/ -name '*.json' 2>/dev/null | while read -r f; do
 			cp "$f" "$out/result$(echo "${f#/tmp/pytest-of-*/}" | tr '/' '_')"
@@ -111,3 +115,5 @@ for s in "${steps[@]}"; do
 			--json "$out/bench-cuda-graph.json" 2>&1 | tail -30 ;;
 	esac
 done
+((${#summary[@]})) && printf '== summary\n' && printf '%s\n' "${summary[@]}"
+exit 0

@@ -383,16 +383,17 @@ class ProcessGroupGosym(dist.ProcessGroup):
             return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
         return self._cuda_now(fields, tensors, t.get_device(), opts.asyncOp)
 
-    def _pair_op(self, fields, src, dst, cb, out, async_op):
-        """A two-buffer op (all_gather_into_tensor, reduce_scatter_tensor, equal-split
+    def _pair_op(self, fields, src, dst, cb, out, async_op, pieces=()):
+        """A two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
         all_to_all_single) given its desc fields: src is read, dst written, cb dst's
-        copy-back. Buffers on one CUDA device with no copy-back, the common case, take
-        _buffer_op's short path; the rest goes through _work."""
+        copy-back, pieces the arrays the desc points to. Buffers on one CUDA device with
+        no copy-back, the common case, take _buffer_op's short path (the engine is done
+        with the arrays when it returns); the rest goes through _work."""
         if not cb and src.is_cuda:
             idx = src.get_device()
             if dst.get_device() == idx:
                 return self._cuda_now(fields, out, idx, async_op)
-        return self._work(_pack(*fields), out, (src, dst), cb, async_op)
+        return self._work(_pack(*fields), out, (src, dst, *pieces), cb, async_op)
 
     def allreduce(self, tensors, opts=_AR):
         return self._buffer_op(_lib.OP_ALLREDUCE, tensors, opts, 0, "allreduce")
@@ -650,8 +651,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         in_arr, ip = self._a2a_pieces(src, input_split_sizes, "input", mult)
         out_arr, op = self._a2a_pieces(dst, output_split_sizes, "output", mult)
         world = self._size
-        desc = _pack(_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world, world)
-        return self._work(desc, [output], (src, dst, in_arr, out_arr), cb, opts.asyncOp)
+        return self._pair_op((_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world,
+                              world), src, dst, cb, [output], opts.asyncOp, (in_arr, out_arr))
 
     def alltoall(self, output_tensors, input_tensors, opts=_A2A):
         world = self._size
