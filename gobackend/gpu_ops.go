@@ -325,9 +325,10 @@ func (t *gpuTeam) reduceGrid(algo cuda.Algo, numel uint64, es int) (grid, block 
 	return cuda.ReduceGrid(algo, numel, es, t.world)
 }
 
-// lowLatency says whether an all_reduce of n bytes runs the LL kernel:
-// from 1 byte to llMax (at most cuda.LLMaxBytes), eager and captured
-// alike, so it is taken before the direct path.
+// lowLatency says whether an op of n bytes per rank and peer runs an LL
+// kernel (gs_ll, gs_llmove): from 1 byte to llMax (at most
+// cuda.LLMaxBytes), eager and captured alike, so it is taken before the
+// direct path.
 func (t *gpuTeam) lowLatency(n int) bool {
 	return t.llArea > 0 && n > 0 && n <= t.cfg.llMax
 }
@@ -390,9 +391,6 @@ func (t *gpuTeam) llOp(op *Op, s cuda.Stream) (bool, error) {
 // set exactly when rank r's Dst[q] is; the others exchange a handshake.
 func (t *gpuTeam) llMoveParams(op *Op) (cuda.LLMoveParams, bool) {
 	p := cuda.LLMoveParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank)}
-	if t.llArea == 0 {
-		return p, false
-	}
 	n := uintptr(op.Count * op.DType.Size())
 	pieces := func(dst *[cuda.MaxRanks]uintptr, ps []coll.Piece) {
 		for q := range t.world {
@@ -432,7 +430,7 @@ func (t *gpuTeam) llMoveParams(op *Op) (cuda.LLMoveParams, bool) {
 	default:
 		return p, false
 	}
-	if n == 0 || int(n) > t.cfg.llMax {
+	if !t.lowLatency(int(n)) {
 		return p, false
 	}
 	p.Areas, p.Bytes = t.llAreas(), uint64(n)
