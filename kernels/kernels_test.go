@@ -64,6 +64,15 @@ func TestHostEmulation(t *testing.T) { runEmulation(t, "testdata/emu_main.cpp") 
 // mismatches drained in step, timeouts and bad launches.
 func TestHostEmulationP2P(t *testing.T) { runEmulation(t, "testdata/emu_p2p.cpp") }
 
+// TestHostEmulationA2AV runs gs_a2av of p2p.cu (testdata/emu_a2av.cpp) with
+// every block of every rank's launch at once, since their blocks wait on
+// each other across ranks: all_to_alls over 1 to 4 ranks with empty, odd,
+// multi-round and skewed pieces at every alignment, several back to back
+// on the same pads from counters about to wrap, pieces whose two sizes
+// disagree (between ranks and on one rank) drained in step, an absent
+// rank's timeout and bad launches.
+func TestHostEmulationA2AV(t *testing.T) { runEmulation(t, "testdata/emu_a2av.cpp") }
+
 // runEmulation builds program against emu.h (with the address and
 // undefined-behaviour sanitizers where g++ has them) and runs it.
 func runEmulation(t *testing.T, program string) {

@@ -6,6 +6,10 @@
 //   gs_p2p_recv  copies each ready slot from the sender's outbox (a peer
 //                mapping: NVLink reads) into the destination and tells the
 //                sender the slot is free again.
+//   gs_a2av      the same protocol between every pair of a group at once,
+//                over the group's staging and signal pads: all_to_all(v)
+//                with no barrier of all ranks and no host agreement (end of
+//                this file).
 //
 // Launch both with GS_P2P_BLOCKS blocks (any number up to it works if both
 // sides use the same) of at least 32 threads. The message is cut into
@@ -76,22 +80,22 @@ __device__ __forceinline__ bool gs_p2p_config_ok(const gs_p2p_params &p) {
 	return ok;
 }
 
-// Rounds of a message of bytes: at least one, so that an empty message
-// still meets its receiver.
-__device__ __forceinline__ gs_u64 gs_p2p_rounds(gs_u64 bytes, gs_u64 slot_bytes) {
-	const gs_u64 round = slot_bytes * gridDim.x;
+// Rounds of a message of bytes over nb blocks: at least one, so that an
+// empty message still meets its receiver.
+__device__ __forceinline__ gs_u64 gs_p2p_rounds(gs_u64 bytes, gs_u64 slot_bytes, gs_u32 nb) {
+	const gs_u64 round = slot_bytes * nb;
 	return bytes == 0 ? 1 : (bytes + round - 1) / round;
 }
 
-// This block's share of round j: *len bytes at message offset *off, at
-// most slot_bytes (16-byte aligned pieces, the last one shorter).
-__device__ __forceinline__ void gs_p2p_share(gs_u64 bytes, gs_u64 slot_bytes, gs_u64 j, gs_u64 *off,
-                                             gs_u64 *len) {
-	const gs_u64 round = slot_bytes * gridDim.x, base = j * round;
+// Block b's share (of nb) of round j: *len bytes at message offset *off,
+// at most slot_bytes (16-byte aligned pieces, the last one shorter).
+__device__ __forceinline__ void gs_p2p_share(gs_u64 bytes, gs_u64 slot_bytes, gs_u32 nb, gs_u32 b, gs_u64 j,
+                                             gs_u64 *off, gs_u64 *len) {
+	const gs_u64 round = slot_bytes * nb, base = j * round;
 	const gs_u64 left = bytes > base ? bytes - base : 0;
 	const gs_u64 rb = left < round ? left : round;
-	const gs_u64 per = ((rb + gridDim.x - 1) / gridDim.x + 15u) / 16u * 16u;
-	gs_u64 lo = (gs_u64)blockIdx.x * per, hi = lo + per;
+	const gs_u64 per = ((rb + nb - 1) / nb + 15u) / 16u * 16u;
+	gs_u64 lo = (gs_u64)b * per, hi = lo + per;
 	lo = lo < rb ? lo : rb;
 	hi = hi < rb ? hi : rb;
 	*off = base + lo;
@@ -123,14 +127,14 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_send(gs_p2
 	// Read by every thread before thread 0 first advances it (after the
 	// barrier in the first wait).
 	gs_u32 k = *sent;
-	const gs_u64 rounds = gs_p2p_rounds(p.bytes, p.slot_bytes);
+	const gs_u64 rounds = gs_p2p_rounds(p.bytes, p.slot_bytes, gridDim.x);
 	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
 		// Slot k % SLOTS is free once chunk k - SLOTS was consumed.
 		if (!gs_p2p_wait(p, p.ctrl + GS_P2P_ACK + line, k + 1u - GS_P2P_SLOTS, GS_P2P_WAIT_SLOT))
 			return;
 		const gs_u32 s = k % GS_P2P_SLOTS;
 		gs_u64 off, len;
-		gs_p2p_share(p.bytes, p.slot_bytes, j, &off, &len);
+		gs_p2p_share(p.bytes, p.slot_bytes, gridDim.x, blockIdx.x, j, &off, &len);
 		gs_copy_seg(gs_p2p_slot(p, s), (const char *)p.buf + off, len, threadIdx.x, blockDim.x);
 		__threadfence_system();
 		__syncthreads();
@@ -152,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2
 	const gs_u32 line = blockIdx.x * GS_P2P_LINE;
 	volatile gs_u32 *recvd = p.ctrl + GS_P2P_RECVD + line;
 	gs_u32 k = *recvd;
-	gs_u64 bytes = p.bytes, rounds = gs_p2p_rounds(bytes, p.slot_bytes);
+	gs_u64 bytes = p.bytes, rounds = gs_p2p_rounds(bytes, p.slot_bytes, gridDim.x);
 	bool drain = false; // the message is not the one expected: consume it, write nothing
 	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
 		if (!gs_p2p_wait(p, p.ctrl + GS_P2P_READY + line, k + 1u, GS_P2P_WAIT_DATA))
@@ -167,14 +171,14 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2
 			if (got != p.bytes || tag != p.tag) {
 				drain = true;
 				bytes = got;
-				rounds = gs_p2p_rounds(got, p.slot_bytes);
+				rounds = gs_p2p_rounds(got, p.slot_bytes, gridDim.x);
 				if (threadIdx.x == 0)
 					gs_p2p_error(p, GS_ERR_MISMATCH, blockIdx.x << 8, h0, h1, h2, h3);
 			}
 		}
 		if (!drain) {
 			gs_u64 off, len;
-			gs_p2p_share(bytes, p.slot_bytes, j, &off, &len);
+			gs_p2p_share(bytes, p.slot_bytes, gridDim.x, blockIdx.x, j, &off, &len);
 			gs_copy_seg((char *)p.buf + off, gs_p2p_slot(p, s), len, threadIdx.x, blockDim.x);
 		}
 		// Every thread's reads of the slot are done before the sender may
@@ -185,4 +189,164 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2
 			*recvd = k + 1u;
 		}
 	}
+}
+
+// ---- gs_a2av: all_to_all(v) paced pair by pair --------------------------------
+//
+// The channel protocol above, run for every ordered pair of a group at
+// once in one launch, over the group's own buffers instead of a channel's:
+// the piece rank i sends rank q passes through region q of i's staging (q
+// pulls it from there), and the pair's counters live in the signal pads
+// (params.go, PadA2AV*). A pair's chunk count depends only on its own
+// piece size, which both ranks of the pair know (the sender its input
+// split, the receiver its output split), so no rank needs the others'
+// splits: there is no barrier of all ranks and no agreement on the host,
+// and a launch has the same shape on every rank (2*(world-1)*nb pair
+// blocks, then the local copy's blocks, whose number may differ).
+//
+// Pair block i < (world-1)*nb sends to rank + 1 + i/nb (block b = i%nb of
+// that pair); the next (world-1)*nb receive from rank - 1 - i/nb. As on a
+// channel, a receiver reads its sender's size from the header of the
+// first chunk; one that expected another size drains the piece in step,
+// writes nothing of it and records GS_ERR_MISMATCH naming the sender, so
+// the counters stay in step. A sender block ends only once its receiver
+// consumed every chunk: the launch that follows on the stream may stage
+// into the same region.
+
+__device__ __forceinline__ bool gs_a2av_config_ok(const gs_a2av_params &p) {
+	if (p.world < 1 || p.world > GS_MAX_RANKS || p.rank < 0 || p.rank >= p.world || !p.pads[p.rank])
+		return false;
+	bool ok = p.nb >= 1 && p.nb <= GS_A2AV_BLOCKS && gridDim.y == 1 && gridDim.z == 1 &&
+	          blockDim.x >= 32 && blockDim.y == 1 && blockDim.z == 1 && p.slot_bytes >= 16 &&
+	          p.slot_bytes % 16 == 0 && p.region % 16 == 0;
+	if (ok) {
+		const gs_u32 pairs = 2u * (gs_u32)(p.world - 1) * (gs_u32)p.nb;
+		ok = pairs <= GS_MAX_BLOCKS && gridDim.x > pairs && gridDim.x <= pairs + GS_A2AV_SELF_MAX &&
+		     p.slot_bytes * (gs_u64)p.nb * GS_A2AV_SLOTS <= p.region;
+	}
+	if (!ok && threadIdx.x == 0)
+		gs_record_error(p.pads[p.rank], GS_ERR_CONFIG, (gridDim.x << 16) | (blockDim.x & 0xffffu), 0);
+	return ok;
+}
+
+// Thread 0 waits until *flag reaches want; false (error recorded, naming
+// peer q) on timeout, for every thread of the block.
+__device__ __forceinline__ bool gs_a2av_wait(const gs_a2av_params &p, const gs_u32 *flag, gs_u32 want,
+                                             gs_u32 what, int q, gs_u32 b) {
+	int failed = 0;
+	if (threadIdx.x == 0 && !gs_poll(flag, GsReached{want}, p.timeout_ns)) {
+		gs_record_error(p.pads[p.rank], GS_ERR_TIMEOUT, GS_A2AV_DETAIL | (what << 16) | (b << 8) | (gs_u32)q,
+		                1u << q);
+		failed = 1;
+	}
+	return !__syncthreads_or(failed);
+}
+
+// Slot s of block b in region `to` of rank owner's staging.
+__device__ __forceinline__ char *gs_a2av_slot(const gs_a2av_params &p, int owner, int to, gs_u32 b, gs_u32 s) {
+	return (char *)p.stages[owner] + (gs_u64)to * p.region + ((gs_u64)b * GS_A2AV_SLOTS + s) * p.slot_bytes;
+}
+
+// Block b of the pair (this rank -> q).
+__device__ __forceinline__ void gs_a2av_send(const gs_a2av_params &p, int q, gs_u32 b) {
+	gs_u32 *own = p.pads[p.rank], *peer = p.pads[q];
+	const gs_u32 mine = (gs_u32)p.rank * GS_A2AV_BLOCKS + b, theirs = (gs_u32)q * GS_A2AV_BLOCKS + b;
+	volatile gs_u32 *sent = own + GS_PAD_A2AV_SENT + theirs;
+	const gs_u32 *ack = own + GS_PAD_A2AV_ACK + theirs;
+	// Read by every thread before thread 0 first advances it (after the
+	// barrier in the first wait).
+	gs_u32 k = *sent;
+	const gs_u64 bytes = p.send[q], rounds = gs_p2p_rounds(bytes, p.slot_bytes, p.nb);
+	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
+		// Slot k % SLOTS is free once chunk k - SLOTS was consumed.
+		if (!gs_a2av_wait(p, ack, k + 1u - GS_A2AV_SLOTS, GS_A2AV_WAIT_SLOT, q, b))
+			return;
+		gs_u64 off, len;
+		gs_p2p_share(bytes, p.slot_bytes, p.nb, b, j, &off, &len);
+		gs_copy_seg(gs_a2av_slot(p, p.rank, q, b, k % GS_A2AV_SLOTS), (const char *)p.src[q] + off, len,
+		            threadIdx.x, blockDim.x);
+		__threadfence_system();
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			if (j == 0) {
+				volatile gs_u32 *h = peer + GS_PAD_A2AV_HDR + 2u * mine;
+				h[0] = (gs_u32)bytes;
+				h[1] = (gs_u32)(bytes >> 32);
+			}
+			gs_st_release(peer + GS_PAD_A2AV_READY + mine, k + 1u);
+			*sent = k + 1u;
+		}
+	}
+	// Every chunk consumed: the region is free for what follows on the stream.
+	gs_a2av_wait(p, ack, k, GS_A2AV_WAIT_SLOT, q, b);
+}
+
+// Block b of the pair (q -> this rank).
+__device__ __forceinline__ void gs_a2av_recv(const gs_a2av_params &p, int q, gs_u32 b) {
+	gs_u32 *own = p.pads[p.rank], *peer = p.pads[q];
+	const gs_u32 mine = (gs_u32)p.rank * GS_A2AV_BLOCKS + b, theirs = (gs_u32)q * GS_A2AV_BLOCKS + b;
+	volatile gs_u32 *recvd = own + GS_PAD_A2AV_RECVD + theirs;
+	gs_u32 k = *recvd;
+	gs_u64 bytes = p.recv[q], rounds = gs_p2p_rounds(bytes, p.slot_bytes, p.nb);
+	bool drain = false; // the piece is not the size expected: consume it, write nothing
+	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
+		if (!gs_a2av_wait(p, own + GS_PAD_A2AV_READY + theirs, k + 1u, GS_A2AV_WAIT_DATA, q, b))
+			return;
+		if (j == 0) { // the sender's header, read by every thread after the wait
+			const volatile gs_u32 *h = own + GS_PAD_A2AV_HDR + 2u * theirs;
+			const gs_u64 got = (gs_u64)h[0] | ((gs_u64)h[1] << 32);
+			if (got != bytes) {
+				drain = true;
+				bytes = got;
+				rounds = gs_p2p_rounds(got, p.slot_bytes, p.nb);
+				if (threadIdx.x == 0)
+					gs_record_error(own, GS_ERR_MISMATCH,
+					                GS_A2AV_DETAIL | (GS_A2AV_MISMATCH << 16) | (b << 8) | (gs_u32)q, 1u << q);
+			}
+		}
+		if (!drain) {
+			gs_u64 off, len;
+			gs_p2p_share(bytes, p.slot_bytes, p.nb, b, j, &off, &len);
+			gs_copy_seg((char *)p.dst[q] + off, gs_a2av_slot(p, q, p.rank, b, k % GS_A2AV_SLOTS), len,
+			            threadIdx.x, blockDim.x);
+		}
+		// Every thread's reads of the slot are done before the sender may
+		// refill it.
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			gs_st_release(peer + GS_PAD_A2AV_ACK + mine, k + 1u);
+			*recvd = k + 1u;
+		}
+	}
+}
+
+// Block i of the n that copy this rank's own piece (when its two splits
+// agree; else block 0 records the mismatch).
+__device__ __forceinline__ void gs_a2av_self(const gs_a2av_params &p, gs_u32 i, gs_u32 n) {
+	const int me = p.rank;
+	if (p.send[me] != p.recv[me]) {
+		if (i == 0 && threadIdx.x == 0)
+			gs_record_error(p.pads[me], GS_ERR_MISMATCH, GS_A2AV_DETAIL | (GS_A2AV_MISMATCH << 16) | (gs_u32)me,
+			                1u << me);
+		return;
+	}
+	gs_copy_seg((char *)p.dst[me], (const char *)p.src[me], p.send[me], (gs_u64)i * blockDim.x + threadIdx.x,
+	            (gs_u64)n * blockDim.x);
+}
+
+extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_a2av(gs_a2av_params p) {
+	if (!gs_a2av_config_ok(p))
+		return;
+	const gs_u32 nb = p.nb, per = (gs_u32)(p.world - 1) * nb;
+	gs_u32 i = blockIdx.x;
+	if (i < per) {
+		gs_a2av_send(p, (p.rank + 1 + (int)(i / nb)) % p.world, i % nb);
+		return;
+	}
+	i -= per;
+	if (i < per) {
+		gs_a2av_recv(p, (p.rank + p.world - 1 - (int)(i / nb)) % p.world, i % nb);
+		return;
+	}
+	gs_a2av_self(p, i - per, gridDim.x - 2u * per);
 }

@@ -8,7 +8,7 @@
 #define GS_MAX_RANKS 8
 #define GS_MAX_BLOCKS 128
 #define GS_MAX_SEGS 16
-#define GS_PAD_BYTES 16384
+#define GS_PAD_BYTES 32768
 #define GS_PAD_FLAGS 0
 #define GS_PAD_COUNTERS 1024
 #define GS_PAD_ERROR 2048
@@ -24,7 +24,7 @@
 #define GS_LL_BLOCKS 64
 #define GS_LL_LINES 1024
 #define GS_LL_WAIT 16777216
-#define GS_PAD_USED 2144
+#define GS_PAD_USED 5216
 #define GS_ERR_TIMEOUT 1
 #define GS_ERR_CONFIG 2
 #define GS_SYNC_START 1
@@ -50,6 +50,18 @@
 #define GS_P2P_ERROR_WORDS 6
 #define GS_P2P_GONE 2312
 #define GS_P2P_CTRL_BYTES 16384
+#define GS_A2AV_BLOCKS 64
+#define GS_A2AV_SLOTS 4
+#define GS_A2AV_SELF_MAX 64
+#define GS_PAD_A2AV_READY 2144
+#define GS_PAD_A2AV_ACK 2656
+#define GS_PAD_A2AV_SENT 3168
+#define GS_PAD_A2AV_RECVD 3680
+#define GS_PAD_A2AV_HDR 4192
+#define GS_A2AV_DETAIL 33554432
+#define GS_A2AV_WAIT_SLOT 0
+#define GS_A2AV_WAIT_DATA 1
+#define GS_A2AV_MISMATCH 2
 
 struct gs_ar_params { // 200 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
@@ -125,6 +137,21 @@ struct gs_llmove_params { // 280 bytes, Go: cuda.LLMoveParams
 	unsigned long long timeout_ns;           // offset 264
 	int world;                               // offset 272
 	int rank;                                // offset 276
+};
+
+struct gs_a2av_params { // 424 bytes, Go: cuda.A2AVParams
+	const void *src[GS_MAX_RANKS];           // offset 0
+	void *dst[GS_MAX_RANKS];                 // offset 64
+	unsigned long long send[GS_MAX_RANKS];   // offset 128
+	unsigned long long recv[GS_MAX_RANKS];   // offset 192
+	void *stages[GS_MAX_RANKS];              // offset 256
+	unsigned int *pads[GS_MAX_RANKS];        // offset 320
+	unsigned long long region;               // offset 384
+	unsigned long long slot_bytes;           // offset 392
+	unsigned long long timeout_ns;           // offset 400
+	int nb;                                  // offset 408
+	int world;                               // offset 412
+	int rank;                                // offset 416
 };
 
 #endif // GOSYM_PARAMS_CUH

@@ -105,6 +105,16 @@ func (e DeviceError) Where() string {
 	switch {
 	case e.Code == ErrConfig:
 		return fmt.Sprintf("launch configuration or parameters out of range, detail %#x", e.Detail)
+	case e.Detail&A2AVDetail != 0:
+		block, peer := e.Detail>>8&0xff, e.Detail&0xff
+		switch e.Detail >> 16 & 0xff {
+		case A2AVWaitSlot:
+			return fmt.Sprintf("all_to_all, block %d waiting for rank %d to consume a chunk", block, peer)
+		case A2AVWaitData:
+			return fmt.Sprintf("all_to_all, block %d waiting for rank %d's chunk", block, peer)
+		default:
+			return fmt.Sprintf("all_to_all: rank %d sent this rank a piece of another size than this rank's output split for it", peer)
+		}
 	case e.Detail&LLWaitDetail != 0:
 		return fmt.Sprintf("LL kernel, block %d waiting for the lines of rank %d", e.Detail>>8&0xffff, e.Detail&0xff)
 	case e.Detail>>8 == PadSemaReadyWord:

@@ -87,6 +87,10 @@ func TestDeviceErrorWhere(t *testing.T) {
 		{DeviceError{Code: ErrTimeout, Detail: PadSemaDoneWord<<8 | 5}, "semaphore wait for release, rank 5"},
 		{DeviceError{Code: ErrTimeout, Detail: LLWaitDetail | 63<<8 | 1}, "LL kernel, block 63 waiting for the lines of rank 1"},
 		{DeviceError{Code: ErrConfig, Detail: 129<<16 | 32}, "launch configuration or parameters out of range, detail 0x810020"},
+		{DeviceError{Code: ErrTimeout, Detail: A2AVDetail | A2AVWaitSlot<<16 | 31<<8 | 7}, "all_to_all, block 31 waiting for rank 7 to consume a chunk"},
+		{DeviceError{Code: ErrTimeout, Detail: A2AVDetail | A2AVWaitData<<16 | 2<<8 | 1}, "all_to_all, block 2 waiting for rank 1's chunk"},
+		{DeviceError{Code: ErrMismatch, Detail: A2AVDetail | A2AVMismatch<<16 | 5<<8 | 3},
+			"all_to_all: rank 3 sent this rank a piece of another size than this rank's output split for it"},
 	} {
 		require.Equal(t, c.want, c.e.Where())
 	}

@@ -67,6 +67,7 @@ var (
 	P2PSendKernel  = &Kernel{Name: "gs_p2p_send", Source: "p2p.cu", Params: []*Struct{p2pLayout}}
 	P2PRecvKernel  = &Kernel{Name: "gs_p2p_recv", Source: "p2p.cu", Params: []*Struct{p2pLayout}}
 	LLMoveKernel   = &Kernel{Name: "gs_llmove", Source: "copy.cu", Params: []*Struct{llMoveLayout}}
+	A2AVKernel     = &Kernel{Name: "gs_a2av", Source: "p2p.cu", Params: []*Struct{a2avLayout}}
 	allKernels     = buildKernels()
 	kernelByName   = func() map[string]*Kernel {
 		m := map[string]*Kernel{}
@@ -100,7 +101,7 @@ var nvlsPairs = []struct {
 func nvlsKernelName(typ, op string) string { return "gs_nvls_" + typ + "_" + op }
 
 func buildKernels() []*Kernel {
-	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel, LLMoveKernel}
+	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel, LLMoveKernel, A2AVKernel}
 	for _, a := range []Algo{OneShot, TwoShot, Pull, LL} {
 		for _, t := range reduceTypes {
 			for _, op := range []string{"sum", "prod", "min", "max"} {
@@ -224,6 +225,9 @@ func LLAreaBytes(world, maxBytes int) uintptr {
 // CopyGrid is the launch shape of gs_copy for a largest segment of bytes.
 func CopyGrid(bytes uint64) (grid, block Dim3) { return CopyGridLimit(bytes, defaultCopyBlocks) }
 
+// a2avSelfShare is the bytes of the local piece per block of gs_a2av.
+const a2avSelfShare = 512 << 10
+
 // CopyGridLimit is CopyGrid with at most limit blocks (clamped to
 // 1..MaxBlocks).
 func CopyGridLimit(bytes uint64, limit int) (grid, block Dim3) {
@@ -235,6 +239,33 @@ func CopyGridLimit(bytes uint64, limit int) (grid, block Dim3) {
 // message: the grid never depends on the size, so that a receiver that
 // expected another size still meets every block of its sender.
 func P2PGrid() (grid, block Dim3) { return D1(P2PBlocks), D1(BlockThreads) }
+
+// A2AVGrid is the launch shape of gs_a2av for world ranks, nb blocks per
+// pair and direction, and a local piece of self bytes: the pair blocks
+// (the same number on every rank), then the local copy's, one per
+// a2avSelfShare bytes, at least one (it also checks the local splits).
+func A2AVGrid(world, nb int, self uint64) (grid, block Dim3) {
+	blocks := max(min((self+a2avSelfShare-1)/a2avSelfShare, A2AVSelfBlocksMax), 1)
+	return D1(uint32(2*(world-1)*nb) + uint32(blocks)), D1(BlockThreads)
+}
+
+// A2AVBlocksFor is the nb of gs_a2av for world ranks under a limit of
+// want: at most A2AVBlocks, and the pair blocks of a launch stay within
+// MaxBlocks (they wait on one another, so all must be resident at once).
+func A2AVBlocksFor(world, want int) int {
+	if world < 2 {
+		return max(min(want, A2AVBlocks), 1)
+	}
+	return max(min(want, A2AVBlocks, MaxBlocks/(2*(world-1))), 1)
+}
+
+// A2AVSlotBytes is gs_a2av's slot for a region of region bytes, nb blocks
+// and a wanted slot of want bytes: a multiple of 16 that fits nb ×
+// A2AVSlots slots in the region; 0 if not even 16 bytes fit.
+func A2AVSlotBytes(region uintptr, nb, want int) uint64 {
+	fit := uint64(region) / uint64(nb*A2AVSlots)
+	return min(uint64(max(want, 16)), fit) &^ 15
+}
 
 // BarrierGrid is the launch shape of gs_barrier.
 func BarrierGrid() (grid, block Dim3) { return D1(1), D1(32) }

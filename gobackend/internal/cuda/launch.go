@@ -70,6 +70,7 @@ func (p *P2PParams) kernelParam() (*Struct, unsafe.Pointer)  { return p2pLayout,
 func (p *LLMoveParams) kernelParam() (*Struct, unsafe.Pointer) {
 	return llMoveLayout, unsafe.Pointer(p)
 }
+func (p *A2AVParams) kernelParam() (*Struct, unsafe.Pointer) { return a2avLayout, unsafe.Pointer(p) }
 
 // Module is a loaded CUBIN/PTX image, bound to the context it was loaded in.
 type Module struct {

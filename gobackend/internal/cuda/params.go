@@ -37,7 +37,31 @@ const (
 	// Word PadLLSeqWord+b counts the low-latency launches block b of this
 	// rank ran (allreduce.cu, gs_ll): local, written only by that block.
 	PadLLSeqWord = PadSemaDoneWord + MaxRanks
-	PadBytes     = 16384 // one pad: one rank, one channel
+	PadBytes     = 32768 // one pad: one rank, one channel
+
+	// The pairwise-paced all_to_all(v) (p2p.cu, gs_a2av): the chunks that
+	// block b of the pair (sender q, receiver r) moves through region r of
+	// q's staging are counted on both pads, one word per (peer, block):
+	// READY[q][b] on r's pad (written by q, release: chunks ready),
+	// ACK[r][b] on q's pad (written by r, release: chunks consumed),
+	// SENT[r][b] and RECVD[q][b] each side's own count, never read by the
+	// peer, and HDR[q][b] on r's pad (bytes lo, hi: what q sends r), written
+	// by q before it releases the first READY of a message.
+	A2AVBlocks        = 64 // GS_A2AV_BLOCKS: blocks per pair and direction, at most
+	PadA2AVReadyWord  = PadLLSeqWord + LLBlocks
+	PadA2AVAckWord    = PadA2AVReadyWord + MaxRanks*A2AVBlocks
+	PadA2AVSentWord   = PadA2AVAckWord + MaxRanks*A2AVBlocks
+	PadA2AVRecvdWord  = PadA2AVSentWord + MaxRanks*A2AVBlocks
+	PadA2AVHdrWord    = PadA2AVRecvdWord + MaxRanks*A2AVBlocks
+	A2AVSlots         = 4 // GS_A2AV_SLOTS: chunks a sender block may run ahead of its receiver
+	A2AVSelfBlocksMax = 64
+	// GS_A2AV_DETAIL: set in the detail of an error gs_a2av recorded, with
+	// what << 16 | block << 8 | peer (what: A2AVWaitSlot, A2AVWaitData,
+	// A2AVMismatch).
+	A2AVDetail   = 1 << 25
+	A2AVWaitSlot = 0 // a sender block waited for its receiver to free a slot
+	A2AVWaitData = 1 // a receiver block waited for its sender's chunk
+	A2AVMismatch = 2 // the sender's piece has another size than the receiver expects
 
 	// Low-latency all-reduce (gs_ll): block b of a launch sends LLLines
 	// lines of 16 bytes to every peer, each 8 data bytes with the launch's
@@ -105,7 +129,7 @@ const (
 
 const (
 	padErrorEnd         = PadHostErrorWord + 2 // one past the error words and the host pointer
-	padUsedWords        = PadLLSeqWord + LLBlocks
+	padUsedWords        = PadA2AVHdrWord + 2*MaxRanks*A2AVBlocks
 	defaultReduceBlocks = 24 // PyTorch's one-shot limit (register-heavy kernels)
 	defaultCopyBlocks   = 32
 	vectorBytes         = 16
@@ -132,6 +156,9 @@ const (
 	// words follow the semaphores.
 	_ = uint(0 - LLLines%BlockThreads)
 	_ = uint(PadLLSeqWord - PadSemaDoneWord - MaxRanks)
+	// A gs_a2av detail has room for its block and peer.
+	_ = uint(256 - A2AVBlocks)
+	_ = uint(A2AVDetail - LLWaitDetail*2)
 	// The p2p control words fit their allocation.
 	_ = uint(P2PGoneWord - P2PErrorWord - P2PErrorWords)
 	_ = uint(HostErrorWords - P2PErrorWords)
@@ -188,6 +215,18 @@ var headerConsts = []struct {
 	{"GS_P2P_ERROR_WORDS", P2PErrorWords},
 	{"GS_P2P_GONE", P2PGoneWord},
 	{"GS_P2P_CTRL_BYTES", P2PCtrlBytes},
+	{"GS_A2AV_BLOCKS", A2AVBlocks},
+	{"GS_A2AV_SLOTS", A2AVSlots},
+	{"GS_A2AV_SELF_MAX", A2AVSelfBlocksMax},
+	{"GS_PAD_A2AV_READY", PadA2AVReadyWord},
+	{"GS_PAD_A2AV_ACK", PadA2AVAckWord},
+	{"GS_PAD_A2AV_SENT", PadA2AVSentWord},
+	{"GS_PAD_A2AV_RECVD", PadA2AVRecvdWord},
+	{"GS_PAD_A2AV_HDR", PadA2AVHdrWord},
+	{"GS_A2AV_DETAIL", A2AVDetail},
+	{"GS_A2AV_WAIT_SLOT", A2AVWaitSlot},
+	{"GS_A2AV_WAIT_DATA", A2AVWaitData},
+	{"GS_A2AV_MISMATCH", A2AVMismatch},
 }
 
 // ARParams is the one parameter of the all-reduce kernels (gs_ar_params).
@@ -247,6 +286,31 @@ type LLMoveParams struct {
 	Dst       [MaxRanks]uintptr `cuda:"dst,void *,GS_MAX_RANKS"`
 	Bytes     uint64            `cuda:"bytes,unsigned long long"` // per segment, at most LLMaxBytes
 	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"`
+	World     int32             `cuda:"world,int"`
+	Rank      int32             `cuda:"rank,int"`
+}
+
+// A2AVParams is the parameter of gs_a2av: an all_to_all(v) paced pair by
+// pair, with no barrier of all ranks and no agreement on the host. This
+// rank sends Send[q] bytes from Src[q] to each rank q and expects Recv[q]
+// bytes from q into Dst[q]; its own piece is copied locally. The piece
+// for q passes through region q (Region bytes at q*Region) of this rank's
+// staging (Stages[Rank]), cut into NB blocks × A2AVSlots slots of
+// SlotBytes; q pulls it from there (Stages[Rank] mapped on q). Every
+// rank must use the same NB and SlotBytes (checked at setup); the grid
+// has 2*(World-1)*NB pair blocks, then at least one block for the local
+// copy (A2AVGrid).
+type A2AVParams struct {
+	Src       [MaxRanks]uintptr `cuda:"src,const void *,GS_MAX_RANKS"`
+	Dst       [MaxRanks]uintptr `cuda:"dst,void *,GS_MAX_RANKS"`
+	Send      [MaxRanks]uint64  `cuda:"send,unsigned long long,GS_MAX_RANKS"`
+	Recv      [MaxRanks]uint64  `cuda:"recv,unsigned long long,GS_MAX_RANKS"`
+	Stages    [MaxRanks]uintptr `cuda:"stages,void *,GS_MAX_RANKS"`
+	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
+	Region    uint64            `cuda:"region,unsigned long long"`     // a multiple of 16
+	SlotBytes uint64            `cuda:"slot_bytes,unsigned long long"` // a multiple of 16, NB*A2AVSlots*SlotBytes <= Region
+	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
+	NB        int32             `cuda:"nb,int"`                        // blocks per pair and direction, 1..A2AVBlocks
 	World     int32             `cuda:"world,int"`
 	Rank      int32             `cuda:"rank,int"`
 }
@@ -425,7 +489,9 @@ var (
 	nvlsLayout    = mustLayout("gs_nvls_params", NVLSParams{})
 	p2pLayout     = mustLayout("gs_p2p_params", P2PParams{})
 	llMoveLayout  = mustLayout("gs_llmove_params", LLMoveParams{})
-	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout, semaLayout, nvlsLayout, p2pLayout, llMoveLayout}
+	a2avLayout    = mustLayout("gs_a2av_params", A2AVParams{})
+	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout, semaLayout, nvlsLayout, p2pLayout, llMoveLayout,
+		a2avLayout}
 )
 
 // C renders the struct declaration, with offsets as comments.

@@ -97,6 +97,7 @@ func (c *checker) runCases() {
 		ar(k)
 	}
 	c.moveCases(g, padsFor)
+	c.a2avCases(g, padsFor)
 
 	record("gs_copy all-to-all, 2 simulated ranks, 1 MiB+7 chunks", func() error {
 		ps, err := padsFor(2)

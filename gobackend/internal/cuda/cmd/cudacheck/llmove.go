@@ -329,14 +329,26 @@ func (s *moveStep) launch(c *checker, g *gpu, pads *padSet) error {
 
 // check compares every byte of every buffer with the reference.
 func (s *moveStep) check() error {
-	for i, b := range s.bufs {
+	return checkBufs(s.bufs, s.want, func(i, first int, got []byte, bad int) error {
+		at := s.dataAt(i)
+		return fmt.Errorf("rank %d %s: %d bytes wrong, the first at %d (the data: [0, %d)) is %#x, want %#x",
+			i/2, [2]string{"input", "output"}[i%2], bad, first-int(at), len(got)-int(at)-guardBytes, got[first],
+			s.want[i][first])
+	})
+}
+
+// checkBufs reads each buffer back and compares it with want, byte for
+// byte; the first buffer that differs is reported by report (its index,
+// the first wrong byte, what was read, and how many bytes differ).
+func checkBufs(bufs []*dbuf, want [][]byte, report func(i, first int, got []byte, bad int) error) error {
+	for i, b := range bufs {
 		got, err := b.read(0, b.size)
 		if err != nil {
 			return err
 		}
 		bad, first := 0, 0
 		for j := range got {
-			if got[j] != s.want[i][j] {
+			if got[j] != want[i][j] {
 				if bad == 0 {
 					first = j
 				}
@@ -344,10 +356,7 @@ func (s *moveStep) check() error {
 			}
 		}
 		if bad > 0 {
-			at := s.dataAt(i)
-			return fmt.Errorf("rank %d %s: %d bytes wrong, the first at %d (the data: [0, %d)) is %#x, want %#x",
-				i/2, [2]string{"input", "output"}[i%2], bad, first-int(at), len(got)-int(at)-guardBytes, got[first],
-				s.want[i][first])
+			return report(i, first, got, bad)
 		}
 	}
 	return nil

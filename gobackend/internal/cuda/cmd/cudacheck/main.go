@@ -9,8 +9,10 @@
 // stream memory operations, the barrier timeout, and, with two GPUs, real
 // cross-GPU runs over VMM mappings with a few timings, and the semaphore
 // protocol of issue #6 (cuda.Sema, the code the backend runs) with the pull
-// kernel: all_reduce and root-only reduce, 10k back-to-back ops, and the
-// point-to-point kernels (p2p.cu) on one GPU and across two. The NVLS
+// kernel: all_reduce and root-only reduce, 10k back-to-back ops, the
+// point-to-point kernels (p2p.cu) on one GPU and across two, and gs_a2av
+// (all_to_all(v) paced pair by pair, p2p.cu) on simulated ranks of one GPU:
+// skewed splits back to back, a size mismatch and a timeout. The NVLS
 // kernels (nvls.cu) are compiled, loaded and looked up, never launched.
 //
 // It never touches NVLink multicast: it refuses to start unless

@@ -5,7 +5,11 @@
 // elsewhere aliases the same memory, as on a GPU. Enough of the driver API
 // for cudacheck; everything else is absent. The p2p kernels run each
 // block's threads as threads of their own (a real __syncthreads, see
-// emu.h), the rest one thread after another. Built with:
+// emu.h), one block after another; gs_a2av, whose blocks wait on each
+// other through the peers, runs every block of a launch at once, each
+// with its threads as threads of their own; the rest one thread after
+// another. Streams are worker threads, so the launches of simulated ranks
+// on different streams run concurrently. Built with:
 //   g++ -shared -fPIC -include kernels/testdata/emu.h -I kernels -I <cuda pkg>
 #include "allreduce.cu"
 #include "copy.cu"
@@ -123,7 +127,8 @@ struct CUfunc_st {
 	void (*run)(void *fn, void *param);
 	void *fn;
 	size_t param_size;
-	bool threaded = false; // a block's threads run concurrently (they talk to each other)
+	bool threaded = false;   // a block's threads run concurrently (they talk to each other)
+	bool concurrent = false; // so do all blocks of a launch (they wait on each other)
 };
 
 template <class P> static void invoke(void *fn, void *param) {
@@ -146,6 +151,7 @@ static CUfunc_st functions[] = {
     NVLS(bf16, max)
     {FN(gs_p2p_send, gs_p2p_params), true},
     {FN(gs_p2p_recv, gs_p2p_params), true},
+    {FN(gs_a2av, gs_a2av_params), true, true},
 };
 
 // This driver has no multicast: an NVLS kernel that runs anyway stops the
@@ -244,25 +250,38 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 	std::string p((const char *)params[0], f->param_size); // copied now, like the driver
 	stream_of(s)->push([f, gx, bx, p] {
 		std::string local = p;
+		auto thread = [&](unsigned b, unsigned t, gs_emu_block *blk) {
+			gridDim = {gx, 1, 1};
+			blockDim = {bx, 1, 1};
+			blockIdx = {b, 0, 0};
+			threadIdx = {t, 0, 0};
+			gs_emu_blk = blk;
+			f->run(f->fn, &local[0]);
+		};
+		if (f->concurrent) { // every thread of every block at once
+			std::deque<gs_emu_block> blks(gx);
+			std::vector<std::thread> th;
+			th.reserve((size_t)gx * bx);
+			for (unsigned b = 0; b < gx; ++b) {
+				blks[b].n = bx;
+				for (unsigned t = 0; t < bx; ++t)
+					th.emplace_back(thread, b, t, &blks[b]);
+			}
+			for (auto &x : th)
+				x.join();
+			return;
+		}
 		for (unsigned b = 0; b < gx; ++b) {
-			auto thread = [&](unsigned t, gs_emu_block *blk) {
-				gridDim = {gx, 1, 1};
-				blockDim = {bx, 1, 1};
-				blockIdx = {b, 0, 0};
-				threadIdx = {t, 0, 0};
-				gs_emu_blk = blk;
-				f->run(f->fn, &local[0]);
-			};
 			if (!f->threaded) {
 				for (unsigned t = 0; t < bx; ++t)
-					thread(t, nullptr);
+					thread(b, t, nullptr);
 				continue;
 			}
 			gs_emu_block blk;
 			blk.n = bx;
 			std::vector<std::thread> th;
 			for (unsigned t = 0; t < bx; ++t)
-				th.emplace_back(thread, t, &blk);
+				th.emplace_back(thread, b, t, &blk);
 			for (auto &x : th)
 				x.join();
 		}
