@@ -76,6 +76,7 @@ type gpuCounters struct {
 	ipcOpens  atomic.Int64 // peer allocations mapped (cache misses)
 	ipcHits   atomic.Int64 // peer allocations found mapped
 	llMoves   atomic.Int64 // data movement by one gs_llmove launch (gpu_ops.go, llMove)
+	pacedA2A  atomic.Int64 // all_to_all by one gs_a2av launch (gpu_ops.go, allToAllPaced)
 }
 
 func (g *gpuState) add(seq uint64, a gpuArgs) {
@@ -125,6 +126,7 @@ func (g *gpuState) stats(m map[string]any) {
 	m["gpu_ipc_opens"] = g.counters.ipcOpens.Load()
 	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
 	m["gpu_ll_moves"] = g.counters.llMoves.Load()
+	m["gpu_paced_all_to_all"] = g.counters.pacedA2A.Load()
 	m["gpu_nvls"] = g.nvls.Load()
 	m["gpu_device_error"] = g.deviceErrorCode()
 	g.algos.stats(m)
@@ -311,6 +313,13 @@ type gpuConfig struct {
 	semaMin          int // GOSYM_GPU_SEMA_MIN: reductions of at least this many bytes use the semaphore protocol
 	fuseMax          int // GOSYM_GPU_FUSE_MAX: one-shot chunks of at most this many bytes stage inside the kernel, outside graph capture
 	llMax            int // GOSYM_GPU_LL_MAX: all_reduce of at most this many bytes runs the LL kernel (0: never)
+	// GOSYM_GPU_A2AV_BLOCKS: blocks per pair and direction of gs_a2av, the
+	// all_to_all of splits that differ between ranks with no host round
+	// (0, the default: agree on the splits on the host, which reads large
+	// pieces in place and is faster from 16 MiB); GOSYM_GPU_A2AV_SLOT_BYTES:
+	// its slot. Checked equal on every rank at setup (a pair's chunks depend
+	// on both).
+	a2avBlocks, a2avSlot int
 }
 
 func gpuConfigFromEnv() gpuConfig {
@@ -333,7 +342,33 @@ func gpuConfigFromEnv() gpuConfig {
 		fuseMax:          envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
 		// Measured on 2×H200: LL wins to 256 KiB (docs/ARCHITECTURE.md).
 		llMax: min(envIntFrom("GOSYM_GPU_LL_MAX", 256<<10, 0), cuda.LLMaxBytes),
+		// Off: measured on 2×H200, see docs/ARCHITECTURE.md, "the paced all_to_all".
+		a2avBlocks: min(envIntFrom("GOSYM_GPU_A2AV_BLOCKS", 0, 0), cuda.A2AVBlocks),
+		a2avSlot:   envInt("GOSYM_GPU_A2AV_SLOT_BYTES", 64<<10),
 	}
+}
+
+// shared is what of cfg every rank of a group must have the same, as
+// setup announces it: gs_a2av's shape (its pairs pace each other).
+func (c gpuConfig) shared() []byte {
+	b := make([]byte, 16)
+	binary.LittleEndian.PutUint64(b, uint64(c.a2avBlocks))
+	binary.LittleEndian.PutUint64(b[8:], uint64(c.a2avSlot))
+	return b
+}
+
+// sharedMismatch explains a peer's announcement of shared() that differs
+// from this rank's.
+func (c gpuConfig) sharedMismatch(r int, theirs []byte) error {
+	if len(theirs) == 16 && string(theirs) == string(c.shared()) {
+		return nil
+	}
+	if len(theirs) != 16 {
+		return fmt.Errorf("rank %d announced %d bytes of settings, this rank 16 (another gosym version?)", r, len(theirs))
+	}
+	le := binary.LittleEndian
+	return fmt.Errorf("rank %d runs GOSYM_GPU_A2AV_BLOCKS=%d and GOSYM_GPU_A2AV_SLOT_BYTES=%d, this rank %d and %d (every rank must use the same)",
+		r, le.Uint64(theirs), le.Uint64(theirs[8:]), c.a2avBlocks, c.a2avSlot)
 }
 
 // gpuHelloMagic marks a rank's announcement of its GPU buffer (its size,
@@ -388,8 +423,8 @@ func (e *Endpoint) shareSymm(t *gpuTeam, sy *gpuSymm, magic uint32, local *error
 	if *local == nil {
 		fd, *local = t.exportFD(sy)
 	}
-	body := make([]byte, 8)
-	binary.LittleEndian.PutUint64(body, uint64(sy.size))
+	body := binary.LittleEndian.AppendUint64(nil, uint64(sy.size))
+	body = append(body, t.cfg.shared()...)
 	msgs, err := e.exchangeFD(magic, body, fd, deadline)
 	if fd >= 0 {
 		unix.Close(fd)
@@ -403,11 +438,15 @@ func (e *Endpoint) shareSymm(t *gpuTeam, sy *gpuSymm, magic uint32, local *error
 		case r == e.Rank || *local != nil:
 		case !m.ok:
 			*local = fmt.Errorf("rank %d could not set up its GPU %s buffer", r, sy.name)
+		case len(m.body) < 8:
+			*local = fmt.Errorf("rank %d announced its GPU %s buffer in %d bytes (another gosym version?)", r, sy.name, len(m.body))
 		case uintptr(binary.LittleEndian.Uint64(m.body)) != sy.size:
 			*local = fmt.Errorf("rank %d's GPU %s buffer has %d bytes, this rank's %d (different GPUs?)", r, sy.name,
 				binary.LittleEndian.Uint64(m.body), sy.size)
 		default:
-			*local = t.importPeer(sy, r, m.fd)
+			if *local = t.cfg.sharedMismatch(r, m.body[8:]); *local == nil {
+				*local = t.importPeer(sy, r, m.fd)
+			}
 		}
 	}
 	return nil
@@ -632,7 +671,8 @@ func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (
 		t.llArea = cuda.LLAreaBytes(world, cfg.llMax)
 	}
 	t.data.size = round(t.stage + t.llArea)
-	for _, src := range []string{"allreduce.cu", cuda.BarrierKernel.Source} {
+	// Loaded now, not at first use, which may be under graph capture.
+	for _, src := range []string{"allreduce.cu", cuda.BarrierKernel.Source, cuda.A2AVKernel.Source} {
 		if _, err := g.module(src); err != nil {
 			return t, err
 		}

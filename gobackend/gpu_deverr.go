@@ -23,6 +23,10 @@ func (e *Endpoint) deviceError(w *cuda.ErrorWords, ordinal int) error {
 		return status.Errorf(status.Timeout, "gosym: a CUDA collective of group %q timed out on cuda:%d after %v waiting for ranks %v (%s); "+
 			"the group cannot run CUDA ops any more", e.Name, ordinal, e.Timeout, de.Ranks(), de.Where())
 	}
+	if de.Code == cuda.ErrMismatch {
+		return status.Errorf(status.Mismatch, "gosym: a CUDA collective of group %q on cuda:%d found the ranks' arguments disagree (%s); "+
+			"the group cannot run CUDA ops any more", e.Name, ordinal, de.Where())
+	}
 	return status.Errorf(status.Internal, "gosym: a CUDA kernel of group %q on cuda:%d failed with code %d (%s); "+
 		"the group cannot run CUDA ops any more", e.Name, ordinal, de.Code, de.Where())
 }

@@ -66,6 +66,19 @@ func TestCUDADeviceConfigErrorIsInternal(t *testing.T) {
 	require.ErrorContains(t, err, "launch configuration or parameters out of range, detail 0x810020")
 }
 
+// A piece gs_a2av found of another size than expected fails the next op
+// as a mismatch naming the sender.
+func TestCUDADeviceMismatchNamesTheSender(t *testing.T) {
+	var words [cuda.HostErrorWords]uint32
+	ep := withDeviceWords(t, &words)
+	atomic.StoreUint32(&words[cuda.HostErrorMissing], 0b10)
+	atomic.StoreUint32(&words[cuda.HostErrorDetail], cuda.A2AVDetail|cuda.A2AVMismatch<<16|1)
+	atomic.StoreUint32(&words[cuda.HostErrorCode], cuda.ErrMismatch)
+	_, err := ep.PostCUDA(&Op{Kind: coll.Barrier}, 0, 0, false)
+	require.Equal(t, status.Mismatch, status.CodeOf(err), "%v", err)
+	require.ErrorContains(t, err, `group "test2" on cuda:0 found the ranks' arguments disagree (all_to_all: rank 1 sent this rank a piece`)
+}
+
 // After Destroy the block is gone: DeviceError and stats read nothing.
 func TestCUDADeviceErrorAfterDestroy(t *testing.T) {
 	var words [cuda.HostErrorWords]uint32

@@ -163,9 +163,12 @@ func (t *gpuTeam) side() *gpuSide {
 // registered CUDA memh of the group's device and at least regMin bytes:
 // then it takes round 1 below directMin.
 func (t *gpuTeam) registered(op *Op, n uintptr) bool {
-	if int(n) < t.cfg.regMin {
-		return false
-	}
+	return int(n) >= t.cfg.regMin && t.inputRegistered(op)
+}
+
+// inputRegistered says whether op's input lies in memory registered on
+// this device (mem_map), whatever its size.
+func (t *gpuTeam) inputRegistered(op *Op) bool {
 	lo, span, _ := coll.InputSpan(op)
 	return t.reg.find(lo, uintptr(span), t.g.ordinal) != nil
 }

@@ -21,9 +21,15 @@ package gobackend
 // need every rank in every block. Launch shapes depend only on sizes that
 // are the same on every rank, never on what this rank happens to move.
 //
-// all_to_all's split sizes are known only to their owners, so its ranks
-// agree on all of them first, through the host control plane; that also
-// reports a sender and a receiver that disagree before anything moves.
+// all_to_all's split sizes are known only to their owners. Where they
+// differ between ranks, the ranks agree on every split first, through the
+// host control plane (a sender and a receiver that disagree fail that op,
+// before anything moves). With GOSYM_GPU_A2AV_BLOCKS set (and inputs not
+// registered), each pair of ranks paces its own piece in one gs_a2av
+// launch instead (p2p.cu): the pair's chunk count depends only on the
+// piece, which both ends know, so the host runs no round; a receiver that
+// expected another size drains the piece and the device records the
+// mismatch, which the group's next op raises.
 
 import (
 	"encoding/binary"
@@ -534,12 +540,17 @@ func pieceStride(pieces []coll.Piece, es uintptr) (stride uintptr, even bool) {
 // rank j's staging into its piece from j.
 func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 	es := uintptr(op.DType.Size())
-	if n, ok := uniform(op); ok && int(n*es) < t.directMin(op) && !t.allToAllRegistered(op, n*es) {
+	n, even := uniform(op)
+	if even && int(n*es) < t.directMin(op) && !t.allToAllRegistered(op, n*es) {
 		// The equal-split all_to_all_single: every rank moves n elements to and
 		// from every rank, so every rank knows the chunk count without asking.
 		// (A rank whose splits differ asks; the others do not answer, and the
 		// op fails at the group timeout, as an all_reduce of mismatched counts.)
 		return t.allToAllChunks(op, s, n*es)
+	}
+	// Registered inputs (registration is symmetric) agree, to be read in place.
+	if !even && t.cfg.a2avBlocks > 0 && t.world > 1 && !t.inputRegistered(op) {
+		return t.allToAllPaced(op, s)
 	}
 	w := t.world
 	le := binary.LittleEndian
@@ -584,6 +595,38 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 		}
 	}
 	return t.allToAllChunks(op, s, longest)
+}
+
+// allToAllPaced runs an all_to_all as one gs_a2av launch: each pair of
+// ranks moves its piece through the sender's staging region for the
+// receiver, pacing itself through counters on the two pads.
+func (t *gpuTeam) allToAllPaced(op *Op, s cuda.Stream) error {
+	f, err := t.function(cuda.A2AVKernel)
+	if err != nil {
+		return err
+	}
+	p := t.a2avParams(op)
+	t.used = true
+	t.counters.pacedA2A.Add(1)
+	grid, block := cuda.A2AVGrid(t.world, int(p.NB), p.Send[t.rank])
+	return t.g.d.Launch(f, grid, block, 0, s, &p)
+}
+
+// a2avParams is gs_a2av's parameter for op on this rank. Its shape (NB,
+// SlotBytes, Region) comes from settings every rank shares.
+func (t *gpuTeam) a2avParams(op *Op) cuda.A2AVParams {
+	es := uint64(op.DType.Size())
+	nb := cuda.A2AVBlocksFor(t.world, t.cfg.a2avBlocks)
+	region := t.region()
+	p := cuda.A2AVParams{Stages: t.stages, Pads: t.pads, Region: uint64(region),
+		SlotBytes: cuda.A2AVSlotBytes(region, nb, t.cfg.a2avSlot), TimeoutNs: t.timeoutNs,
+		NB: int32(nb), World: int32(t.world), Rank: int32(t.rank)}
+	for q := range t.world {
+		in, out := op.InPieces[q], op.OutPieces[q]
+		p.Src[q], p.Send[q] = in.Addr, uint64(in.Count)*es
+		p.Dst[q], p.Recv[q] = out.Addr, uint64(out.Count)*es
+	}
+	return p
 }
 
 // allToAllChunks runs all_to_all staged, in chunks of one region, for a

@@ -310,3 +310,68 @@ func TestLLMoveParams(t *testing.T) {
 	_, ok = tm.llMoveParams(&Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 1, In: 1, Out: 1})
 	require.False(t, ok, "no LL area")
 }
+
+// gs_a2av's parameter on every rank of a skewed all_to_all: what rank q
+// sends rank r is what r expects from q, each rank's shape is the same
+// (so the pairs' chunks match), the slots fit a region, and the grid has
+// the same pair blocks everywhere with the local copy's after them.
+func TestA2AVParams(t *testing.T) {
+	const stage = 1 << 20
+	for world := 2; world <= 8; world++ {
+		split := func(q, r int) int { return (q*3 + r*5) % 7 * 37 } // elements q sends r, zeros included
+		ps := make([]cuda.A2AVParams, world)
+		for r := range world {
+			tm := &gpuTeam{rank: r, world: world, stage: stage, cfg: gpuConfig{a2avBlocks: 32, a2avSlot: 64 << 10}}
+			for q := range world {
+				tm.stages[q], tm.pads[q] = uintptr(q+1)<<40, uintptr(q+1)<<36
+			}
+			op := &Op{Kind: coll.AllToAll, DType: dtype.BFloat16}
+			var in, out uintptr
+			for q := range world {
+				op.InPieces = append(op.InPieces, coll.Piece{Addr: uintptr(r+1)<<32 + in, Count: split(r, q)})
+				op.OutPieces = append(op.OutPieces, coll.Piece{Addr: uintptr(r+1)<<32 + 1<<31 + out, Count: split(q, r)})
+				in, out = in+uintptr(split(r, q))*2, out+uintptr(split(q, r))*2
+			}
+			ps[r] = tm.a2avParams(op)
+			p := ps[r]
+			require.EqualValues(t, r, p.Rank)
+			require.Equal(t, tm.stages, p.Stages)
+			require.Equal(t, tm.pads, p.Pads)
+			require.EqualValues(t, tm.region(), p.Region)
+			require.LessOrEqual(t, 2*(world-1)*int(p.NB), cuda.MaxBlocks, "world %d: pair blocks must all be resident", world)
+			require.LessOrEqual(t, p.SlotBytes*uint64(p.NB)*cuda.A2AVSlots, p.Region, "world %d", world)
+			require.Zero(t, p.SlotBytes%16)
+			require.Positive(t, p.SlotBytes)
+			grid, _ := cuda.A2AVGrid(world, int(p.NB), p.Send[r])
+			require.Greater(t, int(grid.X), 2*(world-1)*int(p.NB))
+		}
+		for q := range world {
+			require.Equal(t, ps[0].NB, ps[q].NB)
+			require.Equal(t, ps[0].SlotBytes, ps[q].SlotBytes)
+			for r := range world {
+				require.Equal(t, ps[q].Send[r], ps[r].Recv[q], "world %d: rank %d sends rank %d", world, q, r)
+				require.EqualValues(t, split(q, r)*2, ps[q].Send[r])
+			}
+		}
+	}
+	// A smaller setting caps the pair blocks; the slot is at most what was asked.
+	tm := &gpuTeam{rank: 0, world: 2, stage: 32 << 20, cfg: gpuConfig{a2avBlocks: 8, a2avSlot: 4096}}
+	p := tm.a2avParams(&Op{Kind: coll.AllToAll, DType: dtype.Float32, InPieces: make([]coll.Piece, 2), OutPieces: make([]coll.Piece, 2)})
+	require.EqualValues(t, 8, p.NB)
+	require.EqualValues(t, 4096, p.SlotBytes)
+	grid, _ := cuda.A2AVGrid(2, 8, 0)
+	require.EqualValues(t, 17, grid.X, "16 pair blocks and one that checks the local splits")
+	grid, _ = cuda.A2AVGrid(2, 8, 100<<20)
+	require.EqualValues(t, 16+cuda.A2AVSelfBlocksMax, grid.X)
+}
+
+// gs_a2av's settings are announced at setup; a rank whose differ is named.
+func TestGPUConfigSharedMismatch(t *testing.T) {
+	a := gpuConfig{a2avBlocks: 16, a2avSlot: 65536}
+	require.NoError(t, a.sharedMismatch(1, a.shared()))
+	b := a
+	b.a2avBlocks = 0
+	require.EqualError(t, a.sharedMismatch(3, b.shared()),
+		"rank 3 runs GOSYM_GPU_A2AV_BLOCKS=0 and GOSYM_GPU_A2AV_SLOT_BYTES=65536, this rank 16 and 65536 (every rank must use the same)")
+	require.ErrorContains(t, a.sharedMismatch(2, nil), "rank 2 announced 0 bytes of settings")
+}
