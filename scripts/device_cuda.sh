@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [sanitize] [probe] [pinned]
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [sanitize] [probe] [pinned]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,8 @@ out="${OUT:-/tmp/gosym-device}"
 mkdir -p "$out"
 steps=("$@")
 summary=() # repeated at the end: the device returns only the output's tail
+# rows: a bench table cut to size, latency, baseline, ratio and check (and its failures)
+rows() { grep -E "^[a-z_]+ +[0-9]+[KMG]? |CORRECTNESS|^error" | awk '/^[a-z_]+ /{print $2, $3, $4, $5, $NF; next} {print}'; }
 ((${#steps[@]})) || steps=(check test bench graph sanitize)
 nvidia-smi -L
 for s in "${steps[@]}"; do
@@ -94,6 +96,28 @@ for s in "${steps[@]}"; do
 				--ops broadcast,all_gather_into_tensor,all_to_all_single,reduce_scatter_tensor --backends gosym,nccl \
 				--sizes 1K,16K,64K,256K --target-time 0.05 --no-check \
 				--json "$out/moves-graph-$ll.json" 2>&1 | tail -18
+		done ;;
+	a2av)
+		echo "== skewed all_to_all: the host agreement (default) against the paced kernel (GOSYM_GPU_A2AV_BLOCKS=64), 40 per sample"
+		for run in a b; do
+			for nb in 0 64; do
+				echo "-- GOSYM_GPU_A2AV_BLOCKS=$nb ($run)"
+				GOSYM_GPU_A2AV_BLOCKS=$nb timeout 200 python3 -m gosym.bench --device cuda --batch 40 \
+					--ops all_to_all_single_skew --backends gosym,nccl --sizes 1K,64K,1M,4M,16M,64M,256M \
+					--target-time 0.05 --json "$out/a2av-$nb-$run.json" 2>&1 | rows
+			done
+		done
+		echo "-- shapes (blocks per pair, slot bytes), gosym alone"
+		for shape in 32,65536 64,16384; do
+			GOSYM_GPU_A2AV_BLOCKS=${shape%,*} GOSYM_GPU_A2AV_SLOT_BYTES=${shape#*,} timeout 200 python3 -m gosym.bench \
+				--device cuda --batch 40 --ops all_to_all_single_skew --backends gosym --sizes 64K,1M,4M,16M,64M \
+				--target-time 0.05 --no-check --json "$out/tune-a2av-$shape.json" 2>&1 | rows | sed "s/^/$shape /"
+		done
+		echo "-- graph of 10, paced and host-agreed"
+		for nb in 0 64; do
+			GOSYM_GPU_A2AV_BLOCKS=$nb timeout 200 python3 -m gosym.bench --device cuda --cuda-graph 10 \
+				--ops all_to_all_single_skew --backends gosym,nccl --sizes 1K,64K,1M,4M --target-time 0.05 --no-check \
+				--json "$out/tune-a2av-graph-$nb.json" 2>&1 | rows | sed "s/^/graph $nb /"
 		done ;;
 	probe)
 		echo "== NVLink probe (scripts/nvlink_probe.cu): SM loads/stores and copy engines, both GPUs at once"

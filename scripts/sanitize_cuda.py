@@ -39,6 +39,13 @@ def main():
         ao = torch.empty_like(a)
         dist.all_to_all_single(ao, a)
         bad += int((ao.view(world, n) != torch.arange(world, device=dev)[:, None]).sum())
+        # skewed: rank r sends rank j (r + 2j + 1) * n // 4 + 1 elements (the paced kernel)
+        cnt = [[(r + 2 * j + 1) * n // 4 + 1 for j in range(world)] for r in range(world)]
+        s = torch.full((sum(cnt[rank]),), float(rank), device=dev)
+        so = torch.empty(sum(cnt[j][rank] for j in range(world)), device=dev)
+        dist.all_to_all_single(so, s, [cnt[j][rank] for j in range(world)], cnt[rank])
+        want = torch.cat([torch.full((cnt[j][rank],), float(j), device=dev) for j in range(world)])
+        bad += int((so != want).sum())
     y = gosym.empty(4096, device=dev)
     y.fill_(float(rank))
     v = gosym.contiguous_view(y)

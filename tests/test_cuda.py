@@ -38,7 +38,8 @@ def cuda_job(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cuda_direct_job(tmp_path_factory):
     """Every op large enough for the direct path (peers' own buffers through CUDA IPC),
-    small all_reduce included (no LL kernel, which comes first)."""
+    small all_reduce included (no LL kernel, which comes first), skewed all_to_all
+    included (the host agreement leads there)."""
     return _worker_job(tmp_path_factory, "cuda_direct", GOSYM_GPU_DIRECT_MIN="1",
                        GOSYM_GPU_LL_MAX="0")
 
@@ -46,8 +47,11 @@ def cuda_direct_job(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cuda_oneshot_job(tmp_path_factory):
     """Small all_reduce on the one-shot kernel over the staging (GOSYM_GPU_LL_MAX=0: no
-    LL kernel), eager (staging fused into the launch) and captured (copy + kernel)."""
-    return _worker_job(tmp_path_factory, "cuda_oneshot", GOSYM_GPU_LL_MAX="0")
+    LL kernel), eager (staging fused into the launch) and captured (copy + kernel); and
+    skewed all_to_all on the paced kernel (GOSYM_GPU_A2AV_BLOCKS=64: 64 blocks per pair,
+    2 KiB slots in the 1 MiB staging)."""
+    return _worker_job(tmp_path_factory, "cuda_oneshot", GOSYM_GPU_LL_MAX="0",
+                       GOSYM_GPU_A2AV_BLOCKS="64")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +93,7 @@ def test_direct_path(cuda_direct_job):
     assert st["gpu_direct_ops"] > 1000, st
     # buffers reused op after op are mapped once: the cache serves the rest
     assert 0 < st["gpu_ipc_opens"] < st["gpu_ipc_hits"], st
+    assert st["gpu_paced_all_to_all"] == 0, st
 
 
 def test_oneshot_path(cuda_oneshot_job):
@@ -96,6 +101,9 @@ def test_oneshot_path(cuda_oneshot_job):
     assert r0.get("graph") == "captured", r0.get("graph")
     st = r0["stats"]
     assert st["gpu_algo_ll"] == 0 and st["gpu_algo_oneshot"] > 10_000, st
+    # skewed all_to_all on the paced kernel: the sweep, 400 back to back, the graph's
+    # warm-up and capture (replays are not counted)
+    assert st["gpu_paced_all_to_all"] >= 400, st
 
 
 def test_all_reduce_and_barrier(cuda_job):
@@ -123,6 +131,7 @@ def test_other_collectives(cuda_job):
     # the small ones on the LL move kernel by default: back_to_back_moves' 1800 moves
     # (its all_reduce and reduce_scatter count as gpu_algo_ll) and the sweep's 64
     assert r0["stats"]["gpu_ll_moves"] > 1800, r0["stats"]
+    assert r0["stats"]["gpu_paced_all_to_all"] == 0, r0["stats"]  # off by default
 
 
 def test_cuda_p2p(tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import random
 import time
 
@@ -223,8 +224,8 @@ def movement(ck, rank, world, dev, nccl, digests):
 
 def uneven(ck, rank, world, dev, digests):
     """all_to_all_single with uneven and zero splits (rank r sends r+j+1 rows of 5 to j,
-    none to itself on rank 0), all_to_all (list), gather and scatter, and a mismatched
-    split that every rank reports before anything moves."""
+    none to itself on rank 0), all_to_all (list), gather and scatter, and mismatched
+    splits (mismatched_splits)."""
     cols = 5
 
     def rows(i, j):
@@ -267,23 +268,137 @@ def uneven(ck, rank, world, dev, digests):
         why = wc.compare(out, ins[rank])
         ck.check(case, why is None, why or "")
 
-    # rank 0 sends one row more to rank 1 than rank 1 expects (no rank has equal splits:
-    # those skip the agreement, see docs/ARCHITECTURE.md)
-    if world > 1:
-        inp = torch.zeros(world * 4, cols, device=dev)
-        out = torch.zeros(world * 4, cols, device=dev)
-        ins_s = [2, 6] + [4] * (world - 2)
-        outs_s = [3, 5] + [4] * (world - 2)
-        if rank == 0:
-            ins_s = [3, 5] + [4] * (world - 2)
-        e = ck.expect_error("all_to_all_single: mismatched splits", dist.all_to_all_single,
-                            out, inp, outs_s, ins_s)
-        if e is not None:
-            ck.check("mismatched splits: names both numbers",
-                     "expects" in str(e) and "sends" in str(e), wc.error_text(e))
+    if world > 1 and dist.get_backend() == "gosym":
+        mismatched_splits(ck, rank, world, dev)
     t = torch.full((8,), float(rank), device=dev)
     dist.all_reduce(t)
     ck.check("all_reduce after the mismatch", bool((t == world * (world - 1) / 2).all()))
+
+
+def _skew(case, world, total, dtype):
+    """splits[i][j]: the elements rank i sends rank j in case, the same on every rank:
+    zeros, single elements, odd counts, and one dominant pair per sender (rank i to i+1)
+    holding about half of total."""
+    rng = random.Random(wc.seed_of(case, 0))
+    s = [[rng.choice((0, 1, 3, rng.randint(1, max(1, total // (4 * world)))))
+          for _ in range(world)] for _ in range(world)]
+    for i in range(world):
+        s[i][(i + 1) % world] += total // 2 + rng.randint(0, 15)
+    return s
+
+
+def _skewed_once(case, rank, world, dev, dtype, total, group=None):
+    """One skewed all_to_all_single of case into a poisoned output at an odd offset:
+    (output view, its guarded base, exact result, every rank's input)."""
+    s = _skew(case, world, total, dtype)
+    ins = [_input(case, r, sum(s[r]), dtype, "SUM", dev) for r in range(world)]
+    n = sum(s[j][rank] for j in range(world))
+    base, out = _odd(n, dtype, dev, rank)
+    dist.all_to_all_single(out, ins[rank], [s[j][rank] for j in range(world)], s[rank], group=group)
+    exp = torch.cat([ins[j][sum(s[j][:rank]):sum(s[j][:rank + 1])] for j in range(world)])
+    return out, base, exp, s
+
+
+def skewed(ck, rank, world, dev, nccl, digests):
+    """all_to_all_single whose splits differ between ranks (the host agreement by default;
+    gs_a2av with GOSYM_GPU_A2AV_BLOCKS set: each pair paces its own piece): every dtype at sizes from a few elements to
+    pieces of many chunks (the job's 1 MiB staging), against the exact result and NCCL on
+    the same splits; 400 back to back under random per-rank delays with no host sync;
+    and 5 captured in a CUDA graph, replayed 20 times on fresh inputs."""
+    for dtype in MOVE_DTYPES:
+        for total in (7, 4099, 700_001, 3_000_017):
+            if total > 1_000_000 and dtype != torch.float32:
+                continue
+            case = f"skewed/{wc.dname(dtype)}/{total}"
+            out, base, exp, s = _skewed_once(case, rank, world, dev, dtype, total)
+            why = wc.compare(out, exp)
+            ck.check(f"{case}: vs exact", why is None, why or "")
+            why = wc.compare(base[[0, out.numel() + 1]], _poison(2, dtype, dev))
+            ck.check(f"{case}: guards untouched", why is None, why or "")
+            theirs = torch.empty_like(out)
+            mine = _input(case, rank, sum(s[rank]), dtype, "SUM", dev)
+            dist.all_to_all_single(theirs, mine, [s[j][rank] for j in range(world)], s[rank],
+                                   group=nccl)
+            why = wc.compare(out, theirs)
+            ck.check(f"{case}: bitwise equal to NCCL", why is None, why or "")
+    rng = random.Random(99 + rank)
+    done = []
+    for i in range(400):
+        if rng.random() < 0.1:
+            torch.cuda._sleep(rng.randint(1_000, 200_000))
+        total = (13, 5003, 200_003)[i % 3]
+        done.append(_skewed_once(f"skewed/b2b/{i}", rank, world, dev, torch.float32, total))
+    torch.cuda.synchronize()
+    bad = [i for i, (out, _, exp, _) in enumerate(done) if not torch.equal(out, exp)]
+    ck.check("skewed: 400 back to back under random delays", not bad, str(bad[:5]))
+
+    s = _skew("skewed/graph", world, 50_001, torch.float32)
+    n_in, n_out = sum(s[rank]), sum(s[j][rank] for j in range(world))
+    src = torch.zeros(5, n_in, device=dev)
+    dst = torch.zeros(5, n_out, device=dev)
+
+    def body():
+        for j in range(5):
+            dist.all_to_all_single(dst[j], src[j], [s[q][rank] for q in range(world)], s[rank])
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()  # warm up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    bad = torch.zeros((), dtype=torch.int64, device=dev)
+    for k in range(20):
+        ins = [torch.stack([_input(f"skewed/graph/{k}/{j}", r, sum(s[r]), torch.float32, "SUM", dev)
+                            for j in range(5)]) for r in range(world)]
+        src.copy_(ins[rank])
+        dst.fill_(float("nan"))
+        g.replay()
+        exp = torch.cat([ins[q][:, sum(s[q][:rank]):sum(s[q][:rank + 1])] for q in range(world)], 1)
+        bad += (dst != exp).sum()
+    torch.cuda.synchronize()
+    ck.check("skewed: a CUDA graph of 5, replayed 20 times", int(bad) == 0, f"{int(bad)} wrong elements")
+
+
+def mismatched_splits(ck, rank, world, dev):
+    """Every rank r sends rank r+1 one row more than r+1 expects (no rank has equal
+    splits: those agree on nothing), on a group of its own. By default the host agreement
+    raises the mismatch on the call itself, naming both numbers. With
+    GOSYM_GPU_A2AV_BLOCKS set, gs_a2av drains the piece, writes nothing of it and records
+    the mismatch, which the group's next CUDA op raises on every rank, naming the sender;
+    the group then refuses CUDA ops and is destroyed cleanly."""
+    cols = 5
+    sub = dist.new_group(backend="gosym")
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    inp = torch.zeros(world * 4 + 1, cols, device=dev)
+    out = torch.full((world * 4, cols), -7.0, device=dev)
+    ins_s = [5 if j == nxt else 4 for j in range(world)]
+    outs_s = [4] * world
+    paced = int(os.environ.get("GOSYM_GPU_A2AV_BLOCKS") or 0) > 0
+    case = "all_to_all_single: mismatched splits"
+    if paced:
+        dist.all_to_all_single(out, inp, outs_s, ins_s, group=sub)
+        torch.cuda.synchronize(dev)
+        piece = out[prev * 4:(prev + 1) * 4]
+        ck.check(f"{case}: nothing of the mismatched piece written", bool((piece == -7.0).all()),
+                 f"rank {prev}'s piece holds {piece.flatten()[:8].tolist()}")
+        rest = torch.cat([out[:prev * 4], out[(prev + 1) * 4:]])
+        ck.check(f"{case}: the other pieces arrive", bool((rest == 0).all()),
+                 f"{int((rest != 0).sum())} elements not written")
+        t = torch.ones(8, device=dev)
+        e = ck.expect_error(f"{case}: the next op raises", dist.all_reduce, t, group=sub)
+        if e is not None:
+            ck.check(f"{case}: names the sender", f"rank {prev} sent this rank a piece" in str(e),
+                     wc.error_text(e))
+        ck.expect_error(f"{case}: later ops raise too", dist.all_reduce, t, group=sub)
+    else:
+        e = ck.expect_error(case, dist.all_to_all_single, out, inp, outs_s, ins_s, group=sub)
+        if e is not None:
+            ck.check(f"{case}: names both numbers", "expects" in str(e) and "sends" in str(e),
+                     wc.error_text(e))
+    dist.destroy_process_group(sub)
 
 
 def symmetric(ck, rank, world, dev, digests):
@@ -639,6 +754,7 @@ def main():
     ck.info["matrix_s"] = round(time.perf_counter() - t0, 2)
     ck.run("movement", movement, ck, rank, world, dev, nccl, digests)
     ck.run("uneven", uneven, ck, rank, world, dev, digests)
+    ck.run("skewed", skewed, ck, rank, world, dev, nccl, digests)
     if args.backend == "gosym":
         ck.run("symmetric", symmetric, ck, rank, world, dev, digests)
     ck.run("noncontiguous", noncontiguous, ck, rank, world, dev, digests)
