@@ -672,7 +672,11 @@ func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (
 	}
 	t.data.size = round(t.stage + t.llArea)
 	// Loaded now, not at first use, which may be under graph capture.
-	for _, src := range []string{"allreduce.cu", cuda.BarrierKernel.Source, cuda.A2AVKernel.Source} {
+	srcs := []string{"allreduce.cu", cuda.BarrierKernel.Source}
+	if cfg.a2avBlocks > 0 {
+		srcs = append(srcs, cuda.A2AVKernel.Source)
+	}
+	for _, src := range srcs {
 		if _, err := g.module(src); err != nil {
 			return t, err
 		}

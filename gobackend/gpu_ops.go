@@ -548,7 +548,8 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 		// op fails at the group timeout, as an all_reduce of mismatched counts.)
 		return t.allToAllChunks(op, s, n*es)
 	}
-	// Registered inputs (registration is symmetric) agree, to be read in place.
+	// Splits that differ: the paced kernel where set, except on registered
+	// inputs (registration is symmetric), which agree to be read in place.
 	if !even && t.cfg.a2avBlocks > 0 && t.world > 1 && !t.inputRegistered(op) {
 		return t.allToAllPaced(op, s)
 	}

@@ -416,6 +416,22 @@ static void stream_case(int world, unsigned nb, size_t slot, int count, unsigned
 		passed++;
 }
 
+// Runs op, which holds a mismatch, and checks every rank's pieces (the
+// mismatched one left as it was); false (failure reported) if either fails.
+static bool run_mismatched(Group &g, Op &op, const char *name) {
+	if (!run(g, {&op}, name))
+		return false;
+	const std::vector<bool> on(g.world, true);
+	for (int r = 0; r < g.world; ++r) {
+		const std::string e = op.check(r, on);
+		if (!e.empty()) {
+			fail(std::string(name) + " " + op.matrix() + ": " + e);
+			return false;
+		}
+	}
+	return true;
+}
+
 // Rank 1 expects another size from rank 0 than rank 0 sends: it drains the
 // piece in step, writes nothing of it, records the mismatch naming rank 0,
 // gets its other pieces, and the next all_to_all on the same pads works.
@@ -428,14 +444,8 @@ static void mismatch_case(int world, unsigned nb, size_t slot, size_t n, size_t 
 	Op op(send, recv);
 	char name[160];
 	snprintf(name, sizeof name, "mismatch %s: rank 0 sends %zu, rank 1 expects %zu", g.name().c_str(), n, want);
-	if (!run(g, {&op}, name))
+	if (!run_mismatched(g, op, name))
 		return;
-	const std::vector<bool> on(world, true);
-	for (int r = 0; r < world; ++r) {
-		const std::string e = op.check(r, on);
-		if (!e.empty())
-			return fail(std::string(name) + " " + op.matrix() + ": " + e);
-	}
 	const unsigned *e = g.err(1);
 	if (e[0] != GS_ERR_MISMATCH || !(e[1] & GS_A2AV_DETAIL) || ((e[1] >> 16) & 0xff) != GS_A2AV_MISMATCH ||
 	    (e[1] & 0xff) != 0 || ((e[1] >> 8) & 0xff) >= nb || e[2] != 1u)
@@ -466,14 +476,8 @@ static void self_mismatch_case(int world, unsigned nb, size_t slot, int me, size
 	char name[160];
 	snprintf(name, sizeof name, "self mismatch %s: rank %d sends itself %zu, expects %zu", g.name().c_str(), me, n,
 	         want);
-	if (!run(g, {&op}, name))
+	if (!run_mismatched(g, op, name))
 		return;
-	const std::vector<bool> on(world, true);
-	for (int r = 0; r < world; ++r) {
-		const std::string e = op.check(r, on);
-		if (!e.empty())
-			return fail(std::string(name) + " " + op.matrix() + ": " + e);
-	}
 	const unsigned *e = g.err(me);
 	if (e[0] != GS_ERR_MISMATCH || e[1] != (GS_A2AV_DETAIL | (GS_A2AV_MISMATCH << 16) | (unsigned)me) ||
 	    e[2] != 1u << me)
