@@ -364,17 +364,10 @@ func (c *checker) a2avTimeoutCase(g *gpu, k a2avCase) error {
 	p := s.ps[0]
 	p.TimeoutNs = 5_000_000
 	grid, block := cuda.A2AVGrid(2, k.nb, send[0][0])
-	if err := c.d.Launch(s.fn, grid, block, 0, g.streams[0], &p); err != nil {
-		return err
-	}
-	if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
-		return err
-	}
-	w, err := pads.bufs[0].read(cuda.PadErrorWord*4, 12)
+	code, detail, missing, err := c.launchAlone(g, s.fn, grid, block, &p, pads)
 	if err != nil {
 		return err
 	}
-	code, detail, missing := le32(w), le32(w[4:]), le32(w[8:])
 	what := detail >> 16 & 0xff
 	if code != cuda.ErrTimeout || missing != 2 || detail&cuda.A2AVDetail == 0 || detail&0xff != 1 ||
 		(what != cuda.A2AVWaitSlot && what != cuda.A2AVWaitData) || int(detail>>8&0xff) >= k.nb {

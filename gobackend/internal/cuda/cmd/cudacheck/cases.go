@@ -605,6 +605,23 @@ func (c *checker) timeoutCase(g *gpu) error {
 	}, -1)
 }
 
+// launchAlone launches fn on rank 0's stream (its peers never run), waits
+// for it and returns rank 0's error words: code, detail, missing ranks.
+func (c *checker) launchAlone(g *gpu, fn *cuda.Function, grid, block cuda.Dim3, p cuda.Param,
+	pads *padSet) (code, detail, missing uint32, err error) {
+	if err = c.d.Launch(fn, grid, block, 0, g.streams[0], p); err != nil {
+		return 0, 0, 0, err
+	}
+	if err = c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
+		return 0, 0, 0, err
+	}
+	w, err := pads.bufs[0].read(cuda.PadErrorWord*4, 12)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return le32(w), le32(w[4:]), le32(w[8:]), nil
+}
+
 // expectTimeout launches k on rank 0 of a fresh pair of pads (left
 // unusable afterwards, as documented) with rank 1 absent, and checks that it
 // gave up naming rank 1 (and, unless detail < 0, with that detail word).
@@ -614,17 +631,10 @@ func (c *checker) expectTimeout(g *gpu, k *cuda.Kernel, grid, block cuda.Dim3, p
 	if err != nil {
 		return err
 	}
-	if err := c.d.Launch(g.fns[k.Name], grid, block, 0, g.streams[0], param(pads)); err != nil {
-		return err
-	}
-	if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
-		return err
-	}
-	w, err := pads.bufs[0].read(cuda.PadErrorWord*4, 12)
+	code, got, missing, err := c.launchAlone(g, g.fns[k.Name], grid, block, param(pads), pads)
 	if err != nil {
 		return err
 	}
-	code, got, missing := le32(w), le32(w[4:]), le32(w[8:])
 	if code != cuda.ErrTimeout || missing != 2 || (detail >= 0 && int64(got) != detail) {
 		return fmt.Errorf("error words code=%d detail=%#x missing=%#x, want code=%d detail=%#x missing=0x2", code,
 			got, missing, cuda.ErrTimeout, detail)
