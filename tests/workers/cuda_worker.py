@@ -275,7 +275,7 @@ def uneven(ck, rank, world, dev, digests):
     ck.check("all_reduce after the mismatch", bool((t == world * (world - 1) / 2).all()))
 
 
-def _skew(case, world, total, dtype):
+def _skew(case, world, total):
     """splits[i][j]: the elements rank i sends rank j in case, the same on every rank:
     zeros, single elements, odd counts, and one dominant pair per sender (rank i to i+1)
     holding about half of total."""
@@ -290,7 +290,7 @@ def _skew(case, world, total, dtype):
 def _skewed_once(case, rank, world, dev, dtype, total, group=None):
     """One skewed all_to_all_single of case into a poisoned output at an odd offset:
     (output view, its guarded base, exact result, every rank's input)."""
-    s = _skew(case, world, total, dtype)
+    s = _skew(case, world, total)
     ins = [_input(case, r, sum(s[r]), dtype, "SUM", dev) for r in range(world)]
     n = sum(s[j][rank] for j in range(world))
     base, out = _odd(n, dtype, dev, rank)
@@ -332,7 +332,7 @@ def skewed(ck, rank, world, dev, nccl, digests):
     bad = [i for i, (out, _, exp, _) in enumerate(done) if not torch.equal(out, exp)]
     ck.check("skewed: 400 back to back under random delays", not bad, str(bad[:5]))
 
-    s = _skew("skewed/graph", world, 50_001, torch.float32)
+    s = _skew("skewed/graph", world, 50_001)
     n_in, n_out = sum(s[rank]), sum(s[j][rank] for j in range(world))
     src = torch.zeros(5, n_in, device=dev)
     dst = torch.zeros(5, n_out, device=dev)

@@ -65,6 +65,8 @@ func TestHeaderMatchesCudaH(t *testing.T) {
 		"CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT":                        int(AttrMultiprocessorCount),
 		"CU_DEVICE_ATTRIBUTE_PCI_BUS_ID":                                  int(AttrPCIBusID),
 		"CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID":                               int(AttrPCIDeviceID),
+		"CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR":              int(AttrMaxThreadsPerSM),
+		"CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR":            int(AttrMaxRegistersPerSM),
 		"CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING":                          int(AttrUnifiedAddressing),
 		"CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID":                               int(AttrPCIDomainID),
 		"CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR":                    int(AttrComputeCapabilityMajor),

@@ -33,10 +33,12 @@ const (
 	AttrMultiprocessorCount       Attribute = 16
 	AttrPCIBusID                  Attribute = 33
 	AttrPCIDeviceID               Attribute = 34
+	AttrMaxThreadsPerSM           Attribute = 39
 	AttrUnifiedAddressing         Attribute = 41
 	AttrPCIDomainID               Attribute = 50
 	AttrComputeCapabilityMajor    Attribute = 75
 	AttrComputeCapabilityMinor    Attribute = 76
+	AttrMaxRegistersPerSM         Attribute = 82
 	AttrMaxSharedMemPerBlockOptin Attribute = 97
 	AttrVirtualMemoryManagement   Attribute = 102
 	AttrHandleTypePosixFD         Attribute = 103

@@ -133,8 +133,8 @@ func (c *checker) a2avResident(g *gpu, fn *cuda.Function) int {
 		return def
 	}
 	sms := attr(cuda.AttrMultiprocessorCount, 1)
-	threads := attr(cuda.Attribute(39), 2048) // CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR
-	regsSM := attr(cuda.Attribute(82), 65536) // CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR
+	threads := attr(cuda.AttrMaxThreadsPerSM, 2048)
+	regsSM := attr(cuda.AttrMaxRegistersPerSM, 65536)
 	perSM := threads / cuda.BlockThreads
 	if regs, err := fn.Attribute(cuda.FuncNumRegs); err == nil && regs > 0 {
 		warp := (regs*32 + 255) / 256 * 256 // registers are allocated per warp, 256 at a time
