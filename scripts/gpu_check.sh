@@ -18,7 +18,8 @@
 # multicast (it only reads CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED). Results:
 # one PASS/FAIL line per case, then $OUT/cudacheck.json and $OUT/gpu_check.log
 # when $OUT is set. Exit status: the checker's (0 all passed, 1 a case failed,
-# 2 unsafe environment or no CUDA, 3 timed out).
+# 2 unsafe environment or no CUDA, 3 timed out, or one case stuck past
+# -case-timeout, 2 minutes: the report names it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -61,4 +62,50 @@ func TestRefusesUnsafeEnvironment(t *testing.T) {
 			require.Equal(t, 2, run(true))
 		})
 	}
+}
+
+// TestStuckCaseIsNamed: with -case-timeout, a case that never returns ends
+// the run with status 3 and a report naming it; a case done in time does
+// not.
+func TestStuckCaseIsNamed(t *testing.T) {
+	mu.Lock()
+	savedCases, savedErr := rep.Cases, rep.Error
+	mu.Unlock()
+	savedGiveUp, savedTimeout := giveUp, caseTimeout
+	t.Cleanup(func() {
+		mu.Lock()
+		rep.Cases, rep.Error = savedCases, savedErr
+		mu.Unlock()
+		giveUp, caseTimeout = savedGiveUp, savedTimeout
+	})
+	release, gave := make(chan struct{}), make(chan int, 2)
+	giveUp = func(code int) {
+		gave <- code
+		close(release)
+	}
+	caseTimeout = 50 * time.Millisecond
+
+	record("a case done in time", func() error { return nil })
+	time.Sleep(2 * caseTimeout)
+	require.Empty(t, gave, "a case done in time must not end the run")
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		record("a case that waits forever", func() error { <-release; return nil })
+	}()
+	select {
+	case code := <-gave:
+		require.Equal(t, 3, code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stuck case did not end the run") // (its goroutine stays blocked)
+	}
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	require.Contains(t, rep.Error, "a case that waits forever: not done after 50ms")
+	stuck := rep.Cases[len(savedCases)+1]
+	require.Equal(t, "a case that waits forever", stuck.Name)
+	require.False(t, stuck.Pass)
+	require.Contains(t, stuck.Detail, "never returned")
 }

@@ -110,28 +110,38 @@ type report struct {
 }
 
 var (
-	mu    sync.Mutex // guards rep against the watchdog
+	mu    sync.Mutex // guards rep against the watchdogs
 	rep   = report{Safety: map[string]string{}}
 	start = time.Now()
+
+	jsonPath string // where finish writes the report
+	// caseTimeout (-case-timeout; 0: none) bounds one case: a driver call
+	// or kernel that never returns then fails the run naming its case,
+	// where the run's own timeout could only say that time ran out.
+	caseTimeout time.Duration
+	// giveUp ends the run from a watchdog; tests replace it.
+	giveUp = func(code int) { finish(jsonPath, code) }
 )
 
 func main() {
-	jsonPath := flag.String("json", "", "write the JSON summary here (default $OUT/cudacheck.json)")
+	flag.StringVar(&jsonPath, "json", "", "write the JSON summary here (default $OUT/cudacheck.json)")
 	timeout := flag.Duration("timeout", 8*time.Minute, "give up after this long")
+	flag.DurationVar(&caseTimeout, "case-timeout", 2*time.Minute,
+		"give up, naming the case, when one case takes longer than this (0: no limit)")
 	quick := flag.Bool("quick", false, "skip the large sizes and the timings")
 	flag.Parse()
-	if *jsonPath == "" && os.Getenv("OUT") != "" {
-		*jsonPath = filepath.Join(os.Getenv("OUT"), "cudacheck.json")
+	if jsonPath == "" && os.Getenv("OUT") != "" {
+		jsonPath = filepath.Join(os.Getenv("OUT"), "cudacheck.json")
 	}
 	time.AfterFunc(*timeout, func() {
 		mu.Lock()
 		rep.Error = fmt.Sprintf("timed out after %v", *timeout)
 		mu.Unlock()
 		fmt.Println("FAIL timeout:", *timeout)
-		finish(*jsonPath, 3)
+		giveUp(3)
 	})
 	code := run(*quick)
-	finish(*jsonPath, code)
+	finish(jsonPath, code)
 }
 
 func finish(path string, code int) {
@@ -262,6 +272,20 @@ func describe(d *cuda.Driver, ordinal int) (deviceInfo, error) {
 // the others.
 func record(name string, f func() error) {
 	t0 := time.Now()
+	if caseTimeout > 0 {
+		stuck := time.AfterFunc(caseTimeout, func() {
+			msg := fmt.Sprintf("%s: not done after %v (a driver call or a kernel that never returned)", name,
+				caseTimeout)
+			mu.Lock()
+			rep.Error = msg
+			rep.Cases = append(rep.Cases, caseResult{Name: name, Detail: msg,
+				Ms: float64(time.Since(t0).Microseconds()) / 1000})
+			mu.Unlock()
+			fmt.Println("FAIL", msg)
+			giveUp(3)
+		})
+		defer stuck.Stop()
+	}
 	var err error
 	func() {
 		defer func() {
