@@ -367,8 +367,23 @@ func (c gpuConfig) sharedMismatch(r int, theirs []byte) error {
 		return fmt.Errorf("rank %d announced %d bytes of settings, this rank 16 (another gosym version?)", r, len(theirs))
 	}
 	le := binary.LittleEndian
-	return fmt.Errorf("rank %d runs GOSYM_GPU_A2AV_BLOCKS=%d and GOSYM_GPU_A2AV_SLOT_BYTES=%d, this rank %d and %d (every rank must use the same)",
+	return fmt.Errorf("rank %d runs GOSYM_GPU_A2AV_BLOCKS=%d and GOSYM_GPU_A2AV_SLOT_BYTES=%d, this rank %d and %d (every rank must use the same; the blocks are capped by what each GPU holds resident)",
 		r, le.Uint64(theirs), le.Uint64(theirs[8:]), c.a2avBlocks, c.a2avSlot)
+}
+
+// a2avResident is the blocks per pair of gs_a2av for a wish of want, in
+// a group of world ranks, on a GPU that holds resident blocks of it at
+// once: a pair block waits for its peer's, so every pair block of a
+// launch must be resident, or the launch waits out the group's timeout.
+// (A GPU of another model on another rank may hold fewer: setup's
+// announcement of shared() then fails, naming the rank.)
+func a2avResident(want, world, resident int) (int, error) {
+	fit := resident / (2 * (world - 1))
+	if fit < 1 {
+		return 0, fmt.Errorf("gosym: the paced all_to_all (GOSYM_GPU_A2AV_BLOCKS) needs at least %d blocks of %d threads resident at once for %d ranks; this GPU holds %d: unset GOSYM_GPU_A2AV_BLOCKS",
+			2*(world-1), cuda.BlockThreads, world, resident)
+	}
+	return min(want, fit), nil
 }
 
 // gpuHelloMagic marks a rank's announcement of its GPU buffer (its size,
@@ -678,6 +693,15 @@ func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (
 	}
 	for _, src := range srcs {
 		if _, err := g.module(src); err != nil {
+			return t, err
+		}
+	}
+	if cfg.a2avBlocks > 0 && world > 1 {
+		f, err := t.function(cuda.A2AVKernel)
+		if err != nil {
+			return t, err
+		}
+		if t.cfg.a2avBlocks, err = a2avResident(cfg.a2avBlocks, world, g.d.ResidentBlocks(g.dev, f, cuda.BlockThreads)); err != nil {
 			return t, err
 		}
 	}

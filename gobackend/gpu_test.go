@@ -372,6 +372,25 @@ func TestGPUConfigSharedMismatch(t *testing.T) {
 	b := a
 	b.a2avBlocks = 0
 	require.EqualError(t, a.sharedMismatch(3, b.shared()),
-		"rank 3 runs GOSYM_GPU_A2AV_BLOCKS=0 and GOSYM_GPU_A2AV_SLOT_BYTES=65536, this rank 16 and 65536 (every rank must use the same)")
+		"rank 3 runs GOSYM_GPU_A2AV_BLOCKS=0 and GOSYM_GPU_A2AV_SLOT_BYTES=65536, this rank 16 and 65536 (every rank must use the same; the blocks are capped by what each GPU holds resident)")
 	require.ErrorContains(t, a.sharedMismatch(2, nil), "rank 2 announced 0 bytes of settings")
+}
+
+// gs_a2av's blocks per pair are capped by what the GPU holds resident
+// (every pair block of a launch waits on its peer's); none fitting is an
+// error that says what to unset.
+func TestA2AVResident(t *testing.T) {
+	for _, c := range []struct{ want, world, resident, nb int }{
+		{64, 2, 264, 64}, // H200: 132 SMs, two blocks each
+		{64, 2, 80, 40},
+		{64, 4, 80, 13},
+		{8, 8, 264, 8},
+		{64, 2, 2, 1},
+	} {
+		nb, err := a2avResident(c.want, c.world, c.resident)
+		require.NoError(t, err, "%+v", c)
+		require.Equal(t, c.nb, nb, "%+v", c)
+	}
+	_, err := a2avResident(64, 3, 3)
+	require.EqualError(t, err, "gosym: the paced all_to_all (GOSYM_GPU_A2AV_BLOCKS) needs at least 4 blocks of 512 threads resident at once for 3 ranks; this GPU holds 3: unset GOSYM_GPU_A2AV_BLOCKS")
 }

@@ -258,3 +258,18 @@ func TestNoLinkTimeCUDADependency(t *testing.T) {
 			strings.HasPrefix(s.Name, "nvrtc"), "imports %s", s.Name)
 	}
 }
+
+// residentBlocks counts blocks per SM by threads and by registers, which
+// the driver allocates per warp in units of 256.
+func TestResidentBlocks(t *testing.T) {
+	for _, c := range []struct{ sms, threadsSM, regsSM, regs, threads, want int }{
+		{132, 2048, 65536, 64, 512, 264}, // H200, gs_a2av: two blocks an SM
+		{132, 2048, 65536, 62, 512, 264}, // 62 registers round up to 64 a thread
+		{132, 2048, 65536, 65, 512, 132}, // 65 round up to 72: one block
+		{132, 2048, 65536, 0, 512, 528},  // registers unknown: threads alone
+		{40, 1024, 65536, 64, 512, 80},   // threads bind first
+		{132, 2048, 65536, 64, 0, 0},
+	} {
+		require.Equal(t, c.want, residentBlocks(c.sms, c.threadsSM, c.regsSM, c.regs, c.threads), "%+v", c)
+	}
+}

@@ -201,3 +201,38 @@ func packParams(k *Kernel, args []Param, offsets *[maxParams]C.size_t) (*[maxPar
 	}
 	return packed, size, nil
 }
+
+// ResidentBlocks is how many blocks of f (threads each, no dynamic shared
+// memory) dev runs at once: its SMs times what one SM holds by threads and
+// by registers. Kernels whose blocks wait on one another (gs_a2av) need
+// them all resident; an attribute the driver does not give counts as the
+// usual (one SM, 2048 threads, 64Ki registers).
+func (d *Driver) ResidentBlocks(dev Device, f *Function, threads int) int {
+	attr := func(a Attribute, def int) int {
+		if v, err := d.DeviceAttribute(dev, a); err == nil && v > 0 {
+			return v
+		}
+		return def
+	}
+	regs, err := f.Attribute(FuncNumRegs)
+	if err != nil {
+		regs = 0
+	}
+	return residentBlocks(attr(AttrMultiprocessorCount, 1), attr(AttrMaxThreadsPerSM, 2048),
+		attr(AttrMaxRegistersPerSM, 65536), regs, threads)
+}
+
+// residentBlocks is ResidentBlocks' count for sms SMs of threadsSM threads
+// and regsSM registers each, for blocks of threads threads of regs
+// registers (0: unknown, threads alone bound it).
+func residentBlocks(sms, threadsSM, regsSM, regs, threads int) int {
+	if threads <= 0 {
+		return 0
+	}
+	perSM := threadsSM / threads
+	if regs > 0 {
+		warp := (regs*32 + 255) / 256 * 256 // registers are allocated per warp, 256 at a time
+		perSM = min(perSM, regsSM/(warp*((threads+31)/32)))
+	}
+	return sms * perSM
+}

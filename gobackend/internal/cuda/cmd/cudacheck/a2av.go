@@ -20,7 +20,7 @@ import (
 //
 // The blocks of one launch wait on the blocks of the other ranks'
 // launches, so every simulated rank's pair blocks must be resident on the
-// GPU at once: a2avResident bounds nb by what the GPU holds.
+// GPU at once: cuda.ResidentBlocks bounds nb by what the GPU holds.
 
 // a2avCase is a gs_a2av case: launches launches back to back, each on
 // world simulated ranks with nb blocks per pair and direction.
@@ -57,7 +57,7 @@ func (c *checker) a2avCases(g *gpu, padsFor func(world int) (*padSet, error)) {
 		record("gs_a2av loaded", func() error { return fmt.Errorf("kernel %s not loaded", cuda.A2AVKernel.Name) })
 		return
 	}
-	resident := c.a2avResident(g, fn)
+	resident := c.d.ResidentBlocks(g.dev, fn, cuda.BlockThreads)
 	fmt.Printf("gs_a2av: %d blocks of %d threads resident at once\n", resident, cuda.BlockThreads)
 	mis := [][2]int{{0, 0}, {1, 3}, {5, 13}, {7, 7}, {0, 9}, {3, 0}}
 	var ks []a2avCase
@@ -120,27 +120,6 @@ func (c *checker) a2avCases(g *gpu, padsFor func(world int) (*padSet, error)) {
 	record(fmt.Sprintf("gs_a2av timeout names the missing rank (rank 1 absent, 5 ms, nb=%d)", tk.nb), func() error {
 		return c.a2avTimeoutCase(g, tk)
 	})
-}
-
-// a2avResident is how many blocks of fn (cuda.BlockThreads threads, no
-// shared memory) g runs at once: its SMs times what one SM holds by
-// threads and by registers.
-func (c *checker) a2avResident(g *gpu, fn *cuda.Function) int {
-	attr := func(a cuda.Attribute, def int) int {
-		if v, err := c.d.DeviceAttribute(g.dev, a); err == nil && v > 0 {
-			return v
-		}
-		return def
-	}
-	sms := attr(cuda.AttrMultiprocessorCount, 1)
-	threads := attr(cuda.AttrMaxThreadsPerSM, 2048)
-	regsSM := attr(cuda.AttrMaxRegistersPerSM, 65536)
-	perSM := threads / cuda.BlockThreads
-	if regs, err := fn.Attribute(cuda.FuncNumRegs); err == nil && regs > 0 {
-		warp := (regs*32 + 255) / 256 * 256 // registers are allocated per warp, 256 at a time
-		perSM = min(perSM, regsSM/(warp*cuda.BlockThreads/32))
-	}
-	return sms * perSM
 }
 
 // a2avStart makes k's staging (the caller frees it), reads the pads'
