@@ -491,9 +491,7 @@ type gpuModule struct {
 	once sync.Once
 	m    *cuda.Module
 	err  error
-
-	mu  sync.Mutex
-	fns map[string]*cuda.Function
+	fns  map[string]*cuda.Function // every kernel of the source, looked up by once
 }
 
 var gpuDevices struct {
@@ -590,6 +588,18 @@ func (g *gpuDevice) module(source string) (*gpuModule, error) {
 		if m.err = gpuCompiler.err; m.err == nil {
 			m.m, m.err = g.d.LoadKernels(g.ctx, gpuCompiler.c, g.arch, source)
 		}
+		// Every kernel is looked up now, not at its first launch. Under lazy
+		// loading (CUDA_MODULE_LOADING=LAZY, Linux's default since CUDA 12.2)
+		// cuModuleGetFunction is what puts a kernel on the device, and that
+		// may wait for the context's running kernels: a lookup at first use
+		// could then wait on one of ours that spins until a peer's kernel
+		// runs, and that peer's may wait on this rank's next launch.
+		for _, k := range cuda.KernelsIn(source) {
+			if m.err != nil {
+				break
+			}
+			m.fns[k.Name], m.err = m.m.Function(k)
+		}
 	})
 	return m, m.err
 }
@@ -600,23 +610,10 @@ func (g *gpuDevice) function(k *cuda.Kernel) (*cuda.Function, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	f := m.fns[k.Name]
-	m.mu.Unlock()
-	if f != nil {
+	if f := m.fns[k.Name]; f != nil {
 		return f, nil
 	}
-	if f, err = m.m.Function(k); err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	if old := m.fns[k.Name]; old != nil {
-		f = old
-	} else {
-		m.fns[k.Name] = f
-	}
-	m.mu.Unlock()
-	return f, nil
+	return nil, fmt.Errorf("gosym: kernel %s is not one of %s's", k.Name, k.Source)
 }
 
 // ---- the group's buffers --------------------------------------------------------

@@ -2,14 +2,13 @@ package main
 
 import (
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
 )
 
 // TestAgainstFakeDriver runs the whole check, in -quick mode, against
@@ -20,20 +19,10 @@ import (
 // real hardware. Needs g++ and NVRTC (the kernels are still compiled, to
 // check the cache and the CUBIN the fake inspects).
 func TestAgainstFakeDriver(t *testing.T) {
-	cxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skip("no g++")
-	}
 	if _, err := cuda.LoadNVRTC(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}
-	lib := filepath.Join(t.TempDir(), "libfakecuda.so")
-	out, err := exec.Command(cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-pthread", "-Wall",
-		"-Wno-unknown-pragmas", "-include", "../../../../../kernels/testdata/emu.h",
-		"-I", "../../../../../kernels", "-I", "../..", "-o", lib, "testdata/fakecuda.cpp").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-
-	t.Setenv("GOSYM_LIBCUDA", lib)
+	t.Setenv("GOSYM_LIBCUDA", cudatest.FakeLibrary(t))
 	t.Setenv("GOSYM_KERNEL_CACHE", t.TempDir())
 	for _, kv := range safeEnv {
 		t.Setenv(kv[0], kv[1])
