@@ -102,6 +102,90 @@ __device__ __forceinline__ void gs_p2p_share(gs_u64 bytes, gs_u64 slot_bytes, gs
 	*len = hi - lo;
 }
 
+// ---- one lane of the protocol ----------------------------------------------------
+//
+// The two loops every kernel of this file runs, each for one lane: one
+// block of one direction of a channel (gs_p2p_*) or of one ordered pair of
+// a group (gs_a2av). A lane type says where the lane's counters, slots and
+// size header live, and how its errors are recorded:
+//   sent(), recvd()           this side's own counts;
+//   ack(), ready()            the flags this side waits on, in its memory;
+//   peer_ready(), peer_ack()  the flags it releases, in the peer's;
+//   slot(s)                   slot s of the lane, in the sender's memory;
+//   wait(flag, want, what)    a wait with the lane's deadline (false, for
+//                             every thread, once it timed out, recorded);
+//   put_header(j, s)          thread 0, once chunk j is in slot s;
+//   check_header(s, &bytes)   every thread, at the first chunk: false when
+//                             the sender's size (or tag) is not the one
+//                             expected, *bytes then the sender's (recorded).
+
+static_assert(GS_P2P_SLOTS == GS_A2AV_SLOTS, "lanes: one slot count");
+static_assert(GS_P2P_WAIT_SLOT == GS_A2AV_WAIT_SLOT && GS_P2P_WAIT_DATA == GS_A2AV_WAIT_DATA,
+              "lanes: one set of wait codes");
+#define GS_LANE_SLOTS GS_P2P_SLOTS
+
+// Sends bytes from src over lane l, block b of nb, one chunk of slot_bytes
+// at most per round. False if a wait timed out; else *next is the lane's
+// count after the last chunk.
+template <class Lane>
+__device__ __forceinline__ bool gs_lane_send(const Lane &l, const char *src, gs_u64 bytes, gs_u64 slot_bytes,
+                                             gs_u32 nb, gs_u32 b, gs_u32 *next) {
+	// Read by every thread before thread 0 first advances it (after the
+	// barrier in the first wait).
+	gs_u32 k = *l.sent();
+	const gs_u64 rounds = gs_p2p_rounds(bytes, slot_bytes, nb);
+	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
+		// Slot k % SLOTS is free once chunk k - SLOTS was consumed.
+		if (!l.wait(l.ack(), k + 1u - GS_LANE_SLOTS, GS_P2P_WAIT_SLOT))
+			return false;
+		const gs_u32 s = k % GS_LANE_SLOTS;
+		gs_u64 off, len;
+		gs_p2p_share(bytes, slot_bytes, nb, b, j, &off, &len);
+		gs_copy_seg(l.slot(s), src + off, len, threadIdx.x, blockDim.x);
+		__threadfence_system();
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			l.put_header(j, s);
+			gs_st_release(l.peer_ready(), k + 1u);
+			*l.sent() = k + 1u;
+		}
+	}
+	*next = k;
+	return true;
+}
+
+// Receives over lane l into dst a message of bytes expected (block b of
+// nb); one of another size is drained in step and nothing of it written.
+template <class Lane>
+__device__ __forceinline__ void gs_lane_recv(const Lane &l, char *dst, gs_u64 bytes, gs_u64 slot_bytes, gs_u32 nb,
+                                             gs_u32 b) {
+	gs_u32 k = *l.recvd();
+	gs_u64 rounds = gs_p2p_rounds(bytes, slot_bytes, nb);
+	bool drain = false; // the message is not the one expected: consume it, write nothing
+	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
+		if (!l.wait(l.ready(), k + 1u, GS_P2P_WAIT_DATA))
+			return;
+		const gs_u32 s = k % GS_LANE_SLOTS;
+		// The sender's header, read by every thread after the wait.
+		if (j == 0 && !l.check_header(s, &bytes)) {
+			drain = true;
+			rounds = gs_p2p_rounds(bytes, slot_bytes, nb);
+		}
+		if (!drain) {
+			gs_u64 off, len;
+			gs_p2p_share(bytes, slot_bytes, nb, b, j, &off, &len);
+			gs_copy_seg(dst + off, l.slot(s), len, threadIdx.x, blockDim.x);
+		}
+		// Every thread's reads of the slot are done before the sender may
+		// refill it.
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			gs_st_release(l.peer_ack(), k + 1u);
+			*l.recvd() = k + 1u;
+		}
+	}
+}
+
 // Slot s of block b in an outbox.
 __device__ __forceinline__ char *gs_p2p_slot(const gs_p2p_params &p, gs_u32 s) {
 	return (char *)p.box + ((gs_u64)blockIdx.x * GS_P2P_SLOTS + s) * p.slot_bytes;
@@ -119,76 +203,59 @@ __device__ __forceinline__ bool gs_p2p_wait(const gs_p2p_params &p, const gs_u32
 	return !__syncthreads_or(failed);
 }
 
+// The lane of block blockIdx.x of a channel: its counters on one 128-byte
+// line each, its slots in the sender's outbox, a header per slot that
+// carries the message's size and tag with every chunk.
+struct GsP2PLane {
+	const gs_p2p_params &p;
+	gs_u32 line;
+	__device__ volatile gs_u32 *sent() const { return p.ctrl + GS_P2P_SENT + line; }
+	__device__ volatile gs_u32 *recvd() const { return p.ctrl + GS_P2P_RECVD + line; }
+	__device__ const gs_u32 *ack() const { return p.ctrl + GS_P2P_ACK + line; }
+	__device__ const gs_u32 *ready() const { return p.ctrl + GS_P2P_READY + line; }
+	__device__ gs_u32 *peer_ready() const { return p.peer_ctrl + GS_P2P_READY + line; }
+	__device__ gs_u32 *peer_ack() const { return p.peer_ctrl + GS_P2P_ACK + line; }
+	__device__ char *slot(gs_u32 s) const { return gs_p2p_slot(p, s); }
+	__device__ bool wait(const gs_u32 *flag, gs_u32 want, gs_u32 what) const {
+		return gs_p2p_wait(p, flag, want, what);
+	}
+	__device__ volatile gs_u32 *header(gs_u32 *ctrl, gs_u32 s) const {
+		return ctrl + GS_P2P_HDR + (blockIdx.x * GS_P2P_SLOTS + s) * GS_P2P_HDR_WORDS;
+	}
+	__device__ void put_header(gs_u64, gs_u32 s) const {
+		volatile gs_u32 *h = header(p.peer_ctrl, s);
+		h[0] = (gs_u32)p.bytes;
+		h[1] = (gs_u32)(p.bytes >> 32);
+		h[2] = (gs_u32)(gs_u64)p.tag;
+		h[3] = (gs_u32)((gs_u64)p.tag >> 32);
+	}
+	__device__ bool check_header(gs_u32 s, gs_u64 *bytes) const {
+		const volatile gs_u32 *h = header(p.ctrl, s);
+		const gs_u32 h0 = h[0], h1 = h[1], h2 = h[2], h3 = h[3];
+		const gs_u64 got = (gs_u64)h0 | ((gs_u64)h1 << 32);
+		const long long tag = (long long)((gs_u64)h2 | ((gs_u64)h3 << 32));
+		if (got == *bytes && tag == p.tag)
+			return true;
+		*bytes = got;
+		if (threadIdx.x == 0)
+			gs_p2p_error(p, GS_ERR_MISMATCH, blockIdx.x << 8, h0, h1, h2, h3);
+		return false;
+	}
+};
+
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_send(gs_p2p_params p) {
 	if (!gs_p2p_config_ok(p))
 		return;
-	const gs_u32 line = blockIdx.x * GS_P2P_LINE;
-	volatile gs_u32 *sent = p.ctrl + GS_P2P_SENT + line;
-	// Read by every thread before thread 0 first advances it (after the
-	// barrier in the first wait).
-	gs_u32 k = *sent;
-	const gs_u64 rounds = gs_p2p_rounds(p.bytes, p.slot_bytes, gridDim.x);
-	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
-		// Slot k % SLOTS is free once chunk k - SLOTS was consumed.
-		if (!gs_p2p_wait(p, p.ctrl + GS_P2P_ACK + line, k + 1u - GS_P2P_SLOTS, GS_P2P_WAIT_SLOT))
-			return;
-		const gs_u32 s = k % GS_P2P_SLOTS;
-		gs_u64 off, len;
-		gs_p2p_share(p.bytes, p.slot_bytes, gridDim.x, blockIdx.x, j, &off, &len);
-		gs_copy_seg(gs_p2p_slot(p, s), (const char *)p.buf + off, len, threadIdx.x, blockDim.x);
-		__threadfence_system();
-		__syncthreads();
-		if (threadIdx.x == 0) {
-			volatile gs_u32 *h = p.peer_ctrl + GS_P2P_HDR + (blockIdx.x * GS_P2P_SLOTS + s) * GS_P2P_HDR_WORDS;
-			h[0] = (gs_u32)p.bytes;
-			h[1] = (gs_u32)(p.bytes >> 32);
-			h[2] = (gs_u32)(gs_u64)p.tag;
-			h[3] = (gs_u32)((gs_u64)p.tag >> 32);
-			gs_st_release(p.peer_ctrl + GS_P2P_READY + line, k + 1u);
-			*sent = k + 1u;
-		}
-	}
+	gs_u32 next;
+	gs_lane_send(GsP2PLane{p, blockIdx.x * GS_P2P_LINE}, (const char *)p.buf, p.bytes, p.slot_bytes, gridDim.x,
+	             blockIdx.x, &next);
 }
 
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2p_params p) {
 	if (!gs_p2p_config_ok(p))
 		return;
-	const gs_u32 line = blockIdx.x * GS_P2P_LINE;
-	volatile gs_u32 *recvd = p.ctrl + GS_P2P_RECVD + line;
-	gs_u32 k = *recvd;
-	gs_u64 bytes = p.bytes, rounds = gs_p2p_rounds(bytes, p.slot_bytes, gridDim.x);
-	bool drain = false; // the message is not the one expected: consume it, write nothing
-	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
-		if (!gs_p2p_wait(p, p.ctrl + GS_P2P_READY + line, k + 1u, GS_P2P_WAIT_DATA))
-			return;
-		const gs_u32 s = k % GS_P2P_SLOTS;
-		if (j == 0) { // the sender's header, read by every thread after the wait
-			const volatile gs_u32 *h =
-			    p.ctrl + GS_P2P_HDR + (blockIdx.x * GS_P2P_SLOTS + s) * GS_P2P_HDR_WORDS;
-			const gs_u32 h0 = h[0], h1 = h[1], h2 = h[2], h3 = h[3];
-			const gs_u64 got = (gs_u64)h0 | ((gs_u64)h1 << 32);
-			const long long tag = (long long)((gs_u64)h2 | ((gs_u64)h3 << 32));
-			if (got != p.bytes || tag != p.tag) {
-				drain = true;
-				bytes = got;
-				rounds = gs_p2p_rounds(got, p.slot_bytes, gridDim.x);
-				if (threadIdx.x == 0)
-					gs_p2p_error(p, GS_ERR_MISMATCH, blockIdx.x << 8, h0, h1, h2, h3);
-			}
-		}
-		if (!drain) {
-			gs_u64 off, len;
-			gs_p2p_share(bytes, p.slot_bytes, gridDim.x, blockIdx.x, j, &off, &len);
-			gs_copy_seg((char *)p.buf + off, gs_p2p_slot(p, s), len, threadIdx.x, blockDim.x);
-		}
-		// Every thread's reads of the slot are done before the sender may
-		// refill it.
-		__syncthreads();
-		if (threadIdx.x == 0) {
-			gs_st_release(p.peer_ctrl + GS_P2P_ACK + line, k + 1u);
-			*recvd = k + 1u;
-		}
-	}
+	gs_lane_recv(GsP2PLane{p, blockIdx.x * GS_P2P_LINE}, (char *)p.buf, p.bytes, p.slot_bytes, gridDim.x,
+	             blockIdx.x);
 }
 
 // ---- gs_a2av: all_to_all(v) paced pair by pair --------------------------------
@@ -247,77 +314,63 @@ __device__ __forceinline__ char *gs_a2av_slot(const gs_a2av_params &p, int owner
 	return (char *)p.stages[owner] + (gs_u64)to * p.region + ((gs_u64)b * GS_A2AV_SLOTS + s) * p.slot_bytes;
 }
 
-// Block b of the pair (this rank -> q).
-__device__ __forceinline__ void gs_a2av_send(const gs_a2av_params &p, int q, gs_u32 b) {
-	gs_u32 *own = p.pads[p.rank], *peer = p.pads[q];
-	const gs_u32 mine = (gs_u32)p.rank * GS_A2AV_BLOCKS + b, theirs = (gs_u32)q * GS_A2AV_BLOCKS + b;
-	volatile gs_u32 *sent = own + GS_PAD_A2AV_SENT + theirs;
-	const gs_u32 *ack = own + GS_PAD_A2AV_ACK + theirs;
-	// Read by every thread before thread 0 first advances it (after the
-	// barrier in the first wait).
-	gs_u32 k = *sent;
-	const gs_u64 bytes = p.send[q], rounds = gs_p2p_rounds(bytes, p.slot_bytes, p.nb);
-	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
-		// Slot k % SLOTS is free once chunk k - SLOTS was consumed.
-		if (!gs_a2av_wait(p, ack, k + 1u - GS_A2AV_SLOTS, GS_A2AV_WAIT_SLOT, q, b))
-			return;
-		gs_u64 off, len;
-		gs_p2p_share(bytes, p.slot_bytes, p.nb, b, j, &off, &len);
-		gs_copy_seg(gs_a2av_slot(p, p.rank, q, b, k % GS_A2AV_SLOTS), (const char *)p.src[q] + off, len,
-		            threadIdx.x, blockDim.x);
-		__threadfence_system();
-		__syncthreads();
-		if (threadIdx.x == 0) {
-			if (j == 0) {
-				volatile gs_u32 *h = peer + GS_PAD_A2AV_HDR + 2u * mine;
-				h[0] = (gs_u32)bytes;
-				h[1] = (gs_u32)(bytes >> 32);
-			}
-			gs_st_release(peer + GS_PAD_A2AV_READY + mine, k + 1u);
-			*sent = k + 1u;
+// Block b of the pair between this rank and q, in one direction: the
+// pair's counters in the two pads (by peer and block), its slots in region
+// `to` of rank owner's staging (the sender's), and a size header written
+// once, with the first chunk.
+struct GsA2AVLane {
+	const gs_a2av_params &p;
+	int q, owner, to;
+	gs_u32 b;
+	gs_u32 *own, *peer;
+	gs_u32 mine, theirs; // this rank's and q's counter index for block b
+	gs_u64 bytes;        // the sender's piece (a sending lane's)
+	__device__ GsA2AVLane(const gs_a2av_params &p, int q, gs_u32 b, bool sending)
+	    : p(p), q(q), owner(sending ? p.rank : q), to(sending ? q : p.rank), b(b), own(p.pads[p.rank]),
+	      peer(p.pads[q]), mine((gs_u32)p.rank * GS_A2AV_BLOCKS + b), theirs((gs_u32)q * GS_A2AV_BLOCKS + b),
+	      bytes(p.send[q]) {}
+	__device__ volatile gs_u32 *sent() const { return own + GS_PAD_A2AV_SENT + theirs; }
+	__device__ volatile gs_u32 *recvd() const { return own + GS_PAD_A2AV_RECVD + theirs; }
+	__device__ const gs_u32 *ack() const { return own + GS_PAD_A2AV_ACK + theirs; }
+	__device__ const gs_u32 *ready() const { return own + GS_PAD_A2AV_READY + theirs; }
+	__device__ gs_u32 *peer_ready() const { return peer + GS_PAD_A2AV_READY + mine; }
+	__device__ gs_u32 *peer_ack() const { return peer + GS_PAD_A2AV_ACK + mine; }
+	__device__ char *slot(gs_u32 s) const { return gs_a2av_slot(p, owner, to, b, s); }
+	__device__ bool wait(const gs_u32 *flag, gs_u32 want, gs_u32 what) const {
+		return gs_a2av_wait(p, flag, want, what, q, b);
+	}
+	__device__ void put_header(gs_u64 j, gs_u32) const {
+		if (j == 0) {
+			volatile gs_u32 *h = peer + GS_PAD_A2AV_HDR + 2u * mine;
+			h[0] = (gs_u32)bytes;
+			h[1] = (gs_u32)(bytes >> 32);
 		}
 	}
-	// Every chunk consumed: the region is free for what follows on the stream.
-	gs_a2av_wait(p, ack, k, GS_A2AV_WAIT_SLOT, q, b);
+	__device__ bool check_header(gs_u32, gs_u64 *expect) const {
+		const volatile gs_u32 *h = own + GS_PAD_A2AV_HDR + 2u * theirs;
+		const gs_u64 got = (gs_u64)h[0] | ((gs_u64)h[1] << 32);
+		if (got == *expect)
+			return true;
+		*expect = got;
+		if (threadIdx.x == 0)
+			gs_record_error(own, GS_ERR_MISMATCH, GS_A2AV_DETAIL | (GS_A2AV_MISMATCH << 16) | (b << 8) | (gs_u32)q,
+			                1u << q);
+		return false;
+	}
+};
+
+// Block b of the pair (this rank -> q). It ends only once q consumed every
+// chunk: the region is then free for what follows on the stream.
+__device__ __forceinline__ void gs_a2av_send(const gs_a2av_params &p, int q, gs_u32 b) {
+	const GsA2AVLane l(p, q, b, true);
+	gs_u32 next;
+	if (gs_lane_send(l, (const char *)p.src[q], p.send[q], p.slot_bytes, p.nb, b, &next))
+		l.wait(l.ack(), next, GS_A2AV_WAIT_SLOT);
 }
 
 // Block b of the pair (q -> this rank).
 __device__ __forceinline__ void gs_a2av_recv(const gs_a2av_params &p, int q, gs_u32 b) {
-	gs_u32 *own = p.pads[p.rank], *peer = p.pads[q];
-	const gs_u32 mine = (gs_u32)p.rank * GS_A2AV_BLOCKS + b, theirs = (gs_u32)q * GS_A2AV_BLOCKS + b;
-	volatile gs_u32 *recvd = own + GS_PAD_A2AV_RECVD + theirs;
-	gs_u32 k = *recvd;
-	gs_u64 bytes = p.recv[q], rounds = gs_p2p_rounds(bytes, p.slot_bytes, p.nb);
-	bool drain = false; // the piece is not the size expected: consume it, write nothing
-	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
-		if (!gs_a2av_wait(p, own + GS_PAD_A2AV_READY + theirs, k + 1u, GS_A2AV_WAIT_DATA, q, b))
-			return;
-		if (j == 0) { // the sender's header, read by every thread after the wait
-			const volatile gs_u32 *h = own + GS_PAD_A2AV_HDR + 2u * theirs;
-			const gs_u64 got = (gs_u64)h[0] | ((gs_u64)h[1] << 32);
-			if (got != bytes) {
-				drain = true;
-				bytes = got;
-				rounds = gs_p2p_rounds(got, p.slot_bytes, p.nb);
-				if (threadIdx.x == 0)
-					gs_record_error(own, GS_ERR_MISMATCH,
-					                GS_A2AV_DETAIL | (GS_A2AV_MISMATCH << 16) | (b << 8) | (gs_u32)q, 1u << q);
-			}
-		}
-		if (!drain) {
-			gs_u64 off, len;
-			gs_p2p_share(bytes, p.slot_bytes, p.nb, b, j, &off, &len);
-			gs_copy_seg((char *)p.dst[q] + off, gs_a2av_slot(p, q, p.rank, b, k % GS_A2AV_SLOTS), len,
-			            threadIdx.x, blockDim.x);
-		}
-		// Every thread's reads of the slot are done before the sender may
-		// refill it.
-		__syncthreads();
-		if (threadIdx.x == 0) {
-			gs_st_release(peer + GS_PAD_A2AV_ACK + mine, k + 1u);
-			*recvd = k + 1u;
-		}
-	}
+	gs_lane_recv(GsA2AVLane(p, q, b, false), (char *)p.dst[q], p.recv[q], p.slot_bytes, p.nb, b);
 }
 
 // Block i of the n that copy this rank's own piece (when its two splits
