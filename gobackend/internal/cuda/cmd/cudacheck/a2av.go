@@ -25,15 +25,15 @@ import (
 // a2avCase is a gs_a2av case: launches launches back to back, each on
 // world simulated ranks with nb blocks per pair and direction.
 type a2avCase struct {
-	world, nb      int
-	capped         bool    // nb is less than cuda.A2AVBlocksFor asked, for residency
-	stage          uintptr // staging bytes of each rank
-	slotWant       int     // the slot asked of cuda.A2AVSlotBytes
-	launches       int
-	piece          int // the largest random piece
-	big            int // the big pair has at least this many bytes (and always 2*A2AVSlots+3 rounds)
-	self           int // a large local piece, for several copy blocks
-	srcMis, dstMis int // bytes by which every input and output starts past 16-byte alignment
+	world, nb int
+	capped    bool    // nb is less than cuda.A2AVBlocksFor asked, for residency
+	stage     uintptr // staging bytes of each rank
+	slotWant  int     // the slot asked of cuda.A2AVSlotBytes
+	launches  int
+	piece     int // the largest random piece
+	big       int // the big pair has at least this many bytes (and always 2*A2AVSlots+3 rounds)
+	self      int // a large local piece, for several copy blocks
+	misalign
 }
 
 // region is the bytes of one peer's region of a staging.
@@ -52,9 +52,9 @@ func (k a2avCase) String() string {
 
 // a2avCases are the gs_a2av cases of runCases, on the pads of padsFor.
 func (c *checker) a2avCases(g *gpu, padsFor func(world int) (*padSet, error)) {
-	fn := g.fns[cuda.A2AVKernel.Name]
-	if fn == nil {
-		record("gs_a2av loaded", func() error { return fmt.Errorf("kernel %s not loaded", cuda.A2AVKernel.Name) })
+	fn, err := g.function(cuda.A2AVKernel)
+	if err != nil {
+		record("gs_a2av loaded", func() error { return err })
 		return
 	}
 	resident := c.d.ResidentBlocks(g.dev, fn, cuda.BlockThreads)
@@ -70,7 +70,7 @@ func (c *checker) a2avCases(g *gpu, padsFor func(world int) (*padSet, error)) {
 			{world: 3, nb: 1, slotWant: 1 << 30},
 		} {
 			k.stage, k.launches, k.piece, k.self = 96<<10+80, 3, 6000, 40001
-			k.srcMis, k.dstMis = mis[i+1][0], mis[i+1][1]
+			k.misalign = misalign{mis[i+1][0], mis[i+1][1]}
 			ks = append(ks, k)
 		}
 	} else {
@@ -83,7 +83,7 @@ func (c *checker) a2avCases(g *gpu, padsFor func(world int) (*padSet, error)) {
 						k.nb, k.capped = max(fit, 1), true
 					}
 					m := mis[len(ks)%len(mis)]
-					k.srcMis, k.dstMis = m[0], m[1]
+					k.misalign = misalign{m[0], m[1]}
 					ks = append(ks, k)
 				}
 			}
@@ -103,17 +103,17 @@ func (c *checker) a2avCases(g *gpu, padsFor func(world int) (*padSet, error)) {
 		})
 	}
 	mk := a2avCase{world: 3, nb: cuda.A2AVBlocksFor(3, 8), stage: 1<<20 + 48, slotWant: 4 << 10, launches: 3,
-		piece: 64 << 10, big: 256 << 10, self: 300001, srcMis: 1, dstMis: 3}
+		piece: 64 << 10, big: 256 << 10, self: 300001, misalign: misalign{1, 3}}
 	if c.quick {
 		mk = a2avCase{world: 2, nb: 1, stage: 48<<10 + 16, slotWant: 4 << 10, launches: 3, piece: 3000, self: 5000,
-			srcMis: 1, dstMis: 3}
+			misalign: misalign{1, 3}}
 	}
 	record(fmt.Sprintf("gs_a2av mismatch: rank 0 sends rank 1 more than it expects (world=%d nb=%d slot=%d): "+
 		"rank 1 records it, leaves the piece, the next launches run in step", mk.world, mk.nb, mk.slot()), func() error {
 		return c.a2avMismatchCase(g, mk)
 	})
 	tk := a2avCase{world: 2, nb: cuda.A2AVBlocksFor(2, 4), stage: 256 << 10, slotWant: 4 << 10, launches: 1,
-		piece: 4096, self: 1001, srcMis: 5, dstMis: 13}
+		piece: 4096, self: 1001, misalign: misalign{5, 13}}
 	if c.quick {
 		tk.nb = 1
 	}
@@ -483,21 +483,13 @@ type a2avStep struct {
 	st         *a2avStaging // its slots are scrubbed behind every rank's launch
 }
 
-// dataAt is where the data of buffer i starts in it.
-func (s *a2avStep) dataAt(i int) uintptr {
-	if i%2 == 0 {
-		return guardBytes + uintptr(s.k.srcMis)
-	}
-	return guardBytes + uintptr(s.k.dstMis)
-}
-
 // piece is where piece q of buffer i lies in it, and its length.
 func (s *a2avStep) piece(i, q int) (at, n uintptr) {
 	sizes := s.send[i/2]
 	if i%2 == 1 {
 		sizes = s.recv[i/2]
 	}
-	at = s.dataAt(i)
+	at = s.k.dataAt(i)
 	for _, m := range sizes[:q] {
 		at += uintptr(m)
 	}
@@ -506,10 +498,11 @@ func (s *a2avStep) piece(i, q int) (at, n uintptr) {
 
 func (c *checker) newA2AVStep(g *gpu, pads *padSet, st *a2avStaging, k a2avCase, send, recv [][]uint64,
 	rng *rand.Rand) (s *a2avStep, err error) {
-	s = &a2avStep{k: k, fn: g.fns[cuda.A2AVKernel.Name], send: send, recv: recv, st: st}
-	if s.fn == nil {
-		return nil, fmt.Errorf("kernel %s not loaded", cuda.A2AVKernel.Name)
+	fn, err := g.function(cuda.A2AVKernel)
+	if err != nil {
+		return nil, err
 	}
+	s = &a2avStep{k: k, fn: fn, send: send, recv: recv, st: st}
 	defer func() {
 		if err != nil {
 			s.free()
@@ -524,17 +517,14 @@ func (c *checker) newA2AVStep(g *gpu, pads *padSet, st *a2avStaging, k a2avCase,
 			b[j] = 0xab
 		}
 		if i%2 == 0 {
-			random(rng, b[s.dataAt(i):end+n])
+			random(rng, b[s.k.dataAt(i):end+n])
 		}
 		s.before = append(s.before, b)
-		d, err := c.alloc(g, uintptr(len(b)))
+		d, err := c.upload(g, b)
 		if err != nil {
 			return s, err
 		}
 		s.bufs = append(s.bufs, d)
-		if err := c.d.MemcpyHtoD(g.ctx, d.ptr, b); err != nil {
-			return s, err
-		}
 		s.want = append(s.want, append([]byte(nil), b...))
 	}
 	// The reference: piece q of rank r's output is piece r of q's input,

@@ -249,9 +249,9 @@ func (c *checker) newARStep(g *gpu, pads *padSet, k arCase) (s *arStep, err erro
 	if err != nil {
 		return nil, err
 	}
-	fn := g.fns[kern.Name]
-	if fn == nil {
-		return nil, fmt.Errorf("kernel %s not loaded", kern.Name)
+	fn, err := g.function(kern)
+	if err != nil {
+		return nil, err
 	}
 	es := uintptr(k.dt.Size())
 	total := k.numel

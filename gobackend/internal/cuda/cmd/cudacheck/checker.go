@@ -17,6 +17,27 @@ type gpu struct {
 	fns     map[string]*cuda.Function
 }
 
+// function is kernel k as loaded on g.
+func (g *gpu) function(k *cuda.Kernel) (*cuda.Function, error) {
+	if f := g.fns[k.Name]; f != nil {
+		return f, nil
+	}
+	return nil, fmt.Errorf("kernel %s not loaded", k.Name)
+}
+
+// misalign is how far past 16-byte alignment a case's inputs and outputs
+// start (after a guard) in the buffers of a step: even buffers are
+// inputs, odd ones outputs.
+type misalign struct{ srcMis, dstMis int }
+
+// dataAt is where the data of buffer i starts in it.
+func (m misalign) dataAt(i int) uintptr {
+	if i%2 == 0 {
+		return guardBytes + uintptr(m.srcMis)
+	}
+	return guardBytes + uintptr(m.dstMis)
+}
+
 type checker struct {
 	d     *cuda.Driver
 	nv    *cuda.NVRTC
@@ -134,6 +155,19 @@ func (c *checker) alloc(g *gpu, size uintptr) (*dbuf, error) {
 }
 
 func (b *dbuf) free() { _ = b.c.d.MemFree(b.ctx, b.ptr) }
+
+// upload allocates a buffer of len(b) bytes on g holding b.
+func (c *checker) upload(g *gpu, b []byte) (*dbuf, error) {
+	d, err := c.alloc(g, uintptr(len(b)))
+	if err != nil {
+		return nil, err
+	}
+	if err := c.d.MemcpyHtoD(g.ctx, d.ptr, b); err != nil {
+		d.free()
+		return nil, err
+	}
+	return d, nil
+}
 
 // freeAll frees every buffer of sets that was allocated (nil entries are
 // the ones a failed case never reached).

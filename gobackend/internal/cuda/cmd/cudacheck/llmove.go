@@ -23,8 +23,8 @@ func (c *checker) moveCases(g *gpu, padsFor func(world int) (*padSet, error)) {
 	for kind := moveBroadcast; kind <= moveScatter; kind++ {
 		for i, n := range []int{1, 3, 8, 9, 4100, 60001, cuda.LLMaxBytes} {
 			v := i + int(kind)
-			k := moveCase{kind: kind, world: 2 + v%3, bytes: n, inPlace: v%2 == 1, srcMis: mis[v%5][0],
-				dstMis: mis[v%5][1]}
+			k := moveCase{kind: kind, world: 2 + v%3, bytes: n, inPlace: v%2 == 1, misalign: misalign{mis[v%5][0],
+				mis[v%5][1]}}
 			if n == cuda.LLMaxBytes {
 				k.world = 2
 			}
@@ -71,7 +71,7 @@ func (c *checker) mixedLLCase(g *gpu, pads *padSet) error {
 	} {
 		ar := arCase{algo: cuda.LL, dt: dtype.Float32, op: dtype.Sum, world: world, numel: st.numel, mis: i % 2}
 		mv := moveCase{kind: moveKind(i), world: world, root: i % world, bytes: st.moveBytes, inPlace: i%2 == 0,
-			srcMis: i % 3, dstMis: 2*i + 1}
+			misalign: misalign{i % 3, 2*i + 1}}
 		next = append(next, func() (step, error) { return c.newARStep(g, pads, ar) },
 			func() (step, error) { return c.newMoveStep(g, pads, mv, rng) })
 	}
@@ -127,11 +127,11 @@ const (
 )
 
 type moveCase struct {
-	kind           moveKind
-	world, root    int
-	bytes          int // per segment
-	inPlace        bool
-	srcMis, dstMis int // bytes by which every input and output starts past 16-byte alignment
+	kind        moveKind
+	world, root int
+	bytes       int // per segment
+	inPlace     bool
+	misalign
 }
 
 func (k moveCase) String() string {
@@ -227,19 +227,12 @@ type moveStep struct {
 	ps   []cuda.LLMoveParams
 }
 
-// dataAt is where the data of buffer i starts in it.
-func (s *moveStep) dataAt(i int) uintptr {
-	if i%2 == 0 {
-		return guardBytes + uintptr(s.k.srcMis)
-	}
-	return guardBytes + uintptr(s.k.dstMis)
-}
-
 func (c *checker) newMoveStep(g *gpu, pads *padSet, k moveCase, rng *rand.Rand) (s *moveStep, err error) {
-	s = &moveStep{k: k, fn: g.fns[cuda.LLMoveKernel.Name]}
-	if s.fn == nil {
-		return nil, fmt.Errorf("kernel %s not loaded", cuda.LLMoveKernel.Name)
+	fn, err := g.function(cuda.LLMoveKernel)
+	if err != nil {
+		return nil, err
 	}
+	s = &moveStep{k: k, fn: fn}
 	defer func() {
 		if err != nil {
 			s.free()
@@ -258,14 +251,14 @@ func (c *checker) newMoveStep(g *gpu, pads *padSet, k moveCase, rng *rand.Rand) 
 		if i%2 == 1 {
 			n = outLen
 		}
-		before[i] = make([]byte, s.dataAt(i)+n+guardBytes)
+		before[i] = make([]byte, s.k.dataAt(i)+n+guardBytes)
 		for j := range before[i] {
 			before[i][j] = 0xab
 		}
 	}
 	at := func(r int, sg seg) []byte { // the bytes of sg in before
 		i := 2*r + sg.buf
-		return before[i][s.dataAt(i)+sg.off:]
+		return before[i][s.k.dataAt(i)+sg.off:]
 	}
 	for r := range k.world {
 		random(rng, at(r, seg{segIn, 0})[:inLen])
@@ -276,14 +269,11 @@ func (c *checker) newMoveStep(g *gpu, pads *padSet, k moveCase, rng *rand.Rand) 
 		}
 	}
 	for i, b := range before {
-		d, err := c.alloc(g, uintptr(len(b)))
+		d, err := c.upload(g, b)
 		if err != nil {
 			return s, err
 		}
 		s.bufs = append(s.bufs, d)
-		if err := c.d.MemcpyHtoD(g.ctx, d.ptr, b); err != nil {
-			return s, err
-		}
 		s.want = append(s.want, append([]byte(nil), before[i]...))
 	}
 	// The reference: every rank r's dst[r][q] gets q's src[q][r] as it was.
@@ -291,7 +281,7 @@ func (c *checker) newMoveStep(g *gpu, pads *padSet, k moveCase, rng *rand.Rand) 
 		for q := range k.world {
 			if d := dst[r][q]; d.buf != segNone {
 				i := 2*r + d.buf
-				copy(s.want[i][s.dataAt(i)+d.off:][:k.bytes], at(q, src[q][r])[:k.bytes])
+				copy(s.want[i][s.k.dataAt(i)+d.off:][:k.bytes], at(q, src[q][r])[:k.bytes])
 			}
 		}
 	}
@@ -300,7 +290,7 @@ func (c *checker) newMoveStep(g *gpu, pads *padSet, k moveCase, rng *rand.Rand) 
 			return 0
 		}
 		i := 2*r + sg.buf
-		return s.bufs[i].ptr + s.dataAt(i) + sg.off
+		return s.bufs[i].ptr + s.k.dataAt(i) + sg.off
 	}
 	s.ps = make([]cuda.LLMoveParams, k.world)
 	for r := range k.world {
@@ -330,7 +320,7 @@ func (s *moveStep) launch(c *checker, g *gpu, pads *padSet) error {
 // check compares every byte of every buffer with the reference.
 func (s *moveStep) check() error {
 	return checkBufs(s.bufs, s.want, func(i, first int, got []byte, bad int) error {
-		at := s.dataAt(i)
+		at := s.k.dataAt(i)
 		return fmt.Errorf("rank %d %s: %d bytes wrong, the first at %d (the data: [0, %d)) is %#x, want %#x",
 			i/2, [2]string{"input", "output"}[i%2], bad, first-int(at), len(got)-int(at)-guardBytes, got[first],
 			s.want[i][first])

@@ -70,9 +70,9 @@ func (p *p2pPair) launch(c *checker, me int, send bool, s int, buf uintptr, n ui
 		k, from = cuda.P2PSendKernel, me
 	}
 	g := p.gpus[me]
-	fn := g.fns[k.Name]
-	if fn == nil {
-		return fmt.Errorf("kernel %s not loaded", k.Name)
+	fn, err := g.function(k)
+	if err != nil {
+		return err
 	}
 	grid, block := cuda.P2PGrid()
 	return c.d.Launch(fn, grid, block, 0, g.streams[s], &cuda.P2PParams{Buf: buf, Ctrl: p.ctrl[me].ptr,

@@ -71,12 +71,7 @@ func (c *checker) semaRanks(gs []*gpu, data [2]*vmem, pads *padSet, memop bool) 
 	for r, g := range gs {
 		ms[r] = &cuda.Sema{D: c.d, Ctx: g.ctx, Rank: r, World: len(gs), Pads: pads.ptrs,
 			StageBytes: c.semaStageBytes(), TimeoutNs: timeoutNs, MemopWait: memop,
-			Function: func(k *cuda.Kernel) (*cuda.Function, error) {
-				if f := g.fns[k.Name]; f != nil {
-					return f, nil
-				}
-				return nil, fmt.Errorf("kernel %s not loaded", k.Name)
-			}}
+			Function: g.function}
 		for q := range gs {
 			ms[r].Stages[q] = data[q].va
 		}
