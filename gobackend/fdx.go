@@ -88,6 +88,24 @@ func (e *Endpoint) exchangeFD(magic uint32, body []byte, fd int, deadline time.T
 	return out, nil
 }
 
+// gpuVMMMagic marks the fd exchange that binds fresh VMM memhs to a group
+// (gpu_direct.go, swapFresh).
+const gpuVMMMagic = 0x4d565347 // "GSVM"
+
+// swapFD is a gpuSwapFD over the links: every rank sends fd (-1: none) to
+// every peer and gets the fd each peer sent (-1: none), by rank.
+func (e *Endpoint) swapFD(fd int, deadline time.Time) ([]int, func(), error) {
+	msgs, err := e.exchangeFD(gpuVMMMagic, nil, fd, deadline)
+	if err != nil {
+		return nil, nil, err
+	}
+	fds := make([]int, len(msgs))
+	for r := range msgs {
+		fds[r] = msgs[r].fd
+	}
+	return fds, func() { closeFDX(msgs) }, nil
+}
+
 // closeFDX closes the fds an exchange returned.
 func closeFDX(msgs []fdxMsg) {
 	for i := range msgs {

@@ -283,6 +283,7 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 	}
 	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
 	t.capturing = capturing
+	t.swapFD = func(fd int) ([]int, func(), error) { return e.swapFD(fd, deadline) }
 	err := t.run(op, a.stream, agree)
 	var coded *status.Error
 	if err != nil && !errors.As(err, &coded) {
@@ -639,6 +640,7 @@ type gpuTeam struct {
 	counters    *gpuCounters
 	algos       *gpuAlgoStats
 	capturing   bool            // the current op's stream is being captured (a CUDA graph)
+	swapFD      gpuSwapFD       // the current op's fd exchange over the links (gpu_direct.go)
 	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
 
 	errw *cuda.ErrorWords // where this rank's kernels copy their errors (gpu_deverr.go)

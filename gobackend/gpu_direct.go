@@ -10,7 +10,10 @@ package gobackend
 //   - Registered memory (gosym.mem_map of CUDA memory, gpu_reg.go): the
 //     record is the memh's id and its allocation and handle, resolved once
 //     at map time, so the op makes no driver call. Such ops go direct from
-//     regMin bytes (GOSYM_GPU_REG_DIRECT_MIN).
+//     regMin bytes (GOSYM_GPU_REG_DIRECT_MIN). VMM memory has no handle:
+//     binding it sends its fd over the links (swapFresh).
+//   - gosym.empty's buffers, from directMin: their implicit registration
+//     (gpu_mem.go), the same way.
 //   - Other memory (the caching allocator's tensors): from directMin bytes
 //     (GOSYM_GPU_DIRECT_MIN), the record is the allocation as the driver
 //     reports it (cuMemGetAddressRange, cuIpcGetMemHandle), per op.
@@ -38,7 +41,10 @@ package gobackend
 
 import (
 	"encoding/binary"
+	"fmt"
 	"slices"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
@@ -70,6 +76,7 @@ const (
 	recOK         = 1 << iota // the buffers lie in this allocation and peers may map it
 	recRegistered             // the allocation is a registered memh's (id)
 	recBound                  // ... already bound to the group: every rank maps it
+	recVMM                    // ... VMM memory with no IPC handle: binding it sends its fd
 )
 
 // gpuRegion is one rank's record, decoded.
@@ -84,6 +91,7 @@ type gpuRegion struct {
 func (r *gpuRegion) ok() bool         { return r.flags&recOK != 0 }
 func (r *gpuRegion) registered() bool { return r.ok() && r.flags&recRegistered != 0 }
 func (r *gpuRegion) bound() bool      { return r.registered() && r.flags&recBound != 0 }
+func (r *gpuRegion) vmm() bool        { return r.registered() && r.flags&recVMM != 0 }
 
 func (r *gpuRegion) encode(out []byte) {
 	le := binary.LittleEndian
@@ -152,11 +160,17 @@ type gpuSide struct {
 	counters    *gpuCounters
 	capturing   bool
 	fresh       *memreg.Memh // this rank's registered memh published unbound in this op
+	swapFD      gpuSwapFD    // sends the fds of fresh VMM memhs (gpuSwapFD)
 }
+
+// gpuSwapFD sends fd (-1: none) to every peer over the links and returns
+// the fd each rank sent, by rank (-1: none; this rank's own is -1 too),
+// and a func that closes them.
+type gpuSwapFD func(fd int) (fds []int, done func(), err error)
 
 func (t *gpuTeam) side() *gpuSide {
 	return &gpuSide{rank: t.rank, world: t.world, device: t.g.ordinal, ipc: t, reg: t.reg, counters: t.counters,
-		capturing: t.capturing}
+		capturing: t.capturing, swapFD: t.swapFD}
 }
 
 // registered says whether this rank's input of op (n bytes) is a
@@ -170,16 +184,17 @@ func (t *gpuTeam) registered(op *Op, n uintptr) bool {
 // this device (mem_map), whatever its size.
 func (t *gpuTeam) inputRegistered(op *Op) bool {
 	lo, span, _ := coll.InputSpan(op)
-	return t.reg.find(lo, uintptr(span), t.g.ordinal) != nil
+	return t.reg.find(lo, uintptr(span), t.g.ordinal, false) != nil
 }
 
 // record is this rank's record for the span [lo, lo+n) of its buffers:
 // registered when a shareable CUDA memh holds it (no driver call), else,
-// when legacy, the allocation as the driver reports it; not ok otherwise.
+// when legacy (every rank takes this round), the allocation as the driver
+// reports it, or gosym.empty's buffer it lies in; not ok otherwise.
 // It carries the ids this rank retired since the last round.
 func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 	rg := gpuRegion{retired: s.reg.takeRetired(gpuMaxRetired)}
-	if m := s.reg.find(lo, n, s.device); m != nil {
+	if m := s.reg.find(lo, n, s.device, legacy); m != nil {
 		_, bound := m.Binding(s.reg)
 		sh, _, ok := m.CUDA()
 		// A fresh binding is not tried while a graph is captured (opening a
@@ -187,6 +202,9 @@ func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 		if ok && (bound || !s.capturing) && !s.reg.isRefused(m.ID()) {
 			rg.flags, rg.id = recOK|recRegistered, m.ID()
 			rg.base, rg.size, rg.h = uintptr(sh.Base), uintptr(sh.Size), cuda.IpcHandle(sh.Handle)
+			if sh.VMM {
+				rg.flags |= recVMM
+			}
 			if bound {
 				rg.flags |= recBound
 			} else {
@@ -255,6 +273,12 @@ func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirec
 	if !direct {
 		return nil, false, nil
 	}
+	fds, done, err := s.swapFresh(p.regions, relevant)
+	if err != nil {
+		return nil, false, err
+	}
+	// The mappings hold the memory; the fds are not needed after.
+	defer done()
 	mapped := make([]byte, s.world) // the vote: 1 where this rank has rank r's allocation (or needs none)
 	for r := range p.regions {
 		rg := &p.regions[r]
@@ -264,7 +288,7 @@ func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirec
 		if !relevant[r] || !need[r] && !(vote && rg.registered() && !rg.bound()) {
 			continue
 		}
-		va, err := s.open(r, rg)
+		va, err := s.open(r, rg, fds[r])
 		if err != nil {
 			debugf("rank %d: opening rank %d's buffer: %v", s.rank, r, err)
 			mapped[r] = 0
@@ -298,13 +322,61 @@ func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirec
 	return p, ok, nil
 }
 
-// open is where rank r's allocation (record rg) is mapped here.
-func (s *gpuSide) open(r int, rg *gpuRegion) (uintptr, error) {
+// swapFresh sends the fd of this rank's fresh VMM memh (if its record is
+// one) to every peer and returns the fds the others sent, by rank (-1:
+// none), and a func that closes them. It runs on every rank or on none:
+// when some relevant record is a fresh VMM one, which every rank sees
+// alike. A local export failure sends no fd; the peers then fail to map it
+// and the vote refuses it.
+func (s *gpuSide) swapFresh(regions []gpuRegion, relevant []bool) ([]int, func(), error) {
+	none := make([]int, s.world)
+	for r := range none {
+		none[r] = -1
+	}
+	fresh := false
+	for r := range regions {
+		fresh = fresh || relevant[r] && regions[r].vmm() && !regions[r].bound()
+	}
+	if !fresh {
+		return none, func() {}, nil
+	}
+	fd := -1
+	if me := &regions[s.rank]; relevant[s.rank] && me.vmm() && !me.bound() {
+		var err error
+		if fd, err = s.ipc.vmmExport(me.base); err != nil {
+			debugf("rank %d: exporting memh %d's fd: %v", s.rank, me.id, err)
+			fd = -1
+		}
+	}
+	fds, done, err := s.swapFD(fd)
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	if err != nil {
+		return none, nil, err
+	}
+	return fds, done, nil
+}
+
+// open is where rank r's allocation (record rg) is mapped here; fd is the
+// one rank r sent for a fresh VMM record (-1: none).
+func (s *gpuSide) open(r int, rg *gpuRegion, fd int) (uintptr, error) {
 	switch {
 	case r == s.rank:
 		return rg.base, nil
+	case rg.vmm():
+		return s.reg.openPeer(r, rg.id, func() (peerMapping, error) {
+			if fd < 0 {
+				return peerMapping{}, fmt.Errorf("rank %d sent no fd for its VMM memh %d", r, rg.id)
+			}
+			va, err := s.ipc.vmmOpen(fd, rg.size)
+			return peerMapping{va: va, size: rg.size, vmm: true}, err
+		})
 	case rg.registered():
-		return s.reg.openPeer(s.ipc, r, rg.id, rg.h)
+		return s.reg.openPeer(r, rg.id, func() (peerMapping, error) {
+			va, err := s.ipc.ipcOpen(rg.h)
+			return peerMapping{va: va}, err
+		})
 	}
 	return s.reg.openLegacy(s.ipc, s.counters, r, rg.h)
 }
@@ -363,6 +435,15 @@ func (t *gpuTeam) ipcOpen(h cuda.IpcHandle) (uintptr, error) {
 func (t *gpuTeam) ipcClose(va uintptr) error { return t.g.d.IpcCloseMemHandle(t.g.ctx, va) }
 
 func (t *gpuTeam) ipcIdle() error { return t.g.d.CtxSynchronize(t.g.ctx) }
+
+func (t *gpuTeam) vmmExport(addr uintptr) (int, error) { return t.g.vmmExport(addr) }
+
+func (t *gpuTeam) vmmOpen(fd int, size uintptr) (uintptr, error) { return t.g.vmmOpen(fd, size) }
+
+func (t *gpuTeam) vmmClose(va, size uintptr) error {
+	t.g.unmapHandles(va, size, 1, 1)
+	return nil
+}
 
 // closeIPC releases the group's bindings and closes every peer mapping
 // (the device is idle).

@@ -4,13 +4,23 @@ package gobackend
 // is one VMM allocation (cuMemCreate with a POSIX-fd handle, its size
 // rounded up to the granularity), mapped in this process for its device.
 // It is shareable: a contiguous view (view.go) exports its fd to the peers
-// and maps theirs side by side with it.
+// and maps theirs side by side with it, and a group's direct path binds it
+// like a mem_map'ed buffer (gpu_reg.go), sending the fd over the links.
+//
+// Every live GPUBuf is registered implicitly, in a domain of its own
+// (gpuBufDomain) rather than the user's: the direct path consults it only
+// where every rank takes the agreement round anyway (GOSYM_GPU_DIRECT_MIN),
+// so a rank whose peer used a torch tensor never waits for a round the peer
+// skips. A user's mem_map of the same memory goes to memreg.Default and
+// counts as registration from GOSYM_GPU_REG_DIRECT_MIN, as any other.
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -19,10 +29,47 @@ type GPUBuf struct {
 	g    *gpuDevice
 	h    cuda.AllocHandle
 	va   uintptr
-	size uintptr // the allocation: the requested bytes rounded up to the granularity
+	size uintptr      // the allocation: the requested bytes rounded up to the granularity
+	m    *memreg.Memh // its implicit registration in gpuBufDomain
 
 	mu    sync.Mutex
 	freed bool
+}
+
+// gpuBufDomain holds the implicit registrations of the live GPUBufs.
+var gpuBufDomain = func() *memreg.Domain {
+	d := memreg.NewDomain()
+	d.SetCUDA(gpuRegistrar{})
+	return d
+}()
+
+// liveBufs are the live GPUBufs, so that a registration of their memory
+// knows the allocation without asking the driver.
+var liveBufs struct {
+	sync.Mutex
+	bufs []*GPUBuf
+}
+
+// liveBuf is the live GPUBuf of device that holds [addr, addr+n), or nil.
+func liveBuf(device int, addr uintptr, n int) *GPUBuf {
+	liveBufs.Lock()
+	defer liveBufs.Unlock()
+	for _, b := range liveBufs.bufs {
+		if b.g.ordinal == device && addr >= b.va && uint64(addr-b.va)+uint64(n) <= uint64(b.size) {
+			return b
+		}
+	}
+	return nil
+}
+
+func setLive(b *GPUBuf, live bool) {
+	liveBufs.Lock()
+	defer liveBufs.Unlock()
+	if live {
+		liveBufs.bufs = append(liveBufs.bufs, b)
+	} else {
+		liveBufs.bufs = slices.DeleteFunc(liveBufs.bufs, func(o *GPUBuf) bool { return o == b })
+	}
 }
 
 // GPUAlloc allocates n bytes (at least 1) of shareable memory on device.
@@ -42,6 +89,11 @@ func GPUAlloc(device, n int) (*GPUBuf, error) {
 		g.d.MemRelease(g.ctx, b.h)
 		return nil, status.Wrap(status.System, err, "gosym: mapping %d bytes on cuda:%d", b.size, device)
 	}
+	setLive(b, true)
+	if b.m, err = gpuBufDomain.Map(b.va, int(b.size), device); err != nil {
+		b.Free()
+		return nil, err
+	}
 	return b, nil
 }
 
@@ -59,6 +111,10 @@ func (b *GPUBuf) Free() error {
 		return nil
 	}
 	b.freed = true
+	if b.m != nil {
+		gpuBufDomain.Unmap(b.m) // retires its bindings: the peers drop their mappings at their next round
+	}
+	setLive(b, false)
 	b.g.d.CtxSynchronize(b.g.ctx)
 	b.g.unmapHandles(b.va, b.size, 1, 1)
 	return b.g.d.MemRelease(b.g.ctx, b.h)

@@ -15,6 +15,10 @@ package gobackend
 // carries it to the peers, which drop their mappings once the device is
 // idle. Memh ids are never reused, so memory freed and registered again at
 // the same address is a new id: a miss, never a stale hit.
+//
+// VMM memory (gosym.empty's) has no legacy handle: its record says so, and
+// the op that binds it sends its fd to every peer over the links instead
+// (gpuSide.swapFresh); the rest is the same.
 
 import (
 	"fmt"
@@ -86,6 +90,9 @@ func (r gpuRegistrar) Share(device int, addr uintptr, n int) (*memreg.CUDAShare,
 		debugf("mem_map %#x+%d on cuda:%d is private: %s", addr, n, device, why)
 		return nil, why, nil
 	}
+	if b := liveBuf(device, addr, n); b != nil { // gosym.empty's: one exportable VMM allocation
+		return &memreg.CUDAShare{GPU: ids[device], Base: uint64(b.va), Size: uint64(b.size), VMM: true}, "", nil
+	}
 	base, size, err := g.d.AddressRange(g.ctx, addr)
 	if err != nil {
 		return private("not memory the CUDA driver knows (%v)", err)
@@ -95,9 +102,34 @@ func (r gpuRegistrar) Share(device int, addr uintptr, n int) (*memreg.CUDAShare,
 	}
 	h, err := g.d.IpcGetMemHandle(g.ctx, base)
 	if err != nil {
-		return private("its allocation has no legacy IPC handle (%v): VMM memory (gosym.empty, expandable segments) or managed memory", err)
+		// Other VMM memory (expandable segments) is not shared: a range may
+		// map several handles, at offsets this process cannot see.
+		return private("its allocation has no legacy IPC handle (%v): VMM memory not from gosym.empty (expandable segments) or managed memory", err)
 	}
 	return &memreg.CUDAShare{GPU: ids[device], Handle: h, Base: uint64(base), Size: uint64(size)}, "", nil
+}
+
+// vmmExport is a POSIX fd (the caller's to close) of the VMM allocation
+// mapped at addr; it fails for memory not created exportable that way.
+func (g *gpuDevice) vmmExport(addr uintptr) (int, error) {
+	h, err := g.d.MemRetainAllocationHandle(g.ctx, addr)
+	if err != nil {
+		return -1, err
+	}
+	defer g.d.MemRelease(g.ctx, h)
+	return g.d.MemExportFD(g.ctx, h)
+}
+
+// vmmOpen maps the size bytes of the VMM allocation that fd exports (the
+// fd stays the caller's); the mapping holds the memory, even after its
+// exporter frees it.
+func (g *gpuDevice) vmmOpen(fd int, size uintptr) (uintptr, error) {
+	h, err := g.d.MemImportFD(g.ctx, fd)
+	if err != nil {
+		return 0, err
+	}
+	defer g.d.MemRelease(g.ctx, h)
+	return g.mapHandles([]cuda.AllocHandle{h}, size)
 }
 
 // Open implements memreg.CUDA.
@@ -138,22 +170,42 @@ type gpuIPC interface {
 	ipcExport(addr uintptr) (base, size uintptr, h cuda.IpcHandle, err error)
 	ipcOpen(h cuda.IpcHandle) (uintptr, error)
 	ipcClose(va uintptr) error
+	// vmmExport is a POSIX fd (the caller closes it) of the VMM allocation
+	// mapped at addr; vmmOpen maps size bytes of the one fd exports.
+	vmmExport(addr uintptr) (int, error)
+	vmmOpen(fd int, size uintptr) (uintptr, error)
+	vmmClose(va, size uintptr) error
 	// ipcIdle waits until the device no longer uses any mapping.
 	ipcIdle() error
+}
+
+// peerMapping is a peer's allocation mapped here: by its legacy IPC handle,
+// or (vmm) by importing its fd into a range of size bytes.
+type peerMapping struct {
+	va, size uintptr
+	vmm      bool
+}
+
+func (m peerMapping) close(ipc gpuIPC) error {
+	if m.vmm {
+		return ipc.vmmClose(m.va, m.size)
+	}
+	return ipc.ipcClose(m.va)
 }
 
 // gpuReg is a group's CUDA bindings and peer mappings (one per endpoint,
 // usable as its zero value). The queue runner uses it one op at a time;
 // memreg's unmap callbacks (any thread) only append to retired.
 type gpuReg struct {
-	dom *memreg.Domain // nil: memreg.Default
+	dom  *memreg.Domain // the user's registrations; nil: memreg.Default
+	bufs *memreg.Domain // the implicit ones of gosym.empty's buffers; nil: gpuBufDomain
 
 	mu      sync.Mutex
-	retired []uint64              // this rank's ids unbound since the last agreement round
-	refused map[uint64]bool       // this rank's memhs a vote failed for: published unshareable from then on
-	peers   map[peerKey]uintptr   // a peer's registered allocation (by memh id), mapped here
-	legacy  map[gpuIPCKey]uintptr // a peer's allocation published per op (by handle), mapped here
-	pending []uintptr             // dropped mappings to close once the device is idle
+	retired []uint64                  // this rank's ids unbound since the last agreement round
+	refused map[uint64]bool           // this rank's memhs a vote failed for: published unshareable from then on
+	peers   map[peerKey]peerMapping   // a peer's registered allocation (by memh id), mapped here
+	legacy  map[gpuIPCKey]peerMapping // a peer's allocation published per op (by handle), mapped here
+	pending []peerMapping             // dropped mappings to close once the device is idle
 	closed  bool
 
 	created, reused, released atomic.Int64 // bindings of this rank's memhs
@@ -166,24 +218,35 @@ type gpuIPCKey struct {
 	h    cuda.IpcHandle
 }
 
-func (g *gpuReg) domain() *memreg.Domain {
-	if g.dom != nil {
-		return g.dom
+func (g *gpuReg) domains() (user, bufs *memreg.Domain) {
+	user, bufs = g.dom, g.bufs
+	if user == nil {
+		user = memreg.Default
 	}
-	return memreg.Default
+	if bufs == nil {
+		bufs = gpuBufDomain
+	}
+	return user, bufs
 }
 
-// find is the registered CUDA memh of device that holds [lo, lo+n), shareable
-// or not, or nil (GOSYM_ENABLE_UBR=no: always nil).
-func (g *gpuReg) find(lo, n uintptr, device int) *memreg.Memh {
+// find is the registered CUDA memh of device that holds [lo, lo+n),
+// shareable or not, or nil (GOSYM_ENABLE_UBR=no: always nil). implicit
+// also looks among gosym.empty's buffers when the user registered none.
+func (g *gpuReg) find(lo, n uintptr, device int, implicit bool) *memreg.Memh {
 	if n == 0 || ubrMode() == "no" {
 		return nil
 	}
-	m, ok := g.domain().Find(lo, int(n))
-	if !ok || m.Mode() != memreg.Export || m.Device() != device {
-		return nil
+	user, bufs := g.domains()
+	for _, d := range []*memreg.Domain{user, bufs} {
+		m, ok := d.Find(lo, int(n))
+		if ok && m.Mode() == memreg.Export && m.Device() == device {
+			return m
+		}
+		if !implicit {
+			break
+		}
 	}
-	return m
+	return nil
 }
 
 func (g *gpuReg) takeRetired(most int) []uint64 {
@@ -231,10 +294,10 @@ func (g *gpuReg) refuse(id uint64) {
 	g.mu.Unlock()
 }
 
-// openPeer maps rank r's registered allocation (memh id, handle h), from
-// the cache or by opening it.
-func (g *gpuReg) openPeer(ipc gpuIPC, r int, id uint64, h cuda.IpcHandle) (uintptr, error) {
-	va, hit, err := cachedOpen(g, &g.peers, peerKey{r, id}, 0, ipc, h)
+// openPeer maps rank r's registered allocation (memh id), from the cache
+// or by open.
+func (g *gpuReg) openPeer(r int, id uint64, open func() (peerMapping, error)) (uintptr, error) {
+	va, hit, err := cachedOpen(g, &g.peers, peerKey{r, id}, 0, open)
 	tally(hit, err, &g.hits, &g.misses)
 	return va, err
 }
@@ -243,34 +306,37 @@ func (g *gpuReg) openPeer(ipc gpuIPC, r int, id uint64, h cuda.IpcHandle) (uintp
 // (keyed by handle: an allocation freed and replaced at the same address
 // has another) or by opening it; at most gpuMaxIPC of them.
 func (g *gpuReg) openLegacy(ipc gpuIPC, c *gpuCounters, r int, h cuda.IpcHandle) (uintptr, error) {
-	va, hit, err := cachedOpen(g, &g.legacy, gpuIPCKey{r, h}, gpuMaxIPC, ipc, h)
+	va, hit, err := cachedOpen(g, &g.legacy, gpuIPCKey{r, h}, gpuMaxIPC, func() (peerMapping, error) {
+		va, err := ipc.ipcOpen(h)
+		return peerMapping{va: va}, err
+	})
 	tally(hit, err, &c.ipcHits, &c.ipcOpens)
 	return va, err
 }
 
-// cachedOpen is the mapping cached under k in *cache, or else ipc's
-// opening of h, stored there (at most limit entries; 0: no limit).
-func cachedOpen[K comparable](g *gpuReg, cache *map[K]uintptr, k K, limit int, ipc gpuIPC, h cuda.IpcHandle) (va uintptr, hit bool, err error) {
+// cachedOpen is the mapping cached under k in *cache, or else open's,
+// stored there (at most limit entries; 0: no limit).
+func cachedOpen[K comparable](g *gpuReg, cache *map[K]peerMapping, k K, limit int, open func() (peerMapping, error)) (va uintptr, hit bool, err error) {
 	g.mu.Lock()
-	va, hit = (*cache)[k]
+	m, hit := (*cache)[k]
 	n := len(*cache)
 	g.mu.Unlock()
 	switch {
 	case hit:
-		return va, true, nil
+		return m.va, true, nil
 	case limit > 0 && n >= limit:
 		return 0, false, fmt.Errorf("%d peer allocations are mapped already", n)
 	}
-	if va, err = ipc.ipcOpen(h); err != nil {
+	if m, err = open(); err != nil {
 		return 0, false, err
 	}
 	g.mu.Lock()
 	if *cache == nil {
-		*cache = map[K]uintptr{}
+		*cache = map[K]peerMapping{}
 	}
-	(*cache)[k] = va
+	(*cache)[k] = m
 	g.mu.Unlock()
-	return va, false, nil
+	return m.va, false, nil
 }
 
 func tally(hit bool, err error, hits, misses *atomic.Int64) {
@@ -290,9 +356,9 @@ func tally(hit bool, err error, hits, misses *atomic.Int64) {
 func (g *gpuReg) forget(ipc gpuIPC, capturing bool, r int, ids []uint64) {
 	g.mu.Lock()
 	for _, id := range ids {
-		if va, ok := g.peers[peerKey{r, id}]; ok {
+		if m, ok := g.peers[peerKey{r, id}]; ok {
 			delete(g.peers, peerKey{r, id})
-			g.pending = append(g.pending, va)
+			g.pending = append(g.pending, m)
 			g.dropped.Add(1)
 		}
 	}
@@ -305,22 +371,22 @@ func (g *gpuReg) forget(ipc gpuIPC, capturing bool, r int, ids []uint64) {
 // flush closes the dropped mappings after waiting for the device.
 func (g *gpuReg) flush(ipc gpuIPC) {
 	g.mu.Lock()
-	vas := g.pending
+	ms := g.pending
 	g.pending = nil
 	g.mu.Unlock()
-	if len(vas) == 0 {
+	if len(ms) == 0 {
 		return
 	}
 	if err := ipc.ipcIdle(); err != nil {
-		debugf("waiting for the device before closing %d peer mappings: %v", len(vas), err)
+		debugf("waiting for the device before closing %d peer mappings: %v", len(ms), err)
 	}
-	g.closeAll(ipc, vas)
+	closeAll(ipc, ms)
 }
 
-func (g *gpuReg) closeAll(ipc gpuIPC, vas []uintptr) {
-	for _, va := range vas {
-		if err := ipc.ipcClose(va); err != nil {
-			debugf("cuIpcCloseMemHandle(%#x): %v", va, err)
+func closeAll(ipc gpuIPC, ms []peerMapping) {
+	for _, m := range ms {
+		if err := m.close(ipc); err != nil {
+			debugf("closing the peer mapping at %#x: %v", m.va, err)
 		}
 	}
 }
@@ -332,18 +398,20 @@ func (g *gpuReg) close(ipc gpuIPC) {
 	g.closed = true
 	g.retired = nil
 	g.mu.Unlock()
-	g.domain().UnbindAll(g)
+	user, bufs := g.domains()
+	user.UnbindAll(g)
+	bufs.UnbindAll(g)
 	g.mu.Lock()
-	vas := g.pending
-	for _, va := range g.peers {
-		vas = append(vas, va)
+	ms := g.pending
+	for _, m := range g.peers {
+		ms = append(ms, m)
 	}
-	for _, va := range g.legacy {
-		vas = append(vas, va)
+	for _, m := range g.legacy {
+		ms = append(ms, m)
 	}
 	g.pending, g.peers, g.legacy = nil, nil, nil
 	g.mu.Unlock()
-	g.closeAll(ipc, vas)
+	closeAll(ipc, ms)
 }
 
 func (g *gpuReg) stats(m map[string]any) {

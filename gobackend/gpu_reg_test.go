@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
@@ -47,14 +48,18 @@ type fakeRank struct {
 	idles     int
 	failOpen  func(h cuda.IpcHandle) bool
 	capturing bool
+	vmm       bool // the allocations are VMM memory, exported by fd (gosym.empty's)
+	swap      *fakeSwap
+	fds       int // fds exported and not yet closed
 }
 
 func newFakeRank(t *testing.T, rank int) *fakeRank {
 	f := &fakeRank{rank: rank, dom: memreg.NewDomain(), open: map[uintptr]cuda.IpcHandle{}}
 	f.dom.SetCUDA(f)
-	f.reg = &gpuReg{dom: f.dom}
+	f.reg = &gpuReg{dom: f.dom, bufs: memreg.NewDomain()}
+	f.reg.bufs.SetCUDA(f)
 	f.allocs = []fakeAllocation{{base: uintptr(0x7f0000000000 + rank<<36), size: 64 << 20}}
-	t.Cleanup(func() { f.dom.Close() })
+	t.Cleanup(func() { f.dom.Close(); f.reg.bufs.Close() })
 	return f
 }
 
@@ -63,10 +68,104 @@ func (f *fakeRank) Share(device int, addr uintptr, n int) (*memreg.CUDAShare, st
 	defer f.mu.Unlock()
 	for _, a := range f.allocs {
 		if addr >= a.base && addr+uintptr(n) <= a.base+a.size {
-			return &memreg.CUDAShare{Handle: fakeHandle(f.rank, a, f.gen), Base: uint64(a.base), Size: uint64(a.size)}, "", nil
+			s := &memreg.CUDAShare{Base: uint64(a.base), Size: uint64(a.size), VMM: f.vmm}
+			if !f.vmm {
+				s.Handle = fakeHandle(f.rank, a, f.gen)
+			}
+			return s, "", nil
 		}
 	}
 	return nil, "not device memory", nil
+}
+
+// fakeFDs maps the fds the fake VMM exports and swaps (real descriptors of
+// /dev/null, so that a leak or a double close shows) to the allocation they
+// stand for.
+var fakeFDs = struct {
+	sync.Mutex
+	of map[int]cuda.IpcHandle
+}{of: map[int]cuda.IpcHandle{}}
+
+func fakeFD(h cuda.IpcHandle) (int, error) {
+	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		fakeFDs.Lock()
+		fakeFDs.of[fd] = h
+		fakeFDs.Unlock()
+	}
+	return fd, err
+}
+
+func fakeFDClose(fd int) {
+	fakeFDs.Lock()
+	delete(fakeFDs.of, fd)
+	fakeFDs.Unlock()
+	unix.Close(fd)
+}
+
+func (f *fakeRank) vmmExport(addr uintptr) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, a := range f.allocs {
+		if f.vmm && addr >= a.base && addr < a.base+a.size {
+			return fakeFD(fakeHandle(f.rank, a, f.gen))
+		}
+	}
+	return -1, errors.New("cuMemRetainAllocationHandle: invalid value")
+}
+
+func (f *fakeRank) vmmOpen(fd int, size uintptr) (uintptr, error) {
+	fakeFDs.Lock()
+	h, ok := fakeFDs.of[fd]
+	fakeFDs.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("cuMemImportFromShareableHandle: fd %d is no export", fd)
+	}
+	return f.ipcOpen(h)
+}
+
+func (f *fakeRank) vmmClose(va, size uintptr) error { return f.ipcClose(va) }
+
+// fakeSwap is the fd exchange of a simulated group: each rank's exported
+// fd is duplicated for every peer, as SCM_RIGHTS would.
+type fakeSwap struct {
+	ag    *fakeAgree
+	swaps int // exchanges completed (counted by rank 0)
+}
+
+func (w *fakeSwap) of(rank int) gpuSwapFD {
+	return func(fd int) ([]int, func(), error) {
+		all, err := w.ag.of(rank)(binary.LittleEndian.AppendUint64(nil, uint64(int64(fd))))
+		if err != nil {
+			return nil, nil, err
+		}
+		if rank == 0 {
+			w.swaps++
+		}
+		fds := make([]int, len(all))
+		for r, b := range all {
+			fds[r] = -1
+			sent := int(int64(binary.LittleEndian.Uint64(b)))
+			if r == rank || sent < 0 {
+				continue
+			}
+			fakeFDs.Lock()
+			h := fakeFDs.of[sent]
+			fakeFDs.Unlock()
+			if fds[r], err = fakeFD(h); err != nil {
+				return nil, nil, err
+			}
+		}
+		// Every rank's dups are made before the senders close their fds.
+		w.ag.of(rank)(nil)
+		return fds, func() {
+			for _, d := range fds {
+				if d >= 0 {
+					fakeFDClose(d)
+				}
+			}
+		}, nil
+	}
 }
 
 func (f *fakeRank) Open(int, *memreg.CUDAShare) (uintptr, error) { return 0, errors.New("unused") }
@@ -76,7 +175,7 @@ func (f *fakeRank) ipcExport(addr uintptr) (uintptr, uintptr, cuda.IpcHandle, er
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, a := range f.allocs {
-		if addr >= a.base && addr < a.base+a.size {
+		if !f.vmm && addr >= a.base && addr < a.base+a.size {
 			return a.base, a.size, fakeHandle(f.rank, a, f.gen), nil
 		}
 	}
@@ -120,7 +219,11 @@ func (f *fakeRank) state() (opens, mapped, idles int) {
 }
 
 func (f *fakeRank) side() *gpuSide {
-	return &gpuSide{rank: f.rank, world: -1, ipc: f, reg: f.reg, counters: &f.counts, capturing: f.capturing}
+	sd := &gpuSide{rank: f.rank, world: -1, ipc: f, reg: f.reg, counters: &f.counts, capturing: f.capturing}
+	if f.swap != nil {
+		sd.swapFD = f.swap.of(f.rank)
+	}
+	return sd
 }
 
 // fakeAgree is the host agreement of a simulated group: an allgather.
@@ -195,13 +298,34 @@ func runOp(ranks []*fakeRank, addrs []uintptr, n uintptr, mode gpuDirectMode) ([
 }
 
 func fakeGroup(t *testing.T, world int) ([]*fakeRank, []*memreg.Memh, []uintptr) {
+	return fakeGroupIn(t, world, func(f *fakeRank) *memreg.Domain { return f.dom })
+}
+
+// vmmGroup is fakeGroup over VMM memory (gosym.empty's): the ranks swap
+// fds to bind it, and each rank's buffer is registered by the user (its
+// domain) or, implicit, as gosym.empty registers its buffers.
+func vmmGroup(t *testing.T, world int, implicit bool) ([]*fakeRank, []*memreg.Memh, []uintptr, *fakeSwap) {
+	sw := &fakeSwap{ag: newFakeAgree(world)}
+	ranks, ms, addrs := fakeGroupIn(t, world, func(f *fakeRank) *memreg.Domain {
+		f.vmm, f.swap = true, sw
+		if implicit {
+			return f.reg.bufs
+		}
+		return f.dom
+	})
+	return ranks, ms, addrs, sw
+}
+
+// fakeGroupIn makes world ranks, each with a buffer of 1 MiB registered in
+// the domain dom gives (dom may set the rank up first).
+func fakeGroupIn(t *testing.T, world int, dom func(f *fakeRank) *memreg.Domain) ([]*fakeRank, []*memreg.Memh, []uintptr) {
 	ranks := make([]*fakeRank, world)
 	ms := make([]*memreg.Memh, world)
 	addrs := make([]uintptr, world)
 	for r := range ranks {
 		ranks[r] = newFakeRank(t, r)
 		addrs[r] = ranks[r].allocs[0].base + 4096*uintptr(r+1)
-		m, err := ranks[r].dom.Map(addrs[r], 1<<20, 0)
+		m, err := dom(ranks[r]).Map(addrs[r], 1<<20, 0)
 		require.NoError(t, err)
 		require.True(t, m.Shareable())
 		ms[r] = m
@@ -451,4 +575,118 @@ func TestGPURecordRoundTrip(t *testing.T) {
 	assert.Same(t, m, sd.fresh)
 	rg = decodeRegion(sd.record(m.Address()+8000, 1000, false))
 	assert.False(t, rg.ok(), "past the memh, and no per-op export asked for")
+}
+
+// fdsOpen is how many fds of the fake VMM are open; the ones the code
+// under test closed leave the table here.
+func fdsOpen() int {
+	fakeFDs.Lock()
+	defer fakeFDs.Unlock()
+	for fd := range fakeFDs.of {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+			delete(fakeFDs.of, fd)
+		}
+	}
+	return len(fakeFDs.of)
+}
+
+// TestGPUVMMBindOnceReuse: registered VMM memory (gosym.empty's, mem_map'ed)
+// binds like memory with an IPC handle, its fd sent once over the links:
+// the first op swaps fds and votes, later ops take one round, swap nothing
+// and hit the cache; close unmaps it all and no fd stays open.
+func TestGPUVMMBindOnceReuse(t *testing.T) {
+	for _, world := range []int{2, 3} {
+		t.Run(fmt.Sprint(world), func(t *testing.T) {
+			ranks, ms, addrs, sw := vmmGroup(t, world, false)
+			res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+			checkPeers(t, ranks, res, addrs)
+			assert.Equal(t, 2, rounds, "a fresh binding votes")
+			assert.Equal(t, 1, sw.swaps, "one fd exchange binds every rank's memh")
+			assert.Equal(t, 0, fdsOpen(), "the exchanged fds are closed once mapped")
+			for r, f := range ranks {
+				assert.Equal(t, 1, ms[r].Bindings())
+				assert.Equal(t, int64(world-1), regStats(f.reg)["gpu_peer_map_misses"])
+			}
+			for i := 1; i <= 3; i++ {
+				res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+				checkPeers(t, ranks, res, addrs)
+				assert.Equal(t, 1, rounds, "bound buffers skip the vote")
+				assert.Equal(t, 1, sw.swaps, "and send no fd")
+				for _, f := range ranks {
+					assert.Equal(t, int64(i*(world-1)), regStats(f.reg)["gpu_peer_map_hits"])
+				}
+			}
+			for r, f := range ranks {
+				f.reg.close(f)
+				_, mapped, _ := f.state()
+				assert.Equal(t, 0, mapped, "close unmaps everything")
+				assert.Equal(t, 0, ms[r].Bindings())
+			}
+		})
+	}
+}
+
+// TestGPUVMMImplicit: gosym.empty's buffers, registered implicitly, are
+// looked at only where every rank takes the round anyway (directAny):
+// between the thresholds they stay staged with no round and no fd. From
+// directMin they bind once; freeing one (its implicit memh unmapped)
+// retires it and the peers drop their mapping.
+func TestGPUVMMImplicit(t *testing.T) {
+	ranks, ms, addrs, sw := vmmGroup(t, 2, true)
+	res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+	assert.Equal(t, 1, rounds)
+	assert.Equal(t, 0, sw.swaps)
+	for _, x := range res {
+		require.NoError(t, x.err)
+		assert.False(t, x.ok, "not the user's registration: staged")
+	}
+	res, rounds = runOp(ranks, addrs, 1<<20, directAny)
+	checkPeers(t, ranks, res, addrs)
+	assert.Equal(t, 2, rounds)
+	assert.Equal(t, 1, sw.swaps)
+	res, rounds = runOp(ranks, addrs, 1<<20, directAny)
+	checkPeers(t, ranks, res, addrs)
+	assert.Equal(t, 1, rounds, "bound: no vote, no fd")
+	assert.Equal(t, 1, sw.swaps)
+
+	require.NoError(t, ranks[1].reg.bufs.Unmap(ms[1])) // GPUBuf.Free
+	runOp(ranks, addrs, 1<<20, directNone)
+	_, mapped, _ := ranks[0].state()
+	assert.Equal(t, 0, mapped, "rank 0 dropped rank 1's mapping")
+	for _, f := range ranks {
+		f.reg.close(f)
+	}
+	assert.Equal(t, 0, fdsOpen())
+}
+
+// TestGPUVMMExportFails: a rank whose fd export fails sends none; the
+// peers cannot map its memh, the vote fails on every rank, the memh is
+// refused (published unshareable from then on: no swap, no vote) and
+// nothing leaks.
+func TestGPUVMMExportFails(t *testing.T) {
+	ranks, ms, addrs, sw := vmmGroup(t, 2, false)
+	ranks[0].mu.Lock()
+	ranks[0].gen = -1 // fakeRank.vmmExport finds no exportable allocation
+	ranks[0].vmm = false
+	ranks[0].mu.Unlock()
+	// Rank 0's memh still says VMM (resolved at map time).
+	res, rounds := runOp(ranks, addrs, 1<<20, directRegistered)
+	assert.Equal(t, 2, rounds)
+	assert.Equal(t, 1, sw.swaps)
+	for r, x := range res {
+		require.NoError(t, x.err)
+		assert.False(t, x.ok, "rank %d", r)
+	}
+	assert.Equal(t, 0, ms[0].Bindings(), "refused")
+	assert.Equal(t, 1, ms[1].Bindings(), "rank 1's memh was mapped by all")
+	res, rounds = runOp(ranks, addrs, 1<<20, directRegistered)
+	assert.Equal(t, 1, rounds)
+	assert.Equal(t, 1, sw.swaps, "a refused memh is not offered again")
+	assert.False(t, res[0].ok)
+	for _, f := range ranks {
+		f.reg.close(f)
+		_, mapped, _ := f.state()
+		assert.Equal(t, 0, mapped)
+	}
+	assert.Equal(t, 0, fdsOpen())
 }

@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [sanitize] [probe] [pinned]
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [sanitize] [probe] [pinned]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -118,6 +118,15 @@ for s in "${steps[@]}"; do
 			GOSYM_GPU_A2AV_BLOCKS=$nb timeout 200 python3 -m gosym.bench --device cuda --cuda-graph 10 \
 				--ops all_to_all_single_skew --backends gosym,nccl --sizes 1K,64K,1M,4M --target-time 0.05 --no-check \
 				--json "$out/tune-a2av-graph-$nb.json" 2>&1 | rows | sed "s/^/graph $nb /"
+		done ;;
+	vmm)
+		echo "== large ops on gosym.empty buffers (gosym-bound: bound by fd, read in place) against torch tensors and NCCL, 40 per sample"
+		for ubr in try no try no; do
+			echo "-- GOSYM_ENABLE_UBR=$ubr (no: gosym.empty buffers staged, as before they could bind)"
+			GOSYM_ENABLE_UBR=$ubr timeout 200 python3 -m gosym.bench --device cuda --batch 40 \
+				--ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
+				--backends gosym,gosym-bound,nccl --sizes 1M,4M,16M,64M,256M --target-time 0.05 \
+				--json "$out/vmm-$ubr-$RANDOM.json" 2>&1 | tail -30
 		done ;;
 	probe)
 		echo "== NVLink probe (scripts/nvlink_probe.cu): SM loads/stores and copy engines, both GPUs at once"

@@ -151,6 +151,14 @@ def test_cuda_registered_collectives(cuda_reg_job):
 
 
 @pytest.mark.gpu
+def test_cuda_vmm_collectives(cuda_reg_job):
+    """gosym.empty's VMM memory, mem_map'ed: every op x size vs NCCL, bound by fd once, reused;
+    not mem_map'ed: direct from GOSYM_GPU_DIRECT_MIN, and freeing it retires the peers' mappings."""
+    _part(cuda_reg_job, "vmm")
+    _part(cuda_reg_job, "implicit")
+
+
+@pytest.mark.gpu
 def test_cuda_unmap_reallocate(cuda_reg_job):
     """Unmap, free (also back to the driver) and reallocate at the same address: right
     results, the old mapping dropped by the peer, a new binding."""
@@ -167,6 +175,6 @@ def test_cuda_pack_import(cuda_reg_job):
 
 @pytest.mark.gpu
 def test_cuda_reg_teardown_and_errors(cuda_reg_job):
-    """Unmap/destroy in both orders; private VMM memory; own-process and wrong-GPU imports."""
+    """Unmap/destroy in both orders; VMM pack refused; own-process and wrong-GPU imports."""
     _part(cuda_reg_job, "teardown")
     _part(cuda_reg_job, "errors")

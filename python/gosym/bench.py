@@ -85,7 +85,8 @@ def parse_args(argv):
     p.add_argument("--backends", default=None,
                    help="comma list (default gosym,gloo on cpu, gosym,nccl on cuda); on cuda "
                         "also symm-1shot, symm-2shot: PyTorch symmetric memory's all_reduce, and "
-                        "gosym-sema: gosym's all_reduce by the semaphore protocol")
+                        "gosym-sema: gosym's all_reduce by the semaphore protocol; on both, "
+                        "gosym-bound: gosym on buffers from gosym.empty")
     p.add_argument("--ops", default=",".join(OPS), help="comma list from: " + ",".join(OPS))
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help=f"comma list of per-rank input sizes in bytes (default {DEFAULT_SIZES})")
@@ -415,7 +416,7 @@ class Bench:
                 g, ok = None, False
             if self._all_ok(ok):
                 self.groups["gosym"] = g
-        if "gosym-bound" in args.backends and "gosym" in self.groups and args.device == "cpu":
+        if "gosym-bound" in args.backends and "gosym" in self.groups:
             self.groups["gosym-bound"] = self.groups["gosym"]
         if "gosym-sema" in args.backends and "gosym" in self.groups and args.device == "cuda":
             # A second gosym group whose reductions all take the semaphore protocol: the

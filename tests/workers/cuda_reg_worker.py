@@ -15,8 +15,12 @@ Parts (each records itself in info["parts_done"] when it ran to its end):
   peer imports them (mem_import on its current device), reads the exporter's data through
   tensor_from and writes a pattern the exporter then sees; unmaps in both orders;
 - teardown: a subgroup binds a buffer, then (unmap, destroy) or (destroy, unmap);
-- errors: VMM memory (gosym.empty on CUDA) registers private and its collectives stay
-  right; importing one's own blob, a blob naming a GPU nobody has, a truncated blob.
+- vmm: the same collectives on gosym.empty's VMM memory, mem_map'ed (bound to the group by
+  sending its fd over the links); then gosym.empty tensors not mem_map'ed, which go direct
+  from GOSYM_GPU_DIRECT_MIN through their implicit registration, and whose freeing makes the
+  peers drop their mappings;
+- errors: packing VMM memory is refused (it is shared with groups by fd, not by a blob);
+  importing one's own blob, a blob naming a GPU nobody has, a truncated blob.
 """
 
 from __future__ import annotations
@@ -58,17 +62,20 @@ OPS = {
 }
 
 
-def collectives(ck, rank, world, dev, nccl):
+def collectives(ck, rank, world, dev, nccl, alloc="torch"):
+    """Every op on mem_map'ed buffers: the caching allocator's (alloc "torch") or
+    gosym.empty's VMM memory ("gosym")."""
     reg_min = 1 << 20
+    new = {"torch": torch.empty, "gosym": gosym.empty}[alloc]
     for name, (fin, fout, call) in OPS.items():
         nin = {1: 1, "world": world}[fin]
         nout = {0: 0, 1: 1, "world": world}[fout]
         for k in SIZES:
-            case = f"{name}/{k}"
-            x = torch.empty(nin * k, device=dev)  # the caching allocator's memory
+            case = f"{alloc}/{name}/{k}"
+            x = new(nin * k, device=dev)
             h = gosym.mem_map(x)
             info = h.info()
-            ck.check(f"{case}: caching-allocator memory registers shareable", info["shareable"], str(info))
+            ck.check(f"{case}: registers shareable", info["shareable"], str(info))
             for rep in range(REPS):
                 if name == "broadcast" and rank != 0:
                     wc.poison_(x)
@@ -231,18 +238,56 @@ def teardown(ck, rank, world, dev):
     ck.check("teardown: default group afterwards", bool((x == world).all()))
 
 
-def errors(ck, rank, world, dev):
-    k = (1 << 18) + 3
-    v = gosym.empty(k, device=dev)
-    hv = gosym.mem_map(v)
-    info = hv.info()
-    ck.check("errors: VMM memory registers private", not info["shareable"], str(info))
-    ck.check("errors: says why", len(info.get("why_private", "")) > 10, str(info))
-    ck.info["vmm_why_private"] = info.get("why_private")
-    v.fill_(float(rank + 1))
-    dist.all_reduce(v)
+def implicit(ck, rank, world, dev, nccl):
+    """gosym.empty tensors that nobody mem_map'ed: below GOSYM_GPU_DIRECT_MIN they stage;
+    from it they bind on the first op (their fds cross the links once) and are reused;
+    freeing one makes the peers drop its mapping at the group's next direct op."""
+    direct_min = 8 << 20
+    for k in (1 << 18, direct_min // 4 + 5):  # 1 MiB (staged), 8 MiB + 5 elements (direct)
+        x = gosym.empty(world * k, device=dev)
+        for rep in range(2):
+            case = f"implicit/all_gather/{k}/{rep}"
+            x[:k].copy_(_input(case, rank, k, torch.float32, "SUM", dev))
+            out = _poison(world * k, torch.float32, dev)
+            outr = _poison(world * k, torch.float32, dev)
+            before = reg_stats()
+            ops0 = int(gosym.stats().get("gpu_direct_ops", 0))
+            dist.all_gather_into_tensor(out, x[:k])
+            d = delta(before, reg_stats())
+            direct = int(gosym.stats().get("gpu_direct_ops", 0)) - ops0
+            dist.all_gather_into_tensor(outr, x[:k].clone(), group=nccl)
+            torch.cuda.synchronize()
+            why = wc.compare(out, outr)
+            ck.check(f"{case}: bitwise vs NCCL", why is None, why or "")
+            if k * 4 < direct_min:
+                ck.check(f"{case}: staged, nothing bound", direct == 0 and d["gpu_bindings_created"] == 0, str(d))
+            elif rep == 0:
+                ck.check(f"{case}: direct, bound on the first op",
+                         direct == 1 and d["gpu_bindings_created"] == 1 and d["gpu_peer_map_misses"] == world - 1,
+                         f"direct {direct} {d}")
+            else:
+                ck.check(f"{case}: direct, binding reused",
+                         direct == 1 and d["gpu_bindings_reused"] == 1 and d["gpu_peer_map_hits"] == world - 1
+                         and d["gpu_peer_map_misses"] == 0, f"direct {direct} {d}")
+        del x
+    gc.collect()  # frees the buffers: their implicit registrations retire
+    y = torch.ones(direct_min // 4, device=dev)
+    before = reg_stats()
+    dist.all_reduce(y)  # direct (8 MiB): its round carries the retired ids
+    d = delta(before, reg_stats())
     torch.cuda.synchronize()
-    ck.check("errors: collective on private registered memory", bool((v == world * (world + 1) / 2).all()))
+    ck.check("implicit: the peers dropped the freed buffer's mapping", d["gpu_peer_map_dropped"] == world - 1,
+             str(d))
+    ck.check("implicit: the op after it", bool((y == world).all()))
+
+
+def errors(ck, rank, world, dev):
+    v = gosym.empty(1024, device=dev)
+    hv = gosym.mem_map(v)
+    e = ck.expect_error("errors: packing VMM memory", hv.pack)
+    if e is not None:
+        ck.check("errors: VMM pack says why", isinstance(e, NotImplementedError) and "by fd" in str(e),
+                 wc.error_text(e))
     hv.unmap()
 
     x = torch.zeros(1024, device=dev)
@@ -276,6 +321,8 @@ def main():
         ck.run(name, body)
 
     part("collectives", collectives, nccl)
+    part("vmm", collectives, nccl, "gosym")
+    part("implicit", implicit, nccl)
     part("realloc", realloc)
     part("import", import_part)
     part("teardown", teardown)

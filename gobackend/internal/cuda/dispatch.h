@@ -182,6 +182,8 @@ typedef int CUdriverProcAddressQueryResult;
 	   unsigned long long flags),                                                          \
 	  (h, size, prop, flags))                                                              \
 	X(VMM, cuMemRelease, "cuMemRelease", 12000, (CUmemGenericAllocationHandle h), (h))     \
+	X(VMM, cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 12000,              \
+	  (CUmemGenericAllocationHandle * h, void *addr), (h, addr))                           \
 	X(VMM, cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 12000,            \
 	  (void *out, CUmemGenericAllocationHandle h, int type, unsigned long long flags),     \
 	  (out, h, type, flags))                                                               \

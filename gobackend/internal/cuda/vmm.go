@@ -10,6 +10,12 @@ static inline CUresult gscu_import_fd(const gscu_driver *t, CUcontext ctx,
 	return gscu_in_cuMemImportFromShareableHandle(t, ctx, h, (void *)(uintptr_t)fd, 1);
 }
 
+// The address is passed as void *; a device address, never dereferenced.
+static inline CUresult gscu_retain(const gscu_driver *t, CUcontext ctx,
+                                   CUmemGenericAllocationHandle *h, unsigned long long p) {
+	return gscu_in_cuMemRetainAllocationHandle(t, ctx, h, (void *)(uintptr_t)p);
+}
+
 typedef struct {
 	unsigned long long addr;
 	unsigned int value;
@@ -84,6 +90,14 @@ func (d *Driver) MemCreate(ctx Context, dev Device, size uintptr, handleTypes in
 // MemRelease drops a handle; the memory goes when its last mapping does.
 func (d *Driver) MemRelease(ctx Context, h AllocHandle) error {
 	return d.check("cuMemRelease", C.gscu_in_cuMemRelease(d.t, cCtx(ctx), C.CUmemGenericAllocationHandle(h)))
+}
+
+// MemRetainAllocationHandle is the handle of the VMM allocation mapped at
+// p (any address in its mapping), with one more reference: release it.
+func (d *Driver) MemRetainAllocationHandle(ctx Context, p uintptr) (AllocHandle, error) {
+	var h C.CUmemGenericAllocationHandle
+	err := d.check("cuMemRetainAllocationHandle", C.gscu_retain(d.t, cCtx(ctx), &h, C.ulonglong(p)))
+	return AllocHandle(h), err
 }
 
 // MemExportFD exports h as a POSIX file descriptor, owned by the caller.

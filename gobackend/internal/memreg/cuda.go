@@ -7,8 +7,10 @@ package memreg
 //
 // An EXPORT memh of device memory is shareable when the driver can give
 // its allocation a legacy IPC handle (cudaMalloc memory, the caching
-// allocator's segments); anything else (VMM or managed memory, ranges that
-// span allocations) registers private, with the reason kept. The handle is
+// allocator's segments) or is one of gosym.empty's VMM allocations (a
+// POSIX fd exports it: shared with groups only, not packed); anything else
+// (other VMM memory, managed memory, ranges that span allocations)
+// registers private, with the reason kept. The handle is
 // resolved once, at Map: later packs and group bindings make no driver
 // call. An IMPORT memh of a CUDA blob holds this process's mapping of the
 // exporter's allocation (cuIpcOpenMemHandle) until it is freed.
@@ -32,9 +34,14 @@ func (g GPUID) String() string { return fmt.Sprintf("%04x:%02x:%02x.0", g.Domain
 // CUDAShare is a CUDA allocation as another process of the host opens it.
 type CUDAShare struct {
 	GPU    GPUID
-	Handle [IPCHandleLen]byte // cuIpcGetMemHandle of the allocation
+	Handle [IPCHandleLen]byte // cuIpcGetMemHandle of the allocation (zero for VMM)
 	Base   uint64             // the allocation's address in the exporter
 	Size   uint64             // the allocation's size
+	// VMM: the allocation is VMM memory made exportable as a POSIX fd
+	// (gosym.empty on CUDA). It has no legacy handle: groups bind it by
+	// sending the fd over their links, and no blob can carry it (Pack
+	// refuses it).
+	VMM bool
 }
 
 // CUDA is the driver side of CUDA registrations. Methods are called outside

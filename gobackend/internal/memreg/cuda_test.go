@@ -27,6 +27,7 @@ type fakeAlloc struct {
 	gpu        GPUID
 	base, size uintptr
 	ipc        bool // cudaMalloc memory (legacy IPC works); false: VMM
+	fd         bool // VMM memory exportable as a POSIX fd (gosym.empty's)
 	handle     [IPCHandleLen]byte
 }
 
@@ -73,6 +74,8 @@ func (f *fakeCUDA) Share(device int, addr uintptr, n int) (*CUDAShare, string, e
 			return nil, "", status.Errorf(status.InvalidArg, "memory of another device")
 		case addr+uintptr(n) > a.base+a.size:
 			return nil, "spans allocations", nil
+		case a.fd:
+			return &CUDAShare{GPU: a.gpu, Base: uint64(a.base), Size: uint64(a.size), VMM: true}, "", nil
 		case !a.ipc:
 			return nil, "not legacy-IPC shareable", nil
 		default:
@@ -187,6 +190,22 @@ func TestCUDAMap(t *testing.T) {
 			assert.ErrorIs(t, err, ErrNoTransport)
 		})
 	}
+
+	// VMM memory made exportable (gosym.empty's) is shared with groups by
+	// fd: shareable, with no blob to carry it.
+	exp := w.alloc(gpu1, 4<<20, false)
+	exp.fd = true
+	mv, err := d.Map(exp.base+2<<20, 100, 1)
+	require.NoError(t, err)
+	assert.True(t, mv.Shareable())
+	sv, off, ok := mv.CUDA()
+	require.True(t, ok)
+	assert.Equal(t, CUDAShare{GPU: gpu1, Base: uint64(exp.base), Size: 4 << 20, VMM: true}, sv)
+	assert.Equal(t, 2<<20, off)
+	_, err = mv.Pack()
+	assert.Equal(t, status.NotSupported, status.CodeOf(err))
+	assert.ErrorContains(t, err, "shared with process groups by fd")
+	require.NoError(t, d.Unmap(mv))
 
 	_, err = d.Map(a.base, 8, 0)
 	assert.ErrorContains(t, err, "another device")

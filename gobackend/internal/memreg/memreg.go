@@ -4,9 +4,9 @@
 // A Domain (one per process; Default) owns a list of memhs. An EXPORT memh
 // describes local memory: either a memfd region the domain allocated
 // (Alloc), a range inside one (Map; shareable), CUDA device memory whose
-// allocation has a legacy IPC handle (Map; shareable, see cuda.go), or any
-// other range (Map; private: it records the range but cannot be imported
-// elsewhere). Pack
+// allocation has a legacy IPC handle, or of gosym.empty (Map; shareable,
+// see cuda.go), or any other range (Map; private: it records the range but
+// cannot be imported elsewhere). Pack
 // turns an export into a versioned, bounds-checked blob; Import, in
 // another process (or domain), parses the blob, fetches the region's memfd
 // from the exporter's fd server over an authenticated abstract Unix socket
@@ -194,7 +194,8 @@ func (m *Memh) LocalAddress() uintptr { return m.local }
 // LocalLen is the length mapped in this process (Len for an export).
 func (m *Memh) LocalLen() int { return m.length }
 
-// Shareable reports whether Pack gives a blob another process can import.
+// Shareable reports whether other processes can map the memory: by a blob
+// from Pack, or (VMM memory) through a group's binding only.
 func (m *Memh) Shareable() bool { return m.mode == Export && (m.alloc != nil || m.cuda != nil) }
 
 func (m *Memh) String() string {
@@ -645,6 +646,9 @@ func (m *Memh) Pack() ([]byte, error) {
 		return nil, fmt.Errorf("%w: pack of %v", ErrUnmapped, m)
 	case m.mode == Import:
 		return nil, status.Errorf(status.NotSupported, "memreg: pack of %v: an imported memh cannot be re-exported", m)
+	case m.cuda != nil && m.cuda.VMM:
+		return nil, status.Errorf(status.NotSupported,
+			"memreg: pack of %v: VMM memory (gosym.empty on CUDA) is shared with process groups by fd, not by a blob; mem_map a caching-allocator tensor to pack it", m)
 	}
 	p := &packed{pid: os.Getpid(), device: m.device, addr: uint64(m.addr), length: uint64(m.length)}
 	if s := m.cuda; s != nil {

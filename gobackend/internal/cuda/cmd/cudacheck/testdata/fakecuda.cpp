@@ -480,6 +480,8 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
 	phys.erase(it);
 	return OK;
 }
+// Not modelled: the mappings do not record their handles.
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *) { return NOT_SUPPORTED; }
 CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
                                       unsigned long long) {
 	std::lock_guard<std::mutex> l(mem_mu);
@@ -599,6 +601,7 @@ static const Proc procs[] = {
     P("cuMemGetAddressRange", cuMemGetAddressRange_v2) P("cuIpcGetMemHandle", cuIpcGetMemHandle)
     P("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2) P("cuIpcCloseMemHandle", cuIpcCloseMemHandle)
     P("cuMemCreate", cuMemCreate) P("cuMemRelease", cuMemRelease)
+    P("cuMemRetainAllocationHandle", cuMemRetainAllocationHandle)
     P("cuMemExportToShareableHandle", cuMemExportToShareableHandle)
     P("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle)
     P("cuMemAddressReserve", cuMemAddressReserve) P("cuMemAddressFree", cuMemAddressFree)
