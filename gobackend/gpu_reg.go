@@ -134,14 +134,9 @@ func (g *gpuDevice) vmmOpen(fd int, size uintptr) (uintptr, error) {
 
 // Open implements memreg.CUDA.
 func (r gpuRegistrar) Open(device int, s *memreg.CUDAShare) (uintptr, error) {
-	g, ids, err := r.open(device)
+	g, err := r.visible(device, s)
 	if err != nil {
 		return 0, err
-	}
-	if !slices.Contains(ids, s.GPU) {
-		return 0, status.Errorf(status.NotSupported,
-			"gosym: the memory lives on GPU %s, which this process does not see (it sees %v): exporter and importer need the same GPUs visible",
-			s.GPU, ids)
 	}
 	va, err := g.d.IpcOpenMemHandle(g.ctx, cuda.IpcHandle(s.Handle), cuda.IpcLazyEnablePeerAccess)
 	if err != nil {
@@ -150,14 +145,59 @@ func (r gpuRegistrar) Open(device int, s *memreg.CUDAShare) (uintptr, error) {
 	return va, nil
 }
 
+// ExportFD implements memreg.CUDA.
+func (r gpuRegistrar) ExportFD(device int, s *memreg.CUDAShare) (int, error) {
+	g, _, err := r.open(device)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := g.vmmExport(uintptr(s.Base))
+	if err != nil {
+		return -1, status.Wrap(status.System, err, "gosym: exporting the allocation %#x+%d on cuda:%d (freed?)", s.Base, s.Size, device)
+	}
+	return fd, nil
+}
+
+// OpenFD implements memreg.CUDA.
+func (r gpuRegistrar) OpenFD(device int, s *memreg.CUDAShare, fd int) (uintptr, error) {
+	g, err := r.visible(device, s)
+	if err != nil {
+		return 0, err
+	}
+	va, err := g.vmmOpen(fd, uintptr(s.Size))
+	if err != nil {
+		return 0, status.Wrap(status.System, err, "gosym: mapping a VMM allocation of GPU %s on cuda:%d", s.GPU, device)
+	}
+	return va, nil
+}
+
+// visible opens device, on which s, an allocation of another process, is
+// to be mapped: its GPU must be one this process sees.
+func (r gpuRegistrar) visible(device int, s *memreg.CUDAShare) (*gpuDevice, error) {
+	g, ids, err := r.open(device)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(ids, s.GPU) {
+		return nil, status.Errorf(status.NotSupported,
+			"gosym: the memory lives on GPU %s, which this process does not see (it sees %v): exporter and importer need the same GPUs visible",
+			s.GPU, ids)
+	}
+	return g, nil
+}
+
 // Close implements memreg.CUDA: kernels may still use the mapping, so it
 // waits for the device first.
-func (r gpuRegistrar) Close(device int, base uintptr) error {
+func (r gpuRegistrar) Close(device int, s *memreg.CUDAShare, base uintptr) error {
 	g, _, err := r.open(device)
 	if err != nil {
 		return err
 	}
 	g.d.CtxSynchronize(g.ctx)
+	if s.VMM {
+		g.unmapHandles(base, uintptr(s.Size), 1, 1)
+		return nil
+	}
 	return g.d.IpcCloseMemHandle(g.ctx, base)
 }
 

@@ -169,7 +169,11 @@ func (w *fakeSwap) of(rank int) gpuSwapFD {
 }
 
 func (f *fakeRank) Open(int, *memreg.CUDAShare) (uintptr, error) { return 0, errors.New("unused") }
-func (f *fakeRank) Close(int, uintptr) error                     { return errors.New("unused") }
+func (f *fakeRank) ExportFD(int, *memreg.CUDAShare) (int, error) { return -1, errors.New("unused") }
+func (f *fakeRank) OpenFD(int, *memreg.CUDAShare, int) (uintptr, error) {
+	return 0, errors.New("unused")
+}
+func (f *fakeRank) Close(int, *memreg.CUDAShare, uintptr) error { return errors.New("unused") }
 
 func (f *fakeRank) ipcExport(addr uintptr) (uintptr, uintptr, cuda.IpcHandle, error) {
 	f.mu.Lock()

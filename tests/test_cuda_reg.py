@@ -168,13 +168,15 @@ def test_cuda_unmap_reallocate(cuda_reg_job):
 
 @pytest.mark.gpu
 def test_cuda_pack_import(cuda_reg_job):
-    """A CUDA memh packed, imported by the peer process, read and written from there."""
+    """A CUDA memh packed, imported by the peer process, read and written from there: by
+    legacy IPC (caching-allocator memory) and by fd (gosym.empty's VMM memory)."""
     r0, _ = _part(cuda_reg_job, "import")
-    print("import:", r0["info"].get("import"))
+    _part(cuda_reg_job, "import_vmm")
+    print("import:", r0["info"].get("import_torch"), r0["info"].get("import_gosym"))
 
 
 @pytest.mark.gpu
 def test_cuda_reg_teardown_and_errors(cuda_reg_job):
-    """Unmap/destroy in both orders; VMM pack refused; own-process and wrong-GPU imports."""
+    """Unmap/destroy in both orders; own-process and wrong-GPU imports."""
     _part(cuda_reg_job, "teardown")
     _part(cuda_reg_job, "errors")

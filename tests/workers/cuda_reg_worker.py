@@ -19,8 +19,9 @@ Parts (each records itself in info["parts_done"] when it ran to its end):
   sending its fd over the links); then gosym.empty tensors not mem_map'ed, which go direct
   from GOSYM_GPU_DIRECT_MIN through their implicit registration, and whose freeing makes the
   peers drop their mappings;
-- errors: packing VMM memory is refused (it is shared with groups by fd, not by a blob);
-  importing one's own blob, a blob naming a GPU nobody has, a truncated blob.
+- import_vmm: the import part on a mem_map'ed gosym.empty tensor (transport cudavmm: the
+  allocation's fd comes from the exporter's fd server);
+- errors: importing one's own blob, a blob naming a GPU nobody has, a truncated blob.
 """
 
 from __future__ import annotations
@@ -166,33 +167,37 @@ def realloc(ck, rank, world, dev):
     ck.info["realloc"] = info
 
 
-def import_part(ck, rank, world, dev):
+def import_part(ck, rank, world, dev, alloc="torch"):
+    """A packed CUDA memh imported by the peer: the caching allocator's memory (alloc
+    "torch", legacy IPC) or gosym.empty's ("gosym", its fd from the exporter's server)."""
     n = 4099
-    mine = _input("import/mine", rank, n, torch.float32, "SUM", dev)
+    mine = {"torch": torch.empty, "gosym": gosym.empty}[alloc](n, device=dev)
+    mine.copy_(_input("import/mine", rank, n, torch.float32, "SUM", dev))
     h = gosym.mem_map(mine)
     blob = h.pack()
     blobs = [None] * world
     dist.all_gather_object(blobs, blob)
     peer = (rank + 1) % world
     info = gosym.blob_info(blobs[peer])
-    ck.check("import: blob_info names the peer's device", info["device"] == peer and info["transport"] == "cudaipc",
-             str(info))
+    transport = {"torch": "cudaipc", "gosym": "cudavmm"}[alloc]
+    ck.check(f"import/{alloc}: blob_info names the peer's device and the transport",
+             info["device"] == peer and info["transport"] == transport, str(info))
     imp = gosym.mem_import(blobs[peer])
     ii = imp.info()
-    ck.check("import: an IMPORT on this rank's device", ii["mode"] == "import" and ii["device"] == dev.index,
+    ck.check(f"import/{alloc}: an IMPORT on this rank's device", ii["mode"] == "import" and ii["device"] == dev.index,
              str(ii))
     t = gosym.tensor_from(imp, (n,), torch.float32)
-    ck.info["import"] = {"tensor_device": str(t.device), "info": ii}
-    ck.check("import: tensor_from is a tensor on this device over the mapping",
+    ck.info[f"import_{alloc}"] = {"tensor_device": str(t.device), "info": ii}
+    ck.check(f"import/{alloc}: tensor_from is a tensor on this device over the mapping",
              t.device == dev and t.data_ptr() == ii["local_address"], f"{t.device} {t.data_ptr():#x}")
     why = wc.compare(t, _input("import/mine", peer, n, torch.float32, "SUM", dev))
-    ck.check("import: reads the peer's tensor", why is None, why or "")
+    ck.check(f"import/{alloc}: reads the peer's tensor", why is None, why or "")
     t.copy_(torch.full((n,), float(1000 + rank), device=dev))  # a kernel here, over NVLink
     torch.cuda.synchronize()
     dist.barrier()
     writer = (rank - 1) % world
     why = wc.compare(mine, torch.full((n,), float(1000 + writer), device=dev))
-    ck.check("import: sees the peer's writes", why is None, why or "")
+    ck.check(f"import/{alloc}: sees the peer's writes", why is None, why or "")
     dist.barrier()
     # Both orders: rank 1 unmaps its export while rank 0 still has it imported; rank 0's
     # export outlives rank 1's import of it.
@@ -201,11 +206,11 @@ def import_part(ck, rank, world, dev):
     dist.barrier()
     del t  # the last tensor_from tensor unmaps the import
     gc.collect()
-    ck.check("import: the tensor's death unmaps the import", imp.unmapped, repr(imp))
+    ck.check(f"import/{alloc}: the tensor's death unmaps the import", imp.unmapped, repr(imp))
     torch.cuda.synchronize()
     dist.barrier()
     h.unmap()  # rank 0's export; idempotent on rank 1
-    ck.check("import: exporter's memory intact", bool((mine == float(1000 + writer)).all()))
+    ck.check(f"import/{alloc}: exporter's memory intact", bool((mine == float(1000 + writer)).all()))
     dist.barrier()
 
 
@@ -282,14 +287,6 @@ def implicit(ck, rank, world, dev, nccl):
 
 
 def errors(ck, rank, world, dev):
-    v = gosym.empty(1024, device=dev)
-    hv = gosym.mem_map(v)
-    e = ck.expect_error("errors: packing VMM memory", hv.pack)
-    if e is not None:
-        ck.check("errors: VMM pack says why", isinstance(e, NotImplementedError) and "by fd" in str(e),
-                 wc.error_text(e))
-    hv.unmap()
-
     x = torch.zeros(1024, device=dev)
     h = gosym.mem_map(x)
     blob = h.pack()
@@ -325,6 +322,7 @@ def main():
     part("implicit", implicit, nccl)
     part("realloc", realloc)
     part("import", import_part)
+    part("import_vmm", import_part, "gosym")
     part("teardown", teardown)
     part("errors", errors)
     ck.info["stats"] = gosym.stats()

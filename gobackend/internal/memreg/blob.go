@@ -27,7 +27,16 @@ import (
 //
 // exactly: the PCI address lets an importer find the same GPU under its own
 // numbering (CUDA_VISIBLE_DEVICES may differ), the handle is the
-// allocation's cuIpcGetMemHandle. Unlike UCC's header (a raw struct whose
+// allocation's cuIpcGetMemHandle. The "cudavmm" payload (VMM memory of
+// gosym.empty, which has no IPC handle) starts the same way and names the
+// exporter's fd server instead, which hands out the allocation's POSIX fd
+// as it hands out memfds:
+//
+//	u32 PCI domain | u32 PCI bus | u32 PCI device | u32 flags (0)
+//	u64 allocation size | u64 offset of the range in it
+//	secret[32] | u16 n | socket name[n]
+//
+// Unlike UCC's header (a raw struct whose
 // size changed with #1260), the header is fixed per version and carries a
 // magic and a version, and sizes are never trusted past the blob's end.
 const (
@@ -44,13 +53,17 @@ const (
 	maxSockName = 107 // sun_path minus the abstract namespace's leading NUL
 
 	memfdFixed = secretLen + 8 + 8 + 2
-	cudaFixed  = 4*4 + 8 + 8 + IPCHandleLen
+	cudaHead   = 4*4 + 8 + 8
+	cudaFixed  = cudaHead + IPCHandleLen
+	vmmFixed   = cudaHead + secretLen + 2
 )
 
-// Transport entry names: host memory (memfd), CUDA memory (legacy IPC).
+// Transport entry names: host memory (memfd), CUDA memory (legacy IPC, or
+// VMM memory by fd).
 const (
 	transportMemfd = "memfd"
 	transportCUDA  = "cudaipc"
+	transportVMM   = "cudavmm"
 )
 
 // Errors. Each carries its ABI status code (status.CodeOf finds it through
@@ -72,6 +85,7 @@ type packed struct {
 	length  uint64
 	memfd   *memfdEntry // nil when the blob has none
 	cuda    *cudaEntry  // nil when the blob has none
+	vmm     *vmmEntry   // nil when the blob has none
 	skipped int         // entries of transports this build does not know
 }
 
@@ -81,6 +95,15 @@ type cudaEntry struct {
 	size   uint64 // of the allocation
 	offset uint64 // of the range in the allocation
 	handle [IPCHandleLen]byte
+}
+
+// vmmEntry is the "cudavmm" transport: the VMM allocation that holds the
+// range, whose fd the exporter's server (sock) lends for secret.
+type vmmEntry struct {
+	gpu          GPUID
+	size, offset uint64
+	secret       [secretLen]byte
+	sock         string
 }
 
 type memfdEntry struct {
@@ -98,7 +121,7 @@ func badBlob(format string, args ...any) error {
 // entries are not kept).
 func (p *packed) encode() []byte {
 	le := binary.LittleEndian
-	b := make([]byte, headerLen, headerLen+2*entryHdrLen+memfdFixed+maxSockName+cudaFixed)
+	b := make([]byte, headerLen, headerLen+2*entryHdrLen+vmmFixed+maxSockName+cudaFixed)
 	le.PutUint32(b[0:], blobMagic)
 	le.PutUint16(b[4:], blobVersion)
 	le.PutUint16(b[6:], 0)
@@ -116,16 +139,29 @@ func (p *packed) encode() []byte {
 		b = appendEntry(b, transportMemfd, pl)
 	}
 	if e := p.cuda; e != nil {
-		pl := make([]byte, cudaFixed)
-		le.PutUint32(pl[0:], e.gpu.Domain)
-		le.PutUint32(pl[4:], e.gpu.Bus)
-		le.PutUint32(pl[8:], e.gpu.Device)
-		le.PutUint64(pl[16:], e.size)
-		le.PutUint64(pl[24:], e.offset)
-		copy(pl[32:], e.handle[:])
+		pl := putCUDAHead(make([]byte, cudaFixed), e.gpu, e.size, e.offset)
+		copy(pl[cudaHead:], e.handle[:])
 		b = appendEntry(b, transportCUDA, pl)
 	}
+	if e := p.vmm; e != nil {
+		pl := putCUDAHead(make([]byte, vmmFixed+len(e.sock)), e.gpu, e.size, e.offset)
+		copy(pl[cudaHead:], e.secret[:])
+		le.PutUint16(pl[cudaHead+secretLen:], uint16(len(e.sock)))
+		copy(pl[vmmFixed:], e.sock)
+		b = appendEntry(b, transportVMM, pl)
+	}
 	return b
+}
+
+// putCUDAHead writes the part the CUDA entries share (flags 0).
+func putCUDAHead(pl []byte, gpu GPUID, size, offset uint64) []byte {
+	le := binary.LittleEndian
+	le.PutUint32(pl[0:], gpu.Domain)
+	le.PutUint32(pl[4:], gpu.Bus)
+	le.PutUint32(pl[8:], gpu.Device)
+	le.PutUint64(pl[16:], size)
+	le.PutUint64(pl[24:], offset)
+	return pl
 }
 
 func appendEntry(b []byte, name string, payload []byte) []byte {
@@ -207,12 +243,17 @@ func parse(b []byte) (*packed, error) {
 			p.memfd, err = parseMemfd(payload, p)
 		case transportCUDA:
 			p.cuda, err = parseCUDA(payload, p)
+		case transportVMM:
+			p.vmm, err = parseVMM(payload, p)
 		default:
 			p.skipped++
 		}
 		if err != nil {
 			return nil, badBlob("entry %q: %v", name, err)
 		}
+	}
+	if p.cuda != nil && p.vmm != nil {
+		return nil, badBlob("two CUDA transports (%q and %q)", transportCUDA, transportVMM)
 	}
 	return p, nil
 }
@@ -247,53 +288,86 @@ func parseMemfd(pl []byte, p *packed) (*memfdEntry, error) {
 		regionLen: le.Uint64(pl[secretLen+8:]),
 	}
 	copy(e.secret[:], pl)
-	n := int(le.Uint16(pl[secretLen+16:]))
-	sock := pl[memfdFixed:]
-	switch {
-	case n != len(sock):
-		return nil, fmt.Errorf("socket name of %d bytes, payload holds %d", n, len(sock))
-	case n == 0 || n > maxSockName:
-		return nil, fmt.Errorf("socket name of %d bytes", n)
-	case p.device != HostDevice:
+	var err error
+	if p.device != HostDevice {
 		return nil, fmt.Errorf("host memory transport on device %d", p.device)
+	}
+	if e.sock, err = parseSock(int(le.Uint16(pl[secretLen+16:])), pl[memfdFixed:]); err != nil {
+		return nil, err
+	}
+	switch {
 	case e.regionLen == 0 || e.regionLen > math.MaxInt64:
 		return nil, fmt.Errorf("region length %d", e.regionLen)
 	case e.regionOff >= e.regionLen || p.length > e.regionLen-e.regionOff:
 		return nil, fmt.Errorf("range [%d, +%d) lies outside the region of %d bytes", e.regionOff, p.length, e.regionLen)
 	}
-	for _, c := range sock {
-		if c <= ' ' || c > '~' {
-			return nil, fmt.Errorf("socket name byte %#x", c)
-		}
-	}
-	e.sock = string(sock)
 	return e, nil
 }
 
+// parseSock checks a socket name said to be n bytes long.
+func parseSock(n int, sock []byte) (string, error) {
+	switch {
+	case n != len(sock):
+		return "", fmt.Errorf("socket name of %d bytes, payload holds %d", n, len(sock))
+	case n == 0 || n > maxSockName:
+		return "", fmt.Errorf("socket name of %d bytes", n)
+	}
+	for _, c := range sock {
+		if c <= ' ' || c > '~' {
+			return "", fmt.Errorf("socket name byte %#x", c)
+		}
+	}
+	return string(sock), nil
+}
+
 func parseCUDA(pl []byte, p *packed) (*cudaEntry, error) {
-	le := binary.LittleEndian
 	if len(pl) != cudaFixed {
 		return nil, fmt.Errorf("%d bytes, want %d", len(pl), cudaFixed)
 	}
-	e := &cudaEntry{
-		gpu:    GPUID{Domain: le.Uint32(pl[0:]), Bus: le.Uint32(pl[4:]), Device: le.Uint32(pl[8:])},
-		size:   le.Uint64(pl[16:]),
-		offset: le.Uint64(pl[24:]),
+	e := &cudaEntry{}
+	var err error
+	if e.gpu, e.size, e.offset, err = parseCUDAHead(pl, p); err != nil {
+		return nil, err
 	}
-	copy(e.handle[:], pl[32:])
-	switch {
-	case le.Uint32(pl[12:]) != 0:
-		return nil, fmt.Errorf("unknown flags %#x", le.Uint32(pl[12:]))
-	case p.device == HostDevice:
-		return nil, fmt.Errorf("CUDA transport on host memory (device %d)", p.device)
-	case e.size == 0 || e.size > math.MaxInt64:
-		return nil, fmt.Errorf("allocation size %d", e.size)
-	case e.offset >= e.size || p.length > e.size-e.offset:
-		return nil, fmt.Errorf("range [%d, +%d) lies outside the allocation of %d bytes", e.offset, p.length, e.size)
-	case e.offset >= p.addr:
-		return nil, fmt.Errorf("offset %d puts the allocation below address %#x", e.offset, p.addr)
-	case e.handle == [IPCHandleLen]byte{}:
+	if copy(e.handle[:], pl[cudaHead:]); e.handle == [IPCHandleLen]byte{} {
 		return nil, fmt.Errorf("empty IPC handle")
 	}
 	return e, nil
+}
+
+func parseVMM(pl []byte, p *packed) (*vmmEntry, error) {
+	if len(pl) < vmmFixed {
+		return nil, fmt.Errorf("%d bytes, need at least %d", len(pl), vmmFixed)
+	}
+	e := &vmmEntry{}
+	var err error
+	if e.gpu, e.size, e.offset, err = parseCUDAHead(pl, p); err != nil {
+		return nil, err
+	}
+	copy(e.secret[:], pl[cudaHead:])
+	n := int(binary.LittleEndian.Uint16(pl[cudaHead+secretLen:]))
+	if e.sock, err = parseSock(n, pl[vmmFixed:]); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// parseCUDAHead checks the part the CUDA entries share against the header.
+func parseCUDAHead(pl []byte, p *packed) (gpu GPUID, size, offset uint64, err error) {
+	le := binary.LittleEndian
+	gpu = GPUID{Domain: le.Uint32(pl[0:]), Bus: le.Uint32(pl[4:]), Device: le.Uint32(pl[8:])}
+	size, offset = le.Uint64(pl[16:]), le.Uint64(pl[24:])
+	switch {
+	case le.Uint32(pl[12:]) != 0:
+		err = fmt.Errorf("unknown flags %#x", le.Uint32(pl[12:]))
+	case p.device == HostDevice:
+		err = fmt.Errorf("CUDA transport on host memory (device %d)", p.device)
+	case size == 0 || size > math.MaxInt64:
+		err = fmt.Errorf("allocation size %d", size)
+	case offset >= size || p.length > size-offset:
+		err = fmt.Errorf("range [%d, +%d) lies outside the allocation of %d bytes", offset, p.length, size)
+	case offset >= p.addr:
+		err = fmt.Errorf("offset %d puts the allocation below address %#x", offset, p.addr)
+	}
+	return gpu, size, offset, err
 }

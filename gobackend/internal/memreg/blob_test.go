@@ -37,6 +37,23 @@ func testCUDAPacked() *packed {
 	return p
 }
 
+// testVMMPacked is a VMM blob (gosym.empty's memory on cuda:1): its fd is
+// lent by the exporter's server.
+func testVMMPacked() *packed {
+	p := &packed{pid: 4244, device: 1, addr: 0x7f2000201000, length: 5000,
+		vmm: &vmmEntry{gpu: GPUID{Bus: 0x1b}, size: 4 << 20, offset: 4096, sock: "gosym-memreg-4244-00"}}
+	for i := range p.vmm.secret {
+		p.vmm.secret[i] = byte(0x30 + i)
+	}
+	return p
+}
+
+func withVMM(f func(p *packed)) []byte {
+	p := testVMMPacked()
+	f(p)
+	return p.encode()
+}
+
 func withCUDA(f func(p *packed)) []byte {
 	p := testCUDAPacked()
 	f(p)
@@ -47,9 +64,9 @@ func withCUDA(f func(p *packed)) []byte {
 func seedBlobs() map[string][]byte {
 	shareable := testPacked().encode()
 	private := (&packed{pid: 1, device: 3, addr: 1 << 20, length: 7}).encode()
-	unknown := appendEntry(append([]byte(nil), shareable...), "cudavmm", []byte{1, 2, 3, 4, 5})
+	unknown := appendEntry(append([]byte(nil), shareable...), "cufabric", []byte{1, 2, 3, 4, 5})
 	return map[string][]byte{"shareable": shareable, "private": private, "unknown-entry": unknown,
-		"cuda": testCUDAPacked().encode()}
+		"cuda": testCUDAPacked().encode(), "vmm": testVMMPacked().encode()}
 }
 
 // mutate returns a copy of the shareable seed with f applied.
@@ -91,6 +108,9 @@ func TestParseRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, testCUDAPacked(), p)
 	assert.Nil(t, p.memfd)
+	p, err = parse(seedBlobs()["vmm"])
+	require.NoError(t, err)
+	assert.Equal(t, testVMMPacked(), p)
 }
 
 // cudaAt is the offset of the cudaipc payload in a CUDA blob.
@@ -179,6 +199,19 @@ func badBlobs() []badCase {
 			testCUDAPacked().encode()[cudaAt:]), "twice"},
 		{"cudaipc and memfd", appendEntry(testCUDAPacked().encode(), transportMemfd,
 			testPacked().encode()[memfdAt:]), "host memory transport on device 1"},
+		{"cudavmm payload short", appendEntry(testVMMPacked().encode()[:cudaAt-entryHdrLen], transportVMM,
+			make([]byte, vmmFixed-1)), "need at least"},
+		{"cudavmm on host memory", withVMM(func(p *packed) { p.device = HostDevice }), "host memory"},
+		{"cudavmm range past the allocation", withVMM(func(p *packed) { p.vmm.offset = 4<<20 - 10 }), "outside the allocation"},
+		{"cudavmm empty socket name", withVMM(func(p *packed) { p.vmm.sock = "" }), "socket name of 0 bytes"},
+		{"cudavmm socket name unprintable", withVMM(func(p *packed) { p.vmm.sock = "a\x01" }), "socket name byte"},
+		{"cudavmm socket name length mismatch", func() []byte {
+			b := testVMMPacked().encode()
+			le.PutUint16(b[cudaAt+cudaHead+secretLen:], 3)
+			return b
+		}(), "payload holds"},
+		{"cudavmm and cudaipc", appendEntry(testVMMPacked().encode(), transportCUDA,
+			testCUDAPacked().encode()[cudaAt:]), "two CUDA transports"},
 	}
 }
 
@@ -230,7 +263,7 @@ func TestImportNoTransport(t *testing.T) {
 		assert.Equal(t, status.NotSupported, status.CodeOf(err))
 	}
 	// A blob whose only entry is a transport this build does not know.
-	b := appendEntry((&packed{pid: 1, device: 0, addr: 1 << 20, length: 9}).encode(), "cudavmm", []byte("handle"))
+	b := appendEntry((&packed{pid: 1, device: 0, addr: 1 << 20, length: 9}).encode(), "cufabric", []byte("handle"))
 	_, err := d.Import(b)
 	require.ErrorIs(t, err, ErrNoTransport)
 	assert.Contains(t, err.Error(), "1 other entries")
@@ -265,6 +298,12 @@ func FuzzParse(f *testing.F) {
 		if e := p.cuda; e != nil {
 			if p.device < 0 || e.offset >= e.size || p.length > e.size-e.offset || e.offset >= p.addr || p.memfd != nil {
 				t.Fatalf("accepted a bad cudaipc entry: %+v of %+v", e, p)
+			}
+		}
+		if e := p.vmm; e != nil {
+			if p.device < 0 || e.offset >= e.size || p.length > e.size-e.offset || e.offset >= p.addr || len(e.sock) == 0 ||
+				p.memfd != nil || p.cuda != nil {
+				t.Fatalf("accepted a bad cudavmm entry: %+v of %+v", e, p)
 			}
 		}
 		q, err := parse(p.encode())

@@ -18,6 +18,7 @@ package memreg
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
@@ -55,8 +56,15 @@ type CUDA interface {
 	// Open maps s on device (an ordinal of this process) and returns where
 	// the allocation starts here.
 	Open(device int, s *CUDAShare) (base uintptr, err error)
-	// Close unmaps what Open mapped, once the device no longer uses it.
-	Close(device int, base uintptr) error
+	// ExportFD is a POSIX fd (the caller's to close) of the VMM allocation
+	// s of this process, on device.
+	ExportFD(device int, s *CUDAShare) (fd int, err error)
+	// OpenFD maps the VMM allocation s that fd exports (the fd stays the
+	// caller's) on device and returns where it starts here.
+	OpenFD(device int, s *CUDAShare, fd int) (base uintptr, err error)
+	// Close unmaps what Open or OpenFD mapped of s at base, once the device
+	// no longer uses it.
+	Close(device int, s *CUDAShare, base uintptr) error
 }
 
 type cudaBox struct{ c CUDA }
@@ -119,39 +127,54 @@ func (m *Memh) CUDA() (s CUDAShare, offset int, ok bool) {
 // WhyPrivate says why a CUDA export cannot be shared ("" otherwise).
 func (m *Memh) WhyPrivate() string { return m.why }
 
-// importCUDA maps a parsed CUDA blob on device and registers it.
-func (d *Domain) importCUDA(p *packed, device int) (*Memh, error) {
+// importCUDA maps a parsed CUDA blob on device and registers it: a legacy
+// IPC handle is opened directly; VMM memory's fd is fetched from the
+// exporter's server first (authenticated as for memfds).
+func (d *Domain) importCUDA(p *packed, device int, deadline time.Time) (*Memh, error) {
 	c := d.cudaImpl()
 	switch {
 	case device < 0:
 		return nil, status.Errorf(status.NotSupported, "memreg: import of CUDA memory (cuda:%d of pid %d): name the device to map it on",
 			p.device, p.pid)
-	case p.pid == os.Getpid():
+	case p.cuda != nil && p.pid == os.Getpid():
 		return nil, status.Errorf(status.NotSupported,
 			"memreg: import of CUDA memory in the process that exported it (a CUDA IPC handle cannot be opened there): use the exported memh")
 	case c == nil:
 		return nil, errNoCUDA("import of cuda:%d memory of pid %d", p.device, p.pid)
 	}
-	s := &CUDAShare{GPU: p.cuda.gpu, Handle: p.cuda.handle, Base: p.addr - p.cuda.offset, Size: p.cuda.size}
-	base, err := c.Open(device, s)
+	var s *CUDAShare
+	var off uint64
+	var base uintptr
+	var err error
+	if e := p.cuda; e != nil {
+		s, off = &CUDAShare{GPU: e.gpu, Handle: e.handle, Base: p.addr - e.offset, Size: e.size}, e.offset
+		base, err = c.Open(device, s)
+	} else {
+		e := p.vmm
+		s, off = &CUDAShare{GPU: e.gpu, Base: p.addr - e.offset, Size: e.size, VMM: true}, e.offset
+		var fd int
+		if fd, err = d.fetchFD(p.pid, e.secret, e.sock, e.size, deadline); err == nil {
+			base, err = c.OpenFD(device, s, fd)
+			closeFD(fd) // the mapping keeps the memory
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	off := int(p.cuda.offset)
 	m := &Memh{d: d, mode: Import, addr: uintptr(p.addr), length: int(p.length), device: device,
-		local: base + uintptr(off), offset: off, mapRef: true, cudaBase: base, cudaClose: c}
+		local: base + uintptr(off), offset: int(off), mapRef: true, cudaBase: base, cudaClose: c, cudaOf: s}
 	if err = d.fault("import.cuda"); err == nil {
 		err = d.insert(m, nil)
 	}
 	if err != nil {
-		c.Close(device, base)
+		c.Close(device, s, base)
 		return nil, err
 	}
 	return m, nil
 }
 
 // BlobInfo describes a packed memh without importing it: the exporter's
-// pid, device, address and length, and its transport ("memfd", "cudaipc",
+// pid, device, address and length, and its transport ("memfd", "cudaipc", "cudavmm",
 // or "" for a private memh); for CUDA memory, the GPU's PCI address.
 func BlobInfo(blob []byte) (map[string]any, error) {
 	p, err := parse(blob)
@@ -162,6 +185,8 @@ func BlobInfo(blob []byte) (map[string]any, error) {
 	switch {
 	case p.cuda != nil:
 		info["transport"], info["gpu"] = transportCUDA, p.cuda.gpu.String()
+	case p.vmm != nil:
+		info["transport"], info["gpu"] = transportVMM, p.vmm.gpu.String()
 	case p.memfd != nil:
 		info["transport"] = transportMemfd
 	}

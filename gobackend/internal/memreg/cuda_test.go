@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
@@ -85,6 +86,31 @@ func (f *fakeCUDA) Share(device int, addr uintptr, n int) (*CUDAShare, string, e
 	return nil, "not device memory", nil
 }
 
+// ExportFD stands a VMM allocation's fd by a memfd holding its base.
+func (f *fakeCUDA) ExportFD(device int, s *CUDAShare) (int, error) {
+	fd, err := unix.MemfdCreate("fakevmm", unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, err
+	}
+	if _, err = unix.Pwrite(fd, binary.LittleEndian.AppendUint64(nil, s.Base), 0); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// OpenFD maps what the fd names, checking that it is s's allocation.
+func (f *fakeCUDA) OpenFD(device int, s *CUDAShare, fd int) (uintptr, error) {
+	var b [8]byte
+	if _, err := unix.Pread(fd, b[:], 0); err != nil {
+		return 0, err
+	}
+	if got := binary.LittleEndian.Uint64(b[:]); got != s.Base {
+		return 0, fmt.Errorf("the fd exports the allocation at %#x, the blob says %#x", got, s.Base)
+	}
+	return f.Open(device, s)
+}
+
 func (f *fakeCUDA) Open(device int, s *CUDAShare) (uintptr, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -104,7 +130,7 @@ func (f *fakeCUDA) Open(device int, s *CUDAShare) (uintptr, error) {
 	return base, nil
 }
 
-func (f *fakeCUDA) Close(device int, base uintptr) error {
+func (f *fakeCUDA) Close(device int, _ *CUDAShare, base uintptr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if d, ok := f.mapped[base]; !ok || d != device {
@@ -202,10 +228,31 @@ func TestCUDAMap(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, CUDAShare{GPU: gpu1, Base: uint64(exp.base), Size: 4 << 20, VMM: true}, sv)
 	assert.Equal(t, 2<<20, off)
-	_, err = mv.Pack()
-	assert.Equal(t, status.NotSupported, status.CodeOf(err))
-	assert.ErrorContains(t, err, "shared with process groups by fd")
+	// Its blob names the fd server, which lends the allocation's fd; the
+	// importer (here another domain of this process) maps it.
+	blob, err := mv.Pack()
+	require.NoError(t, err)
+	info, err := BlobInfo(blob)
+	require.NoError(t, err)
+	assert.Equal(t, "cudavmm", info["transport"])
+	other := newDomain(t)
+	odrv := newFakeCUDA(w, gpu1)
+	other.SetCUDA(odrv)
+	im, err := other.ImportOn(blob, 0, time.Now().Add(5*time.Second))
+	require.NoError(t, err)
+	_, opens, _, mapped := odrv.counts()
+	assert.Equal(t, 1, opens)
+	assert.Equal(t, 1, mapped)
+	assert.Equal(t, im.LocalAddress()-uintptr(2<<20), im.cudaBase, "the range's offset in the allocation")
+	assert.Equal(t, int64(1), d.Stats()["served"])
+	require.NoError(t, other.Unmap(im))
+	_, _, closes, mapped := odrv.counts()
+	assert.Equal(t, 1, closes)
+	assert.Equal(t, 0, mapped)
+	// Unmapped, the exporter lends nothing more.
 	require.NoError(t, d.Unmap(mv))
+	_, err = other.ImportOn(blob, 0, time.Now().Add(5*time.Second))
+	assert.Equal(t, status.Peer, status.CodeOf(err))
 
 	_, err = d.Map(a.base, 8, 0)
 	assert.ErrorContains(t, err, "another device")

@@ -159,6 +159,7 @@ type Memh struct {
 	why       string     // export of device memory: why it is private
 	cudaBase  uintptr    // CUDA import: where this process mapped the allocation
 	cudaClose CUDA       // CUDA import: who unmaps it
+	cudaOf    *CUDAShare // CUDA import: the allocation it mapped
 
 	unmapped bool      // left the list: no new lookups, retains or bindings
 	mapRef   bool      // held from creation until Unmap has released the bindings
@@ -278,14 +279,16 @@ func (d *Domain) Map(addr uintptr, length int, device int) (*Memh, error) {
 	}
 	m := &Memh{d: d, mode: Export, addr: addr, length: length, device: device, local: addr, mapRef: true}
 	var err error
-	if device == HostDevice {
-		// The secret is drawn outside the lock, before we know whether the
-		// range is shareable; a private memh simply never uses it.
-		if m.secret, err = newSecret(d); err != nil {
+	// The secret is drawn outside the lock, before we know whether the
+	// range is shareable (host memory in a region, or VMM memory: what the
+	// fd server lends); a memh that is neither never uses it.
+	if m.secret, err = newSecret(d); err != nil {
+		return nil, err
+	}
+	if device != HostDevice {
+		if err = d.shareCUDA(m); err != nil {
 			return nil, err
 		}
-	} else if err = d.shareCUDA(m); err != nil {
-		return nil, err
 	}
 	if err := d.insert(m, d.attachToAlloc); err != nil {
 		return nil, err
@@ -434,8 +437,8 @@ func (d *Domain) maybeFree(m *Memh) func() {
 	m.freed = true
 	if m.cudaBase != 0 {
 		d.st.regions--
-		c, dev, base := m.cudaClose, m.device, m.cudaBase
-		return func() { c.Close(dev, base) }
+		c, dev, s, base := m.cudaClose, m.device, m.cudaOf, m.cudaBase
+		return func() { c.Close(dev, s, base) }
 	}
 	if m.imp != nil {
 		d.st.regions--
@@ -646,13 +649,17 @@ func (m *Memh) Pack() ([]byte, error) {
 		return nil, fmt.Errorf("%w: pack of %v", ErrUnmapped, m)
 	case m.mode == Import:
 		return nil, status.Errorf(status.NotSupported, "memreg: pack of %v: an imported memh cannot be re-exported", m)
-	case m.cuda != nil && m.cuda.VMM:
-		return nil, status.Errorf(status.NotSupported,
-			"memreg: pack of %v: VMM memory (gosym.empty on CUDA) is shared with process groups by fd, not by a blob; mem_map a caching-allocator tensor to pack it", m)
 	}
 	p := &packed{pid: os.Getpid(), device: m.device, addr: uint64(m.addr), length: uint64(m.length)}
-	if s := m.cuda; s != nil {
+	if s := m.cuda; s != nil && !s.VMM {
 		p.cuda = &cudaEntry{gpu: s.GPU, size: s.Size, offset: uint64(m.offset), handle: s.Handle}
+	}
+	if s := m.cuda; s != nil && s.VMM {
+		sock, err := d.ensureServer()
+		if err != nil {
+			return nil, err
+		}
+		p.vmm = &vmmEntry{gpu: s.GPU, size: s.Size, offset: uint64(m.offset), secret: m.secret, sock: sock}
 	}
 	if m.alloc != nil {
 		sock, err := d.ensureServer()
@@ -694,8 +701,8 @@ func (d *Domain) ImportOn(blob []byte, device int, deadline time.Time) (*Memh, e
 	if closed {
 		return nil, ErrClosed
 	}
-	if p.cuda != nil {
-		return d.importCUDA(p, device)
+	if p.cuda != nil || p.vmm != nil {
+		return d.importCUDA(p, device, deadline)
 	}
 	if p.memfd == nil {
 		return nil, fmt.Errorf("%w: %#x+%d of pid %d on device %d (%d other entries)",
@@ -704,7 +711,7 @@ func (d *Domain) ImportOn(blob []byte, device int, deadline time.Time) (*Memh, e
 	if p.memfd.regionLen > math.MaxInt {
 		return nil, fmt.Errorf("%w: region of %d bytes", ErrBadBlob, p.memfd.regionLen)
 	}
-	fd, err := d.fetchFD(p, deadline)
+	fd, err := d.fetchFD(p.pid, p.memfd.secret, p.memfd.sock, p.memfd.regionLen, deadline)
 	if err != nil {
 		return nil, err
 	}

@@ -18,12 +18,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The fd server hands a shareable memh's memfd to an importer that proves
-// it was given the blob. One SOCK_SEQPACKET exchange per import:
+// The fd server hands a shareable memh's memfd (or, for gosym.empty's VMM
+// memory, its allocation's POSIX fd) to an importer that proves it was
+// given the blob. One SOCK_SEQPACKET exchange per import:
 //
 //	importer -> exporter: u32 reqMagic | secret[32]
-//	exporter -> importer: u32 repMagic | u32 code | u64 region length | error text (code != 0)
-//	                      with the memfd as SCM_RIGHTS when code == 0
+//	exporter -> importer: u32 repMagic | u32 code | u64 region (allocation) length | error text (code != 0)
+//	                      with the fd as SCM_RIGHTS when code == 0
 //
 // Both sides check SO_PEERCRED: the importer that the server is the pid the
 // blob names and runs as its uid, the server that the importer runs as its
@@ -151,22 +152,26 @@ func (d *Domain) serve(c *net.UnixConn) {
 		d.refused()
 		return
 	}
-	a, ok := d.lend(req[4:reqLen])
+	l, ok := d.lend(req[4:reqLen])
 	if !ok {
 		d.refused()
 		return
 	}
-	defer d.unlend(a)
+	defer l.done()
 	rep := make([]byte, repFixed, maxRep)
 	binary.LittleEndian.PutUint32(rep, repMagic)
-	binary.LittleEndian.PutUint64(rep[8:], uint64(a.region.Size))
-	if err := d.fault("serve.lend"); err != nil {
+	binary.LittleEndian.PutUint64(rep[8:], l.size)
+	err = l.err
+	if err == nil {
+		err = d.fault("serve.lend")
+	}
+	if err != nil {
 		binary.LittleEndian.PutUint32(rep[4:], repFailed)
 		rep = append(rep, truncate(err.Error(), maxRep-repFixed)...)
 		c.Write(rep)
 		return
 	}
-	if _, _, err := c.WriteMsgUnix(rep, unix.UnixRights(a.region.FD()), nil); err == nil {
+	if _, _, err := c.WriteMsgUnix(rep, unix.UnixRights(l.fd), nil); err == nil {
 		d.mu.Lock()
 		d.st.served++
 		d.mu.Unlock()
@@ -186,37 +191,63 @@ func (d *Domain) refused() {
 	d.mu.Unlock()
 }
 
-// lend finds the mapped shareable memh with this secret and takes a
-// reference on its region, so its fd stays open (and is not reused for
-// another file) while it is being sent.
-func (d *Domain) lend(secret []byte) (*allocation, bool) {
+// lease is one hand-out: the fd to send, the length it maps (or why it
+// cannot be sent), and what to release once it went.
+type lease struct {
+	fd   int
+	size uint64
+	err  error
+	done func()
+}
+
+// lend finds the mapped shareable memh with this secret. A region's memh
+// takes a reference on the region, so its fd stays open (and is not reused
+// for another file) while it is being sent; a VMM memh's allocation is
+// exported to a new fd, closed once sent.
+func (d *Domain) lend(secret []byte) (lease, bool) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
+	var vmm *Memh
 	for _, m := range d.live {
-		if m.alloc != nil && subtle.ConstantTimeCompare(m.secret[:], secret) == 1 {
-			m.alloc.refs++
-			return m.alloc, true
+		if subtle.ConstantTimeCompare(m.secret[:], secret) != 1 {
+			continue
 		}
+		if a := m.alloc; a != nil {
+			a.refs++
+			d.mu.Unlock()
+			return lease{fd: a.region.FD(), size: uint64(a.region.Size), done: func() {
+				d.mu.Lock()
+				free := d.dropAlloc(a)
+				d.mu.Unlock()
+				free()
+			}}, true
+		}
+		if m.mode == Export && m.cuda != nil && m.cuda.VMM {
+			vmm = m
+		}
+		break
 	}
-	return nil, false
-}
-
-func (d *Domain) unlend(a *allocation) {
-	d.mu.Lock()
-	free := d.dropAlloc(a)
 	d.mu.Unlock()
-	free()
+	if vmm == nil {
+		return lease{}, false
+	}
+	l := lease{fd: -1, size: vmm.cuda.Size, done: func() {}}
+	if c := d.cudaImpl(); c == nil {
+		l.err = errNoCUDA("lend cuda:%d memory", vmm.device)
+	} else if l.fd, l.err = c.ExportFD(vmm.device, vmm.cuda); l.err == nil {
+		fd := l.fd
+		l.done = func() { closeFD(fd) }
+	}
+	return l, true
 }
 
-// fetchFD asks the exporter named by p for its region's memfd. The caller
-// owns the returned fd.
-func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
-	e := p.memfd
-	who := fmt.Sprintf("exporter pid %d (@%s)", p.pid, e.sock)
+// fetchFD asks the fd server sock of exporter pid for the fd that secret
+// names, which must map want bytes. The caller owns the returned fd.
+func (d *Domain) fetchFD(pid int, secret [secretLen]byte, sock string, want uint64, deadline time.Time) (fd int, err error) {
+	who := fmt.Sprintf("exporter pid %d (@%s)", pid, sock)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	var dialer net.Dialer
-	nc, err := dialer.DialContext(ctx, "unixpacket", "@"+e.sock)
+	nc, err := dialer.DialContext(ctx, "unixpacket", "@"+sock)
 	if err != nil {
 		return -1, status.Wrap(status.Peer, err, "memreg: import: connect to %s (exited, or its domain is closed?)", who)
 	}
@@ -229,9 +260,9 @@ func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
 	if err != nil {
 		return -1, status.Wrap(status.System, err, "memreg: import: credentials of %s", who)
 	}
-	if int(cred.Pid) != p.pid || int64(cred.Uid) != d.uid.Load() {
+	if int(cred.Pid) != pid || int64(cred.Uid) != d.uid.Load() {
 		return -1, status.Errorf(status.Peer, "memreg: import: the socket of %s is served by pid %d uid %d, want pid %d uid %d",
-			who, cred.Pid, cred.Uid, p.pid, d.uid.Load())
+			who, cred.Pid, cred.Uid, pid, d.uid.Load())
 	}
 	if err := d.fault("import.peercred"); err != nil {
 		return -1, err
@@ -239,7 +270,7 @@ func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
 	c.SetDeadline(deadline)
 	req := make([]byte, reqLen)
 	binary.LittleEndian.PutUint32(req, reqMagic)
-	copy(req[4:], e.secret[:])
+	copy(req[4:], secret[:])
 	if err := d.fault("import.request"); err != nil {
 		return -1, err
 	}
@@ -266,9 +297,9 @@ func (d *Domain) fetchFD(p *packed, deadline time.Time) (fd int, err error) {
 		return -1, status.Errorf(status.Peer, "memreg: import: %s failed: %q", who, rep[repFixed:])
 	case len(fds) != 1:
 		return -1, status.Errorf(status.Peer, "memreg: import: %s sent %d fds, want 1", who, len(fds))
-	case binary.LittleEndian.Uint64(rep[8:]) != e.regionLen:
+	case binary.LittleEndian.Uint64(rep[8:]) != want:
 		return -1, status.Errorf(status.Peer, "memreg: import: %s has a region of %d bytes, the blob says %d",
-			who, binary.LittleEndian.Uint64(rep[8:]), e.regionLen)
+			who, binary.LittleEndian.Uint64(rep[8:]), want)
 	}
 	// The server hangs up once it has dropped its hold on the region and
 	// counted the hand-out, so when Import returns the exporter's state is
