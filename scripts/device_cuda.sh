@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [sanitize] [probe] [pinned]
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [probe] [pinned]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -127,6 +127,16 @@ for s in "${steps[@]}"; do
 				--ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
 				--backends gosym,gosym-bound,nccl --sizes 1M,4M,16M,64M,256M --target-time 0.05 \
 				--json "$out/vmm-$ubr-$RANDOM.json" 2>&1 | tail -30
+		done ;;
+	expandable)
+		echo "== torch's expandable segments (VMM memory gosym cannot share yet: staged) against the default allocator, gosym and NCCL, 40 per sample"
+		PYTHONPATH=python timeout 60 python3 scripts/probe_expandable.py >"$out/probe-expandable.json" 2>&1
+		for conf in expandable_segments:True expandable_segments:False; do
+			echo "-- PYTORCH_CUDA_ALLOC_CONF=$conf"
+			PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python3 -m gosym.bench --device cuda --batch 40 \
+				--ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
+				--backends gosym,nccl --sizes 1M,16M,64M,256M --target-time 0.05 \
+				--json "$out/expandable-${conf#*:}.json" 2>&1 | rows
 		done ;;
 	probe)
 		echo "== NVLink probe (scripts/nvlink_probe.cu): SM loads/stores and copy engines, both GPUs at once"
