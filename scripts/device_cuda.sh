@@ -136,7 +136,7 @@ for s in "${steps[@]}"; do
 			PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python3 -m gosym.bench --device cuda --batch 40 \
 				--ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
 				--backends gosym,nccl --sizes 1M,16M,64M,256M --target-time 0.05 \
-				--json "$out/expandable-${conf#*:}.json" 2>&1 | rows
+				--json "$out/expandable-${conf#*:}.json" 2>&1 | grep -E "^[a-z_]+ +[0-9]+[KMG] |CORRECTNESS|^error" | cut -c1-70
 		done ;;
 	probe)
 		echo "== NVLink probe (scripts/nvlink_probe.cu): SM loads/stores and copy engines, both GPUs at once"
