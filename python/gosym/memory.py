@@ -5,9 +5,11 @@ collectives on them read peers' data in place instead of staging it. Any
 buffer can be registered with ``mem_map``; a group binds the enclosing
 shareable region lazily, on the first collective that uses it, and reuses the
 binding afterwards. CUDA tensors from torch's caching allocator register
-shareable (their allocation's CUDA IPC handle); collectives on them then read
-the peers' tensors in place from GOSYM_GPU_REG_DIRECT_MIN bytes (mem_map them on
-every rank, or on none). ``MemHandle.pack()`` / ``mem_import`` share a region
+shareable (their allocation's CUDA IPC handle), and so do gosym.empty's CUDA
+tensors (their VMM allocation's fd); collectives on them then read the peers'
+tensors in place from GOSYM_GPU_REG_DIRECT_MIN bytes (mem_map them on every
+rank, or on none). gosym.empty's CUDA tensors are read in place from
+GOSYM_GPU_DIRECT_MIN without mem_map. ``MemHandle.pack()`` / ``mem_import`` share a region
 with another process of this host explicitly; ``tensor_from`` views it.
 """
 
@@ -66,8 +68,9 @@ class MemHandle:
 def mem_map(tensor_or_addr, nbytes: int | None = None, device: int = -1) -> MemHandle:
     """Registers a tensor's storage range from its first element (or address + nbytes on
     device, -1 for host memory). Talks to no peer. CUDA memory is shareable when its
-    allocation has a CUDA IPC handle (torch's caching allocator, cudaMalloc); other device
-    memory registers private (``info()["why_private"]`` says why)."""
+    allocation has a CUDA IPC handle (torch's caching allocator, cudaMalloc) or comes from
+    gosym.empty (its fd); other device memory (expandable segments, managed memory)
+    registers private (``info()["why_private"]`` says why)."""
     if isinstance(tensor_or_addr, torch.Tensor):
         t = tensor_or_addr
         if t.device.type == "cuda":
@@ -104,7 +107,8 @@ def blob_info(blob: bytes) -> dict:
 
 def mem_import(blob: bytes, timeout: float = 10.0, device=None) -> MemHandle:
     """Maps a blob packed by another process of this host. Host memory: an authenticated
-    fd transfer from the exporter. CUDA memory: its IPC handle, opened on ``device``
+    fd transfer from the exporter. CUDA memory: its IPC handle (gosym.empty's: its fd, from
+    the exporter), opened on ``device``
     (default: the current CUDA device) with peer access, so kernels there reach the
     exporter's GPU; ``tensor_from`` gives a CUDA tensor over it."""
     info = blob_info(blob)
@@ -273,7 +277,8 @@ def _cuda_empty(size, dtype, device: torch.device) -> torch.Tensor:
 
 def empty(*size, dtype: torch.dtype | None = None, device="cpu") -> torch.Tensor:
     """Like torch.empty, in memory the ranks of a group can share (zero-copy collectives on
-    CPU; on CUDA, a VMM allocation that contiguous_view can map side by side)."""
+    CPU; on CUDA, a VMM allocation that large collectives read in place and contiguous_view
+    maps side by side)."""
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     dtype = dtype or torch.get_default_dtype()
