@@ -46,6 +46,19 @@ def main():
         dist.all_to_all_single(so, s, [cnt[j][rank] for j in range(world)], cnt[rank])
         want = torch.cat([torch.full((cnt[j][rank],), float(j), device=dev) for j in range(world)])
         bad += int((so != want).sum())
+    # gosym.empty's VMM buffers: staged at the default thresholds; under
+    # GOSYM_GPU_DIRECT_MIN=1 bound to the group by an fd exchange and read in place.
+    for n in (1025, 600_003):
+        g = gosym.empty(n, device=dev)
+        g.fill_(float(rank + 1))
+        dist.all_reduce(g)
+        bad += int((g != world * (world + 1) / 2).sum())
+        gi = gosym.empty(n, device=dev)
+        gi.fill_(float(rank))
+        go = torch.empty(n * world, device=dev)
+        dist.all_gather_into_tensor(go, gi)
+        bad += int((go.view(world, n) != torch.arange(world, device=dev)[:, None]).sum())
+        del g, gi
     y = gosym.empty(4096, device=dev)
     y.fill_(float(rank))
     v = gosym.contiguous_view(y)
