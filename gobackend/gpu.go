@@ -253,6 +253,9 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 			return err
 		}
 		t.counters, t.algos, t.reg = &g.counters, &g.algos, &g.reg
+		// Over the links, by the current op's deadline: set once, used by
+		// the few ops that bind a fresh VMM buffer.
+		t.swapFD = func(fd int) ([]int, func(), error) { return e.swapFD(fd, t.deadline) }
 		g.team = t
 		g.mu.Lock()
 		g.errw = t.errw
@@ -282,8 +285,7 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 		g.captured.Add(1)
 	}
 	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
-	t.capturing = capturing
-	t.swapFD = func(fd int) ([]int, func(), error) { return e.swapFD(fd, deadline) }
+	t.capturing, t.deadline = capturing, deadline
 	err := t.run(op, a.stream, agree)
 	var coded *status.Error
 	if err != nil && !errors.As(err, &coded) {
@@ -640,7 +642,8 @@ type gpuTeam struct {
 	counters    *gpuCounters
 	algos       *gpuAlgoStats
 	capturing   bool            // the current op's stream is being captured (a CUDA graph)
-	swapFD      gpuSwapFD       // the current op's fd exchange over the links (gpu_direct.go)
+	deadline    time.Time       // the current op's
+	swapFD      gpuSwapFD       // the fd exchange over the links, by deadline (gpu_direct.go)
 	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
 
 	errw *cuda.ErrorWords // where this rank's kernels copy their errors (gpu_deverr.go)

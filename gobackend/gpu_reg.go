@@ -277,14 +277,16 @@ func (g *gpuReg) find(lo, n uintptr, device int, implicit bool) *memreg.Memh {
 		return nil
 	}
 	user, bufs := g.domains()
-	for _, d := range []*memreg.Domain{user, bufs} {
-		m, ok := d.Find(lo, int(n))
-		if ok && m.Mode() == memreg.Export && m.Device() == device {
-			return m
-		}
-		if !implicit {
-			break
-		}
+	if m := exportOn(user, lo, n, device); m != nil || !implicit {
+		return m
+	}
+	return exportOn(bufs, lo, n, device)
+}
+
+// exportOn is d's EXPORT memh of device that holds [lo, lo+n), or nil.
+func exportOn(d *memreg.Domain, lo, n uintptr, device int) *memreg.Memh {
+	if m, ok := d.Find(lo, int(n)); ok && m.Mode() == memreg.Export && m.Device() == device {
+		return m
 	}
 	return nil
 }

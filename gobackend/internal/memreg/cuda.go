@@ -8,7 +8,7 @@ package memreg
 // An EXPORT memh of device memory is shareable when the driver can give
 // its allocation a legacy IPC handle (cudaMalloc memory, the caching
 // allocator's segments) or is one of gosym.empty's VMM allocations (a
-// POSIX fd exports it: shared with groups only, not packed); anything else
+// POSIX fd exports it, which the fd server lends); anything else
 // (other VMM memory, managed memory, ranges that span allocations)
 // registers private, with the reason kept. The handle is
 // resolved once, at Map: later packs and group bindings make no driver
@@ -40,8 +40,8 @@ type CUDAShare struct {
 	Size   uint64             // the allocation's size
 	// VMM: the allocation is VMM memory made exportable as a POSIX fd
 	// (gosym.empty on CUDA). It has no legacy handle: groups bind it by
-	// sending the fd over their links, and no blob can carry it (Pack
-	// refuses it).
+	// sending the fd over their links, and its blob names the fd server
+	// that lends the fd (the "cudavmm" entry).
 	VMM bool
 }
 

@@ -195,8 +195,8 @@ func (m *Memh) LocalAddress() uintptr { return m.local }
 // LocalLen is the length mapped in this process (Len for an export).
 func (m *Memh) LocalLen() int { return m.length }
 
-// Shareable reports whether other processes can map the memory: by a blob
-// from Pack, or (VMM memory) through a group's binding only.
+// Shareable reports whether Pack gives a blob another process can import
+// (and a group may bind the memory).
 func (m *Memh) Shareable() bool { return m.mode == Export && (m.alloc != nil || m.cuda != nil) }
 
 func (m *Memh) String() string {
@@ -651,15 +651,15 @@ func (m *Memh) Pack() ([]byte, error) {
 		return nil, status.Errorf(status.NotSupported, "memreg: pack of %v: an imported memh cannot be re-exported", m)
 	}
 	p := &packed{pid: os.Getpid(), device: m.device, addr: uint64(m.addr), length: uint64(m.length)}
-	if s := m.cuda; s != nil && !s.VMM {
-		p.cuda = &cudaEntry{gpu: s.GPU, size: s.Size, offset: uint64(m.offset), handle: s.Handle}
-	}
-	if s := m.cuda; s != nil && s.VMM {
+	switch s := m.cuda; {
+	case s != nil && s.VMM:
 		sock, err := d.ensureServer()
 		if err != nil {
 			return nil, err
 		}
 		p.vmm = &vmmEntry{gpu: s.GPU, size: s.Size, offset: uint64(m.offset), secret: m.secret, sock: sock}
+	case s != nil:
+		p.cuda = &cudaEntry{gpu: s.GPU, size: s.Size, offset: uint64(m.offset), handle: s.Handle}
 	}
 	if m.alloc != nil {
 		sock, err := d.ensureServer()
