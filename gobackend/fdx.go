@@ -3,10 +3,12 @@ package gobackend
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
@@ -14,72 +16,96 @@ import (
 // contiguous views, the direct path), run inside the collective queue so
 // their messages never interleave with others:
 //   - an fd exchange: every rank sends every peer one announcement (a
-//     header, a body, and at most one fd) over the authenticated mesh
-//     links, and receives one from each;
+//     header, a body, and any number of fds up to fdxMaxFDs) over the
+//     authenticated mesh links, and receives one from each;
 //   - an agreement: every rank says whether it succeeded (one byte through
 //     the host barrier) and learns which ranks did not.
 
-// fdxHeader is magic, version, sender rank, ok (1 when an fd is attached).
+// fdxHeader is magic, version, sender rank, the announcement's fd count.
 const fdxHeader = 16
+
+// fdxMaxFDs bounds the fds of one announcement. A link message carries at
+// most comm.MaxFDs: the first carries the header, the body and the first
+// of them, continuation messages (the header alone) the rest.
+const fdxMaxFDs = 1024
 
 // fdxMsg is what one rank announced.
 type fdxMsg struct {
-	ok   bool
+	ok   bool // it attached fds
 	body []byte
-	fd   int // -1 when none (always -1 for this rank's own entry)
+	fds  []int // received (none for this rank's own entry); -1 once taken
 }
 
-// exchangeFD announces body (and fd when fd >= 0; the caller keeps
-// ownership of it) to every peer and returns every rank's announcement, by
-// rank; the caller must close the fds with closeFDX. A malformed
-// announcement or a link failure is an error: the links are out of step.
-func (e *Endpoint) exchangeFD(magic uint32, body []byte, fd int, deadline time.Time) ([]fdxMsg, error) {
-	le := binary.LittleEndian
-	msg := make([]byte, fdxHeader+len(body))
-	le.PutUint32(msg[0:], magic)
-	le.PutUint32(msg[4:], 1)
-	le.PutUint32(msg[8:], uint32(e.Rank))
-	var fds []int
-	if fd >= 0 {
-		le.PutUint32(msg[12:], 1)
-		fds = []int{fd}
+// fd is the first fd received, or -1.
+func (m *fdxMsg) fd() int {
+	if len(m.fds) == 0 {
+		return -1
 	}
-	copy(msg[fdxHeader:], body)
+	return m.fds[0]
+}
+
+// take hands the first fd over to the caller (-1: none).
+func (m *fdxMsg) take() int {
+	fd := m.fd()
+	if fd >= 0 {
+		m.fds[0] = -1
+	}
+	return fd
+}
+
+// oneFD is fd as an announcement's list (-1: none).
+func oneFD(fd int) []int {
+	if fd < 0 {
+		return nil
+	}
+	return []int{fd}
+}
+
+// exchangeFD announces body and fds (the caller keeps ownership of them)
+// to every peer and returns every rank's announcement, by rank; the caller
+// must close the fds with closeFDX. A malformed announcement or a link
+// failure is an error: the links are out of step.
+func (e *Endpoint) exchangeFD(magic uint32, body []byte, fds []int, deadline time.Time) ([]fdxMsg, error) {
+	if len(fds) > fdxMaxFDs {
+		return nil, fmt.Errorf("an announcement of %d fds (at most %d)", len(fds), fdxMaxFDs)
+	}
+	le := binary.LittleEndian
+	head := make([]byte, fdxHeader)
+	le.PutUint32(head[0:], magic)
+	le.PutUint32(head[4:], 1)
+	le.PutUint32(head[8:], uint32(e.Rank))
+	le.PutUint32(head[12:], uint32(len(fds)))
 	var linkErr error
+	fail := func(err error) {
+		if linkErr == nil {
+			linkErr = err
+		}
+	}
 	for _, l := range e.mesh.Links {
-		if l != nil {
-			if err := l.Send(msg, fds, deadline); err != nil && linkErr == nil {
-				linkErr = err
+		if l == nil {
+			continue
+		}
+		msg, rest := append(slices.Clip(head), body...), fds
+		for first := true; first || len(rest) > 0; first, msg = false, head {
+			n := min(len(rest), comm.MaxFDs)
+			if err := l.Send(msg, rest[:n], deadline); err != nil {
+				fail(err)
+				break
 			}
+			rest = rest[n:]
 		}
 	}
 	out := make([]fdxMsg, e.Size)
-	out[e.Rank] = fdxMsg{ok: fd >= 0, body: body, fd: -1}
+	out[e.Rank] = fdxMsg{ok: len(fds) > 0, body: body}
 	for r, l := range e.mesh.Links {
 		if l == nil {
 			continue
 		}
-		got, gfds, err := l.Recv(deadline)
-		out[r].fd = -1
-		switch {
-		case err != nil:
-			if linkErr == nil {
-				linkErr = err
-			}
-		case len(got) != len(msg) || le.Uint32(got) != magic || le.Uint32(got[4:]) != 1 || int(le.Uint32(got[8:])) != r ||
-			(le.Uint32(got[12:]) == 1) != (len(gfds) == 1):
-			if linkErr == nil {
-				linkErr = fmt.Errorf("rank %d sent a malformed announcement (%d bytes, %d fds)", r, len(got), len(gfds))
-			}
-		default:
-			out[r] = fdxMsg{ok: len(gfds) == 1, body: got[fdxHeader:], fd: -1}
-			if len(gfds) == 1 {
-				out[r].fd, gfds = gfds[0], nil
-			}
+		m, err := recvFDX(l, magic, r, deadline)
+		if err != nil {
+			fail(err)
 		}
-		for _, f := range gfds {
-			unix.Close(f)
-		}
+		out[r] = m
 	}
 	if linkErr != nil {
 		closeFDX(out)
@@ -88,30 +114,54 @@ func (e *Endpoint) exchangeFD(magic uint32, body []byte, fd int, deadline time.T
 	return out, nil
 }
 
-// gpuVMMMagic marks the fd exchange that binds fresh VMM memhs to a group
+// recvFDX receives rank r's announcement over l, with its continuation
+// messages. On error the fds received so far are closed.
+func recvFDX(l *comm.Link, magic uint32, r int, deadline time.Time) (fdxMsg, error) {
+	le := binary.LittleEndian
+	var m fdxMsg
+	want := -1
+	for want < 0 || len(m.fds) < want {
+		got, gfds, err := l.Recv(deadline)
+		m.fds = append(m.fds, gfds...)
+		if err == nil && (len(got) < fdxHeader || want >= 0 && len(got) != fdxHeader || le.Uint32(got) != magic || le.Uint32(got[4:]) != 1 ||
+			int(le.Uint32(got[8:])) != r || want >= 0 && int(le.Uint32(got[12:])) != want ||
+			int(le.Uint32(got[12:])) > fdxMaxFDs || len(m.fds) > int(le.Uint32(got[12:])) || want >= 0 && len(gfds) == 0) {
+			err = fmt.Errorf("rank %d sent a malformed announcement (%d bytes, %d fds)", r, len(got), len(gfds))
+		}
+		if err != nil {
+			closeFDX([]fdxMsg{m})
+			return fdxMsg{}, err
+		}
+		if want < 0 {
+			want, m.body = int(le.Uint32(got[12:])), got[fdxHeader:]
+		}
+	}
+	m.ok = want > 0
+	return m, nil
+}
+
+// gpuVMMMagic marks the fd exchange that binds fresh VMM memory to a group
 // (gpu_direct.go, swapFresh).
 const gpuVMMMagic = 0x4d565347 // "GSVM"
 
-// swapFD is a gpuSwapFD over the links: every rank sends fd (-1: none) to
-// every peer and gets the fd each peer sent (-1: none), by rank.
-func (e *Endpoint) swapFD(fd int, deadline time.Time) ([]int, func(), error) {
-	msgs, err := e.exchangeFD(gpuVMMMagic, nil, fd, deadline)
+// swapFD is a gpuSwapFD over the links: every rank announces body and fds
+// to every peer and gets every rank's announcement.
+func (e *Endpoint) swapFD(body []byte, fds []int, deadline time.Time) ([]fdxMsg, func(), error) {
+	msgs, err := e.exchangeFD(gpuVMMMagic, body, fds, deadline)
 	if err != nil {
 		return nil, nil, err
 	}
-	fds := make([]int, len(msgs))
-	for r := range msgs {
-		fds[r] = msgs[r].fd
-	}
-	return fds, func() { closeFDX(msgs) }, nil
+	return msgs, func() { closeFDX(msgs) }, nil
 }
 
 // closeFDX closes the fds an exchange returned.
 func closeFDX(msgs []fdxMsg) {
 	for i := range msgs {
-		if msgs[i].fd >= 0 {
-			unix.Close(msgs[i].fd)
-			msgs[i].fd = -1
+		for j, fd := range msgs[i].fds {
+			if fd >= 0 {
+				unix.Close(fd)
+				msgs[i].fds[j] = -1
+			}
 		}
 	}
 }

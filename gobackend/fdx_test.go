@@ -1,6 +1,7 @@
 package gobackend
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -10,55 +11,60 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestSwapFDOverLinks: the fd exchange that binds fresh VMM memhs, over
-// real links. Ranks 0 and 2 send a memfd holding their rank, rank 1 sends
-// none; every rank gets the others' fds (new descriptors of the same
-// files) and -1 for itself and for rank 1, and done closes what it got.
+// TestSwapFDOverLinks: the fd exchange that binds fresh VMM memory, over
+// real links. Rank 0 sends 40 memfds (more than one link message carries:
+// continuation messages), rank 1 none, rank 2 three; each file holds its
+// sender and index, and the body names the count. Every rank gets the
+// others' fds in order (new descriptors of the same files), none for
+// itself or from rank 1, and done closes what it got.
 func TestSwapFDOverLinks(t *testing.T) {
 	const world = 3
+	sent := []int{40, 0, 3}
 	eps := group(t, world, 10*time.Second)
 	type got struct {
-		fds  []int
+		msgs []fdxMsg
 		done func()
 		err  error
 	}
 	res := make([]got, world)
 	var wg sync.WaitGroup
 	for r, ep := range eps {
-		fd := -1
-		if r != 1 {
-			var err error
-			fd, err = unix.MemfdCreate("swap", unix.MFD_CLOEXEC)
+		var fds []int
+		for i := range sent[r] {
+			fd, err := unix.MemfdCreate("swap", unix.MFD_CLOEXEC)
 			require.NoError(t, err)
-			_, err = unix.Pwrite(fd, []byte{byte(10 + r)}, 0)
+			_, err = unix.Pwrite(fd, []byte{byte(10 + r), byte(i)}, 0)
 			require.NoError(t, err)
 			t.Cleanup(func() { unix.Close(fd) })
+			fds = append(fds, fd)
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[r].fds, res[r].done, res[r].err = ep.swapFD(fd, time.Now().Add(5*time.Second))
+			body := []byte(fmt.Sprint(len(fds)))
+			res[r].msgs, res[r].done, res[r].err = ep.swapFD(body, fds, time.Now().Add(5*time.Second))
 		}()
 	}
 	wg.Wait()
 	for me, g := range res {
 		require.NoError(t, g.err)
-		require.Len(t, g.fds, world)
-		for r, fd := range g.fds {
-			if r == me || r == 1 {
-				assert.Equal(t, -1, fd, "rank %d from rank %d", me, r)
+		require.Len(t, g.msgs, world)
+		inodes := map[int]uint64{}
+		for r, m := range g.msgs {
+			assert.Equal(t, fmt.Sprint(sent[r]), string(m.body), "rank %d from rank %d", me, r)
+			assert.Equal(t, sent[r] > 0, m.ok)
+			if r == me {
+				assert.Empty(t, m.fds, "rank %d's own entry", me)
 				continue
 			}
-			require.GreaterOrEqual(t, fd, 0, "rank %d from rank %d", me, r)
-			b := make([]byte, 1)
-			_, err := unix.Pread(fd, b, 0)
-			require.NoError(t, err)
-			assert.Equal(t, byte(10+r), b[0], "rank %d got rank %d's file", me, r)
-		}
-		inodes := map[int]uint64{}
-		for _, fd := range g.fds {
-			var st unix.Stat_t
-			if fd >= 0 && unix.Fstat(fd, &st) == nil {
+			require.Len(t, m.fds, sent[r], "rank %d from rank %d", me, r)
+			for i, fd := range m.fds {
+				b := make([]byte, 2)
+				_, err := unix.Pread(fd, b, 0)
+				require.NoError(t, err)
+				assert.Equal(t, []byte{byte(10 + r), byte(i)}, b, "rank %d got rank %d's file %d", me, r, i)
+				var st unix.Stat_t
+				require.NoError(t, unix.Fstat(fd, &st))
 				inodes[fd] = st.Ino
 			}
 		}
@@ -71,4 +77,12 @@ func TestSwapFDOverLinks(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestSwapFDTooMany: an announcement of more than fdxMaxFDs fds is refused
+// before anything is sent.
+func TestSwapFDTooMany(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	_, _, err := eps[0].swapFD(nil, make([]int, fdxMaxFDs+1), time.Now().Add(time.Second))
+	require.ErrorContains(t, err, "at most")
 }

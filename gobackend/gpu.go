@@ -255,7 +255,7 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 		t.counters, t.algos, t.reg = &g.counters, &g.algos, &g.reg
 		// Over the links, by the current op's deadline: set once, used by
 		// the few ops that bind a fresh VMM buffer.
-		t.swapFD = func(fd int) ([]int, func(), error) { return e.swapFD(fd, t.deadline) }
+		t.swapFD = func(body []byte, fds []int) ([]fdxMsg, func(), error) { return e.swapFD(body, fds, t.deadline) }
 		g.team = t
 		g.mu.Lock()
 		g.errw = t.errw
@@ -443,7 +443,7 @@ func (e *Endpoint) shareSymm(t *gpuTeam, sy *gpuSymm, magic uint32, local *error
 	}
 	body := binary.LittleEndian.AppendUint64(nil, uint64(sy.size))
 	body = append(body, t.cfg.shared()...)
-	msgs, err := e.exchangeFD(magic, body, fd, deadline)
+	msgs, err := e.exchangeFD(magic, body, oneFD(fd), deadline)
 	if fd >= 0 {
 		unix.Close(fd)
 	}
@@ -463,7 +463,7 @@ func (e *Endpoint) shareSymm(t *gpuTeam, sy *gpuSymm, magic uint32, local *error
 				binary.LittleEndian.Uint64(m.body), sy.size)
 		default:
 			if *local = t.cfg.sharedMismatch(r, m.body[8:]); *local == nil {
-				*local = t.importPeer(sy, r, m.fd)
+				*local = t.importPeer(sy, r, m.fd())
 			}
 		}
 	}

@@ -16,7 +16,10 @@ package gobackend
 //     (gpu_mem.go), the same way.
 //   - Other memory (the caching allocator's tensors): from directMin bytes
 //     (GOSYM_GPU_DIRECT_MIN), the record is the allocation as the driver
-//     reports it (cuMemGetAddressRange, cuIpcGetMemHandle), per op.
+//     reports it (cuMemGetAddressRange, cuIpcGetMemHandle), per op; paged
+//     VMM memory (torch's expandable segments), which has no IPC handle,
+//     is published as a run of pages (gpu_pages.go) and binds like a VMM
+//     memh.
 //
 // Each rank maps the peers' allocations it reads (cuIpcOpenMemHandle)
 // through caches: registered ones keyed by (peer, memh id), others by
@@ -43,8 +46,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
@@ -92,6 +93,7 @@ func (r *gpuRegion) ok() bool         { return r.flags&recOK != 0 }
 func (r *gpuRegion) registered() bool { return r.ok() && r.flags&recRegistered != 0 }
 func (r *gpuRegion) bound() bool      { return r.registered() && r.flags&recBound != 0 }
 func (r *gpuRegion) vmm() bool        { return r.registered() && r.flags&recVMM != 0 }
+func (r *gpuRegion) paged() bool      { return r.vmm() && r.id&pageRunBit != 0 }
 
 func (r *gpuRegion) encode(out []byte) {
 	le := binary.LittleEndian
@@ -160,13 +162,14 @@ type gpuSide struct {
 	counters    *gpuCounters
 	capturing   bool
 	fresh       *memreg.Memh // this rank's registered memh published unbound in this op
-	swapFD      gpuSwapFD    // sends the fds of fresh VMM memhs (gpuSwapFD)
+	run         *pageRun     // ... or its run of paged memory
+	swapFD      gpuSwapFD    // sends the fds of fresh VMM memory (gpuSwapFD)
 }
 
-// gpuSwapFD sends fd (-1: none) to every peer over the links and returns
-// the fd each rank sent, by rank (-1: none; this rank's own is -1 too),
-// and a func that closes them.
-type gpuSwapFD func(fd int) (fds []int, done func(), err error)
+// gpuSwapFD announces body and fds to every peer over the links and
+// returns every rank's announcement, by rank (this rank's own carries no
+// fds), and a func that closes the fds received.
+type gpuSwapFD func(body []byte, fds []int) (msgs []fdxMsg, done func(), err error)
 
 func (t *gpuTeam) side() *gpuSide {
 	return &gpuSide{rank: t.rank, world: t.world, device: t.g.ordinal, ipc: t, reg: t.reg, counters: t.counters,
@@ -189,11 +192,13 @@ func (t *gpuTeam) inputRegistered(op *Op) bool {
 
 // record is this rank's record for the span [lo, lo+n) of its buffers:
 // registered when a shareable CUDA memh holds it (no driver call), else,
-// when legacy (every rank takes this round), the allocation as the driver
-// reports it, or gosym.empty's buffer it lies in; not ok otherwise.
-// It carries the ids this rank retired since the last round.
+// when legacy (every rank takes this round), gosym.empty's buffer it lies
+// in, the allocation as the driver reports it, or the run of paged memory
+// it lies in; not ok otherwise. It carries the ids this rank retired since
+// the last round, those of this op's walk included.
 func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
-	rg := gpuRegion{retired: s.reg.takeRetired(gpuMaxRetired)}
+	var rg gpuRegion
+	var cur *pageRun
 	if m := s.reg.find(lo, n, s.device, legacy); m != nil {
 		_, bound := m.Binding(s.reg)
 		sh, _, ok := m.CUDA()
@@ -215,15 +220,41 @@ func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 	if !rg.ok() && legacy && n > 0 {
 		base, size, h, err := s.ipc.ipcExport(lo)
 		switch {
+		case err != nil && ubrMode() != "no":
+			cur = s.pagedRecord(&rg, lo, n, err)
 		case err != nil:
 			debugf("rank %d: no IPC export of %#x: %v", s.rank, lo, err)
 		case lo+n <= base+size && lo+n > lo: // else it spans two allocations: staged
 			rg.flags, rg.base, rg.size, rg.h = recOK, base, size, h
 		}
 	}
+	if legacy {
+		s.reg.sweep(s.ipc, cur)
+	}
+	rg.retired = s.reg.takeRetired(gpuMaxRetired)
 	out := make([]byte, gpuRegionBytes)
 	rg.encode(out)
 	return out
+}
+
+// pagedRecord fills rg for [lo, lo+n) in paged VMM memory (which has no
+// IPC handle: why), or leaves it not ok; it returns the run, if any.
+func (s *gpuSide) pagedRecord(rg *gpuRegion, lo, n uintptr, why error) *pageRun {
+	r, err := s.reg.run(s.ipc, lo, n, s.world, s.capturing)
+	switch {
+	case err != nil:
+		debugf("rank %d: no IPC export of %#x (%v), nor a run of pages: %v", s.rank, lo, why, err)
+		return nil
+	case s.reg.isRefused(r.id):
+		return r
+	}
+	rg.flags, rg.id, rg.base, rg.size = recOK|recRegistered|recVMM, r.id, r.base, r.size
+	if s.reg.runBound(r) {
+		rg.flags |= recBound
+	} else {
+		s.run = r
+	}
+	return r
 }
 
 // gpuPeers translates addresses of every rank's published allocation into
@@ -273,7 +304,7 @@ func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirec
 	if !direct {
 		return nil, false, nil
 	}
-	fds, done, err := s.swapFresh(p.regions, relevant)
+	msgs, done, err := s.swapFresh(p.regions, relevant)
 	if err != nil {
 		return nil, false, err
 	}
@@ -288,7 +319,7 @@ func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirec
 		if !relevant[r] || !need[r] && !(vote && rg.registered() && !rg.bound()) {
 			continue
 		}
-		va, err := s.open(r, rg, fds[r])
+		va, err := s.open(r, rg, &msgs[r])
 		if err != nil {
 			debugf("rank %d: opening rank %d's buffer: %v", s.rank, r, err)
 			mapped[r] = 0
@@ -322,55 +353,59 @@ func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirec
 	return p, ok, nil
 }
 
-// swapFresh sends the fd of this rank's fresh VMM memh (if its record is
-// one) to every peer and returns the fds the others sent, by rank (-1:
-// none), and a func that closes them. It runs on every rank or on none:
-// when some relevant record is a fresh VMM one, which every rank sees
-// alike. A local export failure sends no fd; the peers then fail to map it
-// and the vote refuses it.
-func (s *gpuSide) swapFresh(regions []gpuRegion, relevant []bool) ([]int, func(), error) {
-	none := make([]int, s.world)
-	for r := range none {
-		none[r] = -1
-	}
+// swapFresh sends the fds of this rank's fresh VMM memory (if its record
+// is a fresh VMM one: a gosym.empty buffer's one allocation, or a run's
+// pages), with their sizes, to every peer and returns every rank's
+// announcement, by rank, and a func that closes the fds received. It runs
+// on every rank or on none: when some relevant record is a fresh VMM one,
+// which every rank sees alike. A local export failure sends no fd; the
+// peers then fail to map it and the vote refuses it.
+func (s *gpuSide) swapFresh(regions []gpuRegion, relevant []bool) ([]fdxMsg, func(), error) {
 	fresh := false
 	for r := range regions {
 		fresh = fresh || relevant[r] && regions[r].vmm() && !regions[r].bound()
 	}
 	if !fresh {
-		return none, func() {}, nil
+		return make([]fdxMsg, s.world), func() {}, nil
 	}
-	fd := -1
+	var fds []int
+	var body []byte
 	if me := &regions[s.rank]; relevant[s.rank] && me.vmm() && !me.bound() {
 		var err error
-		if fd, err = s.ipc.vmmExport(me.base); err != nil {
-			debugf("rank %d: exporting memh %d's fd: %v", s.rank, me.id, err)
-			fd = -1
+		if s.run != nil {
+			fds, body, err = exportRun(s.ipc, s.run)
+		} else {
+			var fd int
+			if fd, err = s.ipc.vmmExport(me.base); err == nil {
+				fds, body = []int{fd}, sizesBody([]uintptr{me.size})
+			}
+		}
+		if err != nil {
+			debugf("rank %d: exporting memory %#x's fds: %v", s.rank, me.id, err)
 		}
 	}
-	fds, done, err := s.swapFD(fd)
-	if fd >= 0 {
-		unix.Close(fd)
-	}
+	msgs, done, err := s.swapFD(body, fds)
+	closeFDs(fds)
 	if err != nil {
-		return none, nil, err
+		return nil, nil, err
 	}
-	return fds, done, nil
+	return msgs, done, nil
 }
 
-// open is where rank r's allocation (record rg) is mapped here; fd is the
-// one rank r sent for a fresh VMM record (-1: none).
-func (s *gpuSide) open(r int, rg *gpuRegion, fd int) (uintptr, error) {
+// open is where rank r's allocation (record rg) is mapped here; m is what
+// rank r announced for a fresh VMM record.
+func (s *gpuSide) open(r int, rg *gpuRegion, m *fdxMsg) (uintptr, error) {
 	switch {
 	case r == s.rank:
 		return rg.base, nil
 	case rg.vmm():
 		return s.reg.openPeer(r, rg.id, func() (peerMapping, error) {
-			if fd < 0 {
-				return peerMapping{}, fmt.Errorf("rank %d sent no fd for its VMM memh %d", r, rg.id)
+			sizes, err := announcedSizes(m, rg.size)
+			if err != nil {
+				return peerMapping{}, fmt.Errorf("rank %d's VMM memory %#x: %w", r, rg.id, err)
 			}
-			va, err := s.ipc.vmmOpen(fd, rg.size)
-			return peerMapping{va: va, size: rg.size, vmm: true}, err
+			va, err := s.ipc.vmmOpen(m.fds, sizes)
+			return peerMapping{va: va, parts: sizes}, err
 		})
 	case rg.registered():
 		return s.reg.openPeer(r, rg.id, func() (peerMapping, error) {
@@ -393,12 +428,13 @@ func (s *gpuSide) settle(regions []gpuRegion, relevant, everywhere []bool) {
 			if !everywhere[r] {
 				s.reg.forget(s.ipc, s.capturing, r, []uint64{rg.id})
 			}
-		case s.fresh == nil || s.fresh.ID() != rg.id:
-		case everywhere[r]:
-			s.reg.bind(s.fresh)
-		default:
-			debugf("rank %d: the group could not map registered memh %d; it stays staged", s.rank, rg.id)
+		case !everywhere[r]:
+			debugf("rank %d: the group could not map registered memory %#x; it stays staged", s.rank, rg.id)
 			s.reg.refuse(rg.id)
+		case s.run != nil && s.run.id == rg.id:
+			s.reg.bindRun(s.run)
+		case s.fresh != nil && s.fresh.ID() == rg.id:
+			s.reg.bind(s.fresh)
 		}
 	}
 }
@@ -407,7 +443,7 @@ func (s *gpuSide) settle(regions []gpuRegion, relevant, everywhere []bool) {
 func (s *gpuSide) counted(regions []gpuRegion, relevant []bool) {
 	all := true
 	for r := range regions {
-		all = all && (!relevant[r] || regions[r].registered())
+		all = all && (!relevant[r] || regions[r].registered() && !regions[r].paged())
 	}
 	if all {
 		s.reg.regOps.Add(1)
@@ -438,12 +474,27 @@ func (t *gpuTeam) ipcIdle() error { return t.g.d.CtxSynchronize(t.g.ctx) }
 
 func (t *gpuTeam) vmmExport(addr uintptr) (int, error) { return t.g.vmmExport(addr) }
 
-func (t *gpuTeam) vmmOpen(fd int, size uintptr) (uintptr, error) { return t.g.vmmOpen(fd, size) }
+func (t *gpuTeam) vmmOpen(fds []int, sizes []uintptr) (uintptr, error) {
+	return t.g.vmmOpen(fds, sizes)
+}
 
-func (t *gpuTeam) vmmClose(va, size uintptr) error {
-	t.g.unmapHandles(va, size, 1, 1)
+func (t *gpuTeam) vmmClose(va uintptr, sizes []uintptr) error {
+	t.g.unmapParts(va, sizes, len(sizes))
 	return nil
 }
+
+func (t *gpuTeam) pageAt(addr uintptr) (uintptr, uintptr, cuda.AllocHandle, error) {
+	base, size, err := t.g.d.AddressRange(t.g.ctx, addr)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	h, err := t.g.d.MemRetainAllocationHandle(t.g.ctx, base)
+	return base, size, h, err
+}
+
+func (t *gpuTeam) pageRelease(h cuda.AllocHandle) { t.g.d.MemRelease(t.g.ctx, h) }
+
+func (t *gpuTeam) pageExport(h cuda.AllocHandle) (int, error) { return t.g.d.MemExportFD(t.g.ctx, h) }
 
 // closeIPC releases the group's bindings and closes every peer mapping
 // (the device is idle).

@@ -85,7 +85,7 @@ func GPUAlloc(device, n int) (*GPUBuf, error) {
 	if b.h, err = g.d.MemCreate(g.ctx, g.dev, b.size, cuda.HandleTypePosixFD); err != nil {
 		return nil, status.Wrap(status.System, err, "gosym: allocating %d bytes on cuda:%d", b.size, device)
 	}
-	if b.va, err = g.mapHandles([]cuda.AllocHandle{b.h}, b.size); err != nil {
+	if b.va, err = g.mapParts([]cuda.AllocHandle{b.h}, []uintptr{b.size}); err != nil {
 		g.d.MemRelease(g.ctx, b.h)
 		return nil, status.Wrap(status.System, err, "gosym: mapping %d bytes on cuda:%d", b.size, device)
 	}
@@ -116,37 +116,49 @@ func (b *GPUBuf) Free() error {
 	}
 	setLive(b, false)
 	b.g.d.CtxSynchronize(b.g.ctx)
-	b.g.unmapHandles(b.va, b.size, 1, 1)
+	b.g.unmapParts(b.va, []uintptr{b.size}, 1)
 	return b.g.d.MemRelease(b.g.ctx, b.h)
 }
 
-// mapHandles reserves one range of len(hs) rows of stride bytes, maps hs[i]
-// into row i and grants this device access; on error nothing stays mapped.
-func (g *gpuDevice) mapHandles(hs []cuda.AllocHandle, stride uintptr) (uintptr, error) {
-	va, err := g.d.MemAddressReserve(g.ctx, stride*uintptr(len(hs)), g.gran)
+// mapParts reserves one range for allocations hs side by side (sizes[i]
+// bytes of hs[i], each a multiple of the granularity), maps them and
+// grants this device access; on error nothing stays mapped.
+func (g *gpuDevice) mapParts(hs []cuda.AllocHandle, sizes []uintptr) (uintptr, error) {
+	total := uintptr(0)
+	for _, s := range sizes {
+		total += s
+	}
+	va, err := g.d.MemAddressReserve(g.ctx, total, g.gran)
 	if err != nil {
 		return 0, err
 	}
+	at := va
 	for i, h := range hs {
-		if err = g.d.MemMap(g.ctx, va+uintptr(i)*stride, stride, h); err != nil {
-			g.unmapHandles(va, stride, i, len(hs))
+		if err = g.d.MemMap(g.ctx, at, sizes[i], h); err != nil {
+			g.unmapParts(va, sizes, i)
 			return 0, err
 		}
+		at += sizes[i]
 	}
-	if err = g.d.MemSetAccess(g.ctx, va, stride*uintptr(len(hs)), []cuda.Device{g.dev}); err != nil {
-		g.unmapHandles(va, stride, len(hs), len(hs))
+	if err = g.d.MemSetAccess(g.ctx, va, total, []cuda.Device{g.dev}); err != nil {
+		g.unmapParts(va, sizes, len(hs))
 		return 0, err
 	}
 	return va, nil
 }
 
-// unmapHandles undoes mapHandles: unmaps the first mapped of rows rows and
-// frees the range.
-func (g *gpuDevice) unmapHandles(va, stride uintptr, mapped, rows int) {
-	for i := range mapped {
-		g.d.MemUnmap(g.ctx, va+uintptr(i)*stride, stride)
+// unmapParts undoes mapParts: unmaps the first mapped parts and frees the
+// range.
+func (g *gpuDevice) unmapParts(va uintptr, sizes []uintptr, mapped int) {
+	at, total := va, uintptr(0)
+	for i, s := range sizes {
+		if i < mapped {
+			g.d.MemUnmap(g.ctx, at, s)
+		}
+		at += s
+		total += s
 	}
-	g.d.MemAddressFree(g.ctx, va, stride*uintptr(rows))
+	g.d.MemAddressFree(g.ctx, va, total)
 }
 
 // The GPUBuf as a view source.
@@ -192,10 +204,11 @@ func (b *GPUBuf) mapRows(rank int, fds []int) (uintptr, func(), error) {
 		hs[r] = h
 		imported = append(imported, h)
 	}
-	va, err := g.mapHandles(hs, b.size)
+	rows := slices.Repeat([]uintptr{b.size}, len(hs))
+	va, err := g.mapParts(hs, rows)
 	if err != nil {
 		release()
 		return 0, nil, err
 	}
-	return va, func() { g.unmapHandles(va, b.size, len(hs), len(hs)); release() }, nil
+	return va, func() { g.unmapParts(va, rows, len(hs)); release() }, nil
 }

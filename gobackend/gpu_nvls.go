@@ -71,13 +71,13 @@ func (p *nvlsPeers) ShareFD(root, fd int) (int, error) {
 	if p.e.Rank != root {
 		fd = -1
 	}
-	msgs, err := p.e.exchangeFD(nvlsMsgMagic, nil, fd, p.deadline)
+	msgs, err := p.e.exchangeFD(nvlsMsgMagic, nil, oneFD(fd), p.deadline)
 	if err != nil {
 		return -1, p.fail(err)
 	}
 	got := -1
 	if p.e.Rank != root {
-		got, msgs[root].fd = msgs[root].fd, -1 // the caller's to close
+		got = msgs[root].take() // the caller's to close
 	}
 	closeFDX(msgs)
 	return got, nil

@@ -120,16 +120,24 @@ func (g *gpuDevice) vmmExport(addr uintptr) (int, error) {
 	return g.d.MemExportFD(g.ctx, h)
 }
 
-// vmmOpen maps the size bytes of the VMM allocation that fd exports (the
-// fd stays the caller's); the mapping holds the memory, even after its
-// exporter frees it.
-func (g *gpuDevice) vmmOpen(fd int, size uintptr) (uintptr, error) {
-	h, err := g.d.MemImportFD(g.ctx, fd)
-	if err != nil {
-		return 0, err
+// vmmOpen maps the VMM allocations that fds export (sizes[i] bytes of
+// fds[i]; the fds stay the caller's) side by side in one range; the
+// mapping holds the memory, even after its exporter frees it.
+func (g *gpuDevice) vmmOpen(fds []int, sizes []uintptr) (uintptr, error) {
+	hs := make([]cuda.AllocHandle, 0, len(fds))
+	defer func() {
+		for _, h := range hs {
+			g.d.MemRelease(g.ctx, h)
+		}
+	}()
+	for _, fd := range fds {
+		h, err := g.d.MemImportFD(g.ctx, fd)
+		if err != nil {
+			return 0, err
+		}
+		hs = append(hs, h)
 	}
-	defer g.d.MemRelease(g.ctx, h)
-	return g.mapHandles([]cuda.AllocHandle{h}, size)
+	return g.mapParts(hs, sizes)
 }
 
 // Open implements memreg.CUDA.
@@ -164,7 +172,7 @@ func (r gpuRegistrar) OpenFD(device int, s *memreg.CUDAShare, fd int) (uintptr, 
 	if err != nil {
 		return 0, err
 	}
-	va, err := g.vmmOpen(fd, uintptr(s.Size))
+	va, err := g.vmmOpen([]int{fd}, []uintptr{uintptr(s.Size)})
 	if err != nil {
 		return 0, status.Wrap(status.System, err, "gosym: mapping a VMM allocation of GPU %s on cuda:%d", s.GPU, device)
 	}
@@ -195,7 +203,7 @@ func (r gpuRegistrar) Close(device int, s *memreg.CUDAShare, base uintptr) error
 	}
 	g.d.CtxSynchronize(g.ctx)
 	if s.VMM {
-		g.unmapHandles(base, uintptr(s.Size), 1, 1)
+		g.unmapParts(base, []uintptr{uintptr(s.Size)}, 1)
 		return nil
 	}
 	return g.d.IpcCloseMemHandle(g.ctx, base)
@@ -211,24 +219,32 @@ type gpuIPC interface {
 	ipcOpen(h cuda.IpcHandle) (uintptr, error)
 	ipcClose(va uintptr) error
 	// vmmExport is a POSIX fd (the caller closes it) of the VMM allocation
-	// mapped at addr; vmmOpen maps size bytes of the one fd exports.
+	// mapped at addr; vmmOpen maps the allocations fds export (sizes[i]
+	// bytes of fds[i]) side by side in one range; vmmClose undoes it.
 	vmmExport(addr uintptr) (int, error)
-	vmmOpen(fd int, size uintptr) (uintptr, error)
-	vmmClose(va, size uintptr) error
+	vmmOpen(fds []int, sizes []uintptr) (uintptr, error)
+	vmmClose(va uintptr, sizes []uintptr) error
+	// pageAt is the VMM allocation mapped at addr (paged memory): its
+	// mapping's range and a retain of it (pageRelease releases it);
+	// pageExport is a POSIX fd of a retained allocation.
+	pageAt(addr uintptr) (base, size uintptr, h cuda.AllocHandle, err error)
+	pageRelease(h cuda.AllocHandle)
+	pageExport(h cuda.AllocHandle) (int, error)
 	// ipcIdle waits until the device no longer uses any mapping.
 	ipcIdle() error
 }
 
-// peerMapping is a peer's allocation mapped here: by its legacy IPC handle,
-// or (vmm) by importing its fd into a range of size bytes.
+// peerMapping is a peer's memory mapped here: an allocation by its legacy
+// IPC handle, or VMM allocations (parts: their sizes) imported from their
+// fds and mapped side by side.
 type peerMapping struct {
-	va, size uintptr
-	vmm      bool
+	va    uintptr
+	parts []uintptr
 }
 
 func (m peerMapping) close(ipc gpuIPC) error {
-	if m.vmm {
-		return ipc.vmmClose(m.va, m.size)
+	if m.parts != nil {
+		return ipc.vmmClose(m.va, m.parts)
 	}
 	return ipc.ipcClose(m.va)
 }
@@ -247,10 +263,14 @@ type gpuReg struct {
 	legacy  map[gpuIPCKey]peerMapping // a peer's allocation published per op (by handle), mapped here
 	pending []peerMapping             // dropped mappings to close once the device is idle
 	closed  bool
+	runs    []*pageRun // this rank's runs of paged memory published to the group (gpu_pages.go)
+	nextRun uint64
+	sweepAt int
 
 	created, reused, released atomic.Int64 // bindings of this rank's memhs
 	hits, misses, dropped     atomic.Int64 // the registered peer mappings
 	regOps                    atomic.Int64 // direct ops on registered memory only
+	runsMade, runsRetired     atomic.Int64 // this rank's runs of paged memory
 }
 
 type gpuIPCKey struct {
@@ -443,6 +463,7 @@ func (g *gpuReg) close(ipc gpuIPC) {
 	user, bufs := g.domains()
 	user.UnbindAll(g)
 	bufs.UnbindAll(g)
+	g.closeRuns(ipc)
 	g.mu.Lock()
 	ms := g.pending
 	for _, m := range g.peers {
@@ -468,4 +489,6 @@ func (g *gpuReg) stats(m map[string]any) {
 	m["gpu_peer_map_misses"] = g.misses.Load()
 	m["gpu_peer_map_dropped"] = g.dropped.Load()
 	m["gpu_reg_direct_ops"] = g.regOps.Load()
+	m["gpu_page_runs_made"] = g.runsMade.Load()
+	m["gpu_page_runs_retired"] = g.runsRetired.Load()
 }

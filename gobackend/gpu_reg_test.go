@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -50,11 +51,21 @@ type fakeRank struct {
 	capturing bool
 	vmm       bool // the allocations are VMM memory, exported by fd (gosym.empty's)
 	swap      *fakeSwap
-	fds       int // fds exported and not yet closed
+	parts     map[uintptr]fakeMapped // VMM ranges mapped here (vmmOpen)
+
+	// paged memory (torch's expandable segments): pages mapped in this
+	// rank, the retains the code holds on them, allocation handle values
+	pages      []fakePage
+	retains    map[cuda.AllocHandle]int
+	nextH      cuda.AllocHandle
+	physGen    int
+	badRelease int // releases of handles not retained
+	failExport bool
 }
 
 func newFakeRank(t *testing.T, rank int) *fakeRank {
-	f := &fakeRank{rank: rank, dom: memreg.NewDomain(), open: map[uintptr]cuda.IpcHandle{}}
+	f := &fakeRank{rank: rank, dom: memreg.NewDomain(), open: map[uintptr]cuda.IpcHandle{}, parts: map[uintptr]fakeMapped{},
+		retains: map[cuda.AllocHandle]int{}}
 	f.dom.SetCUDA(f)
 	f.reg = &gpuReg{dom: f.dom, bufs: memreg.NewDomain()}
 	f.reg.bufs.SetCUDA(f)
@@ -114,57 +125,97 @@ func (f *fakeRank) vmmExport(addr uintptr) (int, error) {
 	return -1, errors.New("cuMemRetainAllocationHandle: invalid value")
 }
 
-func (f *fakeRank) vmmOpen(fd int, size uintptr) (uintptr, error) {
-	fakeFDs.Lock()
-	h, ok := fakeFDs.of[fd]
-	fakeFDs.Unlock()
-	if !ok {
-		return 0, fmt.Errorf("cuMemImportFromShareableHandle: fd %d is no export", fd)
+// vmmOpen maps the allocations fds stand for side by side: the range is
+// recorded under its first part in open and with every part in parts.
+func (f *fakeRank) vmmOpen(fds []int, sizes []uintptr) (uintptr, error) {
+	if len(fds) == 0 || len(fds) != len(sizes) {
+		return 0, fmt.Errorf("vmmOpen of %d fds and %d sizes", len(fds), len(sizes))
 	}
-	return f.ipcOpen(h)
+	hs := make([]cuda.IpcHandle, len(fds))
+	for i, fd := range fds {
+		fakeFDs.Lock()
+		h, ok := fakeFDs.of[fd]
+		fakeFDs.Unlock()
+		if !ok {
+			return 0, fmt.Errorf("cuMemImportFromShareableHandle: fd %d is no export", fd)
+		}
+		hs[i] = h
+	}
+	va, err := f.ipcOpen(hs[0])
+	if err == nil {
+		f.mu.Lock()
+		f.parts[va] = fakeMapped{hs, sizes}
+		f.mu.Unlock()
+	}
+	return va, err
 }
 
-func (f *fakeRank) vmmClose(va, size uintptr) error { return f.ipcClose(va) }
+func (f *fakeRank) vmmClose(va uintptr, sizes []uintptr) error {
+	f.mu.Lock()
+	m, ok := f.parts[va]
+	delete(f.parts, va)
+	f.mu.Unlock()
+	if !ok || !slices.Equal(m.sizes, sizes) {
+		return fmt.Errorf("vmmClose of %#x with sizes %v: mapped %v", va, sizes, m.sizes)
+	}
+	return f.ipcClose(va)
+}
+
+// fakeMapped is a VMM range mapped here: what each part maps, and sizes.
+type fakeMapped struct {
+	hs    []cuda.IpcHandle
+	sizes []uintptr
+}
 
 // fakeSwap is the fd exchange of a simulated group: each rank's exported
-// fd is duplicated for every peer, as SCM_RIGHTS would.
+// fds are duplicated for every peer, as SCM_RIGHTS would.
 type fakeSwap struct {
 	ag    *fakeAgree
 	swaps int // exchanges completed (counted by rank 0)
 }
 
 func (w *fakeSwap) of(rank int) gpuSwapFD {
-	return func(fd int) ([]int, func(), error) {
-		all, err := w.ag.of(rank)(binary.LittleEndian.AppendUint64(nil, uint64(int64(fd))))
+	return func(body []byte, fds []int) ([]fdxMsg, func(), error) {
+		le := binary.LittleEndian
+		b := le.AppendUint64(nil, uint64(len(fds)))
+		for _, fd := range fds {
+			b = le.AppendUint64(b, uint64(fd))
+		}
+		all, err := w.ag.of(rank)(append(b, body...))
 		if err != nil {
 			return nil, nil, err
 		}
 		if rank == 0 {
 			w.swaps++
 		}
-		fds := make([]int, len(all))
+		msgs := make([]fdxMsg, len(all))
+		done := func() { closeFakes(msgs) }
 		for r, b := range all {
-			fds[r] = -1
-			sent := int(int64(binary.LittleEndian.Uint64(b)))
-			if r == rank || sent < 0 {
-				continue
-			}
-			fakeFDs.Lock()
-			h := fakeFDs.of[sent]
-			fakeFDs.Unlock()
-			if fds[r], err = fakeFD(h); err != nil {
-				return nil, nil, err
+			n := int(le.Uint64(b))
+			msgs[r] = fdxMsg{ok: n > 0, body: b[8+8*n:]}
+			for i := 0; i < n && r != rank; i++ {
+				fakeFDs.Lock()
+				h := fakeFDs.of[int(le.Uint64(b[8+8*i:]))]
+				fakeFDs.Unlock()
+				d, err := fakeFD(h)
+				if err != nil {
+					done()
+					return nil, nil, err
+				}
+				msgs[r].fds = append(msgs[r].fds, d)
 			}
 		}
 		// Every rank's dups are made before the senders close their fds.
 		w.ag.of(rank)(nil)
-		return fds, func() {
-			for _, d := range fds {
-				if d >= 0 {
-					fakeFDClose(d)
-				}
-			}
-		}, nil
+		return msgs, done, nil
+	}
+}
+
+func closeFakes(msgs []fdxMsg) {
+	for _, m := range msgs {
+		for _, d := range m.fds {
+			fakeFDClose(d)
+		}
 	}
 }
 

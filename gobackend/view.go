@@ -129,7 +129,7 @@ func (e *Endpoint) makeView(key viewKey, who symm.Who, deadline time.Time) (*Vie
 	body := make([]byte, 16)
 	binary.LittleEndian.PutUint64(body, uint64(src.rowBytes()))
 	binary.LittleEndian.PutUint64(body[8:], uint64(src.origin()+key.off))
-	msgs, err := e.exchangeFD(viewMagic, body, fd, deadline)
+	msgs, err := e.exchangeFD(viewMagic, body, oneFD(fd), deadline)
 	if fd >= 0 {
 		unix.Close(fd)
 	}
@@ -139,6 +139,10 @@ func (e *Endpoint) makeView(key viewKey, who symm.Who, deadline time.Time) (*Vie
 	defer closeFDX(msgs)
 	le := binary.LittleEndian
 	for r, m := range msgs {
+		if len(m.body) != len(body) {
+			return nil, status.Errorf(status.Mismatch, "gosym: %s: rank %d announced its buffer in %d bytes, this rank in %d (another gosym version?)",
+				who, r, len(m.body), len(body))
+		}
 		if sz, o := le.Uint64(m.body), le.Uint64(m.body[8:]); sz != uint64(src.rowBytes()) || o != uint64(src.origin()+key.off) {
 			return nil, status.Errorf(status.Mismatch, "gosym: %s: rank %d's buffer has %d bytes at offset %d, this rank's %d at %d (the same size and offset on every rank)",
 				who, r, sz, o, src.rowBytes(), src.origin()+key.off)
@@ -147,7 +151,7 @@ func (e *Endpoint) makeView(key viewKey, who symm.Who, deadline time.Time) (*Vie
 	v := &View{e: e, key: key, src: src, stride: src.rowBytes(), undo: func() {}}
 	fds := make([]int, e.Size)
 	for r, m := range msgs {
-		fds[r] = m.fd
+		fds[r] = m.fd()
 		if r != e.Rank && !m.ok && local == nil {
 			local = fmt.Errorf("rank %d could not export its buffer", r)
 		}

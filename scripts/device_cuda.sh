@@ -133,14 +133,16 @@ for s in "${steps[@]}"; do
 				--json "$out/vmm-$ubr-$RANDOM.json" 2>&1 | tail -30
 		done ;;
 	expandable)
-		echo "== torch's expandable segments (VMM memory gosym cannot share yet: staged) against the default allocator, gosym and NCCL, 40 per sample"
+		echo "== torch's expandable segments (paged VMM memory, shared as runs of pages; GOSYM_ENABLE_UBR=no: staged as before)"
+		echo "   against the default allocator, gosym and NCCL, 40 per sample"
 		PYTHONPATH=python timeout 60 python3 scripts/probe_expandable.py >"$out/probe-expandable.json" 2>&1
-		for conf in expandable_segments:True expandable_segments:False; do
-			echo "-- PYTORCH_CUDA_ALLOC_CONF=$conf"
-			PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python3 -m gosym.bench --device cuda --batch 40 \
+		for run in True:try True:no False:try; do
+			conf=expandable_segments:${run%:*} ubr=${run#*:}
+			echo "-- PYTORCH_CUDA_ALLOC_CONF=$conf GOSYM_ENABLE_UBR=$ubr"
+			PYTORCH_CUDA_ALLOC_CONF=$conf GOSYM_ENABLE_UBR=$ubr timeout 200 python3 -m gosym.bench --device cuda --batch 40 \
 				--ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
 				--backends gosym,nccl --sizes 1M,16M,64M,256M --target-time 0.05 \
-				--json "$out/expandable-${conf#*:}.json" 2>&1 | grep -E "^[a-z_]+ +[0-9]+[KMG] |CORRECTNESS|^error" | cut -c1-70
+				--json "$out/expandable-${run/:/-}.json" 2>&1 | grep -E "^[a-z_]+ +[0-9]+[KMG] |CORRECTNESS|^error" | cut -c1-70
 		done ;;
 	probe)
 		echo "== NVLink probe (scripts/nvlink_probe.cu): SM loads/stores and copy engines, both GPUs at once"

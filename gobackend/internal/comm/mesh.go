@@ -266,15 +266,15 @@ func readStruct(c *net.UnixConn, v any) error {
 	return binary.Read(bytes.NewReader(buf), binary.LittleEndian, v)
 }
 
-// maxFDs bounds the descriptors one message may carry.
-const maxFDs = 16
+// MaxFDs bounds the descriptors one message may carry.
+const MaxFDs = 16
 
 // maxMsg bounds one message's payload.
 const maxMsg = 1 << 16
 
 // Send sends payload and fds to the peer as one message.
 func (l *Link) Send(payload []byte, fds []int, deadline time.Time) error {
-	if len(fds) > maxFDs || len(payload) > maxMsg || len(payload) == 0 {
+	if len(fds) > MaxFDs || len(payload) > maxMsg || len(payload) == 0 {
 		return fmt.Errorf("send to rank %d: %d bytes and %d fds out of bounds", l.Peer, len(payload), len(fds))
 	}
 	l.conn.SetWriteDeadline(deadline)
@@ -293,7 +293,7 @@ func (l *Link) Send(payload []byte, fds []int, deadline time.Time) error {
 func (l *Link) Recv(deadline time.Time) ([]byte, []int, error) {
 	l.conn.SetReadDeadline(deadline)
 	buf := make([]byte, maxMsg)
-	oob := make([]byte, unix.CmsgSpace(maxFDs*4))
+	oob := make([]byte, unix.CmsgSpace(MaxFDs*4))
 	n, oobn, flags, _, err := l.conn.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receive from rank %d: %w", l.Peer, err)

@@ -1,0 +1,314 @@
+package gobackend
+
+// Paged VMM memory: the expandable segments of torch's caching allocator
+// (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True). Such a segment is a
+// reserved range into which torch maps pages, each a VMM allocation of its
+// own (2 MiB in the small pool, 20 MiB in the large one), exportable as a
+// POSIX fd, with no legacy IPC handle. A tensor may span several pages, and
+// torch may unmap a page and map another allocation at the same address.
+//
+// The direct path shares such memory as *runs*: the pages that cover an
+// op's buffers, walked from the first (cuMemGetAddressRange reports one
+// page's mapping, cuMemRetainAllocationHandle its allocation). A run is
+// published to a group as a registered VMM memh is: the op that first
+// meets it sends the fds of its pages over the links (one announcement,
+// several fds), every peer maps them side by side in one range of its own,
+// and once every rank did the run is bound: later ops on it take one host
+// round and no fd.
+//
+// The exporter keeps its own retain on every page of a published run, so
+// no allocation of it, and so no handle value, can be reused while the run
+// lives. Every op on a run walks its pages again and compares the handles:
+// a run with a page unmapped or replaced is retired (its retains released,
+// its id sent with the next round, and the peers drop their mapping), and
+// the buffers publish a new run. A few pages of the other runs are checked
+// per op (gpuSweepPages), so pages torch gave back (empty_cache) are
+// released within a few direct ops rather than held for the group's life.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+)
+
+// pageRunBit marks run ids: they share the peers' mapping cache and the
+// retired lists with memh ids, which never have it.
+const pageRunBit = 1 << 63
+
+// gpuMaxRunFDs bounds the fds one rank receives to bind fresh runs (a run
+// of more pages than gpuMaxRunFDs/(world-1) stages), so that an fd
+// exchange stays well inside a process's descriptor limit.
+const gpuMaxRunFDs = 256
+
+// gpuMaxRuns bounds the runs a group publishes; past it new runs stage
+// until the sweep retires old ones.
+const gpuMaxRuns = 1024
+
+// gpuSweepPages is how many pages of other runs an op checks.
+const gpuSweepPages = 4
+
+// gpuPage is one page of a run: its allocation (the run's own retain) and
+// the size of its mapping.
+type gpuPage struct {
+	h    cuda.AllocHandle
+	size uintptr
+}
+
+// pageRun is a run of pages this rank published to the group.
+type pageRun struct {
+	id         uint64
+	base, size uintptr
+	pages      []gpuPage
+	bound      bool // every rank maps it
+}
+
+// sizes are the run's page sizes, as its binding announces them.
+func (r *pageRun) sizes() []uintptr {
+	out := make([]uintptr, len(r.pages))
+	for i, p := range r.pages {
+		out[i] = p.size
+	}
+	return out
+}
+
+// agrees says whether the pages walked from base match the run's wherever
+// the two overlap.
+func (r *pageRun) agrees(base uintptr, pages []gpuPage) bool {
+	at := map[uintptr]gpuPage{}
+	a := base
+	for _, p := range pages {
+		at[a] = p
+		a += p.size
+	}
+	end, b := a, r.base
+	for _, p := range r.pages {
+		if b+p.size > base && b < end {
+			if q, ok := at[b]; !ok || q != p {
+				return false
+			}
+		}
+		b += p.size
+	}
+	return true
+}
+
+// walkPages retains the pages that cover [lo, lo+n), at most most of them,
+// and returns the first one's address. The pages must abut. On error none
+// stays retained.
+func walkPages(ipc gpuIPC, lo, n uintptr, most int) (uintptr, []gpuPage, error) {
+	var base uintptr
+	var pages []gpuPage
+	var err error
+	for a := lo; a < lo+n && err == nil; {
+		pb, ps, h, perr := ipc.pageAt(a)
+		switch {
+		case perr != nil:
+			err = perr
+		case len(pages) > 0 && pb != a || len(pages) == 0 && pb > a || ps == 0 || pb+ps <= a:
+			ipc.pageRelease(h)
+			err = fmt.Errorf("the page at %#x maps %#x+%d", a, pb, ps)
+		case len(pages) == most:
+			ipc.pageRelease(h)
+			err = fmt.Errorf("the buffers span more than %d pages", most)
+		default:
+			if len(pages) == 0 {
+				base = pb
+			}
+			pages = append(pages, gpuPage{h, ps})
+			a = pb + ps
+		}
+	}
+	if err != nil {
+		releasePages(ipc, pages)
+		return 0, nil, err
+	}
+	return base, pages, nil
+}
+
+func releasePages(ipc gpuIPC, pages []gpuPage) {
+	for _, p := range pages {
+		ipc.pageRelease(p.h)
+	}
+}
+
+// run is the run of paged memory that holds [lo, lo+n): the published one
+// whose pages are still mapped there, or a new one (none while capturing:
+// the op stages and a later one publishes). nil with an error: the memory
+// is not paged VMM memory, or too many pages. Runs that overlap it with
+// other pages are retired.
+func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pageRun, error) {
+	base, pages, err := walkPages(ipc, lo, n, gpuMaxRunFDs/max(1, world-1))
+	if err != nil {
+		return nil, err
+	}
+	size := uintptr(0)
+	for _, p := range pages {
+		size += p.size
+	}
+	g.mu.Lock()
+	var found *pageRun
+	var stale []*pageRun
+	for _, r := range g.runs {
+		switch {
+		case r.base == base && slices.Equal(r.pages, pages):
+			found = r
+		case !r.agrees(base, pages):
+			stale = append(stale, r)
+		}
+	}
+	g.runs = slices.DeleteFunc(g.runs, func(r *pageRun) bool { return slices.Contains(stale, r) })
+	fresh := found == nil && !capturing && len(g.runs) < gpuMaxRuns
+	if fresh {
+		g.nextRun++
+		found = &pageRun{id: pageRunBit | g.nextRun, base: base, size: size, pages: pages}
+		g.runs = append(g.runs, found)
+	}
+	g.mu.Unlock()
+	g.retireRuns(ipc, stale)
+	switch {
+	case fresh:
+		g.runsMade.Add(1)
+	case found == nil:
+		releasePages(ipc, pages)
+		return nil, fmt.Errorf("no new run while a graph is captured or with %d published", gpuMaxRuns)
+	default:
+		releasePages(ipc, pages) // the run holds its own
+	}
+	return found, nil
+}
+
+// retireRuns releases the runs' pages and retires their ids: the peers drop
+// their mappings at their next round.
+func (g *gpuReg) retireRuns(ipc gpuIPC, runs []*pageRun) {
+	for _, r := range runs {
+		releasePages(ipc, r.pages)
+		g.mu.Lock()
+		delete(g.refused, r.id)
+		g.mu.Unlock()
+		g.retire(r.id)
+		g.runsRetired.Add(1)
+	}
+}
+
+// sweep checks up to gpuSweepPages pages of the published runs other than
+// skip, round robin, and retires those whose pages are no longer mapped
+// where they were.
+func (g *gpuReg) sweep(ipc gpuIPC, skip *pageRun) {
+	g.mu.Lock()
+	runs := slices.Clone(g.runs)
+	start := g.sweepAt
+	g.mu.Unlock()
+	var stale []*pageRun
+	checked := 0
+	for i := range runs {
+		if checked >= gpuSweepPages {
+			break
+		}
+		r := runs[(start+i)%len(runs)]
+		g.sweepAt = (start + i + 1) % len(runs)
+		if r == skip {
+			continue
+		}
+		a := r.base
+		for _, p := range r.pages {
+			checked++
+			pb, ps, h, err := ipc.pageAt(a)
+			if err == nil {
+				ipc.pageRelease(h)
+			}
+			if err != nil || pb != a || ps != p.size || h != p.h {
+				stale = append(stale, r)
+				break
+			}
+			a += p.size
+		}
+	}
+	if len(stale) == 0 {
+		return
+	}
+	g.mu.Lock()
+	g.runs = slices.DeleteFunc(g.runs, func(r *pageRun) bool { return slices.Contains(stale, r) })
+	g.mu.Unlock()
+	g.retireRuns(ipc, stale)
+}
+
+// bindRun records that every rank maps run r.
+func (g *gpuReg) bindRun(r *pageRun) {
+	g.mu.Lock()
+	r.bound = true
+	g.mu.Unlock()
+}
+
+// runBound says whether run r is bound.
+func (g *gpuReg) runBound(r *pageRun) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return r.bound
+}
+
+// closeRuns releases every run's pages (the group goes; its peers close
+// their mappings themselves).
+func (g *gpuReg) closeRuns(ipc gpuIPC) {
+	g.mu.Lock()
+	runs := g.runs
+	g.runs = nil
+	g.mu.Unlock()
+	for _, r := range runs {
+		releasePages(ipc, r.pages)
+	}
+}
+
+// exportRun is the fds of run r's pages (the caller closes them) and the
+// body that announces their sizes; on error none stays open.
+func exportRun(ipc gpuIPC, r *pageRun) ([]int, []byte, error) {
+	fds := make([]int, 0, len(r.pages))
+	for _, p := range r.pages {
+		fd, err := ipc.pageExport(p.h)
+		if err != nil {
+			closeFDs(fds)
+			return nil, nil, err
+		}
+		fds = append(fds, fd)
+	}
+	return fds, sizesBody(r.sizes()), nil
+}
+
+// sizesBody announces the sizes of the allocations whose fds go with it.
+func sizesBody(sizes []uintptr) []byte {
+	var b []byte
+	for _, s := range sizes {
+		b = binary.LittleEndian.AppendUint64(b, uint64(s))
+	}
+	return b
+}
+
+// announcedSizes reads what sizesBody wrote for m's fds, which must add up
+// to total bytes.
+func announcedSizes(m *fdxMsg, total uintptr) ([]uintptr, error) {
+	if len(m.fds) == 0 || len(m.body) != 8*len(m.fds) {
+		return nil, fmt.Errorf("%d fds and %d bytes of sizes", len(m.fds), len(m.body))
+	}
+	sizes := make([]uintptr, len(m.fds))
+	sum := uintptr(0)
+	for i := range sizes {
+		sizes[i] = uintptr(binary.LittleEndian.Uint64(m.body[8*i:]))
+		sum += sizes[i]
+		if sizes[i] == 0 || sum < sizes[i] {
+			return nil, fmt.Errorf("announced sizes %v", sizes[:i+1])
+		}
+	}
+	if sum != total {
+		return nil, fmt.Errorf("announced sizes add up to %d bytes, the record says %d", sum, total)
+	}
+	return sizes, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}

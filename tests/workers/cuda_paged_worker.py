@@ -1,0 +1,146 @@
+"""Collectives on torch's expandable segments (tests/test_cuda_reg.py), one rank per GPU.
+
+Run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: every tensor is paged VMM
+memory (pages of 2 MiB or 20 MiB, each its own allocation, no legacy IPC handle), which
+the direct path shares as runs of pages (gobackend/gpu_pages.go).
+
+Parts (each records itself in info["parts_done"] when it ran to its end):
+
+- segments: the allocator really made expandable segments;
+- collectives: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
+  all_to_all_single and broadcast at 1 MiB (staged), 8 MiB + 5 elements and 48 MiB + 3
+  elements per rank (direct; the largest spans several pages), three times each on the
+  same buffers with fresh inputs, against NCCL bitwise, outputs poisoned; from
+  gosym.stats: the large ops go direct, the first op of a buffer publishes a run and maps
+  the peers' runs, the later ones reuse them (no new run, no new mapping);
+- churn: buffers of changing sizes are all_reduced, freed and given back to the driver
+  (empty_cache) five times over, so torch maps new pages where old runs were: every
+  result right (a stale mapping would read the old pages), and the old runs retired.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+import torch.distributed as dist
+import wcommon as wc
+from cuda_reg_worker import OPS, delta
+from cuda_worker import _input, _poison, _reference
+
+import gosym
+
+KEYS = ("gpu_direct_ops", "gpu_page_runs_made", "gpu_page_runs_retired", "gpu_peer_map_hits",
+        "gpu_peer_map_misses", "gpu_peer_map_dropped")
+DIRECT_MIN = 8 << 20
+# Elements per rank (float32): 1 MiB (staged), 8 MiB + 5, 48 MiB + 3 (several 20 MiB pages).
+SIZES = [1 << 18, DIRECT_MIN // 4 + 5, (48 << 20) // 4 + 3]
+REPS = 3
+
+
+def stats() -> dict:
+    s = gosym.stats()
+    return {k: int(s.get(k, 0)) for k in KEYS}
+
+
+def segments(ck, rank, world, dev):
+    x = torch.empty(1 << 22, device=dev)
+    segs = [s for s in torch.cuda.memory._snapshot()["segments"] if s["device"] == dev.index]
+    owner = [s for s in segs if s["address"] <= x.data_ptr() < s["address"] + s["total_size"]]
+    ck.check("segments: the tensor lies in an expandable segment",
+             len(owner) == 1 and bool(owner[0].get("is_expandable")), str(owner))
+    del x
+
+
+def collectives(ck, rank, world, dev, nccl):
+    for name, (fin, fout, call) in OPS.items():
+        nin = {1: 1, "world": world}[fin]
+        nout = {0: 0, 1: 1, "world": world}[fout]
+        for k in SIZES:
+            case = f"paged/{name}/{k}"
+            x = torch.empty(nin * k, device=dev)
+            out = torch.empty(nout * k, device=dev) if nout else None
+            for rep in range(REPS):
+                if name == "broadcast" and rank != 0:
+                    wc.poison_(x)
+                else:
+                    x.copy_(_input(f"{case}/{rep}", rank, nin * k, torch.float32, "SUM", dev))
+                if out is not None:
+                    out.copy_(_poison(nout * k, torch.float32, dev))
+                xr = x.clone()
+                outr = _poison(nout * k, torch.float32, dev) if nout else None
+                before = stats()
+                call(x, out, None)
+                d = delta(before, stats())
+                call(xr, outr, nccl)
+                torch.cuda.synchronize()
+                why = wc.compare(x if out is None else out, xr if outr is None else outr)
+                ck.check(f"{case}/{rep}: bitwise vs NCCL", why is None, why or "")
+                if nout:
+                    why = wc.compare(x, xr)
+                    ck.check(f"{case}/{rep}: input untouched", why is None, why or "")
+                del xr, outr
+                peers_read = world - 1 if name != "broadcast" else int(rank != 0)
+                publishes = name != "broadcast" or rank == 0
+                if k * 4 < DIRECT_MIN:
+                    ck.check(f"{case}/{rep}: staged", d["gpu_direct_ops"] == 0 and d["gpu_page_runs_made"] == 0,
+                             str(d))
+                    continue
+                ck.check(f"{case}/{rep}: direct", d["gpu_direct_ops"] == 1, str(d))
+                if rep == 0:
+                    ck.check(f"{case}/{rep}: the first op publishes a run and maps the peers'",
+                             d["gpu_page_runs_made"] == int(publishes) and d["gpu_peer_map_misses"] == peers_read,
+                             str(d))
+                else:
+                    ck.check(f"{case}/{rep}: later ops reuse them",
+                             d["gpu_page_runs_made"] == 0 and d["gpu_peer_map_misses"] == 0
+                             and d["gpu_peer_map_hits"] == peers_read, str(d))
+            del x, out
+    ck.info["stats_after_collectives"] = stats()
+
+
+def churn(ck, rank, world, dev):
+    before = stats()
+    for i, mib in enumerate((40, 24, 64, 40, 30)):
+        n = (mib << 20) // 4 + i
+        x = torch.empty(n, device=dev)
+        x.copy_(_input(f"churn/{i}", rank, n, torch.float32, "SUM", dev))
+        exp = _reference([_input(f"churn/{i}", r, n, torch.float32, "SUM", dev) for r in range(world)], "SUM", world)
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        why = wc.compare(x, exp)
+        ck.check(f"churn/{i}: {mib} MiB all_reduce right", why is None, why or "")
+        del x, exp
+        gc.collect()
+        torch.cuda.empty_cache()  # the pages go back to the driver: new ones map there next
+    d = delta(before, stats())
+    ck.info["churn"] = d
+    ck.check("churn: every op direct", d["gpu_direct_ops"] == 5, str(d))
+    ck.check("churn: old runs retired", d["gpu_page_runs_retired"] >= 1, str(d))
+    ck.check("churn: the peers dropped old mappings", d["gpu_peer_map_dropped"] >= 1, str(d))
+
+
+def main():
+    args = wc.setup()
+    rank, world, dev, nccl = wc.init_cuda(args)
+    ck = wc.Checker(rank)
+    done = ck.info.setdefault("parts_done", [])
+
+    def part(name, fn, *a):
+        def body():
+            fn(ck, rank, world, dev, *a)
+            done.append(name)
+        ck.run(name, body)
+
+    part("segments", segments)
+    part("collectives", collectives, nccl)
+    part("churn", churn)
+    ck.info["stats"] = gosym.stats()
+    torch.cuda.synchronize()
+    wc.write_result(ck.result())
+    wc.print_summary(ck, "cuda_paged")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
