@@ -217,10 +217,15 @@ func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 			}
 		}
 	}
-	if !rg.ok() && legacy && n > 0 {
+	paged := ubrMode() != "no"
+	switch {
+	case rg.ok() || !legacy || n == 0:
+	case paged && s.reg.covers(lo, n): // a published run holds it: no IPC handle to ask for
+		cur = s.pagedRecord(&rg, lo, n, nil)
+	default:
 		base, size, h, err := s.ipc.ipcExport(lo)
 		switch {
-		case err != nil && ubrMode() != "no":
+		case err != nil && paged:
 			cur = s.pagedRecord(&rg, lo, n, err)
 		case err != nil:
 			debugf("rank %d: no IPC export of %#x: %v", s.rank, lo, err)
@@ -490,6 +495,10 @@ func (t *gpuTeam) pageAt(addr uintptr) (uintptr, uintptr, cuda.AllocHandle, erro
 	}
 	h, err := t.g.d.MemRetainAllocationHandle(t.g.ctx, base)
 	return base, size, h, err
+}
+
+func (t *gpuTeam) pageRetain(addr uintptr) (cuda.AllocHandle, error) {
+	return t.g.d.MemRetainAllocationHandle(t.g.ctx, addr)
 }
 
 func (t *gpuTeam) pageRelease(h cuda.AllocHandle) { t.g.d.MemRelease(t.g.ctx, h) }

@@ -18,12 +18,13 @@ package gobackend
 //
 // The exporter keeps its own retain on every page of a published run, so
 // no allocation of it, and so no handle value, can be reused while the run
-// lives. Every op on a run walks its pages again and compares the handles:
-// a run with a page unmapped or replaced is retired (its retains released,
-// its id sent with the next round, and the peers drop their mapping), and
-// the buffers publish a new run. A few pages of the other runs are checked
-// per op (gpuSweepPages), so pages torch gave back (empty_cache) are
-// released within a few direct ops rather than held for the group's life.
+// lives. Every op on a published run checks its pages again (a retain at
+// each page's address must give the page's allocation): a run with a page
+// unmapped or replaced is retired (its retains released, its id sent with
+// the next round, and the peers drop their mapping), and the buffers
+// publish a new run. A few pages of the other runs are checked per op
+// (gpuSweepPages), so pages torch gave back (empty_cache) are released
+// within a few direct ops rather than held for the group's life.
 
 import (
 	"encoding/binary"
@@ -48,8 +49,9 @@ const gpuMaxRunFDs = 256
 // until the sweep retires old ones.
 const gpuMaxRuns = 1024
 
-// gpuSweepPages is how many pages of other runs an op checks.
-const gpuSweepPages = 4
+// gpuSweepPages is how many pages of other runs an op checks (whole runs,
+// at least one).
+const gpuSweepPages = 2
 
 // gpuPage is one page of a run: its allocation (the run's own retain) and
 // the size of its mapping.
@@ -135,12 +137,81 @@ func releasePages(ipc gpuIPC, pages []gpuPage) {
 	}
 }
 
-// run is the run of paged memory that holds [lo, lo+n): the published one
-// whose pages are still mapped there, or a new one (none while capturing:
-// the op stages and a later one publishes). nil with an error: the memory
-// is not paged VMM memory, or too many pages. Runs that overlap it with
-// other pages are retired.
+// unchanged says whether every page of r is still mapped where it was: a
+// retain at its address gives its allocation, which r's own retain keeps
+// from being freed and its handle value from being reused.
+func unchanged(ipc gpuIPC, r *pageRun) bool {
+	a := r.base
+	for _, p := range r.pages {
+		h, err := ipc.pageRetain(a)
+		if err != nil {
+			return false
+		}
+		ipc.pageRelease(h)
+		if h != p.h {
+			return false
+		}
+		a += p.size
+	}
+	return true
+}
+
+// covers says whether a published run holds [lo, lo+n).
+func (g *gpuReg) covers(lo, n uintptr) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, r := range g.runs {
+		if lo >= r.base && lo+n <= r.base+r.size {
+			return true
+		}
+	}
+	return false
+}
+
+// published is a published run that holds [lo, lo+n) and is unchanged;
+// those that hold it but changed are retired.
+func (g *gpuReg) published(ipc gpuIPC, lo, n uintptr) *pageRun {
+	g.mu.Lock()
+	var cands []*pageRun
+	for _, r := range g.runs {
+		if lo >= r.base && lo+n <= r.base+r.size {
+			cands = append(cands, r)
+		}
+	}
+	g.mu.Unlock()
+	var found *pageRun
+	var stale []*pageRun
+	for _, r := range cands {
+		if unchanged(ipc, r) {
+			found = r
+			break
+		}
+		stale = append(stale, r)
+	}
+	g.drop(ipc, stale)
+	return found
+}
+
+// drop unpublishes and retires the runs.
+func (g *gpuReg) drop(ipc gpuIPC, runs []*pageRun) {
+	if len(runs) == 0 {
+		return
+	}
+	g.mu.Lock()
+	g.runs = slices.DeleteFunc(g.runs, func(r *pageRun) bool { return slices.Contains(runs, r) })
+	g.mu.Unlock()
+	g.retireRuns(ipc, runs)
+}
+
+// run is the run of paged memory that holds [lo, lo+n): a published one
+// still mapped there, or a new one of the pages walked from lo (none while
+// capturing: the op stages and a later one publishes). nil with an error:
+// the memory is not paged VMM memory, or too many pages. Runs that
+// overlap the walked pages with others are retired.
 func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pageRun, error) {
+	if r := g.published(ipc, lo, n); r != nil {
+		return r, nil
+	}
 	base, pages, err := walkPages(ipc, lo, n, gpuMaxRunFDs/max(1, world-1))
 	if err != nil {
 		return nil, err
@@ -161,7 +232,7 @@ func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pag
 		}
 	}
 	g.runs = slices.DeleteFunc(g.runs, func(r *pageRun) bool { return slices.Contains(stale, r) })
-	fresh := found == nil && !capturing && len(g.runs) < gpuMaxRuns
+	fresh := found == nil && !capturing && len(g.runs) < gpuMaxRuns-len(stale)
 	if fresh {
 		g.nextRun++
 		found = &pageRun{id: pageRunBit | g.nextRun, base: base, size: size, pages: pages}
@@ -194,9 +265,8 @@ func (g *gpuReg) retireRuns(ipc gpuIPC, runs []*pageRun) {
 	}
 }
 
-// sweep checks up to gpuSweepPages pages of the published runs other than
-// skip, round robin, and retires those whose pages are no longer mapped
-// where they were.
+// sweep checks whole published runs other than skip, round robin, until
+// gpuSweepPages pages were checked, and retires those that changed.
 func (g *gpuReg) sweep(ipc gpuIPC, skip *pageRun) {
 	g.mu.Lock()
 	runs := slices.Clone(g.runs)
@@ -204,36 +274,18 @@ func (g *gpuReg) sweep(ipc gpuIPC, skip *pageRun) {
 	g.mu.Unlock()
 	var stale []*pageRun
 	checked := 0
-	for i := range runs {
-		if checked >= gpuSweepPages {
-			break
-		}
+	for i := 0; i < len(runs) && checked < gpuSweepPages; i++ {
 		r := runs[(start+i)%len(runs)]
 		g.sweepAt = (start + i + 1) % len(runs)
 		if r == skip {
 			continue
 		}
-		a := r.base
-		for _, p := range r.pages {
-			checked++
-			pb, ps, h, err := ipc.pageAt(a)
-			if err == nil {
-				ipc.pageRelease(h)
-			}
-			if err != nil || pb != a || ps != p.size || h != p.h {
-				stale = append(stale, r)
-				break
-			}
-			a += p.size
+		checked += len(r.pages)
+		if !unchanged(ipc, r) {
+			stale = append(stale, r)
 		}
 	}
-	if len(stale) == 0 {
-		return
-	}
-	g.mu.Lock()
-	g.runs = slices.DeleteFunc(g.runs, func(r *pageRun) bool { return slices.Contains(stale, r) })
-	g.mu.Unlock()
-	g.retireRuns(ipc, stale)
+	g.drop(ipc, stale)
 }
 
 // bindRun records that every rank maps run r.

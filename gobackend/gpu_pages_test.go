@@ -82,6 +82,11 @@ func (f *fakeRank) pageAt(addr uintptr) (uintptr, uintptr, cuda.AllocHandle, err
 	return 0, 0, 0, errors.New("cuMemGetAddressRange: invalid value")
 }
 
+func (f *fakeRank) pageRetain(addr uintptr) (cuda.AllocHandle, error) {
+	_, _, h, err := f.pageAt(addr)
+	return h, err
+}
+
 func (f *fakeRank) pageRelease(h cuda.AllocHandle) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

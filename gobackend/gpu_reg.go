@@ -228,6 +228,7 @@ type gpuIPC interface {
 	// mapping's range and a retain of it (pageRelease releases it);
 	// pageExport is a POSIX fd of a retained allocation.
 	pageAt(addr uintptr) (base, size uintptr, h cuda.AllocHandle, err error)
+	pageRetain(addr uintptr) (cuda.AllocHandle, error)
 	pageRelease(h cuda.AllocHandle)
 	pageExport(h cuda.AllocHandle) (int, error)
 	// ipcIdle waits until the device no longer uses any mapping.

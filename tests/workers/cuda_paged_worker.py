@@ -11,8 +11,9 @@ Parts (each records itself in info["parts_done"] when it ran to its end):
   all_to_all_single and broadcast at 1 MiB (staged), 8 MiB + 5 elements and 48 MiB + 3
   elements per rank (direct; the largest spans several pages), three times each on the
   same buffers with fresh inputs, against NCCL bitwise, outputs poisoned; from
-  gosym.stats: the large ops go direct, the first op of a buffer publishes a run and maps
-  the peers' runs, the later ones reuse them (no new run, no new mapping);
+  gosym.stats: the large ops go direct, the first op of a buffer publishes a run (or finds
+  one of the same pages, published for an earlier buffer) and maps the peers' runs, the
+  later ones reuse them (no new run, no new mapping);
 - churn: buffers of changing sizes are all_reduced, freed and given back to the driver
   (empty_cache) five times over, so torch maps new pages where old runs were: every
   result right (a stale mapping would read the old pages), and the old runs retired.
@@ -88,9 +89,10 @@ def collectives(ck, rank, world, dev, nccl):
                     continue
                 ck.check(f"{case}/{rep}: direct", d["gpu_direct_ops"] == 1, str(d))
                 if rep == 0:
-                    ck.check(f"{case}/{rep}: the first op publishes a run and maps the peers'",
-                             d["gpu_page_runs_made"] == int(publishes) and d["gpu_peer_map_misses"] == peers_read,
-                             str(d))
+                    # A run of the same pages, published for an earlier buffer there, is reused.
+                    ck.check(f"{case}/{rep}: the first op publishes a run or finds one, and maps the peers'",
+                             d["gpu_page_runs_made"] <= int(publishes)
+                             and d["gpu_peer_map_misses"] + d["gpu_peer_map_hits"] == peers_read, str(d))
                 else:
                     ck.check(f"{case}/{rep}: later ops reuse them",
                              d["gpu_page_runs_made"] == 0 and d["gpu_peer_map_misses"] == 0
