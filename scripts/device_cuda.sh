@@ -47,10 +47,12 @@ for s in "${steps[@]}"; do
 		echo "== compute-sanitizer memcheck"
 		if command -v compute-sanitizer >/dev/null || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
 			cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-			# the quick parts first (gosym.empty buffers read in place, a view): the ops part may run for minutes
-			GOSYM_GPU_DIRECT_MIN=1 timeout 200 torchrun --nproc-per-node 2 --no-python "$cs" --tool memcheck \
-				--target-processes all --error-exitcode 9 --print-limit 20 python3 scripts/sanitize_cuda.py vmm view 2>&1 | tail -12
-			echo "sanitizer (gosym.empty buffers, direct) exit ${PIPESTATUS[0]}"
+			# the quick parts first (gosym.empty buffers read in place, a view, expandable segments'
+			# runs of pages): the ops part may run for minutes
+			GOSYM_GPU_DIRECT_MIN=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 200 torchrun --nproc-per-node 2 \
+				--no-python "$cs" --tool memcheck --target-processes all --error-exitcode 9 --print-limit 20 \
+				python3 scripts/sanitize_cuda.py vmm view paged 2>&1 | tail -12
+			echo "sanitizer (gosym.empty buffers and runs of pages, direct) exit ${PIPESTATUS[0]}"
 			GOSYM_GPU_STAGE_BYTES=$((1 << 20)) timeout 300 torchrun --nproc-per-node 2 --no-python "$cs" --tool memcheck \
 				--target-processes all --error-exitcode 9 --print-limit 20 python3 scripts/sanitize_cuda.py ops 2>&1 | tail -30
 			echo "sanitizer exit ${PIPESTATUS[0]}"

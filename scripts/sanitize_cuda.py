@@ -6,7 +6,10 @@ each result checked, staged and direct paths. Launch (2 GPUs, safety variables s
 
 Parts (default: all): ops (every collective at 1, 1025, 60001 and 600003 elements, a
 skewed all_to_all among them), vmm (all_reduce and all_gather on gosym.empty buffers),
-view (a contiguous view). Under memcheck the ops part alone may run for minutes.
+view (a contiguous view), paged (all_reduce and all_gather on torch tensors, which under
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True are runs of pages; their pages given
+back to the driver and remapped between rounds). Under memcheck the ops part alone may
+run for minutes.
 """
 
 import os
@@ -25,7 +28,7 @@ def main():
     dev = torch.device("cuda", local)
     dist.init_process_group("gosym")
     rank, world = dist.get_rank(), dist.get_world_size()
-    parts = sys.argv[1:] or ["ops", "vmm", "view"]
+    parts = sys.argv[1:] or ["ops", "vmm", "view", "paged"]
     bad = 0
     for n in (1, 1025, 60_001, 600_003) if "ops" in parts else ():  # LL: 1 to 30 blocks; then staged
         x = torch.full((n,), float(rank + 1), device=dev)
@@ -64,6 +67,20 @@ def main():
         dist.all_gather_into_tensor(go, gi)
         bad += int((go.view(world, n) != torch.arange(world, device=dev)[:, None]).sum())
         del g, gi
+    # torch's expandable segments: under GOSYM_GPU_DIRECT_MIN=1 shared as runs of pages
+    # (24 MiB + 3 elements spans two 20 MiB pages); empty_cache remaps them between rounds.
+    for rnd in range(2) if "paged" in parts else ():
+        for n in (1025, 600_003, 6 * 2**20 + 3):
+            p = torch.full((n,), float(rank + 1), device=dev)
+            dist.all_reduce(p)
+            bad += int((p != world * (world + 1) / 2).sum())
+            pi = torch.full((n,), float(rank + rnd), device=dev)
+            po = torch.empty(n * world, device=dev)
+            dist.all_gather_into_tensor(po, pi)
+            bad += int((po.view(world, n) != torch.arange(world, device=dev)[:, None] + rnd).sum())
+            del p, pi, po
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
     if "view" in parts:
         y = gosym.empty(4096, device=dev)
         y.fill_(float(rank))
@@ -74,7 +91,8 @@ def main():
     torch.cuda.synchronize()
     st = gosym.stats()
     print(f"rank {rank}: parts {parts}: {bad} wrong elements; direct ops {st.get('gpu_direct_ops')}, "
-          f"bindings created {st.get('gpu_bindings_created')}", flush=True)
+          f"bindings created {st.get('gpu_bindings_created')}, page runs made {st.get('gpu_page_runs_made')}, "
+          f"retired {st.get('gpu_page_runs_retired')}", flush=True)
     dist.destroy_process_group()
     sys.exit(1 if bad else 0)
 

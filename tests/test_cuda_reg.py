@@ -9,7 +9,8 @@ all_reduce / all_gather / reduce_scatter / all_to_all / broadcast at 1 KiB, 1 Mi
 elements and 8 MiB, bitwise equal to NCCL with poisoned outputs, the binding created once
 and reused (gosym.stats); unmap + reallocation at the same address (no stale mapping);
 pack -> mem_import in the peer process, reading and writing the peer's tensor; unmap and
-group destroy in either order.
+group destroy in either order; torch's expandable segments (workers/cuda_paged_worker.py):
+large ops direct on runs of pages, pages given back and remapped.
 """
 
 from __future__ import annotations
