@@ -146,23 +146,15 @@ func (f *fakeRank) pagesOf(addr, n uintptr) ([]cuda.IpcHandle, uintptr) {
 // +n) in a mapping of that peer's current pages, at the right offset.
 func checkPaged(t *testing.T, ranks []*fakeRank, res []opResult, addrs []uintptr, n uintptr) {
 	t.Helper()
-	for r, f := range ranks {
-		require.NoError(t, res[r].err)
-		require.True(t, res[r].ok, "rank %d", r)
-		for p := range ranks {
-			got := res[r].peers.at(p, addrs[p])
-			if p == r {
-				assert.Equal(t, addrs[p], got)
-				continue
-			}
-			want, off := ranks[p].pagesOf(addrs[p], n)
-			f.mu.Lock()
-			m, mapped := f.parts[got-off]
-			f.mu.Unlock()
-			require.True(t, mapped, "rank %d: rank %d's buffer translates to %#x, not a mapping", r, p, got)
-			assert.Equal(t, want, m.hs, "rank %d maps rank %d's current pages", r, p)
-		}
-	}
+	eachPeer(t, ranks, res, addrs, func(r, p int, got uintptr) {
+		want, off := ranks[p].pagesOf(addrs[p], n)
+		f := ranks[r]
+		f.mu.Lock()
+		m, mapped := f.parts[got-off]
+		f.mu.Unlock()
+		require.True(t, mapped, "rank %d: rank %d's buffer translates to %#x, not a mapping", r, p, got)
+		assert.Equal(t, want, m.hs, "rank %d maps rank %d's current pages", r, p)
+	})
 }
 
 func runPaged(ranks []*fakeRank, addrs []uintptr, n uintptr) ([]opResult, int) {

@@ -394,10 +394,11 @@ func regStats(g *gpuReg) map[string]any {
 	return m
 }
 
-// checkPeers checks that every rank found every peer's buffer where the
-// fake mapped that peer's allocation.
-func checkPeers(t *testing.T, ranks []*fakeRank, res []opResult, addrs []uintptr) {
-	for r, f := range ranks {
+// eachPeer checks that every rank's op went direct with its own buffer
+// where it is, and calls peer with where rank r found peer p's buffer.
+func eachPeer(t *testing.T, ranks []*fakeRank, res []opResult, addrs []uintptr, peer func(r, p int, got uintptr)) {
+	t.Helper()
+	for r := range ranks {
 		require.NoError(t, res[r].err)
 		require.True(t, res[r].ok, "rank %d", r)
 		for p := range ranks {
@@ -406,13 +407,23 @@ func checkPeers(t *testing.T, ranks []*fakeRank, res []opResult, addrs []uintptr
 				assert.Equal(t, addrs[p], got)
 				continue
 			}
-			f.mu.Lock()
-			h, mapped := f.open[got-(addrs[p]-ranks[p].allocs[0].base)]
-			f.mu.Unlock()
-			require.True(t, mapped, "rank %d: rank %d's buffer translates to %#x, not a mapping", r, p, got)
-			assert.Equal(t, fakeHandle(p, ranks[p].allocs[0], ranks[p].gen), h)
+			peer(r, p, got)
 		}
 	}
+}
+
+// checkPeers checks that every rank found every peer's buffer where the
+// fake mapped that peer's allocation.
+func checkPeers(t *testing.T, ranks []*fakeRank, res []opResult, addrs []uintptr) {
+	t.Helper()
+	eachPeer(t, ranks, res, addrs, func(r, p int, got uintptr) {
+		f := ranks[r]
+		f.mu.Lock()
+		h, mapped := f.open[got-(addrs[p]-ranks[p].allocs[0].base)]
+		f.mu.Unlock()
+		require.True(t, mapped, "rank %d: rank %d's buffer translates to %#x, not a mapping", r, p, got)
+		assert.Equal(t, fakeHandle(p, ranks[p].allocs[0], ranks[p].gen), h)
+	})
 }
 
 // TestGPUBindOnceReuse: the first op on registered buffers exchanges and

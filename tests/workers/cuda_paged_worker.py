@@ -26,8 +26,8 @@ import gc
 import torch
 import torch.distributed as dist
 import wcommon as wc
-from cuda_reg_worker import OPS, delta
-from cuda_worker import _input, _poison, _reference
+from cuda_reg_worker import OPS, against_nccl, delta
+from cuda_worker import _input, _reference
 
 import gosym
 
@@ -62,25 +62,7 @@ def collectives(ck, rank, world, dev, nccl):
             x = torch.empty(nin * k, device=dev)
             out = torch.empty(nout * k, device=dev) if nout else None
             for rep in range(REPS):
-                if name == "broadcast" and rank != 0:
-                    wc.poison_(x)
-                else:
-                    x.copy_(_input(f"{case}/{rep}", rank, nin * k, torch.float32, "SUM", dev))
-                if out is not None:
-                    out.copy_(_poison(nout * k, torch.float32, dev))
-                xr = x.clone()
-                outr = _poison(nout * k, torch.float32, dev) if nout else None
-                before = stats()
-                call(x, out, None)
-                d = delta(before, stats())
-                call(xr, outr, nccl)
-                torch.cuda.synchronize()
-                why = wc.compare(x if out is None else out, xr if outr is None else outr)
-                ck.check(f"{case}/{rep}: bitwise vs NCCL", why is None, why or "")
-                if nout:
-                    why = wc.compare(x, xr)
-                    ck.check(f"{case}/{rep}: input untouched", why is None, why or "")
-                del xr, outr
+                d = against_nccl(ck, f"{case}/{rep}", name, rank, x, out, call, nccl, stats)
                 peers_read = world - 1 if name != "broadcast" else int(rank != 0)
                 publishes = name != "broadcast" or rank == 0
                 if k * 4 < DIRECT_MIN:
@@ -126,22 +108,13 @@ def main():
     args = wc.setup()
     rank, world, dev, nccl = wc.init_cuda(args)
     ck = wc.Checker(rank)
-    done = ck.info.setdefault("parts_done", [])
-
-    def part(name, fn, *a):
-        def body():
-            fn(ck, rank, world, dev, *a)
-            done.append(name)
-        ck.run(name, body)
+    part = wc.part_runner(ck, rank, world, dev)
 
     part("segments", segments)
     part("collectives", collectives, nccl)
     part("churn", churn)
     ck.info["stats"] = gosym.stats()
-    torch.cuda.synchronize()
-    wc.write_result(ck.result())
-    wc.print_summary(ck, "cuda_paged")
-    dist.destroy_process_group()
+    wc.finish_cuda(ck, "cuda_paged")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,32 @@ OPS = {
 }
 
 
+def against_nccl(ck, case, name, rank, x, out, call, nccl, counters):
+    """One op on x (filled with fresh input; poisoned on broadcast's non-roots) and out
+    (poisoned), then NCCL's on clones: bitwise equal results, the input untouched. Returns
+    the delta of counters() around gosym's call."""
+    dev = x.device
+    if name == "broadcast" and rank != 0:
+        wc.poison_(x)
+    else:
+        x.copy_(_input(case, rank, x.numel(), torch.float32, "SUM", dev))
+    if out is not None:
+        out.copy_(_poison(out.numel(), torch.float32, dev))
+    xr = x.clone()
+    outr = _poison(out.numel(), torch.float32, dev) if out is not None else None
+    before = counters()
+    call(x, out, None)
+    d = delta(before, counters())
+    call(xr, outr, nccl)
+    torch.cuda.synchronize()
+    why = wc.compare(x if out is None else out, xr if outr is None else outr)
+    ck.check(f"{case}: bitwise vs NCCL", why is None, why or "")
+    if out is not None:
+        why = wc.compare(x, xr)
+        ck.check(f"{case}: input untouched", why is None, why or "")
+    return d
+
+
 def collectives(ck, rank, world, dev, nccl, alloc="torch"):
     """Every op on mem_map'ed buffers: the caching allocator's (alloc "torch") or
     gosym.empty's VMM memory ("gosym")."""
@@ -78,23 +104,8 @@ def collectives(ck, rank, world, dev, nccl, alloc="torch"):
             info = h.info()
             ck.check(f"{case}: registers shareable", info["shareable"], str(info))
             for rep in range(REPS):
-                if name == "broadcast" and rank != 0:
-                    wc.poison_(x)
-                else:
-                    x.copy_(_input(f"{case}/{rep}", rank, nin * k, torch.float32, "SUM", dev))
-                xr = x.clone()
-                out = _poison(nout * k, torch.float32, dev) if nout else None
-                outr = _poison(nout * k, torch.float32, dev) if nout else None
-                before = reg_stats()
-                call(x, out, None)
-                d = delta(before, reg_stats())
-                call(xr, outr, nccl)
-                torch.cuda.synchronize()
-                why = wc.compare(x if out is None else out, xr if outr is None else outr)
-                ck.check(f"{case}/{rep}: bitwise vs NCCL", why is None, why or "")
-                if nout:
-                    why = wc.compare(x, xr)
-                    ck.check(f"{case}/{rep}: input untouched", why is None, why or "")
+                out = torch.empty(nout * k, device=dev) if nout else None
+                d = against_nccl(ck, f"{case}/{rep}", name, rank, x, out, call, nccl, reg_stats)
                 # broadcast: only the root's buffer is read (and bound), by the others
                 peers_read = world - 1 if name != "broadcast" else int(rank != 0)
                 binds_here = name != "broadcast" or rank == 0
@@ -309,13 +320,7 @@ def main():
     args = wc.setup()
     rank, world, dev, nccl = wc.init_cuda(args)
     ck = wc.Checker(rank)
-    done = ck.info.setdefault("parts_done", [])
-
-    def part(name, fn, *a):
-        def body():
-            fn(ck, rank, world, dev, *a)
-            done.append(name)
-        ck.run(name, body)
+    part = wc.part_runner(ck, rank, world, dev)
 
     part("collectives", collectives, nccl)
     part("vmm", collectives, nccl, "gosym")
@@ -327,10 +332,7 @@ def main():
     part("errors", errors)
     ck.info["stats"] = gosym.stats()
     ck.info["process"] = gosym.process_stats()
-    torch.cuda.synchronize()
-    wc.write_result(ck.result())
-    wc.print_summary(ck, "cuda_reg")
-    dist.destroy_process_group()
+    wc.finish_cuda(ck, "cuda_reg")
 
 
 if __name__ == "__main__":

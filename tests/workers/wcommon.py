@@ -268,6 +268,29 @@ def compare(got: torch.Tensor, exp: torch.Tensor, tol: torch.Tensor | None = Non
     return f"{n}/{g.numel()} elements differ: {sample}"
 
 
+def part_runner(ck: Checker, *args):
+    """part(name, fn, *a) runs fn(ck, *args, *a) as case ``name`` and records it in
+    info["parts_done"] when it ran to its end (a failed part does not stop the next)."""
+    done = ck.info.setdefault("parts_done", [])
+
+    def part(name, fn, *a):
+        def body():
+            fn(ck, *args, *a)
+            done.append(name)
+        ck.run(name, body)
+
+    return part
+
+
+def finish_cuda(ck: Checker, label: str, **extra) -> None:
+    """The end of a CUDA worker: the device idle, the result written and summarised, the
+    process group destroyed."""
+    torch.cuda.synchronize()
+    write_result(ck.result(**extra))
+    print_summary(ck, label)
+    dist.destroy_process_group()
+
+
 def print_summary(ck: Checker, label: str) -> None:
     print(f"[rank {ck.rank}] {label}: {ck.passed} passed, {len(ck.failures)} failed", file=sys.stderr)
     for f in ck.failures[:20]:
