@@ -246,15 +246,17 @@ func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 // IPC handle: why), or leaves it not ok; it returns the run, if any.
 func (s *gpuSide) pagedRecord(rg *gpuRegion, lo, n uintptr, why error) *pageRun {
 	r, err := s.reg.run(s.ipc, lo, n, s.world, s.capturing)
-	switch {
-	case err != nil:
+	if err != nil {
 		debugf("rank %d: no IPC export of %#x (%v), nor a run of pages: %v", s.rank, lo, why, err)
 		return nil
-	case s.reg.isRefused(r.id):
+	}
+	bound := s.reg.runBound(r)
+	// As for a memh: no binding while a graph is captured (the op stages).
+	if s.reg.isRefused(r.id) || !bound && s.capturing {
 		return r
 	}
 	rg.flags, rg.id, rg.base, rg.size = recOK|recRegistered|recVMM, r.id, r.base, r.size
-	if s.reg.runBound(r) {
+	if bound {
 		rg.flags |= recBound
 	} else {
 		s.run = r
@@ -493,7 +495,7 @@ func (t *gpuTeam) pageAt(addr uintptr) (uintptr, uintptr, cuda.AllocHandle, erro
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	h, err := t.g.d.MemRetainAllocationHandle(t.g.ctx, base)
+	h, err := t.pageRetain(base)
 	return base, size, h, err
 }
 

@@ -207,7 +207,8 @@ func (g *gpuReg) drop(ipc gpuIPC, runs []*pageRun) {
 // still mapped there, or a new one of the pages walked from lo (none while
 // capturing: the op stages and a later one publishes). nil with an error:
 // the memory is not paged VMM memory, or too many pages. Runs that
-// overlap the walked pages with others are retired.
+// overlap the walked pages with others are retired (a run of the same
+// pages would have been found unchanged).
 func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pageRun, error) {
 	if r := g.published(ipc, lo, n); r != nil {
 		return r, nil
@@ -221,35 +222,26 @@ func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pag
 		size += p.size
 	}
 	g.mu.Lock()
-	var found *pageRun
 	var stale []*pageRun
 	for _, r := range g.runs {
-		switch {
-		case r.base == base && slices.Equal(r.pages, pages):
-			found = r
-		case !r.agrees(base, pages):
+		if !r.agrees(base, pages) {
 			stale = append(stale, r)
 		}
 	}
-	g.runs = slices.DeleteFunc(g.runs, func(r *pageRun) bool { return slices.Contains(stale, r) })
-	fresh := found == nil && !capturing && len(g.runs) < gpuMaxRuns-len(stale)
-	if fresh {
+	var fresh *pageRun
+	if !capturing && len(g.runs)-len(stale) < gpuMaxRuns {
 		g.nextRun++
-		found = &pageRun{id: pageRunBit | g.nextRun, base: base, size: size, pages: pages}
-		g.runs = append(g.runs, found)
+		fresh = &pageRun{id: pageRunBit | g.nextRun, base: base, size: size, pages: pages} // the walk's retains become its own
+		g.runs = append(g.runs, fresh)
 	}
 	g.mu.Unlock()
-	g.retireRuns(ipc, stale)
-	switch {
-	case fresh:
-		g.runsMade.Add(1)
-	case found == nil:
+	g.drop(ipc, stale)
+	if fresh == nil {
 		releasePages(ipc, pages)
 		return nil, fmt.Errorf("no new run while a graph is captured or with %d published", gpuMaxRuns)
-	default:
-		releasePages(ipc, pages) // the run holds its own
 	}
-	return found, nil
+	g.runsMade.Add(1)
+	return fresh, nil
 }
 
 // retireRuns releases the runs' pages and retires their ids: the peers drop

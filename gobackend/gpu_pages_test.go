@@ -305,6 +305,31 @@ func TestGPUPagedRunLimits(t *testing.T) {
 		assert.Equal(t, 1, rounds, "a bound run goes direct under capture")
 		closeAndCheck(t, ranks)
 	})
+	t.Run("capture, published unbound", func(t *testing.T) {
+		ranks, sw := pagedGroup(t, 2, 4)
+		addrs := []uintptr{ranks[0].pages[0].base, ranks[1].pages[0].base}
+		// Each rank publishes a run in an op that stages (the other has no buffer).
+		for r := range ranks {
+			only := make([]uintptr, 2)
+			only[r] = addrs[r]
+			res, _ := runPaged(ranks, only, 1<<20)
+			assert.False(t, res[r].ok)
+			assert.Equal(t, 1, ranks[r].held(), "rank %d published its run", r)
+		}
+		for _, f := range ranks {
+			f.capturing = true
+		}
+		res, _ := runPaged(ranks, addrs, 1<<20)
+		assert.False(t, res[0].ok, "no binding while capturing")
+		assert.Equal(t, 0, sw.swaps, "no fd exchange while capturing")
+		for _, f := range ranks {
+			f.capturing = false
+		}
+		res, _ = runPaged(ranks, addrs, 1<<20)
+		checkPaged(t, ranks, res, addrs, 1<<20)
+		assert.Equal(t, 1, sw.swaps)
+		closeAndCheck(t, ranks)
+	})
 	t.Run("export fails", func(t *testing.T) {
 		ranks, sw := pagedGroup(t, 2, 4)
 		addrs := []uintptr{ranks[0].pages[0].base, ranks[1].pages[0].base}
