@@ -194,14 +194,17 @@ func (t *gpuTeam) inputRegistered(op *Op) bool {
 // registered when a shareable CUDA memh holds it (no driver call), else,
 // when legacy (every rank takes this round), gosym.empty's buffer it lies
 // in, the allocation as the driver reports it, or the run of paged memory
-// it lies in; not ok otherwise. It carries the ids this rank retired since
-// the last round, those of this op's walk included.
+// it lies in; a private memh (paged memory registers private) is looked
+// up as a run too. Not ok otherwise. It carries the ids this rank retired
+// since the last round, those of this op's walk included.
 func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 	var rg gpuRegion
 	var cur *pageRun
+	private := false
 	if m := s.reg.find(lo, n, s.device, legacy); m != nil {
 		_, bound := m.Binding(s.reg)
 		sh, _, ok := m.CUDA()
+		private = !ok
 		// A fresh binding is not tried while a graph is captured (opening a
 		// handle is not allowed then): the op stages, a later one binds.
 		if ok && (bound || !s.capturing) && !s.reg.isRefused(m.ID()) {
@@ -219,8 +222,8 @@ func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 	}
 	paged := ubrMode() != "no"
 	switch {
-	case rg.ok() || !legacy || n == 0:
-	case paged && s.reg.covers(lo, n): // a published run holds it: no IPC handle to ask for
+	case rg.ok() || n == 0 || !legacy && !private:
+	case paged && (private || s.reg.covers(lo, n)): // no IPC handle to ask for
 		cur = s.pagedRecord(&rg, lo, n, nil)
 	default:
 		base, size, h, err := s.ipc.ipcExport(lo)
@@ -233,7 +236,7 @@ func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 			rg.flags, rg.base, rg.size, rg.h = recOK, base, size, h
 		}
 	}
-	if legacy {
+	if legacy || private {
 		s.reg.sweep(s.ipc, cur)
 	}
 	rg.retired = s.reg.takeRetired(gpuMaxRetired)

@@ -347,3 +347,28 @@ func TestGPUPagedRunLimits(t *testing.T) {
 		closeAndCheck(t, ranks)
 	})
 }
+
+// TestGPUPagedRunRegistered: paged memory a user registered (a private
+// memh: it has no IPC handle) goes direct as a run between the thresholds
+// (directRegistered), where unregistered memory stays staged.
+func TestGPUPagedRunRegistered(t *testing.T) {
+	ranks, sw := pagedGroup(t, 2, 4)
+	addrs := []uintptr{ranks[0].pages[0].base + 4096, ranks[1].pages[0].base}
+	const n = 3 << 20
+	res, rounds := runOp(ranks, addrs, n, directRegistered)
+	assert.False(t, res[0].ok, "not registered: staged")
+	assert.Equal(t, 1, rounds)
+	for r, f := range ranks {
+		m, err := f.dom.Map(addrs[r], n, 0)
+		require.NoError(t, err)
+		require.False(t, m.Shareable(), "paged memory registers private")
+	}
+	res, rounds = runOp(ranks, addrs, n, directRegistered)
+	checkPaged(t, ranks, res, addrs, n)
+	assert.Equal(t, 2, rounds)
+	assert.Equal(t, 1, sw.swaps)
+	res, rounds = runOp(ranks, addrs, n, directRegistered)
+	checkPaged(t, ranks, res, addrs, n)
+	assert.Equal(t, 1, rounds, "bound: one round")
+	closeAndCheck(t, ranks)
+}

@@ -102,9 +102,10 @@ func (r gpuRegistrar) Share(device int, addr uintptr, n int) (*memreg.CUDAShare,
 	}
 	h, err := g.d.IpcGetMemHandle(g.ctx, base)
 	if err != nil {
-		// Other VMM memory (expandable segments) is not shared: a range may
-		// map several handles, at offsets this process cannot see.
-		return private("its allocation has no legacy IPC handle (%v): VMM memory not from gosym.empty (expandable segments) or managed memory", err)
+		// Other VMM memory (expandable segments) registers private: a range
+		// may map several allocations, which torch remaps at will. The direct
+		// path shares it per op all the same, as runs of pages (gpu_pages.go).
+		return private("its allocation has no legacy IPC handle (%v): VMM memory not from gosym.empty (expandable segments, which collectives share as runs of pages) or managed memory", err)
 	}
 	return &memreg.CUDAShare{GPU: ids[device], Handle: h, Base: uint64(base), Size: uint64(size)}, "", nil
 }

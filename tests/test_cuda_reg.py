@@ -162,17 +162,18 @@ def test_cuda_vmm_collectives(cuda_reg_job):
 @pytest.mark.gpu
 def test_cuda_expandable_segments(tmp_path):
     """torch's expandable segments (paged VMM memory, no legacy IPC handle): every op x size vs
-    NCCL, large ops direct on runs of pages published once and reused; freed pages given back
+    NCCL, large ops (and mem_map'ed ones from 1 MiB) direct on runs of pages published once and
+    reused; freed pages given back
     to the driver and remapped: right results, old runs retired, the peers' mappings dropped."""
     if cuda_device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
     job = run_torchrun("cuda_paged_worker", 2, ["--timeout", 120], timeout=600, outdir=tmp_path / "out", env={
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "GOSYM_GPU_DIRECT_MIN": "",
-        "GOSYM_ENABLE_UBR": ""})
+        "GOSYM_GPU_REG_DIRECT_MIN": "", "GOSYM_ENABLE_UBR": ""})
     job.assert_ok()
     r0, r1 = job.results
     for r in (r0, r1):
-        assert r["info"]["parts_done"] == ["segments", "collectives", "churn"], r["info"]
+        assert r["info"]["parts_done"] == ["segments", "collectives", "registered", "churn"], r["info"]
     assert r0["passed"] >= 100, "the worker ran suspiciously few checks"
     print("churn:", r0["info"]["churn"], r1["info"]["churn"])
 

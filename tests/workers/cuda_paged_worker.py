@@ -14,6 +14,9 @@ Parts (each records itself in info["parts_done"] when it ran to its end):
   gosym.stats: the large ops go direct, the first op of a buffer publishes a run (or finds
   one of the same pages, published for an earlier buffer) and maps the peers' runs, the
   later ones reuse them (no new run, no new mapping);
+- registered: tensors of 1 MiB + 3 elements mem_map'ed on every rank (private: paged memory
+  has no legacy handle) go direct as runs all the same, between GOSYM_GPU_REG_DIRECT_MIN and
+  GOSYM_GPU_DIRECT_MIN, against NCCL bitwise;
 - churn: buffers of changing sizes are all_reduced, freed and given back to the driver
   (empty_cache) five times over, so torch maps new pages where old runs were: every
   result right (a stale mapping would read the old pages), and the old runs retired.
@@ -83,6 +86,24 @@ def collectives(ck, rank, world, dev, nccl):
     ck.info["stats_after_collectives"] = stats()
 
 
+def registered(ck, rank, world, dev, nccl):
+    """Tensors mem_map'ed on every rank, between GOSYM_GPU_REG_DIRECT_MIN and
+    GOSYM_GPU_DIRECT_MIN: paged memory registers private, and goes direct all the same, as
+    runs of pages."""
+    k = (1 << 18) + 3
+    for name, (fin, fout, call) in OPS.items():
+        x = torch.empty({1: 1, "world": world}[fin] * k, device=dev)
+        nout = {0: 0, 1: 1, "world": world}[fout]
+        out = torch.empty(nout * k, device=dev) if nout else None
+        h = gosym.mem_map(x)
+        ck.check(f"registered/{name}: private", not h.info()["shareable"], str(h.info()))
+        for rep in range(2):
+            d = against_nccl(ck, f"registered/{name}/{rep}", name, rank, x, out, call, nccl, stats)
+            ck.check(f"registered/{name}/{rep}: direct", d["gpu_direct_ops"] == 1, str(d))
+        h.unmap()
+        del x, out
+
+
 def churn(ck, rank, world, dev):
     before = stats()
     for i, mib in enumerate((40, 24, 64, 40, 30)):
@@ -112,6 +133,7 @@ def main():
 
     part("segments", segments)
     part("collectives", collectives, nccl)
+    part("registered", registered, nccl)
     part("churn", churn)
     ck.info["stats"] = gosym.stats()
     wc.finish_cuda(ck, "cuda_paged")
