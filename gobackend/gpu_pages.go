@@ -156,32 +156,28 @@ func unchanged(ipc gpuIPC, r *pageRun) bool {
 	return true
 }
 
-// covers says whether a published run holds [lo, lo+n).
-func (g *gpuReg) covers(lo, n uintptr) bool {
+// holding is the published runs that hold [lo, lo+n).
+func (g *gpuReg) holding(lo, n uintptr) []*pageRun {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	var out []*pageRun
 	for _, r := range g.runs {
 		if lo >= r.base && lo+n <= r.base+r.size {
-			return true
+			out = append(out, r)
 		}
 	}
-	return false
+	return out
 }
+
+// covers says whether a published run holds [lo, lo+n).
+func (g *gpuReg) covers(lo, n uintptr) bool { return len(g.holding(lo, n)) > 0 }
 
 // published is a published run that holds [lo, lo+n) and is unchanged;
 // those that hold it but changed are retired.
 func (g *gpuReg) published(ipc gpuIPC, lo, n uintptr) *pageRun {
-	g.mu.Lock()
-	var cands []*pageRun
-	for _, r := range g.runs {
-		if lo >= r.base && lo+n <= r.base+r.size {
-			cands = append(cands, r)
-		}
-	}
-	g.mu.Unlock()
 	var found *pageRun
 	var stale []*pageRun
-	for _, r := range cands {
+	for _, r := range g.holding(lo, n) {
 		if unchanged(ipc, r) {
 			found = r
 			break
@@ -192,15 +188,23 @@ func (g *gpuReg) published(ipc gpuIPC, lo, n uintptr) *pageRun {
 	return found
 }
 
-// drop unpublishes and retires the runs.
+// drop unpublishes the runs, releases their pages and retires their ids:
+// the peers drop their mappings at their next round.
 func (g *gpuReg) drop(ipc gpuIPC, runs []*pageRun) {
 	if len(runs) == 0 {
 		return
 	}
 	g.mu.Lock()
 	g.runs = slices.DeleteFunc(g.runs, func(r *pageRun) bool { return slices.Contains(runs, r) })
+	for _, r := range runs {
+		delete(g.refused, r.id)
+	}
 	g.mu.Unlock()
-	g.retireRuns(ipc, runs)
+	for _, r := range runs {
+		releasePages(ipc, r.pages)
+		g.retire(r.id)
+		g.runsRetired.Add(1)
+	}
 }
 
 // run is the run of paged memory that holds [lo, lo+n): a published one
@@ -242,19 +246,6 @@ func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pag
 	}
 	g.runsMade.Add(1)
 	return fresh, nil
-}
-
-// retireRuns releases the runs' pages and retires their ids: the peers drop
-// their mappings at their next round.
-func (g *gpuReg) retireRuns(ipc gpuIPC, runs []*pageRun) {
-	for _, r := range runs {
-		releasePages(ipc, r.pages)
-		g.mu.Lock()
-		delete(g.refused, r.id)
-		g.mu.Unlock()
-		g.retire(r.id)
-		g.runsRetired.Add(1)
-	}
 }
 
 // sweep checks whole published runs other than skip, round robin, until
