@@ -112,19 +112,19 @@ class OpDesc(ctypes.Structure):
 # The hot path packs a gosym_op_desc with struct (one call, ~2x cheaper than
 # filling an OpDesc field by field); native alignment reproduces the C layout,
 # which the check below pins to the Structure above.
-_DESC = struct.Struct("@IiiidiiqQQQPPiiQii")
-if _DESC.size != ctypes.sizeof(OpDesc) or [
+DESC = struct.Struct("@IiiidiiqQQQPPiiQii")
+if DESC.size != ctypes.sizeof(OpDesc) or [
     getattr(OpDesc, name).offset for name, _ in OpDesc._fields_
 ] != [0, 4, 8, 12, 16, 24, 28, 32, 40, 48, 56, 64, 72, 80, 84, 88, 96, 100]:
     raise ImportError("gosym: gosym_op_desc layout of this platform is not the one packed by _lib")
-DESC_SIZE = _DESC.size
+DESC_SIZE = DESC.size
 
 
 def pack_desc(op, dtype, red_op, scale, root, peer, tag, count, in_addr, out_addr,
               in_pieces, out_pieces, n_in, n_out, stream=0, device=-1):
     """A gosym_op_desc as bytes; pieces are addresses of arrays of (addr, count) uint64 pairs.
     device -1 is host memory; a CUDA op names its device ordinal and its CUstream."""
-    return _DESC.pack(DESC_SIZE, op, dtype, red_op, scale, root, peer, tag, count,
+    return DESC.pack(DESC_SIZE, op, dtype, red_op, scale, root, peer, tag, count,
                       in_addr, out_addr, in_pieces, out_pieces, n_in, n_out, stream, device, 0)
 
 

@@ -36,6 +36,8 @@ from ._dtypes import move_dtype, reduce_dtype, reduce_op
 from .work import Completer, CudaSideWork, _Op, cuda_work, work_of
 
 _pack = _lib.pack_desc
+_pack_raw = _lib.DESC.pack  # pack_desc's struct, for the one path that packs without it
+_DESC_SIZE = _lib.DESC_SIZE
 _post = _lib.post
 _run = _lib.run
 _STREAM_AT = _lib.STREAM_AT
@@ -126,6 +128,16 @@ def _dst(t, cb, init):
     tmp = t.contiguous() if init else torch.empty_like(t, memory_format=torch.contiguous_format)
     cb.append((t, tmp))
     return tmp
+
+
+def _in_place_types(op, buf, opts):
+    """(dtype code, elements per torch element, GOSYM_RED_*, scale) of op (a reduction, or
+    a broadcast) in place on buf."""
+    if op == _lib.OP_BROADCAST:
+        code, mult = move_dtype(buf)
+        return code, mult, 0, 1.0
+    red, scale = reduce_op(opts.reduceOp)
+    return reduce_dtype(buf), 1, red, scale
 
 
 def _one(seq, what):
@@ -363,21 +375,28 @@ class ProcessGroupGosym(dist.ProcessGroup):
         tensor, checked by the caller), else what _dst makes of it."""
         cb = []
         buf = t if dense else _dst(t, cb, True)
-        if op == _lib.OP_BROADCAST:
-            (code, mult), red, scale = move_dtype(buf), 0, 1.0
-        else:
-            code, mult = reduce_dtype(buf), 1
-            red, scale = reduce_op(opts.reduceOp)
+        code, mult, red, scale = _in_place_types(op, buf, opts)
         a = buf.data_ptr()
         return (op, code, red, scale, root, 0, 0, buf.numel() * mult, a, a, 0, 0, 0, 0), buf, cb
 
     def _buffer_op(self, op, tensors, opts, root, what):
         """all_reduce, reduce (op a reduction) and broadcast: one tensor, in place. A dense
-        contiguous CUDA tensor, the common case, takes the short path: its desc is packed
-        with its stream at once and posted by one native call (small eager CUDA ops are
-        bound by the host, where every Python frame shows); the rest goes through _work."""
+        contiguous CUDA tensor takes a short path: its desc is packed with its stream at
+        once and posted by one native call (small eager CUDA ops are bound by the host,
+        where every Python frame shows). On the group's device with no CUDA send or
+        receive pending, the common case, that happens right here, with no further frame
+        (on 2xH200 the frames this skips cost ~0.5 us of a ~12 us dist.all_reduce); the
+        first op of a group goes through _cuda_now, the rest through _work."""
         t = _one(tensors, what)
         fast = t.__class__ is _Tensor and t.is_cuda and t.layout is _strided and t.is_contiguous()
+        if fast and not self._pending:
+            idx = t.get_device()
+            if idx == self._cuda:
+                code, mult, red, scale = _in_place_types(op, t, opts)
+                a, raw = t.data_ptr(), _raw_stream(idx)
+                _run(self._h, _pack_raw(_DESC_SIZE, op, code, red, scale, root, 0, 0, t.numel() * mult, a, a,
+                                        0, 0, 0, 0, raw, idx, 0))
+                return cuda_work(tensors, idx, raw) if opts.asyncOp else None
         fields, buf, cb = self._in_place(op, t, opts, root, fast)
         if not fast:
             return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
