@@ -81,12 +81,13 @@ func (e *Endpoint) exchangeFD(magic uint32, body []byte, fds []int, deadline tim
 			linkErr = err
 		}
 	}
+	first := append(slices.Clip(head), body...) // then continuations: head alone
 	for _, l := range e.mesh.Links {
 		if l == nil {
 			continue
 		}
-		msg, rest := append(slices.Clip(head), body...), fds
-		for first := true; first || len(rest) > 0; first, msg = false, head {
+		msg, rest := first, fds
+		for sent := false; !sent || len(rest) > 0; sent, msg = true, head {
 			n := min(len(rest), comm.MaxFDs)
 			if err := l.Send(msg, rest[:n], deadline); err != nil {
 				fail(err)
@@ -123,9 +124,7 @@ func recvFDX(l *comm.Link, magic uint32, r int, deadline time.Time) (fdxMsg, err
 	for want < 0 || len(m.fds) < want {
 		got, gfds, err := l.Recv(deadline)
 		m.fds = append(m.fds, gfds...)
-		if err == nil && (len(got) < fdxHeader || want >= 0 && len(got) != fdxHeader || le.Uint32(got) != magic || le.Uint32(got[4:]) != 1 ||
-			int(le.Uint32(got[8:])) != r || want >= 0 && int(le.Uint32(got[12:])) != want ||
-			int(le.Uint32(got[12:])) > fdxMaxFDs || len(m.fds) > int(le.Uint32(got[12:])) || want >= 0 && len(gfds) == 0) {
+		if err == nil && !fdxWellFormed(got, len(gfds), len(m.fds), magic, r, want) {
 			err = fmt.Errorf("rank %d sent a malformed announcement (%d bytes, %d fds)", r, len(got), len(gfds))
 		}
 		if err != nil {
@@ -138,6 +137,26 @@ func recvFDX(l *comm.Link, magic uint32, r int, deadline time.Time) (fdxMsg, err
 	}
 	m.ok = want > 0
 	return m, nil
+}
+
+// fdxWellFormed says whether got, which brought n fds (have so far), is a
+// message of rank r's announcement: its first (want < 0) or a continuation
+// of one announcing want fds.
+func fdxWellFormed(got []byte, n, have int, magic uint32, r, want int) bool {
+	le := binary.LittleEndian
+	if len(got) < fdxHeader {
+		return false
+	}
+	total := int(le.Uint32(got[12:]))
+	switch {
+	case le.Uint32(got) != magic || le.Uint32(got[4:]) != 1 || int(le.Uint32(got[8:])) != r:
+		return false
+	case total > fdxMaxFDs || have > total:
+		return false
+	case want < 0:
+		return true
+	}
+	return len(got) == fdxHeader && total == want && n > 0
 }
 
 // gpuVMMMagic marks the fd exchange that binds fresh VMM memory to a group

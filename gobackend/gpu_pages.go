@@ -77,19 +77,28 @@ func (r *pageRun) sizes() []uintptr {
 	return out
 }
 
-// agrees says whether the pages walked from base match the run's wherever
-// the two overlap.
-func (r *pageRun) agrees(base uintptr, pages []gpuPage) bool {
-	at := map[uintptr]gpuPage{}
-	a := base
+// walked is pages walked from an address, by address, over [base, end).
+type walked struct {
+	base, end uintptr
+	at        map[uintptr]gpuPage
+}
+
+func walkedFrom(base uintptr, pages []gpuPage) walked {
+	w := walked{base: base, end: base, at: make(map[uintptr]gpuPage, len(pages))}
 	for _, p := range pages {
-		at[a] = p
-		a += p.size
+		w.at[w.end] = p
+		w.end += p.size
 	}
-	end, b := a, r.base
+	return w
+}
+
+// agrees says whether the walked pages match the run's wherever the two
+// overlap.
+func (r *pageRun) agrees(w walked) bool {
+	b := r.base
 	for _, p := range r.pages {
-		if b+p.size > base && b < end {
-			if q, ok := at[b]; !ok || q != p {
+		if b+p.size > w.base && b < w.end {
+			if q, ok := w.at[b]; !ok || q != p {
 				return false
 			}
 		}
@@ -225,10 +234,11 @@ func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pag
 	for _, p := range pages {
 		size += p.size
 	}
+	w := walkedFrom(base, pages)
 	g.mu.Lock()
 	var stale []*pageRun
 	for _, r := range g.runs {
-		if !r.agrees(base, pages) {
+		if !r.agrees(w) {
 			stale = append(stale, r)
 		}
 	}
