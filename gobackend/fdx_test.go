@@ -1,6 +1,7 @@
 package gobackend
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"testing"
@@ -85,4 +86,37 @@ func TestSwapFDTooMany(t *testing.T) {
 	eps := group(t, 2, 10*time.Second)
 	_, _, err := eps[0].swapFD(nil, make([]int, fdxMaxFDs+1), time.Now().Add(time.Second))
 	require.ErrorContains(t, err, "at most")
+}
+
+// TestFDXWellFormed: the receiver's check of each message of an
+// announcement (rank 2's, magic 7): header, sender, counts, continuations.
+func TestFDXWellFormed(t *testing.T) {
+	msg := func(magic, version, rank, total uint32, body int) []byte {
+		b := make([]byte, fdxHeader+body)
+		for i, v := range []uint32{magic, version, rank, total} {
+			binary.LittleEndian.PutUint32(b[4*i:], v)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		name          string
+		got           []byte
+		n, have, want int
+		ok            bool
+	}{
+		{"first, with a body", msg(7, 1, 2, 20, 5), 16, 16, -1, true},
+		{"first, no fds", msg(7, 1, 2, 0, 0), 0, 0, -1, true},
+		{"short", msg(7, 1, 2, 0, 0)[:fdxHeader-1], 0, 0, -1, false},
+		{"other magic", msg(8, 1, 2, 0, 0), 0, 0, -1, false},
+		{"other version", msg(7, 2, 2, 0, 0), 0, 0, -1, false},
+		{"other sender", msg(7, 1, 1, 0, 0), 0, 0, -1, false},
+		{"more fds than announced", msg(7, 1, 2, 3, 0), 4, 4, -1, false},
+		{"over the limit", msg(7, 1, 2, fdxMaxFDs+1, 0), 16, 16, -1, false},
+		{"continuation", msg(7, 1, 2, 20, 0), 4, 20, 20, true},
+		{"continuation with a body", msg(7, 1, 2, 20, 1), 4, 20, 20, false},
+		{"continuation, another total", msg(7, 1, 2, 21, 0), 4, 20, 20, false},
+		{"continuation with no fd", msg(7, 1, 2, 20, 0), 0, 16, 20, false},
+	} {
+		assert.Equal(t, c.ok, fdxWellFormed(c.got, c.n, c.have, 7, 2, c.want), c.name)
+	}
 }
