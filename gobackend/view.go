@@ -13,8 +13,10 @@ package gobackend
 // host regions (gosym.empty on CPU: memfds mapped MAP_FIXED side by side).
 //
 // Views are cached per group by (buffer, offset) and reference-counted: the
-// same buffer gives the same mapping while any holder keeps it; the last
-// release unmaps it. A view's mappings keep the memory alive on their own,
+// same buffer gives the same mapping while every rank keeps its view; when
+// one rank lacks it, every rank maps afresh (that rank's buffer may be
+// another now), and a replaced view stays valid for its holders. The last
+// release unmaps a view. A view's mappings keep the memory alive on their own,
 // so a buffer freed while viewed stays readable through the view. Every
 // call is collective (one host round when every rank has the view cached),
 // so ranks whose caches differ stay in step.
@@ -88,31 +90,39 @@ func (e *Endpoint) ContiguousView(src viewSource, off uintptr) (*View, error) {
 	key := viewKey{src, off}
 	var out *View
 	err := e.runTask("contiguous_view", func(who symm.Who, deadline time.Time) error {
+		// The cached view is pinned: a Release while this task waits for the
+		// peers must not unmap it.
 		e.views.mu.Lock()
 		have := e.views.m[key]
+		if have != nil {
+			have.refs++
+		}
 		e.views.mu.Unlock()
+		unpin := func() {
+			if have != nil {
+				have.Release()
+			}
+		}
 		// Every rank must take the same path: agree whether all have it.
 		lacking, err := e.agreeAll(have != nil, who, deadline)
 		if err != nil {
+			unpin()
 			return err
 		}
 		if len(lacking) > 0 {
 			v, err := e.makeView(key, who, deadline)
+			unpin()
 			if err != nil {
 				return err
 			}
-			if have == nil {
-				have = v
-			} else { // this rank's own is still alive: keep it (the peers needed the exchange)
-				v.unmapOnce()
-			}
+			have = v // a peer's row may differ from the cached view's
+			have.refs++
 		}
 		e.views.mu.Lock()
 		if e.views.m == nil {
 			e.views.m = map[viewKey]*View{}
 		}
 		e.views.m[key] = have
-		have.refs++
 		e.views.mu.Unlock()
 		out = have
 		return nil
@@ -157,7 +167,10 @@ func (e *Endpoint) makeView(key viewKey, who symm.Who, deadline time.Time) (*Vie
 		}
 	}
 	if local == nil {
-		v.va, v.undo, local = src.mapRows(e.Rank, fds)
+		va, undo, err := src.mapRows(e.Rank, fds)
+		if local = err; err == nil {
+			v.va, v.undo = va, undo
+		}
 	}
 	failed, err := e.agreeAll(local == nil, who, deadline)
 	if err != nil || len(failed) > 0 {

@@ -1,12 +1,14 @@
 package gobackend
 
 import (
+	"errors"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
@@ -108,4 +110,142 @@ func TestContiguousViewOfHostRegions(t *testing.T) {
 		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
 	}))
 	require.Equal(t, float32(3), bufs[0][0])
+}
+
+// namedSource is a view source whose fd is a memfd holding its name; its
+// mapRows records, per made-up address, the names of the rows it mapped
+// (the views' bookkeeping, not their memory, is under test).
+type namedSource struct {
+	name    string
+	failMap bool
+	maps    *namedMaps
+}
+
+type namedMaps struct {
+	mu       sync.Mutex
+	next     uintptr
+	rows     map[uintptr][]string
+	unmapped map[uintptr]int
+}
+
+func newNamedMaps() *namedMaps {
+	return &namedMaps{next: 0x100000, rows: map[uintptr][]string{}, unmapped: map[uintptr]int{}}
+}
+
+func (s *namedSource) rowBytes() uintptr { return 4096 }
+func (s *namedSource) origin() uintptr   { return 0 }
+func (s *namedSource) idle()             {}
+func (s *namedSource) device() int       { return -1 }
+
+func (s *namedSource) exportFD() (int, error) {
+	fd, err := unix.MemfdCreate("gosym-test-view", unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, err
+	}
+	_, err = unix.Pwrite(fd, []byte(s.name), 0)
+	return fd, err
+}
+
+func (s *namedSource) mapRows(rank int, fds []int) (uintptr, func(), error) {
+	if s.failMap {
+		return 0, nil, errors.New("import failed") // as the real sources fail: no undo
+	}
+	rows := make([]string, len(fds))
+	for r, fd := range fds {
+		rows[r] = s.name
+		if r != rank {
+			b := make([]byte, 16)
+			n, err := unix.Pread(fd, b, 0)
+			if err != nil {
+				return 0, nil, err
+			}
+			rows[r] = string(b[:n])
+		}
+	}
+	m := s.maps
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.next += 0x10000
+	va := m.next
+	m.rows[va] = rows
+	return va, func() { m.mu.Lock(); m.unmapped[va]++; m.mu.Unlock() }, nil
+}
+
+func (m *namedMaps) of(v *View) (rows []string, unmapped int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rows[v.va], m.unmapped[v.va]
+}
+
+// A rank that cannot map its view fails it on every rank alike, as an
+// error (not a crash on the undo its failed mapping never made).
+func TestContiguousViewMapFailureIsAgreed(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	m := newNamedMaps()
+	_, errs := viewAll(eps, []viewSource{&namedSource{name: "a0", maps: m}, &namedSource{name: "a1", failMap: true, maps: m}}, 0)
+	for r, err := range errs {
+		require.Equal(t, status.NotSupported, status.CodeOf(err), "rank %d: %v", r, err)
+	}
+}
+
+// Rank 1 released its view and views another buffer while rank 0 still
+// holds its view of the same buffer as before: both ranks' new views show
+// rank 1's new buffer in row 1, and rank 0's old view stays mapped for its
+// holder.
+func TestContiguousViewRemapsWhenAPeerLacksIt(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	m := newNamedMaps()
+	a0, a1, b1 := &namedSource{name: "a0", maps: m}, &namedSource{name: "a1", maps: m}, &namedSource{name: "b1", maps: m}
+	vs, errs := viewAll(eps, []viewSource{a0, a1}, 0)
+	require.Equal(t, []error{nil, nil}, errs)
+	vs[1].Release()
+	again, errs := viewAll(eps, []viewSource{a0, b1}, 0)
+	require.Equal(t, []error{nil, nil}, errs)
+	for r, v := range again {
+		rows, _ := m.of(v)
+		require.Equal(t, []string{"a0", "b1"}, rows, "rank %d's view", r)
+	}
+	rows, unmapped := m.of(vs[0])
+	require.Equal(t, []string{"a0", "a1"}, rows)
+	require.Zero(t, unmapped, "rank 0's old view is still held")
+	vs[0].Release()
+	_, unmapped = m.of(vs[0])
+	require.Equal(t, 1, unmapped)
+	for _, v := range again {
+		v.Release()
+		_, unmapped = m.of(v)
+		require.Equal(t, 1, unmapped)
+	}
+}
+
+// A Release of the last reference while rank 0's ContiguousView of the
+// same buffer waits for its peer: the view rank 0 gets is mapped. (Should
+// rank 0 reach the agreement only after the Release, it maps afresh; the
+// assertions hold either way.)
+func TestContiguousViewReleaseWhileWaiting(t *testing.T) {
+	eps := group(t, 2, 10*time.Second)
+	m := newNamedMaps()
+	a0, a1 := &namedSource{name: "a0", maps: m}, &namedSource{name: "a1", maps: m}
+	vs, errs := viewAll(eps, []viewSource{a0, a1}, 0)
+	require.Equal(t, []error{nil, nil}, errs)
+	var got *View
+	var err0 error
+	done := make(chan struct{})
+	go func() { got, err0 = eps[0].ContiguousView(a0, 0); close(done) }()
+	time.Sleep(200 * time.Millisecond) // rank 0 waits for rank 1 in the agreement
+	vs[0].Release()
+	v1, err1 := eps[1].ContiguousView(a1, 0)
+	<-done
+	require.NoError(t, err0)
+	require.NoError(t, err1)
+	_, unmapped := m.of(got)
+	require.Zero(t, unmapped, "rank 0 got a view that is unmapped")
+	got.Release()
+	v1.Release()
+	vs[1].Release()
+	for _, ep := range eps {
+		ep.views.mu.Lock()
+		require.Empty(t, ep.views.m)
+		ep.views.mu.Unlock()
+	}
 }
