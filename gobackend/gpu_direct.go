@@ -261,6 +261,9 @@ func (s *gpuSide) pagedRecord(rg *gpuRegion, lo, n uintptr, why error) *pageRun 
 	rg.flags, rg.id, rg.base, rg.size = recOK|recRegistered|recVMM, r.id, r.base, r.size
 	if bound {
 		rg.flags |= recBound
+		if s.capturing {
+			s.reg.captureRun(r)
+		}
 	} else {
 		s.run = r
 	}

@@ -25,6 +25,12 @@ package gobackend
 // publish a new run. A few pages of the other runs are checked per op
 // (gpuSweepPages), so pages torch gave back (empty_cache) are released
 // within a few direct ops rather than held for the group's life.
+//
+// A run that a captured op read is never retired: a CUDA graph replays
+// the peers' reads of their mappings of it at any time, and its buffers
+// may lie in pages that stay while others in the run go. Once it changes
+// it is unpublished (no later op finds it) but kept, its pages retained
+// and the peers' mappings open, until the group goes.
 
 import (
 	"encoding/binary"
@@ -66,6 +72,7 @@ type pageRun struct {
 	base, size uintptr
 	pages      []gpuPage
 	bound      bool // every rank maps it
+	captured   bool // a captured op read it: kept, never retired
 }
 
 // sizes are the run's page sizes, as its binding announces them.
@@ -198,18 +205,26 @@ func (g *gpuReg) published(ipc gpuIPC, lo, n uintptr) *pageRun {
 }
 
 // drop unpublishes the runs, releases their pages and retires their ids:
-// the peers drop their mappings at their next round.
+// the peers drop their mappings at their next round. Runs a captured op
+// read are kept instead, pages and mappings, until the group goes.
 func (g *gpuReg) drop(ipc gpuIPC, runs []*pageRun) {
 	if len(runs) == 0 {
 		return
 	}
 	g.mu.Lock()
 	g.runs = slices.DeleteFunc(g.runs, func(r *pageRun) bool { return slices.Contains(runs, r) })
+	var retire []*pageRun
 	for _, r := range runs {
 		delete(g.refused, r.id)
+		if r.captured {
+			g.kept = append(g.kept, r)
+		} else {
+			retire = append(retire, r)
+		}
 	}
 	g.mu.Unlock()
-	for _, r := range runs {
+	g.runsKept.Add(int64(len(runs) - len(retire)))
+	for _, r := range retire {
 		releasePages(ipc, r.pages)
 		g.retire(r.id)
 		g.runsRetired.Add(1)
@@ -288,6 +303,13 @@ func (g *gpuReg) bindRun(r *pageRun) {
 	g.mu.Unlock()
 }
 
+// captureRun records that a captured op reads run r.
+func (g *gpuReg) captureRun(r *pageRun) {
+	g.mu.Lock()
+	r.captured = true
+	g.mu.Unlock()
+}
+
 // runBound says whether run r is bound.
 func (g *gpuReg) runBound(r *pageRun) bool {
 	g.mu.Lock()
@@ -295,12 +317,12 @@ func (g *gpuReg) runBound(r *pageRun) bool {
 	return r.bound
 }
 
-// closeRuns releases every run's pages (the group goes; its peers close
-// their mappings themselves).
+// closeRuns releases every run's pages, kept ones too (the group goes;
+// its peers close their mappings themselves).
 func (g *gpuReg) closeRuns(ipc gpuIPC) {
 	g.mu.Lock()
-	runs := g.runs
-	g.runs = nil
+	runs := append(g.runs, g.kept...)
+	g.runs, g.kept = nil, nil
 	g.mu.Unlock()
 	for _, r := range runs {
 		releasePages(ipc, r.pages)

@@ -266,6 +266,47 @@ func TestGPUPagedRunSweep(t *testing.T) {
 	closeAndCheck(t, ranks)
 }
 
+// TestGPUPagedRunCaptured: a bound run of pages 0-2 serves a captured op
+// on page 0 alone (the graph bakes in the peers' mappings). Torch then
+// gives back page 2, which the graph does not use: the sweep unpublishes
+// the run but keeps it, so the mapping a replay reads stays open and its
+// pages stay retained; the next op on page 0 publishes a new run, and the
+// group's end releases the kept one.
+func TestGPUPagedRunCaptured(t *testing.T) {
+	ranks, _ := pagedGroup(t, 2, 8)
+	at := func(page int) []uintptr { return []uintptr{ranks[0].pages[page].base, ranks[1].pages[page].base} }
+	capture := func(on bool) {
+		for _, f := range ranks {
+			f.capturing = on
+		}
+	}
+	res, _ := runPaged(ranks, at(0), 5<<20) // pages 0-2: the run binds
+	checkPaged(t, ranks, res, at(0), 5<<20)
+	capture(true)
+	res, rounds := runPaged(ranks, at(0), 1<<20)
+	require.True(t, res[0].ok && res[1].ok)
+	assert.Equal(t, 1, rounds, "the bound run goes direct under capture")
+	replayed := res[0].peers.at(1, at(0)[1])
+	capture(false)
+	ranks[1].unmapPage(2)
+	res, _ = runPaged(ranks, at(4), 1<<20) // another buffer: its sweep finds the change
+	checkPaged(t, ranks, res, at(4), 1<<20)
+	assert.Equal(t, int64(1), regStats(ranks[1].reg)["gpu_page_runs_kept"])
+	assert.Equal(t, int64(0), regStats(ranks[1].reg)["gpu_page_runs_retired"])
+	assert.Equal(t, int64(0), regStats(ranks[0].reg)["gpu_peer_map_dropped"])
+	ranks[0].mu.Lock()
+	_, open := ranks[0].parts[replayed]
+	ranks[0].mu.Unlock()
+	assert.True(t, open, "the mapping the graph reads stays open")
+	assert.Equal(t, 4, ranks[1].held(), "the kept run's 3 pages and page 4's run")
+	res, rounds = runPaged(ranks, at(0), 1<<20) // eager again: rank 1 publishes a new run of page 0
+	require.True(t, res[0].ok && res[1].ok)
+	assert.Equal(t, 2, rounds, "the new run votes")
+	assert.NotEqual(t, replayed, res[0].peers.at(1, at(0)[1]), "read through the new run's mapping")
+	assert.Equal(t, int64(3), regStats(ranks[1].reg)["gpu_page_runs_made"])
+	closeAndCheck(t, ranks)
+}
+
 // TestGPUPagedRunLimits: a run of more pages than a binding may send, a
 // fresh run under graph capture, and a failed export all stage on every
 // rank and leave nothing retained; a refused run is not offered again.

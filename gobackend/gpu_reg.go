@@ -266,6 +266,7 @@ type gpuReg struct {
 	pending []peerMapping             // dropped mappings to close once the device is idle
 	closed  bool
 	runs    []*pageRun // this rank's runs of paged memory published to the group (gpu_pages.go)
+	kept    []*pageRun // changed runs a captured op read: unpublished, held until the group goes
 	nextRun uint64
 	sweepAt int
 
@@ -273,6 +274,7 @@ type gpuReg struct {
 	hits, misses, dropped     atomic.Int64 // the registered peer mappings
 	regOps                    atomic.Int64 // direct ops on registered memory only
 	runsMade, runsRetired     atomic.Int64 // this rank's runs of paged memory
+	runsKept                  atomic.Int64
 }
 
 type gpuIPCKey struct {
@@ -493,4 +495,5 @@ func (g *gpuReg) stats(m map[string]any) {
 	m["gpu_reg_direct_ops"] = g.regOps.Load()
 	m["gpu_page_runs_made"] = g.runsMade.Load()
 	m["gpu_page_runs_retired"] = g.runsRetired.Load()
+	m["gpu_page_runs_kept"] = g.runsKept.Load()
 }
