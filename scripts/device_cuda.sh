@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned]
+# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -165,6 +165,10 @@ for s in "${steps[@]}"; do
 				--backends gosym,nccl --sizes 1K,4K,64K,1M --target-time 0.1 --no-check \
 				--json "$out/pinned-$pin-$RANDOM.json" 2>&1 | tail -6
 		done ;;
+	host)
+		echo "== host cost per call: torch's dispatch to a C++ backend against a Python one (no GPU used), then gosym's layers"
+		timeout 100 python3 scripts/probe_dispatch.py --json "$out/dispatch.json" 2>&1
+		timeout 200 torchrun --nproc-per-node 2 scripts/cuda_overhead.py --json "$out/overhead.json" 2>&1 | grep " us$" ;;
 	graph)
 		echo "== bench graph"
 		timeout 300 python3 -m gosym.bench --device cuda --ops all_reduce --cuda-graph 10 \
