@@ -309,6 +309,10 @@ type gpuConfig struct {
 	// GOSYM_GPU_MOVE_DIRECT_MIN: the same for broadcast and all_gather,
 	// which read one buffer per peer and save a whole staging copy
 	moveDirectMin int
+	// GOSYM_GPU_A2AV_DIRECT_MIN: the same for all_to_all whose splits
+	// differ, which agrees on them on the host anyway, so reading in
+	// place costs it one round less than it costs the others
+	a2avDirectMin int
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
 	captureDirectMin int
@@ -338,6 +342,9 @@ func gpuConfigFromEnv() gpuConfig {
 		directMin:   envInt("GOSYM_GPU_DIRECT_MIN", 8<<20),
 		// Measured on 2×H200: direct wins at 4 MiB (docs/ARCHITECTURE.md).
 		moveDirectMin: envInt("GOSYM_GPU_MOVE_DIRECT_MIN", 4<<20),
+		// Measured on 2×H200: direct wins from 4 MiB, not at 1 MiB
+		// (docs/ARCHITECTURE.md, "The direct path").
+		a2avDirectMin: envInt("GOSYM_GPU_A2AV_DIRECT_MIN", 2<<20),
 		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
 		captureDirectMin: envInt("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1),
 		regMin:           envInt("GOSYM_GPU_REG_DIRECT_MIN", 1<<20),

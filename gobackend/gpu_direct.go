@@ -633,7 +633,9 @@ func (t *gpuTeam) allToAllRegistered(op *Op, n uintptr) bool {
 }
 
 // allToAllRecord is this rank's record for an all_to_all whose largest own
-// piece has localMax bytes: the driver is asked only from directMin.
+// piece has localMax bytes: the driver is asked only from the lower
+// threshold of allToAllDirectMin (whether the splits differ anywhere is
+// known after the agreement).
 func (t *gpuTeam) allToAllRecord(sd *gpuSide, op *Op, localMax uintptr) []byte {
 	es := uintptr(op.DType.Size())
 	spans := make([]gpuSpan, len(op.InPieces))
@@ -641,19 +643,29 @@ func (t *gpuTeam) allToAllRecord(sd *gpuSide, op *Op, localMax uintptr) []byte {
 		spans[r] = gpuSpan{pc.Addr, uintptr(pc.Count) * es}
 	}
 	lo, n := hull(spans)
-	return sd.record(lo, n, int(localMax) >= t.directMin(op))
+	return sd.record(lo, n, int(localMax) >= t.allToAllDirectMin(op, true))
+}
+
+// allToAllDirectMin is the longest piece from which an all_to_all reads
+// the peers' inputs in place: lower when the splits differ (skewed), since
+// that op pays the agreement round whichever path it takes.
+func (t *gpuTeam) allToAllDirectMin(op *Op, skewed bool) int {
+	if skewed {
+		return min(t.directMin(op), t.cfg.a2avDirectMin)
+	}
+	return t.directMin(op)
 }
 
 // allToAllDirect runs an all_to_all on the peers' inputs by the agreed
 // metas (per rank: 2*world split counts, the record, world piece
-// addresses); longest is the longest piece of all. done is false when it
-// must stage.
-func (t *gpuTeam) allToAllDirect(sd *gpuSide, op *Op, s cuda.Stream, all [][]byte, longest uintptr, agree gpuAgree) (bool, error) {
+// addresses); longest is the longest piece of all, from dmin bytes it
+// reads any buffers in place. done is false when it must stage.
+func (t *gpuTeam) allToAllDirect(sd *gpuSide, op *Op, s cuda.Stream, all [][]byte, longest uintptr, dmin int, agree gpuAgree) (bool, error) {
 	w := t.world
 	le := binary.LittleEndian
 	mode := directNone
 	switch {
-	case int(longest) >= t.directMin(op):
+	case int(longest) >= dmin:
 		mode = directAny
 	case int(longest) >= t.cfg.regMin:
 		mode = directRegistered

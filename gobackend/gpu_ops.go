@@ -576,6 +576,7 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 		return err
 	}
 	var longest uintptr
+	skewed := false // the same on every rank: it reads every rank's splits
 	for i, m := range all {
 		if len(m) != len(meta) {
 			return status.Errorf(status.Mismatch, "gosym: %s: rank %d sent %d bytes of split sizes, this rank %d (different group sizes?)",
@@ -588,10 +589,11 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 					op.Who(), i, sends, j, expects)
 			}
 			longest = max(longest, uintptr(sends)*es)
+			skewed = skewed || sends != le.Uint64(all[0])
 		}
 	}
 	if w > 1 {
-		if done, err := t.allToAllDirect(sd, op, s, all, longest, agree); done || err != nil {
+		if done, err := t.allToAllDirect(sd, op, s, all, longest, t.allToAllDirectMin(op, skewed), agree); done || err != nil {
 			return err
 		}
 	}

@@ -198,7 +198,8 @@ func TestGPUConfigLLAndDirectCopy(t *testing.T) {
 // Each kind's direct-path threshold: all_reduce from where it runs
 // two-shot, broadcast and all_gather from moveDirectMin, the rest from
 // directMin; under capture all_reduce and reduce_scatter from
-// captureDirectMin. None is ever above directMin.
+// captureDirectMin; all_to_all with splits that differ from a2avDirectMin.
+// None is ever above directMin.
 func TestGPUDirectMinByKind(t *testing.T) {
 	cfg := gpuConfigFromEnv()
 	require.Equal(t, 8<<20, cfg.directMin)
@@ -218,11 +219,21 @@ func TestGPUDirectMinByKind(t *testing.T) {
 			require.Equal(t, w[i], tm.directMin(&Op{Kind: kind}), "%v, capturing %v", kind, capturing)
 		}
 	}
+	// all_to_all whose splits differ: from a2avDirectMin, captured or not
+	require.Equal(t, 2<<20, cfg.a2avDirectMin)
+	tm.cfg.a2avDirectMin = 2 << 20
+	a2a := &Op{Kind: coll.AllToAll}
+	for _, capturing := range []bool{false, true} {
+		tm.capturing = capturing
+		require.Equal(t, 2<<20, tm.allToAllDirectMin(a2a, true))
+		require.Equal(t, 8<<20, tm.allToAllDirectMin(a2a, false), "equal splits: directMin")
+	}
 	tm.cfg.directMin = 1 << 20 // a lower directMin wins over every kind's own
 	tm.capturing = false
 	for kind := range want {
 		require.LessOrEqual(t, tm.directMin(&Op{Kind: kind}), 1<<20, "%v", kind)
 	}
+	require.Equal(t, 1<<20, tm.allToAllDirectMin(a2a, true))
 }
 
 // gs_llmove's parameters on every rank of groups of 2 to 4 fit together:
