@@ -164,7 +164,8 @@ def test_cuda_expandable_segments(tmp_path):
     """torch's expandable segments (paged VMM memory, no legacy IPC handle): every op x size vs
     NCCL, large ops (and mem_map'ed ones from 1 MiB) direct on runs of pages published once and
     reused; freed pages given back
-    to the driver and remapped: right results, old runs retired, the peers' mappings dropped."""
+    to the driver and remapped: right results, old runs retired, the peers' mappings dropped;
+    a CUDA graph that read a run replays right after the run's other pages went (kept)."""
     if cuda_device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
     job = run_torchrun("cuda_paged_worker", 2, ["--timeout", 120], timeout=600, outdir=tmp_path / "out", env={
@@ -173,9 +174,10 @@ def test_cuda_expandable_segments(tmp_path):
     job.assert_ok()
     r0, r1 = job.results
     for r in (r0, r1):
-        assert r["info"]["parts_done"] == ["segments", "collectives", "registered", "churn"], r["info"]
+        assert r["info"]["parts_done"] == ["segments", "collectives", "registered", "churn", "captured"], r["info"]
     assert r0["passed"] >= 100, "the worker ran suspiciously few checks"
     print("churn:", r0["info"]["churn"], r1["info"]["churn"])
+    print("captured:", r0["info"]["captured_shares_run"], r0["info"]["captured"], r1["info"]["captured"])
 
 
 @pytest.mark.gpu

@@ -19,7 +19,11 @@ Parts (each records itself in info["parts_done"] when it ran to its end):
   GOSYM_GPU_DIRECT_MIN, against NCCL bitwise;
 - churn: buffers of changing sizes are all_reduced, freed and given back to the driver
   (empty_cache) five times over, so torch maps new pages where old runs were: every
-  result right (a stale mapping would read the old pages), and the old runs retired.
+  result right (a stale mapping would read the old pages), and the old runs retired;
+- captured: a CUDA graph captures an all_reduce of a tensor in the first page of a run
+  that a larger tensor's op bound; the larger tensor is freed, its pages go back to the
+  driver, new buffers are all_reduced over the same addresses, and the graph replays
+  right: the run was kept (pages held, the peers' mappings open), not retired.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from cuda_worker import _input, _reference
 import gosym
 
 KEYS = ("gpu_direct_ops", "gpu_page_runs_made", "gpu_page_runs_retired", "gpu_peer_map_hits",
-        "gpu_peer_map_misses", "gpu_peer_map_dropped")
+        "gpu_peer_map_misses", "gpu_peer_map_dropped", "gpu_page_runs_kept")
 DIRECT_MIN = 8 << 20
 # Elements per rank (float32): 1 MiB (staged), 8 MiB + 5, 48 MiB + 3 (several 20 MiB pages).
 SIZES = [1 << 18, DIRECT_MIN // 4 + 5, (48 << 20) // 4 + 3]
@@ -125,6 +129,51 @@ def churn(ck, rank, world, dev):
     ck.check("churn: the peers dropped old mappings", d["gpu_peer_map_dropped"] >= 1, str(d))
 
 
+def captured(ck, rank, world, dev):
+    small, large = (4 << 20) // 4 + 1, (44 << 20) // 4  # elements: the large spans 3 pages
+
+    def fresh(case, n):
+        mine = _input(case, rank, n, torch.float32, "SUM", dev)
+        return mine, _reference([_input(case, r, n, torch.float32, "SUM", dev) for r in range(world)],
+                                "SUM", world)
+
+    x = torch.empty(small, device=dev)  # first: the large one lies after it, from the same page
+    big = torch.empty(large, device=dev)
+    big.copy_(fresh("captured/big", large)[0])
+    dist.all_reduce(big)  # binds a run of the pages from x's
+    before = stats()
+    x.copy_(fresh("captured/warm", small)[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dist.all_reduce(x)  # warm-up, outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    shared = delta(before, stats())["gpu_page_runs_made"] == 0  # x found the large one's run
+    ck.info["captured_shares_run"] = shared
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dist.all_reduce(x)
+    del big
+    gc.collect()
+    torch.cuda.empty_cache()  # the large tensor's pages go back, x's first page stays
+    for i in range(3):  # new pages at the same addresses: their runs retire or keep the old one
+        y = torch.empty(large + i, device=dev)
+        y.copy_(fresh(f"captured/y{i}", large + i)[0])
+        dist.all_reduce(y)
+        del y
+    for k in range(3):
+        mine, exp = fresh(f"captured/replay{k}", small)
+        x.copy_(mine)
+        g.replay()
+        torch.cuda.synchronize()
+        why = wc.compare(x, exp)
+        ck.check(f"captured: replay {k} right after the run's other pages went", why is None, why or "")
+    d = delta(before, stats())
+    ck.info["captured"] = d
+    if shared:
+        ck.check("captured: the run a graph reads was kept, not retired", d["gpu_page_runs_kept"] >= 1, str(d))
+
+
 def main():
     args = wc.setup()
     rank, world, dev, nccl = wc.init_cuda(args)
@@ -135,6 +184,7 @@ def main():
     part("collectives", collectives, nccl)
     part("registered", registered, nccl)
     part("churn", churn)
+    part("captured", captured)
     ck.info["stats"] = gosym.stats()
     wc.finish_cuda(ck, "cuda_paged")
 
