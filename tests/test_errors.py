@@ -81,6 +81,35 @@ def test_missing_rank_raises_on_survivors(scenario, outdir):
     assert not problems, "\n".join(problems) + f"\n--- output ---\n{res.tail(6000)}"
 
 
+def test_bystander_exit_spares_point_to_point(outdir):
+    """A rank that leaves does not fail receives between two others that are waiting for
+    each other (only the peer's exit fails a send or recv); a collective afterwards fails
+    promptly, naming the rank that left."""
+    res = run_torchrun("errors_worker", 3, ["--scenario", "bystander-exit", "--op-timeout", OP_TIMEOUT],
+                       timeout=120, outdir=outdir, launcher="spawn")
+    problems = []
+    for r in (0, 2):
+        x = res.results[r]
+        if x is None:
+            problems.append(f"rank {r}: no result (rc {res.rank_returncodes[r]})")
+            continue
+        if x["p2p"]["error"] is not None:
+            problems.append(f"rank {r}: send/recv failed: {x['p2p']['error']['message'][:300]}")
+        err = x["collective_after"]["error"]
+        if err is None:
+            problems.append(f"rank {r}: the all_reduce without rank 1 did not raise")
+        else:
+            if 1 not in ranks_named(err["message"]):
+                problems.append(f"rank {r}: the error does not name rank 1: {err['message'][:300]!r}")
+            if err["elapsed"] > OP_TIMEOUT + SLACK:
+                problems.append(f"rank {r}: raised after {err['elapsed']}s")
+        if res.rank_returncodes[r] != 0:
+            problems.append(f"rank {r}: exit status {res.rank_returncodes[r]}")
+    if res.results[0] is not None and res.results[0].get("got") != [[42.0] * 3, [43.0] * 3]:
+        problems.append(f"rank 0 received {res.results[0].get('got')}")
+    assert not problems, "\n".join(problems) + f"\n--- output ---\n{res.tail(6000)}"
+
+
 def test_mismatched_arguments_raise_promptly(outdir):
     """Disagreeing ranks: every rank raises a clear error, well before the group timeout."""
     op_timeout = 10.0

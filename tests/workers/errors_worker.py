@@ -8,6 +8,9 @@ Scenarios (--scenario):
   die-sigkill  the last rank SIGKILLs itself instead of joining an all_reduce
   die-exit     the last rank os._exit()s instead of joining
   die-during   the last rank is SIGKILLed while every rank loops on large all_reduces
+  bystander-exit  (3 ranks) rank 1 leaves while rank 2 sends to rank 0, which is already
+               waiting in its recv: the receives succeed; a collective afterwards fails
+               naming rank 1
   mismatch     ranks disagree on sizes/dtypes/ops, one fresh group per case
   local        every rank makes the same invalid call; the group must stay usable
   devices      like local, with tensors of one call on different devices (CUDA)
@@ -102,6 +105,43 @@ def missing_rank(args, rank, world) -> None:
             dist.all_reduce(big, group=g)
 
     res.update(attempt(loop))
+    teardown(res, g)
+
+
+def bystander_exit(args, rank, world) -> None:
+    assert world == 3, "bystander-exit is written for 3 ranks"
+    g = subgroup(args.op_timeout)
+    dist.barrier(group=g)
+    res = {"rank": rank}
+    wc.write_result(res)
+    if rank == 1:  # leaves cleanly at once: destroys its groups and exits
+        dist.destroy_process_group(g)
+        dist.destroy_process_group()
+        os._exit(0)
+    ack = torch.zeros(1)
+    if rank == 2:
+        time.sleep(1.0)  # rank 1 is gone by now, rank 0 waits in its first recv
+
+        def send2():
+            for i in range(2):
+                dist.send(torch.full((3,), 42.0 + i), dst=0, group=g)
+            dist.recv(ack, src=0, group=g)
+
+        res["p2p"] = attempt(send2)
+    else:
+        got = []
+
+        def recv2():
+            for _ in range(2):
+                t = torch.zeros(3)
+                dist.recv(t, src=2, group=g)
+                got.append(t.tolist())
+            dist.send(ack, dst=2, group=g)
+
+        res["p2p"] = attempt(recv2)
+        res["got"] = got
+    wc.write_result(res)
+    res["collective_after"] = attempt(lambda: dist.all_reduce(torch.ones(4), group=g))
     teardown(res, g)
 
 
@@ -205,6 +245,8 @@ def main():
     rank, world = wc.init(args.backend, args.timeout)
     if args.scenario in ("skip", "skip-recv", "die-sigkill", "die-exit", "die-during"):
         missing_rank(args, rank, world)
+    elif args.scenario == "bystander-exit":
+        bystander_exit(args, rank, world)
     elif args.scenario == "mismatch":
         mismatch(args, rank, world)
     elif args.scenario == "local":

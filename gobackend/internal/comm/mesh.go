@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -335,21 +334,22 @@ func (m *Mesh) openPidfds() {
 // Dead returns the peers whose process has exited, in rank order.
 func (m *Mesh) Dead() []int {
 	var dead []int
-	for r, fd := range m.pidfds {
-		if r == m.Rank {
-			continue
-		}
-		if fd >= 0 {
-			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			if n, _ := unix.Poll(pfd, 0); n > 0 && pfd[0].Revents != 0 {
-				dead = append(dead, r)
-			}
-		} else if unix.Kill(m.Peers[r].PID, 0) == unix.ESRCH {
+	for r := range m.pidfds {
+		if r != m.Rank && m.Exited(r) {
 			dead = append(dead, r)
 		}
 	}
-	sort.Ints(dead)
 	return dead
+}
+
+// Exited says whether peer r's process has exited.
+func (m *Mesh) Exited(r int) bool {
+	if fd := m.pidfds[r]; fd >= 0 {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(pfd, 0)
+		return n > 0 && pfd[0].Revents != 0
+	}
+	return unix.Kill(m.Peers[r].PID, 0) == unix.ESRCH
 }
 
 // Close closes every link and pidfd.

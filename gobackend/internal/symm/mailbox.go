@@ -31,7 +31,7 @@ func (t *Team) Box(s, d, half int) uintptr {
 // WaitBoxFree waits until this rank may fill its mailbox half for chunk k
 // to peer d.
 func (t *Team) WaitBoxFree(d int, k uint32, who Who, deadline time.Time) error {
-	return t.waitGE(d, t.ctrl[d].Word32(t.L.ackedOff(t.Rank)), k-2, who, deadline)
+	return t.waitGE(d, t.ctrl[d].Word32(t.L.ackedOff(t.Rank)), k-2, who, deadline, true)
 }
 
 // PostChunk publishes chunk k to peer d after its data was written to
@@ -49,7 +49,7 @@ func (t *Team) PostChunk(d int, k uint32, h ChunkHeader) {
 // WaitChunk waits for chunk k from peer s and returns its header; its data
 // is at Box(s, Rank, k&1) until AckChunk.
 func (t *Team) WaitChunk(s int, k uint32, who Who, deadline time.Time) (ChunkHeader, error) {
-	if err := t.waitGE(s, t.ctrl[s].Word32(t.L.sentOff(t.Rank)), k, who, deadline); err != nil {
+	if err := t.waitGE(s, t.ctrl[s].Word32(t.L.sentOff(t.Rank)), k, who, deadline, true); err != nil {
 		return ChunkHeader{}, err
 	}
 	b := t.ctrl[s].Bytes()[t.L.hdrOff(t.Rank, int(k&1)):]

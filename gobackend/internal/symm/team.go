@@ -249,7 +249,7 @@ func (t *Team) waitAll(off int, target uint32, who Who, deadline time.Time, what
 		if r == t.Rank {
 			continue
 		}
-		err := t.waitGE(r, t.ctrl[r].Word32(off), target, who, deadline)
+		err := t.waitGE(r, t.ctrl[r].Word32(off), target, who, deadline, false)
 		if err == nil {
 			continue
 		}
@@ -287,14 +287,28 @@ func (t *Team) wake(w *uint32) {
 	}
 }
 
+// exited is the ranks whose exit fails a wait for rank r (see waitGE).
+func (t *Team) exited(r int, pairwise bool) []int {
+	if !pairwise {
+		return t.Mesh.Dead()
+	}
+	if t.Mesh.Exited(r) {
+		return []int{r}
+	}
+	return nil
+}
+
 // sleepSlice bounds one futex sleep so that deadlines, dead peers and
 // closed endpoints are noticed promptly.
 const sleepSlice = 10 * time.Millisecond
 
 // waitGE waits until *w (a word in rank r's control region) reaches
 // target: it polls for t.Spin, then sleeps on the futex. It fails when the
-// deadline passes, r exits, or r closes its endpoint.
-func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Time) error {
+// deadline passes, r closes its endpoint, or a rank that the wait depends
+// on exits: r alone for a point-to-point wait (pairwise: no other rank
+// takes part), any peer for a collective's (a dead rank stops it wherever
+// it waits).
+func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Time, pairwise bool) error {
 	if ge(atomic.LoadUint32(w), target) {
 		return nil
 	}
@@ -335,7 +349,7 @@ func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Ti
 		if now.After(deadline) {
 			return status.Errorf(status.Timeout, "gosym: %s timed out waiting for rank %d", who, r)
 		}
-		if dead := t.Mesh.Dead(); len(dead) > 0 {
+		if dead := t.exited(r, pairwise); len(dead) > 0 {
 			return status.Errorf(status.Peer, "gosym: %s failed: ranks %v exited (rank %d waited for rank %d)", who, dead, t.Rank, r)
 		}
 		host.FutexWait(w, v, min(sleepSlice, deadline.Sub(now)))
