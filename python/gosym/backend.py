@@ -520,9 +520,10 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return desc, (src, bufs, arr), cb
 
     def allgather(self, output_tensors, input_tensors, opts=_AG):
-        desc, keep, cb = self._allgather_desc(_one(output_tensors, "all_gather"),
-                                              _one(input_tensors, "all_gather"))
-        return self._work(desc, output_tensors, keep, cb, opts.asyncOp)
+        outs = _one(output_tensors, "all_gather")
+        desc, keep, cb = self._allgather_desc(outs, _one(input_tensors, "all_gather"))
+        # The future's value is the gathered list, as gloo's (not the list of lists).
+        return self._work(desc, outs, keep, cb, opts.asyncOp)
 
     def allgather_coalesced(self, output_lists, input_list, opts=_AG):
         if len(output_lists) != len(input_list):
@@ -723,7 +724,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
             n_out = world
         desc = _pack(_lib.OP_GATHER, code, 0, 1.0, root, 0, 0, n * mult, src.data_ptr(), 0,
                      0, ap, 0, n_out)
-        return self._work(desc, output_tensors, (src, bufs, arr), cb, opts.asyncOp)
+        out = output_tensors[0] if self._rank == root else output_tensors  # as gloo's future
+        return self._work(desc, out, (src, bufs, arr), cb, opts.asyncOp)
 
     def scatter(self, output_tensors, input_tensors, opts=_SC):
         world = self._size

@@ -23,6 +23,7 @@ _ZERO = timedelta(0)
 # Reentrant: a Work can be garbage-collected (its __del__ submits its op)
 # while this thread is inside a locked section.
 _lock = threading.RLock()
+_CLOSE_JOIN_S = 30.0  # a completer's last settle, at endpoint destroy
 _DistBackendError = getattr(dist, "DistBackendError", RuntimeError)
 
 
@@ -197,9 +198,17 @@ class Completer:
             if self._closed:
                 return
             self._closed = True
-            running = self._thread is not None
-        if running:
-            self._q.put(None)
+            thread = self._thread
+        if thread is None:
+            return
+        self._q.put(None)
+        # Joined, so that no completer is still inside torch's Future.set_result (which
+        # drops and retakes the GIL) when the interpreter exits: a daemon thread that
+        # retakes the GIL during finalization is ended mid-frame, and torch's C++ aborts
+        # the process ("terminate called without an active exception"). The engine has
+        # failed every outstanding op by now, so the thread ends at once.
+        if thread is not threading.current_thread():
+            thread.join(_CLOSE_JOIN_S)
 
     def _loop(self):
         while True:

@@ -103,6 +103,31 @@ def futures(ck, rank, world):
     exp = torch.arange(world, dtype=torch.float32).repeat_interleave(3)
     ck.check("future/wait_all all_gather", bool((out == exp).all()), str(out.tolist()))
 
+    # all_gather's and gather's values are the gathered list itself, as gloo's
+    outs = [torch.full((3,), -1.0) for _ in range(world)]
+    val = dist.all_gather(outs, torch.full((3,), float(rank)), async_op=True).get_future().wait()
+    ck.check("future/all_gather value is the list", isinstance(val, list) and len(val) == world
+             and all(isinstance(v, torch.Tensor) and bool((v == r).all()) for r, v in enumerate(val)), repr(val))
+    got = [torch.full((3,), -1.0) for _ in range(world)] if rank == 0 else None
+    val = dist.gather(torch.full((3,), float(rank)), got, dst=0, async_op=True).get_future().wait()
+    if rank == 0:
+        ck.check("future/gather value is the list", isinstance(val, list) and len(val) == world
+                 and all(isinstance(v, torch.Tensor) and bool((v == r).all()) for r, v in enumerate(val)), repr(val))
+
+
+def completers_joined(ck, rank, world):
+    """A group's completer thread (it settles futures) is gone once the group is destroyed:
+    a daemon thread still inside torch's Future at interpreter exit aborts the process."""
+    g = dist.new_group()
+    for _ in range(3):
+        dist.all_reduce(torch.ones(4), group=g, async_op=True).get_future().wait()
+    name = f"gosym-completer-{g.group_name}"
+    ck.check("completers/started", any(t.name == name for t in threading.enumerate()),
+             str([t.name for t in threading.enumerate()]))
+    dist.destroy_process_group(g)
+    left = [t.name for t in threading.enumerate() if t.name == name]
+    ck.check("completers/joined at destroy", not left, str(left))
+
 
 def threads_run_while_waiting(ck, rank, world):
     """While rank 0 waits for a late peer, a Python thread of rank 0 keeps running."""
@@ -214,7 +239,7 @@ def main():
     rank, world = wc.init(args.backend, args.timeout)
     ck = wc.Checker(rank)
     for fn in (issue_order, wait_blocks, wait_timeout, futures, threads_run_while_waiting, deep_queue_alltoall, back_to_back,
-               two_groups_interleaved, sync_gets_no_work):
+               two_groups_interleaved, sync_gets_no_work, completers_joined):
         ck.run(fn.__name__, fn, ck, rank, world)
         dist.barrier()
     wc.print_summary(ck, "async")
