@@ -31,6 +31,27 @@ def reduce_dtype(t: torch.Tensor) -> int:
     return code
 
 
+# complex dtype -> its parts' dtype: SUM, AVG and PREMUL_SUM (a real factor) reduce the
+# real and imaginary parts apart, so such a reduction runs on the (real, imag) pairs.
+_COMPLEX_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def reduce_types(t: torch.Tensor, red: int) -> tuple[int, int]:
+    """(GOSYM_DTYPE_*, elements per torch element) of a reduction red (GOSYM_RED_*) over
+    t: complex tensors reduce as (real, imag) pairs where red allows it, as torch's own
+    all_reduce hands them over; TypeError for other dtypes and ops."""
+    code = DTYPES.get(t.dtype)
+    if code is not None:
+        return code, 1
+    parts = _COMPLEX_PARTS.get(t.dtype)
+    if parts is None:
+        return reduce_dtype(t), 1  # raises
+    if red not in _ELEMENTWISE:
+        raise TypeError(f"gosym: {_RED_NAMES[red]} is not defined on complex tensors ({t.dtype}); "
+                        "SUM, AVG and PREMUL_SUM are")
+    return DTYPES[parts], 2
+
+
 def move_dtype(t: torch.Tensor) -> tuple[int, int]:
     """(GOSYM_DTYPE_*, elements per torch element) for an op that only moves data.
 
@@ -49,6 +70,8 @@ def move_dtype(t: torch.Tensor) -> tuple[int, int]:
 _REDS = {int(v): _lib.RED[name] for name, v in dist.ReduceOp.RedOpType.__members__.items()
          if name in _lib.RED}
 _PREMUL = _lib.RED["PREMUL_SUM"]
+_ELEMENTWISE = {_lib.RED["SUM"], _lib.RED["AVG"], _PREMUL}
+_RED_NAMES = {code: name for name, code in _lib.RED.items()}
 
 
 def _hash_is_op() -> bool:

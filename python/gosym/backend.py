@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from . import _lib
-from ._dtypes import move_dtype, reduce_dtype, reduce_op
+from ._dtypes import move_dtype, reduce_op, reduce_types
 from .work import Completer, CudaSideWork, _Op, cuda_work, work_of
 
 _pack = _lib.pack_desc
@@ -137,7 +137,7 @@ def _in_place_types(op, buf, opts):
         code, mult = move_dtype(buf)
         return code, mult, 0, 1.0
     red, scale = reduce_op(opts.reduceOp)
-    return reduce_dtype(buf), 1, red, scale
+    return *reduce_types(buf, red), red, scale
 
 
 def _one(seq, what):
@@ -568,8 +568,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if len(ins) != world:
             raise ValueError(f"gosym: reduce_scatter: input list has {len(ins)} tensors, the "
                              f"group has {world} ranks")
-        code = reduce_dtype(out)
         red, scale = reduce_op(opts.reduceOp)
+        code, mult = reduce_types(out, red)
         n = out.numel()
         srcs, pairs = [], []
         for t in ins:
@@ -579,11 +579,11 @@ class ProcessGroupGosym(dist.ProcessGroup):
                                  f"elements, the output has {n}")
             s = _src(t)
             srcs.append(s)
-            pairs += (s.data_ptr(), n)
+            pairs += (s.data_ptr(), n * mult)
         arr, ap = _pieces(pairs)
         cb = []
         dst = _dst(out, cb, False)
-        desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n, 0, dst.data_ptr(),
+        desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n * mult, 0, dst.data_ptr(),
                      ap, 0, world, 0)
         return self._work(desc, output_tensors, (srcs, dst, arr), cb, opts.asyncOp)
 
@@ -592,8 +592,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         them)."""
         world = self._size
         _same_dtype(out, inp, "reduce_scatter_tensor")
-        code = reduce_dtype(out)
         red, scale = reduce_op(opts.reduceOp)
+        code, mult = reduce_types(out, red)
         n = out.numel()
         if inp.numel() != n * world:
             raise ValueError(f"gosym: reduce_scatter_tensor: input has {inp.numel()} "
@@ -602,7 +602,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         cb = []
         dst = _dst(out, cb, False)
         # No input pieces: the engine reduces src + r * n elements into rank r.
-        return (_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n, src.data_ptr(),
+        return (_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n * mult, src.data_ptr(),
                 dst.data_ptr(), 0, 0, 0, 0), src, dst, cb
 
     def _reduce_scatter_base(self, output, input, opts=_RS):  # noqa: A002

@@ -289,6 +289,27 @@ class Matrix:
         b = cs[src].clone() if self.rank == src else torch.full_like(cs[src], float("nan"))
         dist.broadcast(b, src=src, group=self.group)
         self.expect(case + " broadcast", torch.view_as_real(b).reshape(-1), xs[src])
+        # reduce and reduce_scatter reach the backend as complex: SUM and AVG run on the pairs
+        r = cs[self.rank].clone()
+        dist.reduce(r, dst=src, group=self.group)
+        if self.rank == src:
+            self.expect(case + " reduce", torch.view_as_real(r).reshape(-1), exp, tol)
+        w, k = self.world, 3
+        ys = self.inputs(case + "/rs", 2 * k * w, torch.float32)
+        ins = [torch.view_as_complex(y.reshape(k * w, 2)) for y in ys]
+        part = slice(2 * k * self.rank, 2 * k * (self.rank + 1))
+        for opname in ("SUM", "AVG"):
+            ref, rtol = reduce_ref(ys, torch.float32, opname, w)
+            rtol = None if rtol is None else rtol.reshape(-1)[part]
+            out = torch.full((k,), complex(float("nan"), float("nan")), dtype=torch.complex64)
+            dist.reduce_scatter_tensor(out, ins[self.rank].clone(), op=getattr(dist.ReduceOp, opname),
+                                       group=self.group)
+            self.expect(f"{case} reduce_scatter_tensor {opname}", torch.view_as_real(out).reshape(-1),
+                        ref[part], rtol)
+            out = torch.full((k,), complex(float("nan"), float("nan")), dtype=torch.complex64)
+            dist.reduce_scatter(out, list(ins[self.rank].clone().chunk(w)), op=getattr(dist.ReduceOp, opname),
+                                group=self.group)
+            self.expect(f"{case} reduce_scatter {opname}", torch.view_as_real(out).reshape(-1), ref[part], rtol)
 
     def non_contiguous(self, case, dtype, n):
         """A strided view: must give the right answer and leave the gaps alone, or raise clearly."""
