@@ -1,6 +1,7 @@
 """DDP on gosym trains exactly like DDP on gloo (workers/ddp_worker.py):
 bitwise-equal losses on 2 ranks (a+b is exactly rounded whatever the
-algorithm), within 1e-6 relative on 4 (summation order may differ)."""
+algorithm), within 1e-6 relative on 4 (summation order may differ); so does
+a model with sparse gradients (sparse all_reduce)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ def test_ddp_matches_gloo(world, outdir):
                 i = diff[0]
                 problems.append(f"rank {r}: losses differ from gloo by >1e-6 relative at {len(diff)} steps, "
                                 f"first step {i}: {main[i]!r} vs {gloo[i]!r}")
+        sp = x["sparse_losses"]
+        tol = 0.0 if world == 2 else 1e-6
+        if len(sp["main"]) != 20 or any(abs(a - b) > tol * abs(b) for a, b in zip(sp["main"], sp["gloo"])):
+            problems.append(f"rank {r}: sparse-gradient losses differ from gloo's: {sp['main'][:4]} vs "
+                            f"{sp['gloo'][:4]}")
     # Training moved; every rank ends with the same parameters.
     losses0 = res.results[0]["losses"]["main"]
     if not sum(losses0[-5:]) < 0.5 * sum(losses0[:5]):

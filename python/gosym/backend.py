@@ -44,6 +44,7 @@ _STREAM_AT = _lib.STREAM_AT
 _tail = _lib.stream_tail
 _capturing = torch.cuda.is_current_stream_capturing
 _strided = torch.strided
+_sparse_coo = torch.sparse_coo
 _Tensor = torch.Tensor
 _DEBUG = os.environ.get("GOSYM_DEBUG") == "1"
 # The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
@@ -140,6 +141,17 @@ def _in_place_types(op, buf, opts):
     return *reduce_types(buf, red), red, scale
 
 
+def _padded(t, dim, n):
+    """t with zeros appended along dim up to n (its own storage when it is that long)."""
+    if t.shape[dim] == n:
+        return t.contiguous()
+    shape = list(t.shape)
+    shape[dim] = n
+    out = t.new_zeros(shape)
+    out.narrow(dim, 0, t.shape[dim]).copy_(t)
+    return out
+
+
 def _one(seq, what):
     """The single element of a per-process tensor list (one device per process)."""
     if len(seq) != 1:
@@ -225,6 +237,8 @@ _A2A = _c10d.AllToAllOptions()
 _GA = _c10d.GatherOptions()
 _SC = _c10d.ScatterOptions()
 _BA = _c10d.BarrierOptions()
+_SYNC_AG = _c10d.AllgatherOptions()  # the internal all_gathers of a sparse all_reduce
+_SYNC_AG.asyncOp = False
 
 
 class ProcessGroupGosym(dist.ProcessGroup):
@@ -397,6 +411,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
                 _run(self._h, _pack_raw(_DESC_SIZE, op, code, red, scale, root, 0, 0, t.numel() * mult, a, a,
                                         0, 0, 0, 0, raw, idx, 0))
                 return cuda_work(tensors, idx, raw) if opts.asyncOp else None
+        if t.layout is _sparse_coo and op == _lib.OP_ALLREDUCE:
+            return self._sparse_allreduce(t, tensors, opts)
         fields, buf, cb = self._in_place(op, t, opts, root, fast)
         if not fast:
             return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
@@ -416,6 +432,31 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=_AR):
         return self._buffer_op(_lib.OP_ALLREDUCE, tensors, opts, 0, "allreduce")
+
+    def _sparse_allreduce(self, t, tensors, opts):
+        """SUM of sparse COO tensors (DDP's sparse gradients), as gloo does it: every rank's
+        indices and values are gathered (padded to the largest count), summed into one
+        coalesced tensor and copied into t. Synchronous; the Work is done."""
+        red, _ = reduce_op(opts.reduceOp)
+        if red != _lib.RED["SUM"]:
+            raise ValueError(f"gosym: all_reduce of sparse tensors supports SUM only, got "
+                             f"{opts.reduceOp.op}")
+        x = t.coalesce()
+        idx, val = x.indices(), x.values()
+        world = self._size
+        counts = idx.new_empty(world)
+        self._allgather_base(counts, idx.new_tensor([idx.shape[1]]), _SYNC_AG)
+        most = int(counts.max())
+        pad_idx = idx.new_zeros((world, idx.shape[0], most))
+        pad_val = val.new_zeros((world, most, *val.shape[1:]))
+        self._allgather_base(pad_idx, _padded(idx, 1, most), _SYNC_AG)
+        self._allgather_base(pad_val, _padded(val, 0, most), _SYNC_AG)
+        n = counts.tolist()
+        total = torch.sparse_coo_tensor(torch.cat([pad_idx[r][:, :n[r]] for r in range(world)], 1),
+                                        torch.cat([pad_val[r][:n[r]] for r in range(world)]),
+                                        x.shape).coalesce()
+        t.copy_(total)
+        return work_of(_Op((), tensors, None, None, self._completer)) if opts.asyncOp else None
 
     # ---- the CUDA data plane ----------------------------------------------------
 

@@ -193,6 +193,7 @@ def local_cases(rank: int, world: int) -> dict:
         "complex64_reduce_scatter_tensor_product": lambda: dist.reduce_scatter_tensor(
             torch.empty(6, dtype=torch.complex64), torch.ones(world * 6, dtype=torch.complex64),
             op=dist.ReduceOp.PRODUCT),
+        "sparse_max": lambda: dist.all_reduce(torch.eye(3).to_sparse(), op=dist.ReduceOp.MAX),
         "uint16": bad_dtype(torch.uint16),
         "uint32": bad_dtype(torch.uint32),
         "uint64": bad_dtype(torch.uint64),
