@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from . import _lib
+from ._dtypes import DTYPES as _DTYPES
 from ._dtypes import move_dtype, reduce_op, reduce_types
 from .work import Completer, CudaSideWork, _Op, cuda_work, work_of
 
@@ -138,6 +139,9 @@ def _in_place_types(op, buf, opts):
         code, mult = move_dtype(buf)
         return code, mult, 0, 1.0
     red, scale = reduce_op(opts.reduceOp)
+    code = _DTYPES.get(buf.dtype)  # reduce_types' common case, without its frame
+    if code is not None:
+        return code, 1, red, scale
     return *reduce_types(buf, red), red, scale
 
 
