@@ -321,7 +321,7 @@ func (g *gpuReg) runBound(r *pageRun) bool {
 // its peers close their mappings themselves).
 func (g *gpuReg) closeRuns(ipc gpuIPC) {
 	g.mu.Lock()
-	runs := append(g.runs, g.kept...)
+	runs := slices.Concat(g.runs, g.kept)
 	g.runs, g.kept = nil, nil
 	g.mu.Unlock()
 	for _, r := range runs {
