@@ -179,3 +179,19 @@ def test_device_timeout_names_the_peer(tmp_path):
     res.assert_ok()
     r0, r1 = res.results
     assert r0["passed"] >= 13 and r1["passed"] >= 8, (r0, r1)
+
+
+def test_cuda_streams(tmp_path):
+    """Collectives of one group issued on several streams run in issue order on every
+    device (FSDP2's all_gather and reduce_scatter streams, one rank's held back), Works
+    join exactly their op, is_completed() follows the GPU, and a capture that forks a
+    stream replays right (workers/cuda_streams_worker.py), at every GPU of the machine."""
+    world = cuda_device_count()
+    if world < 2:
+        pytest.skip("needs 2 CUDA devices")
+    res = run_torchrun("cuda_streams_worker", world, ["--timeout", 60], timeout=420,
+                       outdir=tmp_path / "streams")
+    res.assert_ok()
+    for r, x in enumerate(res.results):
+        assert x["passed"] >= 80, f"rank {r}: the worker ran suspiciously few checks"
+        assert x["info"]["parts_done"] == ["fsdp", "completion", "graph"], x["info"]

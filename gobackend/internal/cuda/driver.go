@@ -427,6 +427,16 @@ func (d *Driver) StreamIsCapturing(ctx Context, s Stream) (bool, error) {
 	return st != 0, err
 }
 
+// StreamCaptureInfo reports whether s is being captured into a CUDA graph
+// (an invalidated capture counts, as in StreamIsCapturing) and the capture
+// sequence's id, unique per process for an active capture (0 otherwise).
+func (d *Driver) StreamCaptureInfo(ctx Context, s Stream) (capturing bool, id uint64, err error) {
+	var st C.CUstreamCaptureStatus
+	var cid C.cuuint64_t
+	err = d.check("cuStreamGetCaptureInfo", C.gscu_in_cuStreamGetCaptureInfo(d.t, cCtx(ctx), cStream(s), &st, &cid, nil, nil, nil))
+	return st != 0, uint64(cid), err
+}
+
 // StreamWaitEvent makes later work on s wait for e.
 func (d *Driver) StreamWaitEvent(ctx Context, s Stream, e Event) error {
 	return d.check("cuStreamWaitEvent", C.gscu_in_cuStreamWaitEvent(d.t, cCtx(ctx), cStream(s), cEvent(e), 0))
