@@ -31,6 +31,7 @@ SIZES = [1024, (1 << 18) + 3, 4 << 20]
 
 def ints(shape, seed, device):
     g = torch.Generator().manual_seed(seed)
+    shape = (shape,) if isinstance(shape, int) else shape
     return torch.randint(-64, 64, shape, generator=g, dtype=torch.int32).to(torch.float32).to(device)
 
 
