@@ -336,23 +336,23 @@ func gpuConfigFromEnv() gpuConfig {
 		bigBlocks:  config.GPUBlocks.Or(cuda.MaxBlocks),
 		ceMin:      config.GPUCEMin.Get(),
 		copyBlocks: config.GPUCopyBlocks.Get(),
-		// Measured on 2×H200 (docs/ARCHITECTURE.md, "The direct path"):
+		// Measured on 2×H200 (docs/DECISIONS.md):
 		// gs_copy wins at 16 MiB, the copy engines from 64 MiB.
 		directCEMin: config.GPUDirectCEMin.Get(),
 		directMin:   config.GPUDirectMin.Get(),
-		// Measured on 2×H200: direct wins at 4 MiB (docs/ARCHITECTURE.md).
+		// Measured on 2×H200: direct wins at 4 MiB (docs/DECISIONS.md).
 		moveDirectMin: config.GPUMoveDirectMin.Get(),
 		// Measured on 2×H200: direct wins from 4 MiB, not at 1 MiB
-		// (docs/ARCHITECTURE.md, "The direct path").
+		// (docs/DECISIONS.md).
 		a2avDirectMin: config.GPUA2AVDirectMin.Get(),
-		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
+		// Measured on 2×H200: see docs/DECISIONS.md.
 		captureDirectMin: config.GPUCaptureDirectMin.Get(),
 		regMin:           config.GPURegDirectMin.Get(),
 		semaMin:          config.GPUSemaMin.Get(),
 		fuseMax:          config.GPUFuseMax.Get(),
-		// Measured on 2×H200: LL wins to 256 KiB (docs/ARCHITECTURE.md).
+		// Measured on 2×H200: LL wins to 256 KiB (docs/DECISIONS.md).
 		llMax: min(config.GPULLMax.Get(), cuda.LLMaxBytes),
-		// Off: measured on 2×H200, see docs/ARCHITECTURE.md, "the paced all_to_all".
+		// Off: measured on 2×H200, see docs/DECISIONS.md.
 		a2avBlocks: min(config.GPUA2AVBlocks.Get(), cuda.A2AVBlocks),
 		a2avSlot:   config.GPUA2AVSlotBytes.Get(),
 	}
