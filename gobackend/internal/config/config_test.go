@@ -68,6 +68,8 @@ func TestEveryNameInTable(t *testing.T) {
 			missing[name] = append(missing[name], rel)
 		}
 	}
+	self, err := filepath.Abs(".")
+	require.NoError(t, err)
 	for _, dir := range []string{"gobackend", "cabi", "python", "scripts", "tests", "kernels"} {
 		require.NoError(t, filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -76,6 +78,9 @@ func TestEveryNameInTable(t *testing.T) {
 			if d.IsDir() {
 				if n := d.Name(); n == "__pycache__" || n == "testdata" || strings.HasPrefix(n, ".") {
 					return filepath.SkipDir
+				}
+				if abs, _ := filepath.Abs(path); abs == self {
+					return filepath.SkipDir // the table itself says nothing about use
 				}
 				return nil
 			}
