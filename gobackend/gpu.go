@@ -21,7 +21,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
@@ -339,30 +339,30 @@ type gpuConfig struct {
 
 func gpuConfigFromEnv() gpuConfig {
 	return gpuConfig{
-		stageBytes: envInt("GOSYM_GPU_STAGE_BYTES", 32<<20),
-		twoShotMin: envInt("GOSYM_GPU_TWOSHOT_MIN", 4<<20),
-		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
-		ceMin:      envInt("GOSYM_GPU_CE_MIN", 8<<20),
-		copyBlocks: envInt("GOSYM_GPU_COPY_BLOCKS", 64),
-		// Measured on 2×H200 (docs/ARCHITECTURE.md, "The direct path"):
+		stageBytes: config.GPUStageBytes.Get(),
+		twoShotMin: config.GPUTwoShotMin.Get(),
+		bigBlocks:  config.GPUBlocks.Or(cuda.MaxBlocks),
+		ceMin:      config.GPUCEMin.Get(),
+		copyBlocks: config.GPUCopyBlocks.Get(),
+		// Measured on 2×H200 (docs/DECISIONS.md):
 		// gs_copy wins at 16 MiB, the copy engines from 64 MiB.
-		directCEMin: envIntFrom("GOSYM_GPU_DIRECT_CE_MIN", 32<<20, 0),
-		directMin:   envInt("GOSYM_GPU_DIRECT_MIN", 8<<20),
-		// Measured on 2×H200: direct wins at 4 MiB (docs/ARCHITECTURE.md).
-		moveDirectMin: envInt("GOSYM_GPU_MOVE_DIRECT_MIN", 4<<20),
+		directCEMin: config.GPUDirectCEMin.Get(),
+		directMin:   config.GPUDirectMin.Get(),
+		// Measured on 2×H200: direct wins at 4 MiB (docs/DECISIONS.md).
+		moveDirectMin: config.GPUMoveDirectMin.Get(),
 		// Measured on 2×H200: direct wins from 4 MiB, not at 1 MiB
-		// (docs/ARCHITECTURE.md, "The direct path").
-		a2avDirectMin: envInt("GOSYM_GPU_A2AV_DIRECT_MIN", 2<<20),
-		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
-		captureDirectMin: envInt("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1),
-		regMin:           envInt("GOSYM_GPU_REG_DIRECT_MIN", 1<<20),
-		semaMin:          envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
-		fuseMax:          envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
-		// Measured on 2×H200: LL wins to 256 KiB (docs/ARCHITECTURE.md).
-		llMax: min(envIntFrom("GOSYM_GPU_LL_MAX", 256<<10, 0), cuda.LLMaxBytes),
-		// Off: measured on 2×H200, see docs/ARCHITECTURE.md, "the paced all_to_all".
-		a2avBlocks: min(envIntFrom("GOSYM_GPU_A2AV_BLOCKS", 0, 0), cuda.A2AVBlocks),
-		a2avSlot:   envInt("GOSYM_GPU_A2AV_SLOT_BYTES", 64<<10),
+		// (docs/DECISIONS.md).
+		a2avDirectMin: config.GPUA2AVDirectMin.Get(),
+		// Measured on 2×H200: see docs/DECISIONS.md.
+		captureDirectMin: config.GPUCaptureDirectMin.Get(),
+		regMin:           config.GPURegDirectMin.Get(),
+		semaMin:          config.GPUSemaMin.Get(),
+		fuseMax:          config.GPUFuseMax.Get(),
+		// Measured on 2×H200: LL wins to 256 KiB (docs/DECISIONS.md).
+		llMax: min(config.GPULLMax.Get(), cuda.LLMaxBytes),
+		// Off: measured on 2×H200, see docs/DECISIONS.md.
+		a2avBlocks: min(config.GPUA2AVBlocks.Get(), cuda.A2AVBlocks),
+		a2avSlot:   config.GPUA2AVSlotBytes.Get(),
 	}
 }
 

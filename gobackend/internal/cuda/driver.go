@@ -10,10 +10,11 @@ import "C"
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"sync"
 	"unsafe"
+
+	"github.com/gosym/gosym/gobackend/internal/config"
 )
 
 // Handles. Device pointers are plain uintptr values throughout; the opaque
@@ -84,7 +85,7 @@ var defaultDriver struct {
 // device; a libcuda that lacks a required function gives a *SymbolError.
 func Load() (*Driver, error) {
 	defaultDriver.once.Do(func() {
-		path := os.Getenv("GOSYM_LIBCUDA")
+		path := config.LibCUDA.Get()
 		if path == "" {
 			path = "libcuda.so.1"
 		}
