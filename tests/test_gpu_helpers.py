@@ -60,9 +60,10 @@ def engines(ins, opname):
             out[name] = out[name] / k
         elif opname == "PREMUL_SUM":
             out[name] = out[name] * scale
-    if opname in ("AVG", "PREMUL_SUM"):  # NCCL's way: every input times fl(scale), then the sum
+    if opname in ("AVG", "PREMUL_SUM"):
         s = torch.tensor(scale, dtype=acc)
-        out["premultiplied"] = _tree([x * s for x in xs])
+        out["premultiplied"] = _tree([x * s for x in xs])  # NCCL's: every input times fl(scale)
+        out["postmultiplied"] = _tree(xs) * s  # the sum times fl(scale)
     return {name: r.to(dtype) for name, r in out.items()}
 
 
