@@ -253,7 +253,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     # torch's helpers ask a group for its per-device backend (_get_backend) and read
     # these flags; a Python group is its own backend and supports none of them.
-    supports_splitting = False
+    supports_splitting = True  # dist.split_group: gosym/split.py
     supports_coalescing = False
     supports_time_estimate = False
     supports_shrinking = False
@@ -266,6 +266,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._name = name
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        self._store = store  # split_group's children bootstrap through it
+        self._split_count = 0
         self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
         self._streams = {}  # device index -> (send stream, recv stream) of CUDA send/recv
@@ -311,6 +313,27 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def eager_connect_single_device(self, device):
         pass  # the endpoint is connected at creation
+
+    # ---- split_group (torch calls these on a backend that supports splitting) ----
+
+    options = None  # no backend options: split_group deep-copies this as the child's
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None):
+        from .split import split
+
+        return split(self, ranks, timeout, group_name, group_desc)
+
+    def comm_split_count(self):
+        return self._split_count
+
+    def perform_nocolor_split(self, device):
+        pass  # a rank outside a new group takes no part in its creation
+
+    def _set_sequence_number_for_group(self):
+        pass  # sequence numbers are the engine's, per group
+
+    def get_group_store(self):
+        return self._store
 
     def shutdown(self):
         """Destroys the endpoint; outstanding work fails. Idempotent.
