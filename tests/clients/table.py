@@ -37,7 +37,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, type=Path, help="directory for the JSON and the job logs")
     p.add_argument("--worlds", default="", help="comma-separated world sizes (default: all the machine allows)")
     p.add_argument("--scenarios", default="", help=f"comma-separated subset of {','.join(h.SPECS)}")
+    p.add_argument("--job-timeout", type=float, default=h.JOB_TIMEOUT_S, help="deadline of one job, s")
+    p.add_argument("--group-timeout", type=float, default=h.GROUP_TIMEOUT_S,
+                   help="process-group timeout inside the jobs, s")
     a = p.parse_args(argv)
+    h.JOB_TIMEOUT_S, h.GROUP_TIMEOUT_S = a.job_timeout, a.group_timeout
     names = [n for n in a.scenarios.split(",") if n] or list(h.SPECS)
     unknown = [n for n in names if n not in h.SPECS]
     if unknown:
