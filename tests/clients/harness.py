@@ -83,9 +83,11 @@ SPECS: dict[str, Spec] = {
                            cpu_worlds=(2,), why_not="compiling costs CI time"),
     "compiled_ddp": Spec("torch.compile of a DDP module (DDPOptimizer), trained",
                          cpu_worlds=(2,), why_not="compiling costs CI time"),
-    "split": Spec("dist.split_group (halves, and the whole world) then all_reduce and all_gather "
-                  "on each split; CUDA: from the device_id-bound default group; CPU: the bound "
-                  "device faked, as torch takes no CPU device_id"),
+    "split": Spec("dist.split_group (halves; the whole world; ranks {0,1}, the others get None) then "
+                  "all_reduce and all_gather on each split, and a 2-D DeviceMesh's groups at even "
+                  "worlds. CUDA: from the device_id-bound default group (the mesh splits too); CPU: "
+                  "gosym's bound device is faked (torch takes no CPU device_id) and gloo's reference "
+                  "is new_group of the same ranks"),
 }
 
 # gosym's known failures, for xfail(strict=True): (device, world or None for any, scenario) -> reason.

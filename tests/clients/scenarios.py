@@ -328,7 +328,8 @@ def split(ctx):
 
 
 def _split_values(ctx) -> list[float]:
-    """Halves, the whole world, and ranks {0, 1} alone (the others must get None)."""
+    """Halves, the whole world, and ranks {0, 1} alone (the others must get None); at
+    an even world, a 2-D DeviceMesh's groups."""
     w = ctx.world
     out = []
     layouts = [[list(range(0, w // 2)), list(range(w // 2, w))], [list(range(w))], [[0, 1]]]
@@ -355,4 +356,12 @@ def _split_values(ctx) -> list[float]:
         dist.all_gather(g, ctx.randn(3, seed=("split-ag", i, ctx.rank)), group=sub)
         for t in [a, *g]:
             out.extend(t.double().reshape(-1).cpu().tolist())
+    if w % 2 == 0:
+        # A 2-D DeviceMesh: from a device-bound default group (CUDA) its dimension
+        # groups come from split_group, as torchtitan's do.
+        m = mesh(ctx, (w // 2, 2), ("a", "b"))
+        for dim in ("a", "b"):
+            t = ctx.randn(4, seed=("split-mesh", dim, ctx.rank))
+            dist.all_reduce(t, group=m.get_group(dim))
+            out.extend(t.double().cpu().tolist())
     return out
