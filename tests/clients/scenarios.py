@@ -3,8 +3,7 @@
 Each scenario is a function ``fn(ctx) -> list[float]`` run on every rank of a job
 whose default process group is the backend under test (gloo or NCCL as the
 reference, gosym as the candidate). It returns this rank's per-step losses (or,
-for the collective-only scenarios, the values of its outputs); an empty list
-where a rank computes none (the non-last stages of a pipeline). The harness
+for the collective-only scenarios, the values of its outputs). The harness
 compares the lists of the two backends rank by rank. Everything random is
 seeded from the scenario, step and rank, so both runs see the same data.
 Scenarios raise on a failed internal check (a resumed checkpoint that does not
@@ -78,22 +77,24 @@ def build(seed: int, ctx: Ctx, **kw) -> MLP:
     return MLP(**kw).to(ctx.device)
 
 
-def batch(ctx: Ctx, name: str, step: int, rows=8, d_in=16, d_out=8, per_rank=True):
-    """(x, y) of one step; ``per_rank=False`` gives every rank the same batch (tensor
-    parallelism needs it)."""
-    who = ctx.rank if per_rank else -1
+def batch(ctx: Ctx, name: str, step: int, who: int, rows=8, d_in=16, d_out=8):
+    """(x, y) of one step for data-parallel rank ``who``: ranks that pass the same ``who``
+    (the tensor-parallel ranks of one slice) get the same batch."""
     g = ctx.gen(name, step, who)
     x = torch.randn(rows, d_in, generator=g)
     y = torch.randn(rows, d_out, generator=g)
     return x.to(ctx.device), y.to(ctx.device)
 
 
-def train(ctx: Ctx, name: str, model: nn.Module, steps: int, *, per_rank=True, first=0,
+def train(ctx: Ctx, name: str, model: nn.Module, steps: int, *, who=None, first=0,
           opt=None, lr=0.05) -> list[float]:
+    """Per-step losses of ``steps`` AdamW (or ``opt``) steps from step ``first``;
+    ``who``: the data-parallel rank whose batches to take (default: this rank)."""
     opt = opt or torch.optim.AdamW(model.parameters(), lr=lr)
+    who = ctx.rank if who is None else who
     losses = []
     for step in range(first, first + steps):
-        x, y = batch(ctx, name, step, per_rank=per_rank)
+        x, y = batch(ctx, name, step, who)
         opt.zero_grad(set_to_none=True)
         loss = F.mse_loss(model(x).float(), y)
         loss.backward()
@@ -170,25 +171,13 @@ def fsdp2_bf16_reduce(ctx):
 
 def tp(ctx):
     model = tp_plan(build(13, ctx, hidden=64), mesh(ctx, (ctx.world,), ("tp",)))
-    return train(ctx, "tp", model, ctx.steps, per_rank=False)
+    return train(ctx, "tp", model, ctx.steps, who=0)  # every tp rank sees the same batch
 
 
 def fsdp_tp(ctx):
     m = mesh(ctx, (2, 2), ("dp", "tp"))
     model = shard_fsdp(tp_plan(build(14, ctx), m["tp"]), m["dp"])
-    dp_rank = m["dp"].get_local_rank()
-    losses = []
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
-    for step in range(ctx.steps):
-        # The tp ranks of one dp slice see the same batch; dp slices differ.
-        g = ctx.gen("fsdp_tp", step, dp_rank)
-        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 8, generator=g)
-        opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x.to(ctx.device)), y.to(ctx.device))
-        loss.backward()
-        opt.step()
-        losses.append(_item(loss))
-    return losses
+    return train(ctx, "fsdp_tp", model, ctx.steps, who=m["dp"].get_local_rank())
 
 
 def _pipeline(ctx: Ctx, schedule_cls) -> list[float]:
