@@ -6,14 +6,14 @@ collectives, torch.compile, split_group) at one world size: its per-step losses
 (or output values) on gosym must match gloo's (CPU) or NCCL's (CUDA) within
 1e-5 relative, rank by rank. All scenarios of a (device, world) pair run in one
 job per backend (tests/clients/harness.py), started once for every selected case
-of that pair. CUDA cases run at every world size up to the GPUs present and skip
-without GPUs.
+of that pair. CUDA cases run at the GPU suite's worlds (conftest.gpu_worlds: 2, 3
+and every GPU) and skip without GPUs.
 """
 
 from __future__ import annotations
 
 import pytest
-from conftest import cuda_device_count
+from conftest import gpu_worlds, need_gpus
 
 from clients import harness as h
 
@@ -63,8 +63,10 @@ def test_client_matches_reference(device, world, name, client_pairs):
     reason = h.SPECS[name].skip_reason(name, device, world)
     if reason:
         pytest.skip(reason)
-    if device == "cuda" and cuda_device_count() < world:
-        pytest.skip(f"needs {world} CUDA devices (have {cuda_device_count()})")
+    if device == "cuda":
+        need_gpus(world)
+        if world not in gpu_worlds():
+            pytest.skip(f"the GPU suite runs at worlds {gpu_worlds()} on this machine")
     o = client_pairs.outcome(device, world, name)
     assert o.ok, (f"{name} at world {world} on {device}: gosym vs {h.REFERENCE[device]}: max rel diff "
                   f"{o.max_rel}\n" + "\n".join(o.problems))

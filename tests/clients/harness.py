@@ -23,7 +23,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 import pytest  # noqa: E402  (conftest's Job fails through pytest.fail)
-from conftest import Job  # noqa: E402
+from conftest import Job, cuda_device_count, gpu_worlds_for  # noqa: E402,F401 (the table's)
 
 WORKER = HERE / "worker.py"
 REFERENCE = {"cpu": "gloo", "cuda": "nccl"}
@@ -71,7 +71,8 @@ SPECS: dict[str, Spec] = {
         rtol_over_2=1e-3),
     "tp": Spec("1-D tensor parallel: DTensor ColwiseParallel/RowwiseParallel over every rank",
                worlds=(2, 4, 8)),
-    "fsdp_tp": Spec("2-D DeviceMesh (dp=2 x tp=2): FSDP2 over dp of a tensor-parallel MLP", worlds=(4,)),
+    "fsdp_tp": Spec("2-D DeviceMesh (dp=world/2 x tp=2): FSDP2 over dp of a tensor-parallel MLP",
+                    worlds=(4, 6, 8)),
     "pipe_gpipe": Spec("torch.distributed.pipelining ScheduleGPipe, a stage per rank, 4 microbatches"),
     "pipe_1f1b": Spec("torch.distributed.pipelining Schedule1F1B, a stage per rank, 4 microbatches"),
     "dcp": Spec("distributed checkpoint of an FSDP2 model+optimizer mid-run, loaded into a fresh "
@@ -103,8 +104,8 @@ def cpu_worlds() -> list[int]:
 
 
 def cuda_worlds(n: int) -> list[int]:
-    """Every world size up to the machine's GPUs: 2, 3, 4, 8 where there are that many."""
-    return [w for w in (2, 3, 4, 8) if w <= n]
+    """The worlds of the GPU suite on n GPUs (conftest: 2, 3 and n, those that fit)."""
+    return gpu_worlds_for(n)
 
 
 def applicable(device: str, world: int, names=None) -> list[str]:

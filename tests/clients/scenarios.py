@@ -175,7 +175,7 @@ def tp(ctx):
 
 
 def fsdp_tp(ctx):
-    m = mesh(ctx, (2, 2), ("dp", "tp"))
+    m = mesh(ctx, (ctx.world // 2, 2), ("dp", "tp"))
     model = shard_fsdp(tp_plan(build(14, ctx), m["tp"]), m["dp"])
     return train(ctx, "fsdp_tp", model, ctx.steps, who=m["dp"].get_local_rank())
 
