@@ -148,15 +148,16 @@ def _wait(w):
 
 def _split_op(op, t):
     """(the local step's op, the inter-host step's op, whether to divide by the world at the
-    end) of reduction op on t; TypeError for what gosym does not reduce."""
-    red, _ = reduce_op(op)
+    end, PREMUL_SUM's factor or None) of reduction op on t; TypeError for what gosym does not
+    reduce. The factor is applied by the local step, or by hand where a host has one rank."""
+    red, scale = reduce_op(op)
     reduce_types(t, red)  # raises for dtypes and ops gosym cannot reduce
     name = _RED_NAMES[red]
     if name == "AVG":
-        return _SUM, _SUM, True
+        return _SUM, _SUM, True, None
     if name == "PREMUL_SUM":
-        return op, _SUM, False
-    return op, op, False
+        return op, _SUM, False, scale
+    return op, op, False, None
 
 
 def _red_wire(t):
@@ -478,11 +479,17 @@ class HierGroup(ProcessGroupGosym):
         if self._n > 1:
             _wait(self._local.broadcast([buf], _opts(_c10d.BroadcastOptions, rootRank=root)))
 
-    def _ar_leaders(self, buf, lop, iop, dev):
-        """all_reduce through the hosts' leaders: reduce to local index 0, all_reduce among
-        the leaders, broadcast from local index 0."""
+    def _host_reduce(self, buf, lop, scale):
+        """The local step of a reduction through the leaders: reduce to local index 0."""
         if self._n > 1:
             _wait(self._local.reduce([buf], _opts(_c10d.ReduceOptions, reduceOp=lop, rootRank=0)))
+        elif scale is not None:
+            buf.mul_(scale)
+
+    def _ar_leaders(self, buf, lop, iop, scale, dev):
+        """all_reduce through the hosts' leaders: reduce to local index 0, all_reduce among
+        the leaders, broadcast from local index 0."""
+        self._host_reduce(buf, lop, scale)
         if self._lidx == 0:
             self._inter_allreduce(self._group("rail", dev), buf, iop)
         self._local_bcast(buf, 0)
@@ -526,13 +533,13 @@ class HierGroup(ProcessGroupGosym):
 
     def _allreduce_flat(self, buf, op, dev):
         """all_reduce of a contiguous 1-D buffer in place."""
-        lop, iop, avg = _split_op(op, buf)
+        lop, iop, avg, scale = _split_op(op, buf)
         if not buf.numel():
             return
         if self._use_rails(buf.numel() * buf.element_size(), buf.numel()):
             self._ar_rails(buf, lop, iop, dev)
         else:
-            self._ar_leaders(buf, lop, iop, dev)
+            self._ar_leaders(buf, lop, iop, scale, dev)
         if avg:
             _divide(buf, self._size)
 
@@ -584,15 +591,13 @@ class HierGroup(ProcessGroupGosym):
         opts = opts or _c10d.ReduceOptions()
         root = self._root(opts.rootRank, "reduce")
         t = _one(tensors, "reduce")
-        lop, iop, avg = _split_op(opts.reduceOp, t)
+        lop, iop, avg, scale = _split_op(opts.reduceOp, t)
         hr, _ = self._where[root]
 
         def run(buf, dev):
             # local index 0 gathers its host, the leaders reduce to the root's host's one,
             # which hands the result on to its host (the root among them)
-            if self._n > 1:
-                _wait(self._local.reduce([buf], _opts(_c10d.ReduceOptions, reduceOp=lop,
-                                                      rootRank=0)))
+            self._host_reduce(buf, lop, scale)
             if self._lidx == 0:
                 w, back = _red_wire(buf)
                 self._group("rail", dev).reduce([w], _opts(_c10d.ReduceOptions, reduceOp=iop,
@@ -714,7 +719,7 @@ class HierGroup(ProcessGroupGosym):
 
     def _scatter_rows(self, out, inp, op, dev):
         """out (m) <- the reduction of every rank's row `rank` of inp (size x m, contiguous)."""
-        lop, iop, avg = _split_op(op, out)
+        lop, iop, avg, _ = _split_op(op, out)
         m = out.numel()
         if self._use_rails(inp.numel() * inp.element_size(), inp.numel()):
             # rows in (local index, host) order: the host's reduce-scatter gives each rank
