@@ -427,6 +427,10 @@ def main():
         scenario(args, ck, rank, world)
         wc.write_result(ck.result())
         wc.print_summary(ck, f"hier {args.scenario}")
+        if rank == 0:  # its process hosts the store: stay until the others reported
+            for r in range(1, world):
+                if r != args.victim:
+                    wc.wait_for_marker(f"rank{r}.json", 60)
         os._exit(0)  # the group is broken: no teardown handshake to wait for
     gloo = dist.new_group(backend="gloo")
     part = wc.part_runner(ck, rank, world, gloo, counts)
