@@ -58,10 +58,11 @@ def unavailable() -> str | None:
 class SimHosts:
     """len(counts) == 2 hosts with counts[h] ranks each (host-major rank order)."""
 
-    def __init__(self, counts):
+    def __init__(self, counts, gpus=False):
         if len(counts) != 2 or min(counts) < 1:
             raise ValueError(f"SimHosts: two hosts with at least one rank each, got {counts}")
         self.counts = list(counts)
+        self.gpus = gpus  # host h sees its own GPUs: one per rank, after the previous host's
         tag = f"{os.getpid() % 100000}"
         self.ns = [f"gosym{tag}h{h}" for h in range(2)]
         self.ifname = [f"gsv{tag}h{h}" for h in range(2)]
@@ -115,8 +116,12 @@ class SimHosts:
                 "sh", "-c", _ENTER, self.hostname[host], os.path.join(self._dir, "hosts"), *argv]
 
     def host_env(self, host) -> dict:
-        return {"GLOO_SOCKET_IFNAME": self.ifname[host], "NCCL_SOCKET_IFNAME": self.ifname[host],
-                "MASTER_ADDR": self.master, "MASTER_PORT": str(PORT)}
+        env = {"GLOO_SOCKET_IFNAME": self.ifname[host], "NCCL_SOCKET_IFNAME": self.ifname[host],
+               "MASTER_ADDR": self.master, "MASTER_PORT": str(PORT)}
+        if self.gpus:
+            first = sum(self.counts[:host])
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(self.counts[host]))
+        return env
 
     def ranks(self):
         """(rank, host, local rank) of every rank, host-major."""
@@ -138,6 +143,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hosts", default="2,2", help="ranks per host, e.g. 2,2 or 1,2")
     p.add_argument("--per-host", action="store_true", help="run the command once per host")
+    p.add_argument("--gpus", action="store_true", help="give each host one GPU per rank "
+                                                       "(CUDA_VISIBLE_DEVICES)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
@@ -147,7 +154,7 @@ def main(argv=None):
     why = unavailable()
     if why:
         sys.exit(f"simhosts: {why}")
-    with SimHosts([int(x) for x in a.hosts.split(",")]) as hosts:
+    with SimHosts([int(x) for x in a.hosts.split(",")], a.gpus) as hosts:
         procs = []
         if a.per_host:
             for h in range(2):

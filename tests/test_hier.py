@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import WORKERS, Job, base_env, run_torchrun
+from conftest import WORKERS, Job, base_env, cuda_device_count, run_torchrun
 from simhosts import SimHosts, unavailable
 
 _WHY = unavailable()
@@ -34,8 +34,8 @@ class SimJob(Job):
                         outdir / f"rank{r}.log")
 
 
-def run_hosts(counts, worker, args, outdir, timeout=300, env=None):
-    with SimHosts(counts) as hosts:
+def run_hosts(counts, worker, args, outdir, timeout=300, env=None, gpus=False):
+    with SimHosts(counts, gpus) as hosts:
         return SimJob(hosts, worker, args, outdir=outdir, timeout=timeout, env=env).wait()
 
 
@@ -87,3 +87,19 @@ def test_one_host_is_unchanged(outdir):
     res = run_torchrun(str(outdir / "one_host.py"), 2, timeout=120, outdir=outdir,
                        env={"PYTHONPATH": f"{WORKERS}:{base_env()['PYTHONPATH']}"})
     res.assert_ok()
+
+
+@pytest.mark.gpu
+@needs_netns
+def test_cuda_across_hosts(outdir):
+    """Two simulated hosts with half the GPUs each (1 or 2 per host): gosym inside a host,
+    NCCL between; every CUDA op x dtype against flat NCCL on the same ranks."""
+    gpus = cuda_device_count()
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs, found {gpus}")
+    per = min(gpus // 2, 2)
+    res = run_hosts((per, per), "hier_worker", ["--hosts", f"{per},{per}", "--device", "cuda",
+                                                "--parts", "layout,ops,p2p", "--timeout", 120],
+                    outdir, timeout=900, gpus=True)
+    res.assert_ok()
+    assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"

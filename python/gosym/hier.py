@@ -795,10 +795,16 @@ class HierGroup(ProcessGroupGosym):
                       opts=None):
         opts = opts or _c10d.AllToAllOptions()
         _same_dtype(output, input, "all_to_all_single")
-        for splits, what in ((input_split_sizes, "input"), (output_split_sizes, "output")):
-            if splits and len(splits) != self._size:
-                raise ValueError(f"gosym: all_to_all_single: {len(splits)} {what} splits for "
-                                 f"{self._size} ranks")
+        for t, splits, what in ((input, input_split_sizes, "input"),
+                                (output, output_split_sizes, "output")):
+            rows = t.shape[0] if t.dim() else 1
+            if not splits:
+                if rows % self._size:
+                    raise ValueError(f"gosym: all_to_all_single: {what} dim 0 ({rows}) is not "
+                                     f"divisible by the world size {self._size}")
+            elif len(splits) != self._size or min(splits) < 0 or sum(splits) != rows:
+                raise ValueError(f"gosym: all_to_all_single: {what} splits {list(splits)} do "
+                                 f"not split dim 0 ({rows}) among {self._size} ranks")
 
         def run(dev):
             cb = []

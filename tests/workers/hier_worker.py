@@ -24,6 +24,7 @@ from collectives_worker import REDOPS, premul_factor, reduce_ref, supported
 from wcommon import ALL_DTYPES, make_input
 
 SIZES = [0, 1, 1025, 3 * 1024 + 5]
+DEVICE = torch.device("cpu")  # --device cuda: this rank's GPU, and NCCL is the reference
 DTYPES = ALL_DTYPES + [torch.complex64]
 COMPLEX_OPS = ("SUM", "AVG")
 
@@ -57,16 +58,17 @@ def ref_allreduce(xs, dtype, opname, world):
 
 
 class Ops:
-    """The op matrix: each op on gosym (the default group) and on gloo (same ranks)."""
+    """The op matrix: each op on gosym (the default group) and on the reference group of the
+    same ranks (gloo on CPU, NCCL on CUDA), with tensors on dev."""
 
-    def __init__(self, ck, rank, world, gloo):
-        self.ck, self.rank, self.world, self.gloo = ck, rank, world, gloo
+    def __init__(self, ck, rank, world, gloo, dev):
+        self.ck, self.rank, self.world, self.gloo, self.dev = ck, rank, world, gloo, dev
 
     def inputs(self, case, n, dtype, opname=""):
         if dtype.is_complex:
             parts = [make_input(case, r, 2 * n, torch.float32, opname) for r in range(self.world)]
-            return [torch.view_as_complex(p.view(n, 2)) for p in parts]
-        return [make_input(case, r, n, dtype, opname) for r in range(self.world)]
+            return [torch.view_as_complex(p.view(n, 2)).to(self.dev) for p in parts]
+        return [make_input(case, r, n, dtype, opname).to(self.dev) for r in range(self.world)]
 
     def both(self, case, fn, exp, tol=None):
         """fn(group) -> the tensor to check; run on gosym (must match exp) and on gloo (must
@@ -78,10 +80,10 @@ class Ops:
         try:
             ref = fn(self.gloo)
         except (RuntimeError, ValueError, TypeError) as e:
-            self.ck.info.setdefault("gloo_lacks", []).append(f"{case}: {str(e)[:80]}")
+            self.ck.info.setdefault("reference_lacks", []).append(f"{case}: {str(e)[:80]}")
             return
         why = wc.compare(got, real(ref), tol)
-        self.ck.check(f"{case} [vs gloo]", why is None, why or "")
+        self.ck.check(f"{case} [vs reference]", why is None, why or "")
 
     def root(self, case):
         return wc.seed_of(case, "root") % self.world
@@ -219,7 +221,7 @@ class Ops:
 
 
 def run_ops(ck, rank, world, gloo, counts):
-    Ops(ck, rank, world, gloo).run()
+    Ops(ck, rank, world, gloo, DEVICE).run()
 
 
 def check_layout(ck, rank, world, gloo, counts):
@@ -272,23 +274,25 @@ def check_p2p(ck, rank, world, gloo, counts):
     if world < 2:
         return
     for dtype in (torch.float32, torch.int16, torch.bfloat16, torch.complex64, torch.bool):
-        mine = make_input(f"p2p {dtype}", rank, 333, torch.float32).to(dtype)
-        want = make_input(f"p2p {dtype}", prv, 333, torch.float32).to(dtype)
+        mine = make_input(f"p2p {dtype}", rank, 333, torch.float32).to(DEVICE, dtype)
+        want = make_input(f"p2p {dtype}", prv, 333, torch.float32).to(DEVICE, dtype)
         got = poison_like(want)
-        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, nxt),
-                                       dist.P2POp(dist.irecv, got, prv)])
-        for q in reqs:
+        ops = [dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.irecv, got, prv)]
+        if DEVICE.type == "cuda" and rank % 2:  # NCCL's pairs: one side receives first
+            ops.reverse()
+        for q in ([o.op(o.tensor, o.peer) for o in ops] if DEVICE.type == "cuda"
+                  else dist.batch_isend_irecv(ops)):
             q.wait()
         why = wc.compare(got, want)
         ck.check(f"ring isend/irecv {dtype}", why is None, why or "")
     # blocking send/recv, even ranks first (non-contiguous receive buffer)
-    t = torch.zeros(6, 4)[:, 1]
+    t = torch.zeros(6, 4, device=DEVICE)[:, 1]
     if rank % 2 == 0:
-        dist.send(torch.full((6,), float(rank)), nxt)
+        dist.send(torch.full((6,), float(rank), device=DEVICE), nxt)
         dist.recv(t, prv)
     else:
         dist.recv(t, prv)
-        dist.send(torch.full((6,), float(rank)), nxt)
+        dist.send(torch.full((6,), float(rank), device=DEVICE), nxt)
     ck.check("send/recv", bool((t == prv).all()), f"{t}")
 
 
@@ -418,8 +422,13 @@ def main():
         p.add_argument("--scenario", default="")
         p.add_argument("--victim", type=int, default=-1)
         p.add_argument("--elems", type=int, default=100000)
+        p.add_argument("--device", default="cpu")
 
+    global DEVICE
     args = wc.setup(extra)
+    if args.device == "cuda":
+        DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(DEVICE)
     counts = [int(x) for x in args.hosts.split(",")]
     torch.set_num_threads(1)
     shm_before = shm_entries()
@@ -434,7 +443,7 @@ def main():
                 if r != args.victim:
                     wc.wait_for_marker(f"rank{r}.json", 60)
         os._exit(0)  # the group is broken: no teardown handshake to wait for
-    gloo = dist.new_group(backend="gloo")
+    gloo = dist.new_group(backend="nccl" if DEVICE.type == "cuda" else "gloo")
     part = wc.part_runner(ck, rank, world, gloo, counts)
     parts = {"layout": check_layout, "ops": run_ops, "async": check_async, "p2p": check_p2p,
              "groups": check_groups, "training": check_training}
