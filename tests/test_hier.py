@@ -13,7 +13,7 @@ from simhosts import SimHosts, unavailable
 _WHY = unavailable()
 needs_netns = pytest.mark.skipif(_WHY is not None, reason=f"simulated hosts: {_WHY}")
 # Small thresholds, so that the test's sizes take the rails in several ragged chunks.
-HIER_ENV = {"GOSYM_HIER_RAIL_MIN": "4096", "GOSYM_HIER_CHUNK": "4096", "GOSYM_HIER_REPORT_S": "6"}
+HIER_ENV = {"GOSYM_HIER_RAIL_MIN": "4096", "GOSYM_HIER_CHUNK": "4096", "GOSYM_HIER_REPORT_S": "8"}
 
 
 class SimJob(Job):
@@ -58,7 +58,7 @@ def test_rank_lost(scenario, victim, outdir):
     """A rank killed (or late past the timeout) on either host: every other rank raises a
     gosym error naming the op and the lost rank."""
     res = run_hosts((2, 2), "hier_worker", ["--hosts", "2,2", "--scenario", scenario,
-                                            "--victim", victim, "--timeout", 5], outdir,
+                                            "--victim", victim, "--timeout", 3], outdir,
                     timeout=180)
     fails = [f for f in res.failures() if not f.startswith(f"[rank {victim}]")]
     assert not fails, "\n".join(fails) + f"\n{res.tail(6000)}"
@@ -85,7 +85,8 @@ def test_one_host_is_unchanged(outdir):
             "dist.destroy_process_group()\n")
     (outdir / "one_host.py").write_text(code)
     res = run_torchrun(str(outdir / "one_host.py"), 2, timeout=120, outdir=outdir,
-                       env={"PYTHONPATH": f"{WORKERS}:{base_env()['PYTHONPATH']}"})
+                       env={"PYTHONPATH": f"{WORKERS}:{base_env()['PYTHONPATH']}"},
+                       launcher="spawn")
     res.assert_ok()
 
 

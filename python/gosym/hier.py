@@ -39,7 +39,7 @@ from torch._C import _distributed_c10d as _c10d
 from . import _lib
 from ._dtypes import reduce_op, reduce_types
 from .backend import ProcessGroupGosym, _one, _op_device, _raw_stream, _same_dtype
-from .work import cuda_work
+from .work import _settle, cuda_work
 
 HOST_ENV = "GOSYM_HOST_ID"
 # all_reduce, reduce_scatter and all_gather of at least this many bytes take the rails
@@ -126,11 +126,13 @@ def _linked(store, rank, size, timeout, name, global_ranks, members, hid):
     except Exception as e:
         if "connect" not in str(e):
             raise
+        how = ("set by the operator" if hid.startswith(HOST_ENV) else
+               "hostname/boot id/network and pid namespaces")
         raise _DistBackendError(
             f"gosym: group {name!r}: host detection put ranks {members} on one host "
-            f"({hid!r}: hostname/boot id/namespaces), but gosym could not link them: they do "
-            f"not share a host after all (a container or namespace boundary the id does not "
-            f"see?). Set {HOST_ENV} to a value per host. ({e})") from e
+            f"({hid!r}, {how}), but gosym could not link them: they do not share a host "
+            f"(or a network namespace) after all. Set {HOST_ENV} to one value per host. "
+            f"({e})") from e
 
 
 def _opts(cls, async_op=False, **kw):
@@ -187,6 +189,11 @@ def _contig(t, cb):
     tmp = t.contiguous()
     cb.append((t, tmp))
     return tmp
+
+
+def _copy_back(cb):
+    for t, tmp in cb:
+        t.copy_(tmp)
 
 
 def _divide(t, n):
@@ -247,13 +254,6 @@ class HierWork(dist._Work):
         if done:
             _settle(fut, self._out, self._exc)
         return fut
-
-
-def _settle(fut, out, exc):
-    if exc is None:
-        fut.set_result(out)
-    else:
-        fut.set_exception(exc)
 
 
 class _Runner:
@@ -398,6 +398,17 @@ class HierGroup(ProcessGroupGosym):
 
     # ---- running ops -----------------------------------------------------------
 
+    def _per_rank(self, ts, like, what, kind):
+        """Checks ts, an op's list of one tensor per rank, against like (dtype and size)."""
+        if len(ts) != self._size:
+            raise ValueError(f"gosym: {what}: {kind} list has {len(ts)} tensors, the group has "
+                             f"{self._size} ranks")
+        for x in ts:
+            _same_dtype(like, x, what)
+            if x.numel() != like.numel():
+                raise ValueError(f"gosym: {what}: {kind} tensor has {x.numel()} elements, "
+                                 f"expected {like.numel()}")
+
     def _post(self, what, keep, out, fn, async_op=True):
         """Runs fn(dev) (the op's steps) as op `what`: CUDA ops (keep's tensors on a GPU)
         at once on the caller's stream, host ops on the worker thread (inline when called
@@ -464,8 +475,8 @@ class HierGroup(ProcessGroupGosym):
             return f"the store is unreachable to name the lost ranks ({e})"
         if not late:
             return "every rank reported the failure (no rank was lost)"
-        return (f"ranks {late} were lost (they did not report the failure within "
-                f"{min(REPORT_S, self._timeout.total_seconds()):.0f} s)")
+        return (f"ranks {late} were lost or are blocked elsewhere (no report of the failure "
+                f"from them within {min(REPORT_S, self._timeout.total_seconds()):.0f} s)")
 
     # ---- reductions -------------------------------------------------------------
 
@@ -682,8 +693,7 @@ class HierGroup(ProcessGroupGosym):
             out = _contig(output, cb)
             src = _bytes(input.contiguous().view(-1)).view(-1)
             self._gather_rows(_bytes(out.view(-1)).view(-1), src, dev)
-            for t, tmp in cb:
-                t.copy_(tmp)
+            _copy_back(cb)
 
         return self._post("all_gather_into_tensor", (output, input), [output], run, opts.asyncOp)
 
@@ -691,14 +701,7 @@ class HierGroup(ProcessGroupGosym):
         opts = opts or _c10d.AllgatherOptions()
         outs = _one(output_tensors, "all_gather")
         t = _one(input_tensors, "all_gather")
-        if len(outs) != self._size:
-            raise ValueError(f"gosym: all_gather: output list has {len(outs)} tensors, the "
-                             f"group has {self._size} ranks")
-        for o in outs:
-            _same_dtype(o, t, "all_gather")
-            if o.numel() != t.numel():
-                raise ValueError(f"gosym: all_gather: output tensor has {o.numel()} elements, "
-                                 f"the input has {t.numel()}")
+        self._per_rank(outs, t, "all_gather", "output")
 
         def run(dev):
             flat = t.new_empty(self._size * t.numel())
@@ -756,8 +759,7 @@ class HierGroup(ProcessGroupGosym):
             cb = []
             out = _contig(output, cb)
             self._scatter_rows(out.view(-1), input.contiguous().view(-1), op, dev)
-            for t, tmp in cb:
-                t.copy_(tmp)
+            _copy_back(cb)
 
         return self._post("reduce_scatter_tensor", (output, input), [output], run, opts.asyncOp)
 
@@ -765,14 +767,7 @@ class HierGroup(ProcessGroupGosym):
         opts = opts or _c10d.ReduceScatterOptions()
         out = _one(output_tensors, "reduce_scatter")
         ins = _one(input_lists, "reduce_scatter")
-        if len(ins) != self._size:
-            raise ValueError(f"gosym: reduce_scatter: input list has {len(ins)} tensors, the "
-                             f"group has {self._size} ranks")
-        for t in ins:
-            _same_dtype(out, t, "reduce_scatter")
-            if t.numel() != out.numel():
-                raise ValueError(f"gosym: reduce_scatter: input tensor has {t.numel()} "
-                                 f"elements, the output has {out.numel()}")
+        self._per_rank(ins, out, "reduce_scatter", "input")
         _split_op(opts.reduceOp, out)
         op = opts.reduceOp
 
@@ -812,8 +807,7 @@ class HierGroup(ProcessGroupGosym):
             self._group("flat", dev).alltoall_base(
                 _bytes(out), _bytes(input.contiguous()), list(output_split_sizes),
                 list(input_split_sizes), _opts(_c10d.AllToAllOptions)).wait()
-            for t, tmp in cb:
-                t.copy_(tmp)
+            _copy_back(cb)
 
         return self._post("all_to_all_single", (output, input), [output], run, opts.asyncOp)
 
@@ -846,9 +840,8 @@ class HierGroup(ProcessGroupGosym):
         root = self._root(opts.rootRank, "gather")
         t = _one(input_tensors, "gather")
         outs = _one(output_tensors, "gather") if self._rank == root else []
-        if self._rank == root and len(outs) != self._size:
-            raise ValueError(f"gosym: gather: gather list has {len(outs)} tensors, the group "
-                             f"has {self._size} ranks")
+        if self._rank == root:
+            self._per_rank(outs, t, "gather", "gather")
 
         def run(dev):
             bufs = [t.new_empty(t.numel()) for _ in outs]
@@ -866,9 +859,8 @@ class HierGroup(ProcessGroupGosym):
         root = self._root(opts.rootRank, "scatter")
         out = _one(output_tensors, "scatter")
         ins = _one(input_tensors, "scatter") if self._rank == root else []
-        if self._rank == root and len(ins) != self._size:
-            raise ValueError(f"gosym: scatter: scatter list has {len(ins)} tensors, the group "
-                             f"has {self._size} ranks")
+        if self._rank == root:
+            self._per_rank(ins, out, "scatter", "scatter")
 
         def run(dev):
             buf = out.new_empty(out.numel())
