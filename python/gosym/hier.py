@@ -389,6 +389,8 @@ class HierGroup(ProcessGroupGosym):
             else:
                 opts = _c10d.ProcessGroupNCCL.Options()
                 opts._timeout = self._timeout
+                opts.group_name = f"{self._name}/{tag}"
+                opts.global_ranks_in_group = [self._global_ranks[r] for r in ranks]
                 pg = _c10d.ProcessGroupNCCL(sub, me, len(ranks), opts)
             self._inner[(kind, dev)] = pg
         return pg
@@ -903,8 +905,11 @@ class HierGroup(ProcessGroupGosym):
         return self._p2p("recv", tensors, srcRank, tag, True)
 
     def barrier(self, opts=None):
-        """Every host's ranks meet, then the leaders, then every host's again."""
+        """Every host's ranks meet, then the leaders, then every host's again; a group that
+        ran CUDA ops first waits for its device, as NCCL's barrier does."""
         opts = opts or _c10d.BarrierOptions()
+        if self._cuda is not None:
+            torch.cuda.synchronize(self._cuda)
 
         def run(dev):
             if self._n > 1:
