@@ -155,6 +155,9 @@ def _split_op(op, t):
     red, scale = reduce_op(op)
     reduce_types(t, red)  # raises for dtypes and ops gosym cannot reduce
     name = _RED_NAMES[red]
+    if t.is_cuda and name in ("BAND", "BOR", "BXOR"):
+        raise ValueError(f"gosym: {name} of CUDA tensors across hosts is not supported: NCCL, "
+                         "the inter-host engine, has no bitwise reductions")
     if name == "AVG":
         return _SUM, _SUM, True, None
     if name == "PREMUL_SUM":
@@ -448,9 +451,10 @@ class HierGroup(ProcessGroupGosym):
         return None
 
     def _failed(self, what, seq, e):
-        """The error of op what (seq) that failed with e: the inner groups are aborted (so
-        every peer fails promptly too), the failure is reported through the store, and the
-        ranks that do not report it within REPORT_S are named as lost."""
+        """The error of op what (seq) that failed with e: the inner groups are aborted (a
+        peer in a gosym step with this rank fails at once, one in a Gloo step at the latest
+        at its timeout), the failure is reported through the store, and the ranks that do
+        not report it within REPORT_S are named as lost."""
         if self._broken is not None:
             return _DistBackendError(f"gosym: {what} (seq {seq}): {self._broken}")
         self._broken = "aborting"

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import wcommon as wc
-from collectives_worker import REDOPS, premul_factor, reduce_ref, supported
+from collectives_worker import BITWISE, REDOPS, premul_factor, reduce_ref, supported
 from wcommon import ALL_DTYPES, make_input
 
 SIZES = [0, 1, 1025, 3 * 1024 + 5]
@@ -97,6 +97,8 @@ class Ops:
     def reductions(self, dtype, n):
         d = wc.dname(dtype)
         names = COMPLEX_OPS if dtype.is_complex else [o for o in REDOPS if supported(dtype, o)]
+        if self.dev.type == "cuda":  # NCCL, the inter-host engine, has no bitwise reductions
+            names = [o for o in names if o not in BITWISE]
         for opname in names:
             case = f"all_reduce {d} n={n} {opname}"
             xs = self.inputs(case, n, dtype, opname)
