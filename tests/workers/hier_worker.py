@@ -89,6 +89,10 @@ class Ops:
         return wc.seed_of(case, "root") % self.world
 
     def run(self):
+        if self.dev.type == "cuda":
+            t = torch.ones(4, dtype=torch.int32, device=self.dev)
+            self.ck.expect_error("BAND of CUDA tensors across hosts", dist.all_reduce, t,
+                                 op=dist.ReduceOp.BAND)
         for dtype in DTYPES:
             for n in SIZES:
                 self.reductions(dtype, n)
@@ -264,6 +268,11 @@ def check_async(ck, rank, world, gloo, counts):
     dist.all_reduce(t)
     exp = nc * world + sum(range(world))
     ck.check("non-contiguous all_reduce", torch.equal(t, exp), f"{t.flatten()[:4]}")
+    # bad input raises at once, a clear error, and the group goes on
+    ck.expect_error("all_gather_into_tensor of a wrong size", dist.all_gather_into_tensor,
+                    torch.empty(3), torch.ones(2))
+    ck.expect_error("all_to_all_single with bad splits", dist.all_to_all_single,
+                    torch.empty(world), torch.ones(world), [1] * world, [2] * world)
     w = dist.barrier(async_op=True)
     w.wait()
     dist.barrier()
