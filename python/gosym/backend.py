@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from . import _lib
+from . import _lib, _settings
 from ._dtypes import DTYPES as _DTYPES
 from ._dtypes import move_dtype, reduce_op, reduce_types
 from .work import Completer, CudaSideWork, _Op, cuda_work, work_of
@@ -47,7 +47,7 @@ _capturing = torch.cuda.is_current_stream_capturing
 _strided = torch.strided
 _sparse_coo = torch.sparse_coo
 _Tensor = torch.Tensor
-_DEBUG = os.environ.get("GOSYM_DEBUG") == "1"
+_DEBUG = _settings.debug()
 # The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
 # not called, at import: querying CUDA here would initialise it before a fork.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
