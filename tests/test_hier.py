@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import WORKERS, Job, base_env, cuda_device_count, run_torchrun
+from conftest import WORKERS, Job, base_env, cuda_device_count, run_python, run_torchrun
 from simhosts import SimHosts, unavailable
 
 _WHY = unavailable()
@@ -72,6 +72,13 @@ def test_detection_and_connect_disagree(outdir):
     assert res.returncode != 0
     assert "host detection put ranks [0, 1] on one host" in res.output, res.tail(4000)
     assert "GOSYM_HOST_ID" in res.output
+
+
+@pytest.mark.parametrize("name,value", [("GOSYM_HIER_CHUNK", "12x"), ("GOSYM_HIER_RAIL_MIN", "0")])
+def test_bad_setting_names_it(name, value):
+    p = run_python("from gosym import hier\ntry:\n    hier._tunables()\nexcept ValueError as e:\n"
+                   "    print(e)\n", env={name: value})
+    assert f"{name}={value!r}: accepts a whole number" in p.stdout, p.stdout + p.stderr
 
 
 def test_one_host_is_unchanged(outdir):

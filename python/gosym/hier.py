@@ -36,22 +36,25 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from . import _lib
+from . import _lib, _settings
 from ._dtypes import reduce_op, reduce_types
 from .backend import ProcessGroupGosym, _one, _op_device, _raw_stream, _same_dtype
 from .work import _settle, cuda_work
 
 HOST_ENV = "GOSYM_HOST_ID"
-# all_reduce, reduce_scatter and all_gather of at least this many bytes take the rails
-# (every local index moves 1/n of the data between hosts) on hosts with equal rank counts;
-# smaller ones, and any on unequal hosts, go through the hosts' leaders.
-RAIL_MIN = int(os.environ.get("GOSYM_HIER_RAIL_MIN", 64 << 10))
-# The rails' all_reduce is pipelined in chunks of this many bytes: the inter-host step
-# of one chunk overlaps the intra-host reduce-scatter of the next.
-CHUNK = max(4096, int(os.environ.get("GOSYM_HIER_CHUNK", 4 << 20)))
-# After an inter-host failure, how long a rank waits for every other rank to report it
-# before naming those that did not as lost.
-REPORT_S = float(os.environ.get("GOSYM_HIER_REPORT_S", 10))
+
+
+def _tunables():
+    """(rail_min, chunk, report_s), read at group creation (docs/TUNABLES.md): all_reduce,
+    reduce_scatter and all_gather of at least rail_min bytes take the rails (every local
+    index moves 1/n of the data between hosts) on hosts of equal rank counts, smaller ones
+    and any on unequal hosts the hosts' leaders; the rails' all_reduce is pipelined in
+    chunks of chunk bytes (one chunk's inter-host step overlaps the next one's intra-host
+    reduce-scatter); after a failure, a rank waits report_s seconds for every other rank
+    to report it before naming those that did not as lost."""
+    return (_settings.whole("GOSYM_HIER_RAIL_MIN", 64 << 10, 1),
+            _settings.whole("GOSYM_HIER_CHUNK", 4 << 20, 4096),
+            _settings.whole("GOSYM_HIER_REPORT_S", 10, 0))
 
 _DistBackendError = getattr(dist, "DistBackendError", RuntimeError)
 _RED_NAMES = {code: name for name, code in _lib.RED.items()}
@@ -67,7 +70,7 @@ def host_id() -> str:
     """This process's host as gosym's links see it: processes with the same id can link.
     Abstract Unix sockets do not cross network namespaces, and peers are authenticated by
     pid, which a pid namespace renumbers; GOSYM_HOST_ID, when set, is the id instead."""
-    env = os.environ.get(HOST_ENV)
+    env = _settings.host_id()
     if env:
         return f"{HOST_ENV}={env}"
     try:
@@ -102,6 +105,7 @@ def _host_ids(store, rank, size, timeout, name):
 def create(store, rank, size, timeout, name, global_ranks):
     """The gosym group of these ranks: a ProcessGroupGosym where they share a host, else a
     HierGroup."""
+    _tunables()  # a bad value fails here, before any rank waits for this one
     ids, key = _host_ids(store, rank, size, timeout, name)
     hosts = {}
     for r, h in enumerate(ids):
@@ -314,6 +318,7 @@ class HierGroup(ProcessGroupGosym):
     def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid):
         dist.ProcessGroup.__init__(self, rank, size)
         self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
+        self._rail_min, self._chunk, self._report_s = _tunables()
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._h, self._cuda, self._pending = 0, None, []
@@ -454,7 +459,7 @@ class HierGroup(ProcessGroupGosym):
         """The error of op what (seq) that failed with e: the inner groups are aborted (a
         peer in a gosym step with this rank fails at once, one in a Gloo step at the latest
         at its timeout), the failure is reported through the store, and the ranks that do
-        not report it within REPORT_S are named as lost."""
+        not report it within GOSYM_HIER_REPORT_S are named as lost."""
         if self._broken is not None:
             return _DistBackendError(f"gosym: {what} (seq {seq}): {self._broken}")
         self._broken = "aborting"
@@ -471,7 +476,7 @@ class HierGroup(ProcessGroupGosym):
         try:
             keys = [f"failed/{r}" for r in range(self._size)]
             self._store.set(keys[self._rank], f"{what} {seq}")
-            deadline = time.monotonic() + min(REPORT_S, self._timeout.total_seconds())
+            deadline = time.monotonic() + min(self._report_s, self._timeout.total_seconds())
             while True:
                 late = [r for r in range(self._size) if not self._store.check([keys[r]])]
                 if not late or time.monotonic() > deadline:
@@ -482,7 +487,7 @@ class HierGroup(ProcessGroupGosym):
         if not late:
             return "every rank reported the failure (no rank was lost)"
         return (f"ranks {late} were lost or are blocked elsewhere (no report of the failure "
-                f"from them within {min(REPORT_S, self._timeout.total_seconds()):.0f} s)")
+                f"from them within {min(self._report_s, self._timeout.total_seconds()):.0f} s)")
 
     # ---- reductions -------------------------------------------------------------
 
@@ -516,7 +521,7 @@ class HierGroup(ProcessGroupGosym):
         all_reduce of each rank's 1/n among the ranks of its local index (async, so it
         overlaps the next chunk's reduce-scatter), then intra-host all_gather."""
         n, total = self._n, buf.numel()
-        step = max(n, CHUNK // buf.element_size() // n * n)
+        step = max(n, self._chunk // buf.element_size() // n * n)
         rail = self._group("rail", dev)
         prev = None
         for a in range(0, total, step):
@@ -546,7 +551,7 @@ class HierGroup(ProcessGroupGosym):
             seg.copy_(segp[:seg.numel()])
 
     def _use_rails(self, nbytes, numel):
-        return self._balanced and self._n > 1 and nbytes >= RAIL_MIN and numel >= self._n
+        return self._balanced and self._n > 1 and nbytes >= self._rail_min and numel >= self._n
 
     def _allreduce_flat(self, buf, op, dev):
         """all_reduce of a contiguous 1-D buffer in place."""
