@@ -74,11 +74,20 @@ def test_detection_and_connect_disagree(outdir):
     assert "GOSYM_HOST_ID" in res.output
 
 
-@pytest.mark.parametrize("name,value", [("GOSYM_HIER_CHUNK", "12x"), ("GOSYM_HIER_RAIL_MIN", "0")])
-def test_bad_setting_names_it(name, value):
-    p = run_python("from gosym import hier\ntry:\n    hier._tunables()\nexcept ValueError as e:\n"
-                   "    print(e)\n", env={name: value})
-    assert f"{name}={value!r}: accepts a whole number" in p.stdout, p.stdout + p.stderr
+BAD_SETTINGS = [("GOSYM_HIER_CHUNK", "12x"), ("GOSYM_HIER_RAIL_MIN", "0"),
+                ("GOSYM_HIER_REPORT_S", "-1")]
+
+
+def test_bad_setting_names_it():
+    """A bad GOSYM_HIER_* value is a ValueError naming it (raised at group creation)."""
+    code = ("import os\nfrom gosym import hier\n"
+            f"for name, value in {BAD_SETTINGS!r}:\n"
+            "    os.environ[name] = value\n"
+            "    try:\n        hier._tunables()\n    except ValueError as e:\n        print(e)\n"
+            "    del os.environ[name]\n")
+    p = run_python(code)
+    for name, value in BAD_SETTINGS:
+        assert f"{name}={value!r}: accepts a whole number" in p.stdout, p.stdout + p.stderr
 
 
 def test_one_host_is_unchanged(outdir):
