@@ -139,6 +139,30 @@ class SimHosts:
         return [a.format(host=host, master=self.master, nhosts=len(self.counts)) for a in argv]
 
 
+class IdHosts(SimHosts):
+    """SimHosts' interface without namespaces: every rank on this machine, told apart into
+    hosts by GOSYM_HOST_ID alone (gosym links a host's ranks, Gloo and NCCL the rest over
+    loopback). Where namespaces cannot be made; NCCL then sees one machine."""
+
+    def __init__(self, counts, gpus=False):
+        super().__init__(counts, gpus)
+        self.addr = ["127.0.0.1", "127.0.0.1"]
+        self.port = str(29500 + os.getpid() % 20000)
+
+    def _up(self):
+        pass
+
+    def wrap(self, host, argv):
+        return list(argv)
+
+    def host_env(self, host) -> dict:
+        env = super().host_env(host)
+        for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            env.pop(k)
+        env.update(GOSYM_HOST_ID=self.hostname[host], MASTER_PORT=self.port)
+        return env
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hosts", default="2,2", help="ranks per host, e.g. 2,2 or 1,2")
