@@ -23,12 +23,14 @@ class SimJob(Job):
     def __init__(self, hosts, worker, args=(), *, outdir, timeout=300, env=None):
         import time
 
-        self.nproc, self.timeout, self.outdir, self.launcher = sum(hosts.counts), timeout, outdir, "spawn"
+        self.nproc, self.timeout, self.outdir = sum(hosts.counts), timeout, outdir
+        self.launcher = "spawn"
         self.outdir.mkdir(parents=True, exist_ok=True)
         env = base_env({"GOSYM_TEST_OUT": str(outdir), **HIER_ENV, **(env or {})})
         self.start = time.monotonic()
         self.procs, self.logs = [], []
-        argv = [sys.executable, str(WORKERS / f"{worker}.py"), "--backend", "gosym", *map(str, args)]
+        argv = [sys.executable, str(WORKERS / f"{worker}.py"), "--backend", "gosym",
+                *map(str, args)]
         for r, h, li in hosts.ranks():
             self._popen(hosts.wrap(h, argv), dict(env, **hosts.rank_env(r, h, li)),
                         outdir / f"rank{r}.log")

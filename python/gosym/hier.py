@@ -689,7 +689,8 @@ class HierGroup(ProcessGroupGosym):
         pos = [h * most + li for h, rs in enumerate(self._hosts) for li in range(len(rs))]
         ranks = [r for rs in self._hosts for r in rs]
         idx = torch.tensor(ranks, device=lb.device)
-        rows.index_copy_(0, idx, lb.view(len(self._hosts) * most, m)[torch.tensor(pos, device=lb.device)])
+        slots = lb.view(len(self._hosts) * most, m)
+        rows.index_copy_(0, idx, slots[torch.tensor(pos, device=lb.device)])
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
         opts = opts or _c10d.AllgatherOptions()

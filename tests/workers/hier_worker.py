@@ -372,7 +372,8 @@ def check_training(ck, rank, world, gloo, counts):
     ck.info["ddp_last_loss"] = [losses[-1], ref[-1]]
     losses = train_fsdp(None, rank)
     ref = train_fsdp(gloo, rank)
-    ck.check("FSDP2 losses match gloo's", close(losses, ref), f"gosym {losses[-3:]} gloo {ref[-3:]}")
+    ck.check("FSDP2 losses match gloo's", close(losses, ref),
+             f"gosym {losses[-3:]} gloo {ref[-3:]}")
     ck.info["fsdp_last_loss"] = [losses[-1], ref[-1]]
 
 
