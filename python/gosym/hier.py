@@ -476,7 +476,7 @@ class HierGroup(ProcessGroupGosym):
         try:
             keys = [f"failed/{r}" for r in range(self._size)]
             self._store.set(keys[self._rank], f"{what} {seq}")
-            deadline = time.monotonic() + min(self._report_s, self._timeout.total_seconds())
+            deadline = time.monotonic() + self._report_s
             while True:
                 late = [r for r in range(self._size) if not self._store.check([keys[r]])]
                 if not late or time.monotonic() > deadline:
@@ -487,7 +487,7 @@ class HierGroup(ProcessGroupGosym):
         if not late:
             return "every rank reported the failure (no rank was lost)"
         return (f"ranks {late} were lost or are blocked elsewhere (no report of the failure "
-                f"from them within {min(self._report_s, self._timeout.total_seconds()):.0f} s)")
+                f"from them within {self._report_s:.0f} s)")
 
     # ---- reductions -------------------------------------------------------------
 
