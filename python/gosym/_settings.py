@@ -19,3 +19,23 @@ def debug() -> bool:
 def library() -> str:
     """GOSYM_LIBRARY: path of the libgosym.so to load ("" for the package's own)."""
     return os.environ.get("GOSYM_LIBRARY", "")
+
+
+def host_id() -> str:
+    """GOSYM_HOST_ID: the host this rank is on ("" for the detected one)."""
+    return os.environ.get("GOSYM_HOST_ID", "")
+
+
+def whole(name: str, default: int, least: int) -> int:
+    """A whole-number setting of python/gosym (GOSYM_HIER_*): default when unset, ValueError
+    naming it when its value is not a whole number from least."""
+    v = os.environ.get(name, "")
+    if v == "":
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        n = least - 1
+    if n < least:
+        raise ValueError(f"gosym: {name}={v!r}: accepts a whole number from {least}")
+    return n

@@ -973,9 +973,11 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
 def _create(dist_backend_opts, backend_options=None):
     """torch's creator for backend "gosym" (register_backend with extended_api=True)."""
+    from .hier import create  # host detection: one host gets a ProcessGroupGosym
+
     o = dist_backend_opts
-    return ProcessGroupGosym(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id),
-                             list(o.global_ranks_in_group))
+    return create(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id),
+                  list(o.global_ranks_in_group))
 
 
 def register() -> None:

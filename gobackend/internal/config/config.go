@@ -116,6 +116,14 @@ func intRow(name string, def, least, most int, defText string, agree bool, doc s
 	return s
 }
 
+// pyIntRow is intRow for a whole number that python/gosym reads and checks
+// itself (python/gosym/_settings.py); the engine never reads it.
+func pyIntRow(name string, def, least int, doc string) Int {
+	s := intRow(name, def, least, math.MaxInt, "", false, doc)
+	s.Reader = Python
+	return s
+}
+
 // Get is the variable's value, or the default when it is unset. A bad value
 // also gives the default here: Check has already refused it when the group
 // was created.

@@ -78,6 +78,14 @@ var (
 
 // Read by Python, the build and the tests. The engine never reads them.
 var (
+	_ = textRow("GOSYM_HOST_ID", "hostname, boot id, network and pid namespaces", Python,
+		"The host a rank is on: ranks with the same id form one gosym group inside a host, linked across hosts by Gloo (CPU) or NCCL (CUDA). Set one value per host where the detection cannot tell hosts apart.")
+	_ = pyIntRow("GOSYM_HIER_RAIL_MIN", 64*kiB, 1,
+		"Across hosts of equal rank counts, all_reduce, reduce_scatter and all_gather of at least this many bytes run per local index (each rank moves 1/n between hosts); smaller ones, and all on unequal hosts, go through each host's first rank.")
+	_ = pyIntRow("GOSYM_HIER_CHUNK", 4*miB, 4096,
+		"Chunk bytes of the pipelined all_reduce across hosts: one chunk's inter-host step overlaps the next chunk's intra-host reduce-scatter.")
+	_ = pyIntRow("GOSYM_HIER_REPORT_S", 10, 0,
+		"After a failure across hosts, seconds a rank waits for the others to report it; the ranks that do not are named as lost.")
 	_ = textRow("GOSYM_LIBRARY", "libgosym.so in the package", Python,
 		"Path of the libgosym.so that python/gosym loads.")
 	_ = textRow("GOSYM_VENV", "~/.cache/gosym/venv-<hash of the requirements>", Build,
