@@ -110,4 +110,10 @@ var (
 		"Set by memreg's tests in their helper process.")
 	_ = textRow("GOSYM_MEMREG_BLOB", "", Tests,
 		"The blob memreg's tests hand their helper process.")
+	_ = textRow("GOSYM_CLIENTS_GROUP_TIMEOUT", "60", Tests,
+		"Seconds: the group timeout inside the real-client test jobs (tests/clients).")
+	_ = textRow("GOSYM_CLIENTS_JOB_TIMEOUT", "400", Tests,
+		"Seconds: the launcher's deadline for one real-client test job (tests/clients).")
+	_ = textRow("GOSYM_CLIENTS_COMPILE", "inductor on CUDA, aot_eager on CPU", Tests,
+		"The torch.compile backend of the real-client tests' compiled scenarios.")
 )
