@@ -117,11 +117,14 @@ func TestCUDAP2PWithoutCUDA(t *testing.T) {
 	require.EqualValues(t, -1, st["gpu_device"])
 }
 
-// A peer that never takes part: the handshake gives up at the group's
-// timeout, naming the peer, and the group is unusable afterwards (the pair
-// is out of step), as after any p2p message that timed out.
+// A peer whose engine never takes part (its listener is gone, as in a
+// hung process; a live peer's answers even while its caller is busy): the
+// handshake gives up at the group's timeout, naming the peer, and the
+// group is unusable afterwards (the pair is out of step), as after any p2p
+// message that timed out.
 func TestCUDAP2PHandshakeTimeoutNamesThePeer(t *testing.T) {
 	eps := group(t, 2, 300*time.Millisecond)
+	eps[1].team.Abort() // its listener stops
 	buf := make([]float32, 4)
 	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 	require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
