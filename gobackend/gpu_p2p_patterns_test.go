@@ -325,7 +325,6 @@ func TestCUDAP2PPatternsFake(t *testing.T) {
 	if !inFakeCUDA(t, "GOSYM_GPU_P2P_SLOT_BYTES=256", "FAKECUDA_P2P_THREADS=32") {
 		return
 	}
-	defer responderCases(t)
 	const small, big = 33, 5000 // 132 bytes; 20000 bytes > 16 KiB of outbox
 	for _, world := range []int{2, 3, 4} {
 		devices := make([]int, world)
@@ -375,6 +374,7 @@ func TestCUDAP2PPatternsFake(t *testing.T) {
 			})
 		}
 	}
+	responderCases(t)
 }
 
 // responderCases: the side that did not ask answers from its engine. A

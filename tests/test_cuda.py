@@ -150,6 +150,31 @@ def test_cuda_p2p(tmp_path):
         assert x["stats"]["gpu_p2p_channels"] == 1, x["stats"]
 
 
+P2P_PATTERNS = ["rings", "all_pairs", "pipeline_1f1b", "pipeline_interleaved", "subgroup",
+                "with_collectives"]
+
+
+@pytest.mark.parametrize("which", ["all_gpus", "three"])
+def test_cuda_p2p_patterns(tmp_path, which):
+    """The p2p patterns NCCL completes, each as the first p2p of a fresh group: rings both
+    ways, all-pairs exchanges (coalesced and separate, cyclic first contacts), 1F1B and
+    interleaved pipeline schedules, a subgroup, a ring in flight with all_reduce on side
+    streams; bit for bit into poisoned destinations (workers/cuda_p2p_patterns_worker.py).
+    At every GPU of the machine, and at 3 ranks where there are 4 or more."""
+    n = cuda_device_count()
+    if n < 2:
+        pytest.skip("needs 2 CUDA devices")
+    if which == "three" and n < 4:
+        pytest.skip("3 ranks on fewer than all GPUs needs 4 CUDA devices")
+    world = n if which == "all_gpus" else 3
+    res = run_torchrun("cuda_p2p_patterns_worker", world, ["--timeout", 60], timeout=600,
+                       outdir=tmp_path / "p2p_patterns")
+    res.assert_ok()
+    for r, x in enumerate(res.results):
+        assert x["info"].get("parts_done") == P2P_PATTERNS, (r, x["info"])
+        assert x["passed"] >= 40, f"rank {r}: the worker ran suspiciously few checks"
+
+
 def test_ddp_on_gpus_matches_nccl(tmp_path):
     if cuda_device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
