@@ -188,3 +188,55 @@ func TestCUDAP2PDeviceErrorFailsLaterOps(t *testing.T) {
 	require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
 	require.ErrorContains(t, err, "block 3 waited for data (its sender did not send) from rank 1")
 }
+
+// A rank that has run no CUDA op on the group answers a peer's request
+// from its engine: it waits half the group's timeout for its device, then
+// refuses, so the asker fails with NotSupported in time (not a timeout),
+// the group goes on, and the refusing rank's own later op with that peer
+// fails the same way, naming itself.
+func TestCUDAP2PPeerWithoutDeviceRefuses(t *testing.T) {
+	eps := group(t, 2, 600*time.Millisecond)
+	buf := make([]float32, 4)
+	start := time.Now()
+	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
+	require.Less(t, time.Since(start), 600*time.Millisecond)
+	require.Eventually(t, func() bool {
+		eps[1].p2p.mu.Lock()
+		defer eps[1].p2p.mu.Unlock()
+		return eps[1].p2p.peers != nil && eps[1].p2p.peers[0] != nil && isDone(eps[1].p2p.peers[0].done)
+	}, 5*time.Second, time.Millisecond)
+	require.EqualValues(t, 1, eps[1].StatsMap()["gpu_p2p_answered"])
+	_, err = eps[1].PostCUDA(&Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 0, Count: 4, Out: addr(buf)}, 0, 0, false)
+	require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
+	require.ErrorContains(t, err, "recv from rank 0 on cuda:0")
+	require.ErrorContains(t, err, "rank 0 asked for")
+	bufs := [][]float32{{1}, {2}}
+	require.Equal(t, []error{nil, nil}, postAll(t, eps, func(r int) *Op {
+		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
+	}))
+	require.Equal(t, []float32{3}, bufs[0])
+}
+
+// Destroying a rank whose responder is still waiting for its device ends
+// the responder at once: Destroy does not wait out the timeout, and the
+// asker fails rather than hangs.
+func TestCUDAP2PDestroyStopsTheResponder(t *testing.T) {
+	eps := group(t, 2, 5*time.Second)
+	buf := make([]float32, 4)
+	asked := make(chan error, 1)
+	go func() {
+		_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+		asked <- err
+	}()
+	require.Eventually(t, func() bool { return eps[1].p2p.answered.Load() == 1 }, 5*time.Second, time.Millisecond)
+	start := time.Now()
+	require.NoError(t, eps[1].Destroy())
+	require.Less(t, time.Since(start), 2*time.Second)
+	select {
+	case err := <-asked:
+		require.Error(t, err)
+	case <-time.After(8 * time.Second):
+		t.Fatal("the asker still waits after its peer was destroyed")
+	}
+}
