@@ -387,7 +387,8 @@ func responderCases(t *testing.T) {
 		ranks := simGroup(t, []int{0, 1, 2}, 20*time.Second)
 		prog := p2pProgram(3, ring(3, 1, 700), sendFirst)
 		runP2PProgram(t, ranks, prog, []time.Duration{0, 300 * time.Millisecond, 0})
-		require.EqualValues(t, 1, ranks[1].ep.StatsMap()["gpu_p2p_answered"], "rank 1 answered rank 0")
+		answered := ranks[1].ep.StatsMap()["gpu_p2p_answered"].(int64)
+		require.True(t, answered >= 1 && answered <= 2, "rank 1 answered rank 0 (and maybe 2) while asleep: %d", answered)
 	})
 	t.Run("glare", func(t *testing.T) {
 		for try := 0; try < 3; try++ {
