@@ -25,9 +25,15 @@ package gobackend
 // channel, and the group goes on.
 //
 // An op only enqueues gs_p2p_send or gs_p2p_recv on the stream the caller
-// names (Python passes its internal send or receive stream) and is complete
-// on the host at once; the kernels pace each other through counters on the
-// devices. The channel lives until the endpoint is destroyed.
+// names (Python passes its internal stream for the peer and direction) and
+// is complete on the host at once; the kernels pace each other through
+// counters on the devices. A send waits on the device only for its own
+// receiver (once the message outgrows the slots), so with a stream per
+// peer and direction no pattern of posts makes kernels of different pairs
+// wait on each other; on one stream for all peers, all-pairs exchanges
+// posted in rotated orders would (0's send to 1 behind nothing, 1's
+// receive from 0 behind its receive from 2, ... back to 0). The channel
+// lives until the endpoint is destroyed.
 
 import (
 	"encoding/binary"
