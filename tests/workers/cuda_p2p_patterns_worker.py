@@ -16,6 +16,7 @@ group opened a channel per peer it talked to.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 
@@ -27,6 +28,7 @@ from cuda_p2p_worker import _differ, _guards, _msg, _poisoned
 BIG = (9 << 20) // 4 + 3  # float32 elements: past a channel's 8 MiB of slots
 SMALL = 1025
 GOSYM = True  # the stats checks (off when the worker runs on NCCL)
+TIMEOUT = datetime.timedelta(seconds=60)  # of every group (--timeout)
 
 
 class Pattern:
@@ -73,7 +75,7 @@ class Pattern:
 
 def fresh(ranks=None):
     """A new group (of ranks, default all): its first p2p is the pattern's."""
-    return dist.new_group(ranks=ranks)
+    return dist.new_group(ranks=ranks, timeout=TIMEOUT)
 
 
 def rings(ck, rank, world, dev):
@@ -191,9 +193,10 @@ def with_collectives(ck, rank, world, dev):
 
 
 def main():
-    global GOSYM
+    global GOSYM, TIMEOUT
     args = wc.setup()
     GOSYM = args.backend == "gosym"
+    TIMEOUT = datetime.timedelta(seconds=args.timeout)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     rank, world = wc.init(args.backend, args.timeout)
