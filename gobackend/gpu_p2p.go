@@ -19,10 +19,11 @@ package gobackend
 // completes, where waiting for each peer's caller formed a cycle. When both
 // sides ask at once (glare) each runs its half once, the listener finding a
 // half already there, and both converge on the one channel. A responder
-// whose rank has run no CUDA op on the group yet waits for one (its caller
-// names the device) for up to half the group's timeout, then refuses: both
-// sides fail with NotSupported, as for any side that cannot open a
-// channel, and the group goes on.
+// whose rank has run no CUDA op on the group yet takes the device of its
+// process's CUDA ops if they all ran on one, else waits for one (its
+// caller names the device) for up to half the group's timeout, then
+// refuses: both sides fail with NotSupported, as for any side that cannot
+// open a channel, and the group goes on.
 //
 // An op only enqueues gs_p2p_send or gs_p2p_recv on the stream the caller
 // names (Python passes its internal stream for the peer and direction) and
@@ -348,15 +349,38 @@ func (p *gpuP2P) answer(e *Endpoint, peer int) {
 	}()
 }
 
-// device is the device of this rank's CUDA ops on the group, waiting for
-// one until deadline (or the group's destruction): -1 if none ran.
+// processDevice is the CUDA device of this process's CUDA ops on any
+// group (ordinal + 1; 0: none yet; -1: more than one).
+var processDevice atomic.Int32
+
+// noteProcessDevice records a CUDA op on device (PostCUDA).
+func noteProcessDevice(device int) {
+	v := int32(device) + 1
+	for {
+		old := processDevice.Load()
+		if old == v || old == -1 {
+			return
+		}
+		next := v
+		if old != 0 {
+			next = -1
+		}
+		if processDevice.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// device is the device of this rank's CUDA ops on the group, else of its
+// process's where they all ran on one (a new group whose first CUDA op is
+// a peer's request: one GPU per process is the rule), waiting for one
+// until deadline (or the group's destruction): -1 if none ran.
 func (p *gpuP2P) device(e *Endpoint, deadline time.Time) int {
 	for pause := time.Millisecond; ; pause = min(2*pause, 20*time.Millisecond) {
-		if d := e.gpu.device.Load(); d > 0 {
-			return int(d) - 1
-		}
-		if d := p.hint.Load(); d > 0 {
-			return int(d) - 1
+		for _, d := range []int32{e.gpu.device.Load(), p.hint.Load(), processDevice.Load()} {
+			if d > 0 {
+				return int(d) - 1
+			}
 		}
 		if time.Now().After(deadline) || e.team.Aborted() {
 			return -1

@@ -99,6 +99,7 @@ func (s *simRank) sync(t *testing.T) {
 // destroyed at the end of t by every rank at once (as processes would: a
 // rank's teardown waits for its peers to leave their channels).
 func simGroup(t *testing.T, devices []int, timeout time.Duration) []*simRank {
+	withProcessDevice(t, -1) // no responder takes another simulated rank's device
 	eps := group(t, len(devices), timeout)
 	t.Cleanup(func() {
 		var wg sync.WaitGroup

@@ -200,11 +200,13 @@ func TestCUDAP2PDeviceErrorFailsLaterOps(t *testing.T) {
 // the group goes on, and the refusing rank's own later op with that peer
 // fails the same way, naming itself.
 func TestCUDAP2PPeerWithoutDeviceRefuses(t *testing.T) {
+	withProcessDevice(t, -1) // the ranks share this process: no fallback
 	eps := group(t, 2, 600*time.Millisecond)
 	buf := make([]float32, 4)
 	start := time.Now()
 	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 	require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
+	require.Greater(t, time.Since(start), 300*time.Millisecond, "rank 1 waited for a device")
 	require.Less(t, time.Since(start), 600*time.Millisecond)
 	require.Eventually(t, func() bool {
 		eps[1].p2p.mu.Lock()
@@ -223,6 +225,7 @@ func TestCUDAP2PPeerWithoutDeviceRefuses(t *testing.T) {
 // the responder at once: Destroy does not wait out the timeout, and the
 // asker fails rather than hangs.
 func TestCUDAP2PDestroyStopsTheResponder(t *testing.T) {
+	withProcessDevice(t, -1)
 	eps := group(t, 2, 5*time.Second)
 	buf := make([]float32, 4)
 	asked := make(chan error, 1)
@@ -240,4 +243,37 @@ func TestCUDAP2PDestroyStopsTheResponder(t *testing.T) {
 	case <-time.After(8 * time.Second):
 		t.Fatal("the asker still waits after its peer was destroyed")
 	}
+}
+
+// withProcessDevice sets what this process's CUDA ops ran on (ordinal +
+// 1, 0 none, -1 several) for the test, as PostCUDA records it. Simulated
+// ranks share one process, so tests in which a responder must not take a
+// peer's device set -1.
+func withProcessDevice(t *testing.T, v int32) {
+	saved := processDevice.Load()
+	processDevice.Store(v)
+	t.Cleanup(func() { processDevice.Store(saved) })
+}
+
+// A new group whose rank ran CUDA ops on one device elsewhere in its
+// process answers on that device at once: the asker does not wait half
+// the timeout for it. Several devices in the process are no answer.
+func TestCUDAP2PResponderTakesTheProcessDevice(t *testing.T) {
+	withProcessDevice(t, 0)
+	noteProcessDevice(0)
+	noteProcessDevice(0)
+	require.EqualValues(t, 1, processDevice.Load())
+	eps := group(t, 2, 4*time.Second)
+	buf := make([]float32, 4)
+	start := time.Now()
+	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	if cudaDevices() == 0 {
+		require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
+	}
+	require.Less(t, time.Since(start), time.Second, "%v", err)
+	require.EqualValues(t, 1, eps[1].StatsMap()["gpu_p2p_answered"])
+	noteProcessDevice(1)
+	require.EqualValues(t, -1, processDevice.Load())
+	noteProcessDevice(0)
+	require.EqualValues(t, -1, processDevice.Load())
 }
