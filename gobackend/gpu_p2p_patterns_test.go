@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
-	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 )
 
@@ -30,30 +27,13 @@ import (
 // channel's outbox (16 blocks x 4 slots) and a send waits on the device for
 // its receiver.
 
-// inFakeCUDA re-runs the calling test in a child process of this test
-// binary, against the fake libcuda (the driver, once loaded, stays for the
-// process; the other tests of this package run without CUDA). It returns
-// true in the child.
-func inFakeCUDA(t *testing.T, env ...string) bool {
-	if os.Getenv("GOSYM_TEST_FAKE_CUDA") != "" {
-		return true
-	}
-	if _, err := cuda.LoadNVRTC(); err != nil {
-		t.Skipf("no NVRTC: %v", err)
-	}
-	run := "^" + t.Name() + "$"
-	if sub := os.Getenv("GOSYM_TEST_FAKE_RUN"); sub != "" { // narrow it to subtests
-		run += "/" + sub
-	}
-	cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.v", "-test.count=1", "-test.timeout=10m")
-	cmd.Env = append(os.Environ(), "GOSYM_TEST_FAKE_CUDA=1", "GOSYM_LIBCUDA="+cudatest.FakeLibrary(t),
-		"GOSYM_KERNEL_CACHE="+t.TempDir())
-	cmd.Env = append(cmd.Env, env...)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	require.Contains(t, string(out), "--- PASS: "+t.Name())
-	t.Logf("%s", out)
-	return false
+// inP2PFakeCUDA runs the calling test in a child process against the fake
+// libcuda (inFakeCUDA), with 256-byte slots and p2p kernel blocks of 32
+// threads (fewer OS threads per launch); it returns true in the parent.
+func inP2PFakeCUDA(t *testing.T) bool {
+	t.Setenv("GOSYM_GPU_P2P_SLOT_BYTES", "256")
+	t.Setenv("FAKECUDA_P2P_THREADS", "32")
+	return inFakeCUDA(t)
 }
 
 // p2pStep is one CUDA send or recv of a rank's program; msg names the
@@ -65,16 +45,16 @@ type p2pStep struct {
 	msg  int
 }
 
-// simRank is a simulated rank of a group: its endpoint, its fake device,
+// p2pRank is a simulated rank of a group: its endpoint, its fake device,
 // and its streams by (peer, recv).
-type simRank struct {
+type p2pRank struct {
 	ep      *Endpoint
 	device  int
 	g       *gpuDevice
 	streams map[[2]int]cuda.Stream
 }
 
-func (s *simRank) stream(t *testing.T, peer int, recv bool) cuda.Stream {
+func (s *p2pRank) stream(t *testing.T, peer int, recv bool) cuda.Stream {
 	k := [2]int{peer, 0}
 	if recv {
 		k[1] = 1
@@ -89,16 +69,16 @@ func (s *simRank) stream(t *testing.T, peer int, recv bool) cuda.Stream {
 	return st
 }
 
-func (s *simRank) sync(t *testing.T) {
+func (s *p2pRank) sync(t *testing.T) {
 	for _, st := range s.streams {
 		require.NoError(t, s.g.d.StreamSynchronize(s.g.ctx, st))
 	}
 }
 
-// simGroup connects a group whose rank r runs on fake device devices[r],
+// p2pGroup connects a group whose rank r runs on fake device devices[r],
 // destroyed at the end of t by every rank at once (as processes would: a
 // rank's teardown waits for its peers to leave their channels).
-func simGroup(t *testing.T, devices []int, timeout time.Duration) []*simRank {
+func p2pGroup(t *testing.T, devices []int, timeout time.Duration) []*p2pRank {
 	withProcessDevice(t, -1) // no responder takes another simulated rank's device
 	eps := group(t, len(devices), timeout)
 	t.Cleanup(func() {
@@ -109,11 +89,11 @@ func simGroup(t *testing.T, devices []int, timeout time.Duration) []*simRank {
 		}
 		wg.Wait()
 	})
-	ranks := make([]*simRank, len(devices))
+	ranks := make([]*p2pRank, len(devices))
 	for r, d := range devices {
 		g, err := openGPU(d)
 		require.NoError(t, err)
-		ranks[r] = &simRank{ep: eps[r], device: d, g: g, streams: map[[2]int]cuda.Stream{}}
+		ranks[r] = &p2pRank{ep: eps[r], device: d, g: g, streams: map[[2]int]cuda.Stream{}}
 	}
 	return ranks
 }
@@ -127,7 +107,7 @@ func msgValue(m, i int) float32 { return float32(m*100003+i%65521) + 0.25 }
 // runP2PProgram runs prog (prog[r]: rank r's steps, in post order) and
 // checks every message. delay[r], if set, is how long rank r waits before
 // posting (a late rank).
-func runP2PProgram(t *testing.T, ranks []*simRank, prog [][]p2pStep, delay []time.Duration) {
+func runP2PProgram(t *testing.T, ranks []*p2pRank, prog [][]p2pStep, delay []time.Duration) {
 	t.Helper()
 	type buf struct {
 		ptr uintptr
@@ -323,7 +303,7 @@ func pipeline1F1B(world, mb, n int, interleaved bool) [][]p2pStep {
 // point-to-point, at 2, 3 and 4 ranks; then again on the channels it made;
 // then the responder's cases.
 func TestCUDAP2PPatternsFake(t *testing.T) {
-	if !inFakeCUDA(t, "GOSYM_GPU_P2P_SLOT_BYTES=256", "FAKECUDA_P2P_THREADS=32") {
+	if inP2PFakeCUDA(t) {
 		return
 	}
 	const small, big = 33, 5000 // 132 bytes; 20000 bytes > 16 KiB of outbox
@@ -361,7 +341,7 @@ func TestCUDAP2PPatternsFake(t *testing.T) {
 		}
 		for _, p := range patterns {
 			t.Run(fmt.Sprintf("w%d/%s", world, p.name), func(t *testing.T) {
-				ranks := simGroup(t, devices, 20*time.Second)
+				ranks := p2pGroup(t, devices, 20*time.Second)
 				runP2PProgram(t, ranks, p.prog(), nil) // the group's first CUDA p2p
 				runP2PProgram(t, ranks, p.prog(), nil) // and again, on the channels it made
 				for _, rk := range ranks {
@@ -385,7 +365,7 @@ func TestCUDAP2PPatternsFake(t *testing.T) {
 // group of its own.
 func responderCases(t *testing.T) {
 	t.Run("late peer", func(t *testing.T) {
-		ranks := simGroup(t, []int{0, 1, 2}, 20*time.Second)
+		ranks := p2pGroup(t, []int{0, 1, 2}, 20*time.Second)
 		prog := p2pProgram(3, ring(3, 1, 700), sendFirst)
 		runP2PProgram(t, ranks, prog, []time.Duration{0, 300 * time.Millisecond, 0})
 		answered := ranks[1].ep.StatsMap()["gpu_p2p_answered"].(int64)
@@ -393,7 +373,7 @@ func responderCases(t *testing.T) {
 	})
 	t.Run("glare", func(t *testing.T) {
 		for try := 0; try < 3; try++ {
-			ranks := simGroup(t, []int{0, 1, 2, 3}, 20*time.Second)
+			ranks := p2pGroup(t, []int{0, 1, 2, 3}, 20*time.Second)
 			var msgs []p2pMessage
 			for a := 0; a < 4; a++ {
 				for b := 0; b < 4; b++ {
@@ -409,7 +389,7 @@ func responderCases(t *testing.T) {
 		}
 	})
 	t.Run("subgroup", func(t *testing.T) {
-		ranks := simGroup(t, []int{1, 3}, 20*time.Second)
+		ranks := p2pGroup(t, []int{1, 3}, 20*time.Second)
 		runP2PProgram(t, ranks, p2pProgram(2, append(ring(2, 1, 5000), ring(2, 1, 3)...), recvFirst), nil)
 	})
 }
