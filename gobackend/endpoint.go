@@ -170,6 +170,7 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 	e.coll = e.startQueue(e.runColl)
 	e.sends = make([]*queue, e.Size)
 	e.recvs = make([]*inbox, e.Size)
+	e.p2p.startListener(e)
 	return nil
 }
 

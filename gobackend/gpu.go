@@ -145,6 +145,7 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) 
 	if device < 0 {
 		return e.Post(op)
 	}
+	noteProcessDevice(device) // for the p2p responders of other groups
 	if op.Kind.IsP2P() {
 		return e.runP2PCUDA(op, device, stream, capturing)
 	}

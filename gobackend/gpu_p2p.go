@@ -9,10 +9,32 @@ package gobackend
 // mailboxes and inboxes that carry CPU send/recv) under a reserved tag, not
 // over the mesh links, which collective-queue tasks use at the same time.
 //
+// Setup never waits for the peer's caller. The side whose caller needs the
+// channel first (the asker) rings the peer's bell (symm.Team.Ring) and runs
+// its half of the handshake; the peer's listener (a goroutine of its
+// endpoint, asleep on the bell) starts the peer's half on a goroutine of
+// its own (the responder), on the device of the group's CUDA ops there,
+// unless a half is running or done already. So the asker waits only on the
+// peer's engine: a ring of first sends (0 asks 1, 1 asks 2, 2 asks 0)
+// completes, where waiting for each peer's caller formed a cycle. When both
+// sides ask at once (glare) each runs its half once, the listener finding a
+// half already there, and both converge on the one channel. A responder
+// whose rank has run no CUDA op on the group yet takes the device of its
+// process's CUDA ops if they all ran on one, else waits for one (its
+// caller names the device) for up to half the group's timeout, then
+// refuses: both sides fail with NotSupported, as for any side that cannot
+// open a channel, and the group goes on.
+//
 // An op only enqueues gs_p2p_send or gs_p2p_recv on the stream the caller
-// names (Python passes its internal send or receive stream) and is complete
-// on the host at once; the kernels pace each other through counters on the
-// devices. The channel lives until the endpoint is destroyed.
+// names (Python passes its internal stream for the peer and direction) and
+// is complete on the host at once; the kernels pace each other through
+// counters on the devices. A send waits on the device only for its own
+// receiver (once the message outgrows the slots), so with a stream per
+// peer and direction no pattern of posts makes kernels of different pairs
+// wait on each other; on one stream for all peers, all-pairs exchanges
+// posted in rotated orders would (0's send to 1 behind nothing, 1's
+// receive from 0 behind its receive from 2, ... back to 0). The channel
+// lives until the endpoint is destroyed.
 
 import (
 	"encoding/binary"
@@ -46,16 +68,18 @@ type gpuP2P struct {
 	mu       sync.Mutex
 	peers    []*p2pPeer // by rank, made on first use
 	closed   bool
-	stranded [][]byte // frames of handshakes that failed with their works posted
+	stranded [][]byte     // frames of handshakes that failed with their works posted
+	hint     atomic.Int32 // ordinal + 1 of this rank's first CUDA send/recv on the group
 
-	channels, sends, recvs atomic.Int64 // for the stats
+	channels, answered, sends, recvs atomic.Int64 // for the stats
 }
 
 // p2pPeer is the channel with one peer, or why there is none (sticky: the
 // two sides failed together).
 type p2pPeer struct {
 	done   chan struct{} // closed once the handshake finished, either way
-	device int
+	asked  bool          // set up by the responder, at the peer's request
+	device int           // -1 while a responder waits for this rank's device
 	g      *gpuDevice
 	ch     *cuda.P2PChannel
 	err    error
@@ -103,6 +127,7 @@ func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool
 		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
 			op.Kind, device, e.Name, d)
 	}
+	e.p2p.hint.CompareAndSwap(0, int32(device)+1) // a responder waiting for it goes on
 	p, err := e.p2p.channel(e, op, device, capturing)
 	if err != nil {
 		return nil, err
@@ -204,12 +229,8 @@ func (p *gpuP2P) channel(e *Endpoint, op *Op, device int, capturing bool) (*p2pP
 	}
 	p.mu.Unlock()
 	if opener {
-		c.err = e.openP2P(c, op)
-		if c.err == nil {
-			p.channels.Add(1)
-			e.gpu.device.CompareAndSwap(0, int32(device)+1)
-		}
-		close(c.done)
+		e.team.Ring(op.Peer) // the peer's responder runs its half
+		p.finish(e, c, e.openP2P(c, op.Peer, fmt.Sprintf("gosym: %s on cuda:%d: setting up the CUDA p2p channel", p2pWho(op), c.device)))
 	} else {
 		t := time.NewTimer(2 * e.Timeout)
 		select {
@@ -219,6 +240,9 @@ func (p *gpuP2P) channel(e *Endpoint, op *Op, device int, capturing bool) (*p2pP
 			return nil, status.Errorf(status.Timeout, "gosym: %s on CUDA: the channel with rank %d is still being set up after %v",
 				p2pWho(op), op.Peer, 2*e.Timeout)
 		}
+	}
+	if c.err != nil && c.asked { // the responder's error: say which op met it
+		return nil, status.Wrap(status.CodeOf(c.err), c.err, "gosym: %s on cuda:%d", p2pWho(op), device)
 	}
 	if c.err != nil {
 		return nil, c.err
@@ -230,26 +254,39 @@ func (p *gpuP2P) channel(e *Endpoint, op *Op, device int, capturing bool) (*p2pP
 	return c, nil
 }
 
-// openP2P runs the handshake with op.Peer. Local failures (no CUDA, a
-// compile error) still take part, as refusals, so that the peer never
-// waits for this rank; failures of either side are NotSupported on both.
-func (e *Endpoint) openP2P(c *p2pPeer, op *Op) error {
-	what := fmt.Sprintf("gosym: %s on cuda:%d: setting up the CUDA p2p channel", p2pWho(op), c.device)
-	peer := &p2pMailbox{e: e, peer: op.Peer, deadline: time.Now().Add(e.Timeout)}
+// finish records the outcome of c's handshake and releases its waiters.
+func (p *gpuP2P) finish(e *Endpoint, c *p2pPeer, err error) {
+	c.err = err
+	if err == nil {
+		p.channels.Add(1)
+		e.gpu.device.CompareAndSwap(0, int32(c.device)+1)
+	}
+	close(c.done)
+}
+
+// openP2P runs this side's half of the handshake with peer (what names
+// it in errors). Local failures (no CUDA, no device, a compile error) still
+// take part, as refusals, so that the peer never waits for this rank;
+// failures of either side are NotSupported on both.
+func (e *Endpoint) openP2P(c *p2pPeer, peerRank int, what string) error {
+	peer := &p2pMailbox{e: e, peer: peerRank, deadline: time.Now().Add(e.Timeout)}
 	var err error
-	if c.g, err = openGPU(c.device); err == nil {
+	if c.device < 0 {
+		err = fmt.Errorf("this rank had run no CUDA op on group %q within %v of rank %d asking (its device is unknown)",
+			e.Name, e.Timeout/2, peerRank)
+	} else if c.g, err = openGPU(c.device); err == nil {
 		if c.send, err = c.g.function(cuda.P2PSendKernel); err == nil {
 			c.recv, err = c.g.function(cuda.P2PRecvKernel)
 		}
 	}
 	if err != nil {
-		debugf("rank %d: CUDA p2p with rank %d: %v", e.Rank, op.Peer, err)
+		debugf("rank %d: CUDA p2p with rank %d: %v", e.Rank, peerRank, err)
 		if lerr := cuda.RefuseP2P(peer); lerr != nil {
 			return linkError(e, lerr, what)
 		}
 		return status.Errorf(status.NotSupported, "%s: %v", what, err)
 	}
-	c.ch, err = cuda.OpenP2P(c.g.d, cuda.P2PSpec{Ctx: c.g.ctx, Peer: op.Peer, SlotBytes: p2pSlotBytes()}, peer)
+	c.ch, err = cuda.OpenP2P(c.g.d, cuda.P2PSpec{Ctx: c.g.ctx, Peer: peerRank, SlotBytes: p2pSlotBytes()}, peer)
 	switch {
 	case err == nil:
 		return nil
@@ -257,6 +294,100 @@ func (e *Endpoint) openP2P(c *p2pPeer, op *Op) error {
 		return status.Errorf(status.NotSupported, "%s: %v", what, err)
 	}
 	return linkError(e, err, what)
+}
+
+// startListener starts the endpoint's listener (Connect calls it once the
+// team exists); Destroy's Abort stops it, and waits for it with the
+// workers.
+func (p *gpuP2P) startListener(e *Endpoint) {
+	e.workers.Add(1)
+	go p.listen(e)
+}
+
+// listen sleeps on the bell and answers every peer that rang it.
+func (p *gpuP2P) listen(e *Endpoint) {
+	defer e.workers.Done()
+	seen, rang := make([]uint32, e.Size), make([]uint32, e.Size)
+	for {
+		bell := e.team.Bell()
+		if e.team.Aborted() {
+			return
+		}
+		e.team.Rings(rang)
+		for r, n := range rang {
+			if n != seen[r] {
+				seen[r] = n
+				p.answer(e, r)
+			}
+		}
+		e.team.WaitBell(bell, time.Minute)
+	}
+}
+
+// answer starts this side's half of the channel with peer, which asked
+// for it, unless a half is running or done (this rank asked too, or
+// already answered).
+func (p *gpuP2P) answer(e *Endpoint, peer int) {
+	p.mu.Lock()
+	if p.closed || peer < 0 || peer >= e.Size || peer == e.Rank {
+		p.mu.Unlock()
+		return
+	}
+	if p.peers == nil {
+		p.peers = make([]*p2pPeer, e.Size)
+	}
+	if p.peers[peer] != nil {
+		p.mu.Unlock()
+		return
+	}
+	c := &p2pPeer{done: make(chan struct{}), asked: true, device: -1}
+	p.peers[peer] = c
+	p.mu.Unlock()
+	p.answered.Add(1)
+	go func() {
+		c.device = p.device(e, time.Now().Add(e.Timeout/2))
+		p.finish(e, c, e.openP2P(c, peer, fmt.Sprintf("setting up the CUDA p2p channel that rank %d asked for (on cuda:%d)", peer, c.device)))
+	}()
+}
+
+// processDevice is the CUDA device of this process's CUDA ops on any
+// group (ordinal + 1; 0: none yet; -1: more than one).
+var processDevice atomic.Int32
+
+// noteProcessDevice records a CUDA op on device (PostCUDA).
+func noteProcessDevice(device int) {
+	v := int32(device) + 1
+	for {
+		old := processDevice.Load()
+		if old == v || old == -1 {
+			return
+		}
+		next := v
+		if old != 0 {
+			next = -1
+		}
+		if processDevice.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// device is the device of this rank's CUDA ops on the group, else of its
+// process's where they all ran on one (a new group whose first CUDA op is
+// a peer's request: one GPU per process is the rule), waiting for one
+// until deadline (or the group's destruction): -1 if none ran.
+func (p *gpuP2P) device(e *Endpoint, deadline time.Time) int {
+	for pause := time.Millisecond; ; pause = min(2*pause, 20*time.Millisecond) {
+		for _, d := range []int32{e.gpu.device.Load(), p.hint.Load(), processDevice.Load()} {
+			if d > 0 {
+				return int(d) - 1
+			}
+		}
+		if time.Now().After(deadline) || e.team.Aborted() {
+			return -1
+		}
+		time.Sleep(pause)
+	}
 }
 
 // linkError is a handshake that broke on the host path: the pair is out
@@ -448,6 +579,7 @@ func p2pErrorText(peer int, w [cuda.P2PErrorWords]uint32) string {
 
 func (p *gpuP2P) stats(e *Endpoint, m map[string]any) {
 	m["gpu_p2p_channels"] = p.channels.Load()
+	m["gpu_p2p_answered"] = p.answered.Load()
 	m["gpu_p2p_sends"] = p.sends.Load()
 	m["gpu_p2p_recvs"] = p.recvs.Load()
 	m["gpu_p2p_slot_bytes"] = int64(p2pSlotBytes())

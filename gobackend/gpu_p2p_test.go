@@ -117,11 +117,14 @@ func TestCUDAP2PWithoutCUDA(t *testing.T) {
 	require.EqualValues(t, -1, st["gpu_device"])
 }
 
-// A peer that never takes part: the handshake gives up at the group's
-// timeout, naming the peer, and the group is unusable afterwards (the pair
-// is out of step), as after any p2p message that timed out.
+// A peer whose engine never takes part (its listener is gone, as in a
+// hung process; a live peer's answers even while its caller is busy): the
+// handshake gives up at the group's timeout, naming the peer, and the
+// group is unusable afterwards (the pair is out of step), as after any p2p
+// message that timed out.
 func TestCUDAP2PHandshakeTimeoutNamesThePeer(t *testing.T) {
 	eps := group(t, 2, 300*time.Millisecond)
+	eps[1].team.Abort() // its listener stops
 	buf := make([]float32, 4)
 	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 	require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
@@ -141,11 +144,16 @@ func TestCUDAP2PFirstOpRefusedUnderCapture(t *testing.T) {
 	require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
 	require.ErrorContains(t, err, "run one before capturing")
 	require.Less(t, time.Since(start), time.Second)
+	requireHostAllReduce(t, eps)
+}
+
+// requireHostAllReduce: the pair still runs a host all_reduce.
+func requireHostAllReduce(t *testing.T, eps []*Endpoint) {
 	bufs := [][]float32{{1}, {2}}
 	require.Equal(t, []error{nil, nil}, postAll(t, eps, func(r int) *Op {
 		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
 	}))
-	require.Equal(t, []float32{3}, bufs[1])
+	require.Equal(t, [][]float32{{3}, {3}}, bufs)
 }
 
 // A mismatch a recv kernel recorded (written here as gs_p2p_error writes
@@ -184,4 +192,88 @@ func TestCUDAP2PDeviceErrorFailsLaterOps(t *testing.T) {
 	_, err := ep.PostCUDA(recv, 0, 0, false)
 	require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
 	require.ErrorContains(t, err, "block 3 waited for data (its sender did not send) from rank 1")
+}
+
+// A rank that has run no CUDA op on the group answers a peer's request
+// from its engine: it waits half the group's timeout for its device, then
+// refuses, so the asker fails with NotSupported in time (not a timeout),
+// the group goes on, and the refusing rank's own later op with that peer
+// fails the same way, naming itself.
+func TestCUDAP2PPeerWithoutDeviceRefuses(t *testing.T) {
+	withProcessDevice(t, -1) // the ranks share this process: no fallback
+	eps := group(t, 2, 600*time.Millisecond)
+	buf := make([]float32, 4)
+	start := time.Now()
+	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
+	require.Greater(t, time.Since(start), 300*time.Millisecond, "rank 1 waited for a device")
+	require.Less(t, time.Since(start), 600*time.Millisecond)
+	require.Eventually(t, func() bool {
+		eps[1].p2p.mu.Lock()
+		defer eps[1].p2p.mu.Unlock()
+		return eps[1].p2p.peers != nil && eps[1].p2p.peers[0] != nil && isDone(eps[1].p2p.peers[0].done)
+	}, 5*time.Second, time.Millisecond)
+	require.EqualValues(t, 1, eps[1].StatsMap()["gpu_p2p_answered"])
+	_, err = eps[1].PostCUDA(&Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 0, Count: 4, Out: addr(buf)}, 0, 0, false)
+	require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
+	require.ErrorContains(t, err, "recv from rank 0 on cuda:0")
+	require.ErrorContains(t, err, "rank 0 asked for")
+	requireHostAllReduce(t, eps)
+}
+
+// Destroying a rank whose responder is still waiting for its device ends
+// the responder at once: Destroy does not wait out the timeout, and the
+// asker fails rather than hangs.
+func TestCUDAP2PDestroyStopsTheResponder(t *testing.T) {
+	withProcessDevice(t, -1)
+	eps := group(t, 2, 5*time.Second)
+	buf := make([]float32, 4)
+	asked := make(chan error, 1)
+	go func() {
+		_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+		asked <- err
+	}()
+	require.Eventually(t, func() bool { return eps[1].p2p.answered.Load() == 1 }, 5*time.Second, time.Millisecond)
+	start := time.Now()
+	require.NoError(t, eps[1].Destroy())
+	require.Less(t, time.Since(start), 2*time.Second)
+	select {
+	case err := <-asked:
+		require.Error(t, err)
+	case <-time.After(8 * time.Second):
+		t.Fatal("the asker still waits after its peer was destroyed")
+	}
+}
+
+// withProcessDevice sets what this process's CUDA ops ran on (ordinal +
+// 1, 0 none, -1 several) for the test, as PostCUDA records it. Simulated
+// ranks share one process, so tests in which a responder must not take a
+// peer's device set -1.
+func withProcessDevice(t *testing.T, v int32) {
+	saved := processDevice.Load()
+	processDevice.Store(v)
+	t.Cleanup(func() { processDevice.Store(saved) })
+}
+
+// A new group whose rank ran CUDA ops on one device elsewhere in its
+// process answers on that device at once: the asker does not wait half
+// the timeout for it. Several devices in the process are no answer.
+func TestCUDAP2PResponderTakesTheProcessDevice(t *testing.T) {
+	withProcessDevice(t, 0)
+	noteProcessDevice(0)
+	noteProcessDevice(0)
+	require.EqualValues(t, 1, processDevice.Load())
+	eps := group(t, 2, 4*time.Second)
+	buf := make([]float32, 4)
+	start := time.Now()
+	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	if cudaDevices() == 0 {
+		require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
+	}
+	require.Less(t, time.Since(start), time.Second, "%v", err)
+	require.EqualValues(t, 1, eps[1].StatsMap()["gpu_p2p_answered"])
+	noteProcessDevice(1)
+	require.EqualValues(t, -1, processDevice.Load())
+	noteProcessDevice(0)
+	require.EqualValues(t, -1, processDevice.Load())
 }

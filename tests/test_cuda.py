@@ -161,6 +161,26 @@ def test_cuda_p2p(tmp_path):
         assert x["stats"]["gpu_p2p_channels"] == len(peers), (peers, x["stats"])
 
 
+P2P_PATTERNS = ["rings", "all_pairs", "pipeline_1f1b", "pipeline_interleaved", "subgroup",
+                "with_collectives"]
+
+
+@pytest.mark.parametrize("world", gpu_worlds())
+def test_cuda_p2p_patterns(tmp_path, world):
+    """The p2p patterns NCCL completes, each as the first p2p of a fresh group: rings both
+    ways, all-pairs exchanges (coalesced and separate, cyclic first contacts), 1F1B and
+    interleaved pipeline schedules, a subgroup, a ring in flight with all_reduce on side
+    streams; bit for bit into poisoned destinations (workers/cuda_p2p_patterns_worker.py).
+    At 2, 3 and every GPU of the machine, those that fit."""
+    need_gpus(world)
+    res = run_torchrun("cuda_p2p_patterns_worker", world, ["--timeout", 60], timeout=600,
+                       outdir=tmp_path / "p2p_patterns")
+    res.assert_ok()
+    for r, x in enumerate(res.results):
+        assert x["info"].get("parts_done") == P2P_PATTERNS, (r, x["info"])
+        assert x["passed"] >= 40, f"rank {r}: the worker ran suspiciously few checks"
+
+
 def test_ddp_on_gpus_matches_nccl(tmp_path):
     """50 DDP steps on every GPU, on gosym and on NCCL: at 2 ranks bitwise the same losses
     and final parameters (a+b is rounded once, whatever the algorithm); from 3 on, the

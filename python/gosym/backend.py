@@ -270,7 +270,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._split_count = 0
         self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
-        self._streams = {}  # device index -> (send stream, recv stream) of CUDA send/recv
+        self._streams = {}  # (device index, peer) -> (send stream, recv stream) of CUDA p2p
         self._pending = []  # CUDA sends and receives not launched yet (_cuda_p2p)
         self._h = _bootstrap(store, rank, size, timeout, name)
         self._completer = Completer(name)
@@ -849,15 +849,18 @@ class ProcessGroupGosym(dist.ProcessGroup):
                      dst.data_ptr(), 0, 0, 0, 0)
         return self._work(desc, tensors, dst, cb)
 
-    def _p2p_stream(self, idx, recv):
-        """The group's internal send (recv False) or receive stream on device idx. Sends
-        and receives run there, each after the caller's current stream, not on it: on
-        one stream, the ring isend(next); irecv(prev) (or irecv first) posted by every
-        rank would queue each receive behind a send that waits for the peer's receive
-        once the message outgrows the channel's slots."""
-        pair = self._streams.get(idx)
+    def _p2p_stream(self, idx, recv, peer):
+        """The group's internal send (recv False) or receive stream with peer on device
+        idx. Sends and receives run there, each after the caller's current stream, not on
+        it, one stream per peer and direction, as NCCL's per-pair streams and grouped
+        p2p let any order of posts complete: on one stream, the ring isend(next);
+        irecv(prev) posted by every rank would queue each receive behind a send that
+        waits for the peer's receive once the message outgrows the channel's slots, and
+        on one send stream for all peers, all-pairs exchanges posted in rotated orders
+        would wait on each other in a cycle."""
+        pair = self._streams.get((idx, peer))
         if pair is None:
-            pair = self._streams[idx] = (torch.cuda.Stream(idx), torch.cuda.Stream(idx))
+            pair = self._streams[(idx, peer)] = (torch.cuda.Stream(idx), torch.cuda.Stream(idx))
         return pair[recv]
 
     def _cuda_p2p(self, op, t, peer, tag, out):
@@ -892,7 +895,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(idx))
         desc = _pack(op, code, 0, 1.0, 0, peer, tag, buf.numel() * mult, *addrs, 0, 0, 0, 0)
-        w = CudaSideWork(out, idx, self._p2p_stream(idx, recv), self)
+        w = CudaSideWork(out, idx, self._p2p_stream(idx, recv, peer), self)
         self._pending.append((w, desc, ready, buf, t if recv and buf is not t else None))
         return w
 

@@ -10,18 +10,21 @@ import (
 )
 
 // Control region layout (one per rank and endpoint, written only by its
-// owner except for the waiters word). Each signal word sits on its own cache
-// line so that ranks polling different words do not false-share.
+// owner except for the waiters word and the bell words). Each signal word
+// sits on its own cache line so that ranks polling different words do not
+// false-share (the bell's per-peer counts share lines: they are rung once
+// per channel).
 const (
 	lineSize     = 64
 	ctrlMagic    = 0x4c525443 // "CTRL"
-	ctrlVersion  = 2
+	ctrlVersion  = 3
 	offMagic     = 0
 	offStep      = 1 * lineSize // barrier arrivals, monotonic (serial arithmetic)
 	offWaiters   = 2 * lineSize // peers sleeping on a word of this region
 	offClosed    = 3 * lineSize // set when the owner destroys the endpoint
 	offSnapped   = 4 * lineSize // the last publication whose slots the owner copied out
-	offP2P       = 5 * lineSize // per peer: sent (a line), acked (a line)
+	offBell      = 5 * lineSize // rung by peers (Ring); the owner sleeps on it
+	offP2P       = 6 * lineSize // per peer: sent (a line), acked (a line)
 	p2pWordsSize = 2 * lineSize
 	p2pHdrSize   = lineSize // per peer and mailbox half
 )
@@ -43,8 +46,8 @@ type Layout struct {
 	Slots      int // sync slots (N): publication s uses slot s mod N
 	SlotBytes  int // bytes of one sync slot's metadata (after its stamp line)
 
-	offHdr, offSlots, CtrlBytes int
-	offBoxes, DataBytes         int
+	offHdr, offBells, offSlots, CtrlBytes int
+	offBoxes, DataBytes                   int
 
 	// Settings is what else every rank must share (the engine's agreed
 	// settings, internal/config), sent with the regions; CheckSettings
@@ -61,7 +64,8 @@ func NewLayout(world, stageBytes, boxBytes, slots int) Layout {
 	l := Layout{World: world, StageBytes: roundUp(stageBytes, 4096), BoxBytes: roundUp(boxBytes, 4096), Slots: max(1, slots)}
 	l.SlotBytes = roundUp(SlotHeaderBytes+24*world+SlotExtraBytes, lineSize)
 	l.offHdr = offP2P + world*p2pWordsSize
-	l.offSlots = l.offHdr + world*2*p2pHdrSize
+	l.offBells = l.offHdr + world*2*p2pHdrSize
+	l.offSlots = l.offBells + roundUp(4*world, lineSize)
 	l.CtrlBytes = roundUp(l.offSlots+l.Slots*(lineSize+l.SlotBytes), 4096)
 	l.offBoxes = 2 * l.StageBytes
 	l.DataBytes = l.offBoxes + world*2*l.BoxBytes
@@ -82,6 +86,7 @@ func (l *Layout) sentOff(peer int) int      { return offP2P + peer*p2pWordsSize 
 func (l *Layout) ackedOff(peer int) int     { return offP2P + peer*p2pWordsSize + lineSize }
 func (l *Layout) hdrOff(peer, half int) int { return l.offHdr + (peer*2+half)*p2pHdrSize }
 func (l *Layout) stageOff(half int) int     { return half * l.StageBytes }
+func (l *Layout) bellsOff(peer int) int     { return l.offBells + 4*peer }
 func (l *Layout) boxOff(peer, half int) int { return l.offBoxes + (peer*2+half)*l.BoxBytes }
 
 // stampOff is the word saying which publication slot s mod N holds; the

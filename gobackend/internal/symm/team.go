@@ -131,7 +131,48 @@ func (t *Team) StageBytes() int { return t.L.StageBytes }
 
 // Abort makes every current and future wait of this team fail with
 // status.Closed, so workers drain before the memory is unmapped.
-func (t *Team) Abort() { t.aborted.Store(true) }
+func (t *Team) Abort() {
+	t.aborted.Store(true)
+	if own := t.ctrl[t.Rank]; own != nil {
+		b := own.Word32(offBell)
+		atomic.AddUint32(b, 1)
+		host.FutexWake(b) // WaitBell returns
+	}
+}
+
+// Aborted reports whether Abort was called.
+func (t *Team) Aborted() bool { return t.aborted.Load() }
+
+// The bell: a peer that needs this rank's engine to act on its own (the
+// CUDA p2p channel's responder, say) rings it; the owner's listener sleeps
+// on it without counting as a waiter, so that the hot path's stores never
+// pay for a futex wake on its account. Each peer's rings are counted in a
+// word of its own, so the listener knows who rang.
+
+// Ring rings peer d's bell on behalf of this rank.
+func (t *Team) Ring(d int) {
+	atomic.AddUint32(t.ctrl[d].Word32(t.L.bellsOff(t.Rank)), 1)
+	b := t.ctrl[d].Word32(offBell)
+	atomic.AddUint32(b, 1)
+	host.FutexWake(b)
+}
+
+// Bell is this rank's bell word: read it before Rings, then WaitBell on
+// the value, and no ring is missed.
+func (t *Team) Bell() uint32 { return atomic.LoadUint32(t.ctrl[t.Rank].Word32(offBell)) }
+
+// Rings stores into n, per peer, how often it rang this rank.
+func (t *Team) Rings(n []uint32) {
+	own := t.ctrl[t.Rank]
+	for r := range n {
+		n[r] = atomic.LoadUint32(own.Word32(t.L.bellsOff(r)))
+	}
+}
+
+// WaitBell sleeps until the bell is no longer seen, for at most d.
+func (t *Team) WaitBell(seen uint32, d time.Duration) {
+	host.FutexWait(t.ctrl[t.Rank].Word32(offBell), seen, d)
+}
 
 // World is the group size.
 func (t *Team) World() int { return len(t.ctrl) }

@@ -100,3 +100,44 @@ func TestLayoutSettings(t *testing.T) {
 	a.CheckSettings = nil
 	require.Equal(t, status.Peer, status.CodeOf(a.agree(1, b.encode())))
 }
+
+// The bell: a ring wakes the owner's WaitBell at once (well before its
+// timeout), says who rang and how often, and lands on its own words (not
+// the step or waiters words the hot path uses); Abort wakes it too.
+func TestBellWakesAndCountsRings(t *testing.T) {
+	ts := pair(t, 2)
+	owner, peer := ts[0], ts[1]
+	rang := make([]uint32, 2)
+	owner.Rings(rang)
+	require.Equal(t, []uint32{0, 0}, rang)
+	woke := make(chan time.Duration, 1)
+	seen := owner.Bell()
+	go func() {
+		start := time.Now()
+		for owner.Bell() == seen {
+			owner.WaitBell(seen, 10*time.Second)
+		}
+		woke <- time.Since(start)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	peer.Ring(0)
+	require.Less(t, <-woke, 5*time.Second)
+	peer.Ring(0)
+	owner.Rings(rang)
+	require.Equal(t, []uint32{0, 2}, rang)
+	require.Zero(t, *owner.ctrl[0].Word32(offWaiters), "ringing registers no waiter")
+	require.Zero(t, *owner.ctrl[0].Word32(offStep))
+
+	seen = owner.Bell()
+	go func() {
+		start := time.Now()
+		for !owner.Aborted() {
+			owner.WaitBell(seen, 10*time.Second)
+		}
+		woke <- time.Since(start)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	owner.Abort()
+	require.Less(t, <-woke, 5*time.Second)
+	require.NotEqual(t, seen, owner.Bell())
+}

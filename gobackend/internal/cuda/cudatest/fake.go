@@ -1,6 +1,6 @@
 // Package cudatest serves tests that need a CUDA driver on machines with
 // none: it builds cmd/cudacheck/testdata/fakecuda.cpp, a libcuda stand-in
-// with two host-memory "GPUs" whose launches run the real kernel sources
+// with four host-memory "GPUs" whose launches run the real kernel sources
 // compiled for the host (kernels/testdata/emu.h).
 package cudatest
 

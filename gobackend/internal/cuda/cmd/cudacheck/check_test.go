@@ -12,7 +12,7 @@ import (
 )
 
 // TestAgainstFakeDriver runs the whole check, in -quick mode, against
-// testdata/fakecuda.cpp: a libcuda stand-in with two host-memory "GPUs"
+// testdata/fakecuda.cpp: a libcuda stand-in with four host-memory "GPUs"
 // whose launches run the real kernel sources compiled for the host. It
 // proves the check program and the Go/C launch path (parameter blobs,
 // contexts, streams, VMM, memops, cuGetProcAddress) before the one run on

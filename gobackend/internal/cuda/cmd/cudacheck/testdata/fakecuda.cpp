@@ -1,4 +1,4 @@
-// A stand-in libcuda for TestAgainstFakeDriver: two "GPUs" made of host
+// A stand-in libcuda for TestAgainstFakeDriver: four "GPUs" made of host
 // memory, streams as worker threads, and the gosym kernels compiled as host
 // code (kernels/testdata/emu.h) so that launches really run them. VMM
 // allocations are memfd pages mapped with mmap, so an exported fd imported
@@ -8,7 +8,9 @@
 // emu.h), one block after another; gs_a2av, whose blocks wait on each
 // other through the peers, runs every block of a launch at once, each
 // with its threads as threads of their own; the rest one thread after
-// another. Streams are worker threads, so the launches of simulated ranks
+// another. FAKECUDA_P2P_THREADS=n runs the p2p kernels' blocks with at
+// most n threads (at least 32; they work with any block size from 32 up):
+// fewer OS threads for tests of many launches. Streams are worker threads, so the launches of simulated ranks
 // on different streams run concurrently. Built with:
 //   g++ -shared -fPIC -include kernels/testdata/emu.h -I kernels -I <cuda pkg>
 #include "allreduce.cu"
@@ -21,6 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -106,7 +109,8 @@ thread_local CUcontext current;
 struct CUctx_st {
 	int device;
 };
-static CUctx_st contexts[2] = {{0}, {1}};
+enum { NDEV = 4 }; // simulated ranks of the gobackend tests run at up to 4
+static CUctx_st contexts[NDEV] = {{0}, {1}, {2}, {3}};
 static int device_of_current() { return current ? current->device : 0; }
 
 struct Phys { // a VMM allocation: a memfd
@@ -180,11 +184,11 @@ CUresult cuGetErrorName(CUresult, const char **s) {
 	return OK;
 }
 CUresult cuDeviceGetCount(int *n) {
-	*n = 2;
+	*n = NDEV;
 	return OK;
 }
 CUresult cuDeviceGet(CUdevice *d, int ordinal) {
-	if (ordinal < 0 || ordinal > 1)
+	if (ordinal < 0 || ordinal >= NDEV)
 		return 101;
 	*d = ordinal;
 	return OK;
@@ -247,6 +251,9 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 		return 201; // CUDA_ERROR_INVALID_CONTEXT: gosym must set one
 	if (gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024 || gx == 0)
 		return INVALID_VALUE;
+	if (f->threaded && !f->concurrent) // FAKECUDA_P2P_THREADS: fewer OS threads per block
+		if (const char *v = getenv("FAKECUDA_P2P_THREADS"))
+			bx = std::min(bx, (unsigned)std::max(32, atoi(v)));
 	std::string p((const char *)params[0], f->param_size); // copied now, like the driver
 	stream_of(s)->push([f, gx, bx, p] {
 		std::string local = p;
@@ -455,8 +462,23 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
 	memcpy(h->reserved, &p, sizeof p);
 	return OK;
 }
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned) { return NOT_SUPPORTED; }
-CUresult cuIpcCloseMemHandle(CUdeviceptr) { return NOT_SUPPORTED; }
+// Legacy IPC within this process (the simulated ranks of the gobackend
+// tests share it): the handle carries the address, which opens as itself.
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned) {
+	CUdeviceptr q;
+	memcpy(&q, h.reserved, sizeof q);
+	uintptr_t base;
+	Alloc a;
+	if (!find_alloc(q, &base, &a) || base != q)
+		return INVALID_VALUE;
+	*p = q;
+	return OK;
+}
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+	uintptr_t base;
+	Alloc a;
+	return find_alloc(p, &base, &a) ? OK : INVALID_VALUE;
+}
 
 // ---- VMM ----------------------------------------------------------------------------
 
