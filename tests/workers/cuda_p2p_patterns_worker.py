@@ -122,7 +122,13 @@ def pipeline(ck, rank, world, dev, interleaved, mb=4):
     p = Pattern(ck, name, rank, dev, fresh())
     s, last = rank, world - 1
     warm = min(last - s, mb)
-    n = BIG if world <= 4 else SMALL * 64
+    # Each step waits for its batch, which orders the caller's stream after it, as with NCCL.
+    # Posted one op per step (not interleaved), stage s+1's backward send then waits for
+    # stage s to receive, while stage s still waits for its own forward send: a message
+    # larger than the channel's slots cannot complete there, on NCCL either (its sends of
+    # more than its buffers also wait for the receiver). So that schedule moves messages
+    # that fit the slots; the interleaved one (torch.distributed.pipelining's) moves BIG.
+    n = BIG if interleaved and world <= 4 else SMALL * 64
     fwd_recv = lambda m: [p.recv_op(f"fwd{s - 1}.{m}", s - 1, n)] if s > 0 else []  # noqa: E731
     fwd_send = lambda m: [p.send_op(f"fwd{s}.{m}", s + 1, n)] if s < last else []  # noqa: E731
     bwd_recv = lambda m: [p.recv_op(f"bwd{s + 1}.{m}", s + 1, n)] if s < last else []  # noqa: E731
