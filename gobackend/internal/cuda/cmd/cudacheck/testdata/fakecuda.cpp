@@ -1,4 +1,4 @@
-// A stand-in libcuda for TestAgainstFakeDriver: two "GPUs" made of host
+// A stand-in libcuda for TestAgainstFakeDriver: four "GPUs" made of host
 // memory, streams as worker threads, and the gosym kernels compiled as host
 // code (kernels/testdata/emu.h) so that launches really run them. VMM
 // allocations are memfd pages mapped with mmap, so an exported fd imported
@@ -106,7 +106,9 @@ thread_local CUcontext current;
 struct CUctx_st {
 	int device;
 };
-static CUctx_st contexts[2] = {{0}, {1}};
+// Four devices, so that cross-device runs take 3 and 4 ranks too.
+enum { kDevices = 4 };
+static CUctx_st contexts[kDevices] = {{0}, {1}, {2}, {3}};
 static int device_of_current() { return current ? current->device : 0; }
 
 struct Phys { // a VMM allocation: a memfd
@@ -180,11 +182,11 @@ CUresult cuGetErrorName(CUresult, const char **s) {
 	return OK;
 }
 CUresult cuDeviceGetCount(int *n) {
-	*n = 2;
+	*n = kDevices;
 	return OK;
 }
 CUresult cuDeviceGet(CUdevice *d, int ordinal) {
-	if (ordinal < 0 || ordinal > 1)
+	if (ordinal < 0 || ordinal >= kDevices)
 		return 101;
 	*d = ordinal;
 	return OK;
