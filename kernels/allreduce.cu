@@ -18,7 +18,7 @@
 //                           in_stride: reduce_scatter, piece q to rank q).
 //
 // types: f32, f64, f16, bf16, f8e4m3, f8e5m2 (the last four with fp32
-// accumulation), i32, i64, i8, u8 and b8 (bool: any nonzero byte is true);
+// accumulation), i32, i64, i8, u8 (bool too, as torch hands it to NCCL);
 // ops: sum, prod, min, max (the types of kernelspec.go's reduceTypes).
 // AVG and PREMUL_SUM are sum with post = GS_POST_DIV / GS_POST_MUL.
 // Partial sums are folded in rank order 0..world-1 on every rank, so all
@@ -353,6 +353,5 @@ GS_AR_KERNELS(i64, GsI64)
 GS_AR_KERNELS(f64, GsF64)
 GS_AR_KERNELS(i8, GsI8)
 GS_AR_KERNELS(u8, GsU8)
-GS_AR_KERNELS(b8, GsBool)
 GS_AR_KERNELS(f8e4m3, GsF8E4M3)
 GS_AR_KERNELS(f8e5m2, GsF8E5M2)

@@ -239,27 +239,26 @@ __device__ __forceinline__ unsigned short gs_f2b(float f) {
 #endif
 }
 
-// fp8 (OCP e4m3fn and e5m2) with M mantissa bits and exponent bias B, as
-// NCCL 2.28 reduces it: widened to float, folded in float, rounded once to
-// nearest even and saturated to the largest finite value (NCCL converts
-// with __NV_SATFINITE; NaN stays NaN). kInf: the all-ones exponent holds
-// infinity and NaN (e5m2); else only magnitude 0x7f is NaN (e4m3fn).
-// Integer arithmetic only, so every architecture and the host emulation
-// get the same bits.
-template <int M, int B, bool kInf> __device__ __forceinline__ float gs_f8_to_f(gs_u32 s) {
-	const gs_u32 sign = (s & 0x80u) << 24, mag = s & 0x7fu;
-	const gs_u32 e = mag >> M, m = mag & ((1u << M) - 1u);
-	if (kInf ? e == (0x7fu >> M) : mag == 0x7fu)
-		return __uint_as_float(sign | (kInf && m == 0 ? 0x7f800000u : 0x7fc00000u));
-	if (e == 0) // subnormal: m * 2^(1-B-M), exact in float
-		return __uint_as_float(sign | __float_as_uint((float)(int)m *
-		                                              __uint_as_float((gs_u32)(127 + 1 - B - M) << 23)));
-	return __uint_as_float(sign | ((e + 127u - B) << 23) | (m << (23 - M)));
+// fp8 (OCP e4m3fn and e5m2), as NCCL 2.28 reduces it: widened to float,
+// folded in float, rounded once to nearest even and saturated to the
+// largest finite value (NCCL converts with __NV_SATFINITE; NaN stays NaN).
+//
+// Widening goes through half, which holds every fp8 value: e5m2 is the top
+// byte of a half; an e4m3fn magnitude shifted into a half's bits is the
+// value times 2^-8 (the biases are 15 and 7), and its one NaN (0x7f) would
+// read as a number.
+__device__ __forceinline__ float gs_e5m2_to_f(gs_u32 s) { return gs_h2f((unsigned short)(s << 8)); }
+__device__ __forceinline__ float gs_e4m3_to_f(gs_u32 s) {
+	const float v = gs_h2f((unsigned short)(((s & 0x80u) << 8) | ((s & 0x7fu) << 7))) * 256.0f;
+	return (s & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : v;
 }
 
-template <int M, int B, bool kInf> __device__ __forceinline__ unsigned char gs_f_to_f8(float f) {
+// Narrowing: the sm_89+ instruction where there is one (the low byte of
+// the pair it converts), else integer arithmetic with the same rounding,
+// M mantissa bits, exponent bias B and, with kInf, an all-ones exponent
+// for infinity and NaN (e5m2) rather than one NaN code (e4m3fn).
+template <int M, int B, bool kInf> __device__ __forceinline__ unsigned char gs_f_to_f8_soft(float f) {
 	const gs_u32 u = __float_as_uint(f), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-	// The largest finite magnitude: all-ones but the exponent (kInf), or 0x7e.
 	const gs_u32 maxcode = kInf ? (((0x7fu >> M) - 1u) << M) | ((1u << M) - 1u) : 0x7eu;
 	if (a > 0x7f800000u)
 		return (unsigned char)(sign | 0x7fu);
@@ -279,6 +278,22 @@ template <int M, int B, bool kInf> __device__ __forceinline__ unsigned char gs_f
 	}
 	return (unsigned char)(sign | (r < maxcode ? r : maxcode));
 }
+
+#if !defined(GS_EMULATION) && __CUDA_ARCH__ >= 890
+__device__ __forceinline__ unsigned char gs_f_to_e4m3(float f) {
+	unsigned short d;
+	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(f));
+	return (unsigned char)d;
+}
+__device__ __forceinline__ unsigned char gs_f_to_e5m2(float f) {
+	unsigned short d;
+	asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(f));
+	return (unsigned char)d;
+}
+#else
+__device__ __forceinline__ unsigned char gs_f_to_e4m3(float f) { return gs_f_to_f8_soft<3, 7, false>(f); }
+__device__ __forceinline__ unsigned char gs_f_to_e5m2(float f) { return gs_f_to_f8_soft<2, 15, true>(f); }
+#endif
 
 // A type that loads and stores by plain conversion.
 template <class Stored, class Acc, bool Float> struct GsPlain {
@@ -322,26 +337,21 @@ template <class Stored> struct GsByte {
 typedef GsByte<signed char> GsI8;
 typedef GsByte<unsigned char> GsU8;
 
-// bool as torch hands it to NCCL, as bytes: any nonzero byte is true and
-// results are 0 or 1, so SUM and MAX are OR, PRODUCT and MIN are AND
-// (ProcessGroupNCCL maps a bool SUM to MAX for this reason).
-struct GsBool {
-	typedef unsigned char S;
-	typedef int A;
-	static const bool kFloat = false;
-	static __device__ __forceinline__ A load(S s) { return s != 0; }
-	static __device__ __forceinline__ S store(A a) { return a != 0; }
-};
-
-template <int M, int B, bool kInf> struct GsF8 {
+struct GsF8E4M3 {
 	typedef unsigned char S;
 	typedef float A;
 	static const bool kFloat = true;
-	static __device__ __forceinline__ A load(S s) { return gs_f8_to_f<M, B, kInf>(s); }
-	static __device__ __forceinline__ S store(A a) { return gs_f_to_f8<M, B, kInf>(a); }
+	static __device__ __forceinline__ A load(S s) { return gs_e4m3_to_f(s); }
+	static __device__ __forceinline__ S store(A a) { return gs_f_to_e4m3(a); }
 };
-typedef GsF8<3, 7, false> GsF8E4M3;
-typedef GsF8<2, 15, true> GsF8E5M2;
+
+struct GsF8E5M2 {
+	typedef unsigned char S;
+	typedef float A;
+	static const bool kFloat = true;
+	static __device__ __forceinline__ A load(S s) { return gs_e5m2_to_f(s); }
+	static __device__ __forceinline__ S store(A a) { return gs_f_to_e5m2(a); }
+};
 
 // ---- reduction operators ------------------------------------------------------
 

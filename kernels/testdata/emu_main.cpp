@@ -50,11 +50,11 @@ static void run_all(void (*k)(P), const std::vector<P> &ps, unsigned grid, unsig
 
 // ---- reference ----------------------------------------------------------------
 
-enum DT { F32, F16, BF16, I32, I64, F64, I8, U8, B8, F8E4M3, F8E5M2, NDT };
+enum DT { F32, F16, BF16, I32, I64, F64, I8, U8, F8E4M3, F8E5M2, NDT };
 enum OP { SUM, PROD, MIN, MAX, NOP };
-static const char *dt_name[] = {"f32", "f16", "bf16", "i32", "i64", "f64", "i8", "u8", "b8", "f8e4m3", "f8e5m2"};
+static const char *dt_name[] = {"f32", "f16", "bf16", "i32", "i64", "f64", "i8", "u8", "f8e4m3", "f8e5m2"};
 static const char *op_name[] = {"sum", "prod", "min", "max"};
-static const size_t dt_size[] = {4, 2, 2, 4, 8, 8, 1, 1, 1, 1, 1};
+static const size_t dt_size[] = {4, 2, 2, 4, 8, 8, 1, 1, 1, 1};
 static bool is_float(DT dt) { return dt == F32 || dt == F16 || dt == BF16 || dt == F64 || dt == F8E4M3 || dt == F8E5M2; }
 static bool is_f8(DT dt) { return dt == F8E4M3 || dt == F8E5M2; }
 
@@ -62,7 +62,7 @@ typedef void (*ArKernel)(gs_ar_params);
 #define ROW(a, t) {gs_##a##_##t##_sum, gs_##a##_##t##_prod, gs_##a##_##t##_min, gs_##a##_##t##_max}
 #define ROWS(a)                                                                                    \
 	{ROW(a, f32), ROW(a, f16), ROW(a, bf16), ROW(a, i32), ROW(a, i64), ROW(a, f64),            \
-	 ROW(a, i8), ROW(a, u8), ROW(a, b8), ROW(a, f8e4m3), ROW(a, f8e5m2)}
+	 ROW(a, i8), ROW(a, u8), ROW(a, f8e4m3), ROW(a, f8e5m2)}
 enum ALGO { ONESHOT, TWOSHOT, PULL, NALGO };
 static const char *algo_name[] = {"oneshot", "twoshot", "pull"};
 static const ArKernel ll_kernels[NDT][NOP] = ROWS(ll);
@@ -188,9 +188,6 @@ static Val load(DT dt, const unsigned char *p) {
 	case U8:
 		v.i = *p;
 		break;
-	case B8:
-		v.i = *p != 0;
-		break;
 	default:
 		memcpy(&v.i, p, 8);
 	}
@@ -219,8 +216,6 @@ template <class F> static F fold_f(OP op, F a, F b) {
 }
 
 static int64_t fold_i(DT dt, OP op, int64_t a, int64_t b) {
-	if (dt == B8) // OR for SUM and MAX, AND for PRODUCT and MIN
-		return op == SUM || op == MAX ? (a | b) : (a & b);
 	uint64_t ua = (uint64_t)a, ub = (uint64_t)b;
 	int64_t r;
 	switch (op) {
@@ -314,8 +309,7 @@ struct Pads {
 
 static std::mt19937_64 rng(12345);
 
-// Random elements: integers of every bit pattern (bool: mostly zero, true
-// as any nonzero byte); floats near 1 for PROD, else small sums, with NaNs
+// Random elements: integers of every bit pattern; floats near 1 for PROD, else small sums, with NaNs
 // when nans; fp8 also with subnormals and values that overflow in a sum.
 static void fill(DT dt, OP op, unsigned char *p, size_t n, bool nans) {
 	std::uniform_int_distribution<int> small(-8, 8);
@@ -323,10 +317,6 @@ static void fill(DT dt, OP op, unsigned char *p, size_t n, bool nans) {
 		unsigned char *e = p + i * dt_size[dt];
 		if (!is_float(dt)) {
 			uint64_t x = rng();
-			if (dt == B8 && x % 3 == 0)
-				x >>= 8;
-			if (dt == B8 && x % 2 == 0)
-				x = 0;
 			memcpy(e, &x, dt_size[dt]);
 			continue;
 		}

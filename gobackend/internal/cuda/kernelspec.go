@@ -53,12 +53,11 @@ type opName struct {
 }
 
 var (
-	// Every type NCCL 2.28 reduces, and bool as torch hands it to NCCL (a
-	// byte; the kernels read nonzero as true). One GS_AR_KERNELS line each
-	// in allreduce.cu.
+	// Every type NCCL 2.28 reduces (bool runs uint8's kernels: kernelParts).
+	// One GS_AR_KERNELS line each in allreduce.cu.
 	reduceTypes = []typeName{{dtype.Float32, "f32"}, {dtype.Float16, "f16"}, {dtype.BFloat16, "bf16"},
 		{dtype.Int32, "i32"}, {dtype.Int64, "i64"}, {dtype.Float64, "f64"}, {dtype.Int8, "i8"},
-		{dtype.Uint8, "u8"}, {dtype.Bool, "b8"}, {dtype.Float8E4M3, "f8e4m3"}, {dtype.Float8E5M2, "f8e5m2"}}
+		{dtype.Uint8, "u8"}, {dtype.Float8E4M3, "f8e4m3"}, {dtype.Float8E5M2, "f8e5m2"}}
 	reduceOps = []opName{{dtype.Sum, "sum", PostNone}, {dtype.Avg, "sum", PostDiv}, {dtype.PremulSum, "sum", PostMul},
 		{dtype.Product, "prod", PostNone}, {dtype.Min, "min", PostNone}, {dtype.Max, "max", PostNone}}
 )
@@ -152,8 +151,16 @@ func ReduceKernel(a Algo, dt dtype.DType, op dtype.RedOp) (*Kernel, int32, error
 	return k, o.post, nil
 }
 
-// kernelParts are the kernel name parts of (dt, op).
+// kernelParts are the kernel name parts of (dt, op). bool reduces as
+// torch hands it to NCCL: as uint8, with SUM as MAX (ProcessGroupNCCL's
+// getNcclReduceOp), so PRODUCT and MIN are AND and MAX is OR on 0/1 bytes.
 func kernelParts(dt dtype.DType, op dtype.RedOp) (typeName, opName, bool) {
+	if dt == dtype.Bool {
+		dt = dtype.Uint8
+		if op == dtype.Sum {
+			op = dtype.Max
+		}
+	}
 	ti := slices.IndexFunc(reduceTypes, func(t typeName) bool { return t.dt == dt })
 	oi := slices.IndexFunc(reduceOps, func(o opName) bool { return o.op == op })
 	if ti < 0 || oi < 0 {

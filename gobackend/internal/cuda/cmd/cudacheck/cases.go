@@ -425,7 +425,7 @@ func f8Of(dt dtype.DType) (f8Format, bool) {
 }
 
 // genData makes n random elements: integers of every bit pattern (bool:
-// half of them zero, true as any nonzero byte), floats in [-1, 1) (near 1
+// half of them zero, the rest any byte), floats in [-1, 1) (near 1
 // for PRODUCT), float64 with bits past float32's, fp8 with a few values
 // that overflow when summed.
 func genData(rng *rand.Rand, dt dtype.DType, op dtype.RedOp, n int) []byte {
@@ -496,13 +496,8 @@ func decodeI(dt dtype.DType, b []byte) int64 {
 		return int64(int32(binary.LittleEndian.Uint32(b)))
 	case dtype.Int8:
 		return int64(int8(b[0]))
-	case dtype.Uint8:
+	case dtype.Uint8, dtype.Bool:
 		return int64(b[0])
-	case dtype.Bool:
-		if b[0] != 0 {
-			return 1
-		}
-		return 0
 	}
 	return int64(binary.LittleEndian.Uint64(b))
 }
@@ -514,20 +509,18 @@ func wrapI(dt dtype.DType, x int64) int64 {
 		return int64(int32(x))
 	case dtype.Int8:
 		return int64(int8(x))
-	case dtype.Uint8:
+	case dtype.Uint8, dtype.Bool:
 		return int64(uint8(x))
 	}
 	return x
 }
 
-// foldI is op on two integers of dt; bool SUM and MAX are OR, PRODUCT and
-// MIN are AND (torch's NCCL mapping).
+// foldI is op on two integers of dt; bool is bytes, with SUM as MAX
+// (torch's mapping for NCCL: on 0/1 bytes, SUM and MAX are OR, PRODUCT and
+// MIN are AND).
 func foldI(dt dtype.DType, op dtype.RedOp, a, b int64) int64 {
-	if dt == dtype.Bool {
-		if op == dtype.Sum || op == dtype.Max {
-			return a | b
-		}
-		return a & b
+	if dt == dtype.Bool && op == dtype.Sum {
+		op = dtype.Max
 	}
 	switch op {
 	case dtype.Sum:
