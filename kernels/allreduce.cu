@@ -345,13 +345,11 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 	GS_AR_OPS(oneshot, tname, T)                                                           \
 	GS_AR_OPS(twoshot, tname, T) GS_AR_OPS(pull, tname, T) GS_AR_OPS(ll, tname, T)
 
-GS_AR_KERNELS(f32, GsF32)
-GS_AR_KERNELS(f16, GsF16)
-GS_AR_KERNELS(bf16, GsBF16)
-GS_AR_KERNELS(i32, GsI32)
-GS_AR_KERNELS(i64, GsI64)
-GS_AR_KERNELS(f64, GsF64)
-GS_AR_KERNELS(i8, GsI8)
-GS_AR_KERNELS(u8, GsU8)
-GS_AR_KERNELS(f8e4m3, GsF8E4M3)
-GS_AR_KERNELS(f8e5m2, GsF8E5M2)
+// Every element type, as X(kernel name part, element type), in the order of
+// kernelspec.go's reduceTypes; the host emulation and the fake driver list
+// the kernels through it too.
+#define GS_AR_TYPES(X)                                                                            \
+	X(f32, GsF32) X(f16, GsF16) X(bf16, GsBF16) X(i32, GsI32) X(i64, GsI64) X(f64, GsF64)    \
+	    X(i8, GsI8) X(u8, GsU8) X(f8e4m3, GsF8E4M3) X(f8e5m2, GsF8E5M2)
+
+GS_AR_TYPES(GS_AR_KERNELS)

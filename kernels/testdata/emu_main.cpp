@@ -52,21 +52,26 @@ static void run_all(void (*k)(P), const std::vector<P> &ps, unsigned grid, unsig
 
 enum DT { F32, F16, BF16, I32, I64, F64, I8, U8, F8E4M3, F8E5M2, NDT };
 enum OP { SUM, PROD, MIN, MAX, NOP };
-static const char *dt_name[] = {"f32", "f16", "bf16", "i32", "i64", "f64", "i8", "u8", "f8e4m3", "f8e5m2"};
+#define DT_NAME(t, T) #t,
+static const char *dt_name[] = {GS_AR_TYPES(DT_NAME)}; // the kernels' order: DT's
 static const char *op_name[] = {"sum", "prod", "min", "max"};
-static const size_t dt_size[] = {4, 2, 2, 4, 8, 8, 1, 1, 1, 1};
+#define DT_SIZE(t, T) sizeof(T::S),
+static const size_t dt_size[] = {GS_AR_TYPES(DT_SIZE)};
 static bool is_float(DT dt) { return dt == F32 || dt == F16 || dt == BF16 || dt == F64 || dt == F8E4M3 || dt == F8E5M2; }
 static bool is_f8(DT dt) { return dt == F8E4M3 || dt == F8E5M2; }
 
 typedef void (*ArKernel)(gs_ar_params);
 #define ROW(a, t) {gs_##a##_##t##_sum, gs_##a##_##t##_prod, gs_##a##_##t##_min, gs_##a##_##t##_max}
-#define ROWS(a)                                                                                    \
-	{ROW(a, f32), ROW(a, f16), ROW(a, bf16), ROW(a, i32), ROW(a, i64), ROW(a, f64),            \
-	 ROW(a, i8), ROW(a, u8), ROW(a, f8e4m3), ROW(a, f8e5m2)}
+#define ROW_ONESHOT(t, T) ROW(oneshot, t),
+#define ROW_TWOSHOT(t, T) ROW(twoshot, t),
+#define ROW_PULL(t, T) ROW(pull, t),
+#define ROW_LL(t, T) ROW(ll, t),
 enum ALGO { ONESHOT, TWOSHOT, PULL, NALGO };
 static const char *algo_name[] = {"oneshot", "twoshot", "pull"};
-static const ArKernel ll_kernels[NDT][NOP] = ROWS(ll);
-static const ArKernel kernels[NALGO][NDT][NOP] = {ROWS(oneshot), ROWS(twoshot), ROWS(pull)};
+static const ArKernel ll_kernels[][NOP] = {GS_AR_TYPES(ROW_LL)};
+static const ArKernel kernels[NALGO][NDT][NOP] = {
+    {GS_AR_TYPES(ROW_ONESHOT)}, {GS_AR_TYPES(ROW_TWOSHOT)}, {GS_AR_TYPES(ROW_PULL)}};
+static_assert(sizeof ll_kernels / sizeof ll_kernels[0] == NDT, "DT lists every type of GS_AR_TYPES");
 
 static float f16_to_f32(uint16_t h) {
 	_Float16 x;
