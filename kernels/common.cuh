@@ -309,21 +309,20 @@ typedef GsPlain<double, double, true> GsF64;
 typedef GsPlain<int, int, false> GsI32;
 typedef GsPlain<long long, long long, false> GsI64;
 
-struct GsF16 {
-	typedef unsigned short S;
-	typedef float A;
-	static const bool kFloat = true;
-	static __device__ __forceinline__ A load(S s) { return gs_h2f(s); }
-	static __device__ __forceinline__ S store(A a) { return gs_f2h(a); }
-};
+// A type stored as bits that accumulates in float, through its converters.
+#define GS_VIA_FLOAT(Name, Stored, to_float, from_float)                                          \
+	struct Name {                                                                              \
+		typedef Stored S;                                                                  \
+		typedef float A;                                                                   \
+		static const bool kFloat = true;                                                   \
+		static __device__ __forceinline__ A load(S s) { return to_float(s); }              \
+		static __device__ __forceinline__ S store(A a) { return from_float(a); }           \
+	};
 
-struct GsBF16 {
-	typedef unsigned short S;
-	typedef float A;
-	static const bool kFloat = true;
-	static __device__ __forceinline__ A load(S s) { return gs_b2f(s); }
-	static __device__ __forceinline__ S store(A a) { return gs_f2b(a); }
-};
+GS_VIA_FLOAT(GsF16, unsigned short, gs_h2f, gs_f2h)
+GS_VIA_FLOAT(GsBF16, unsigned short, gs_b2f, gs_f2b)
+GS_VIA_FLOAT(GsF8E4M3, unsigned char, gs_e4m3_to_f, gs_f_to_e4m3)
+GS_VIA_FLOAT(GsF8E5M2, unsigned char, gs_e5m2_to_f, gs_f_to_e5m2)
 
 // 8-bit integers fold in int and keep the low byte: the bits of folding in
 // the 8-bit type with two's-complement wrap-around.
@@ -336,22 +335,6 @@ template <class Stored> struct GsByte {
 };
 typedef GsByte<signed char> GsI8;
 typedef GsByte<unsigned char> GsU8;
-
-struct GsF8E4M3 {
-	typedef unsigned char S;
-	typedef float A;
-	static const bool kFloat = true;
-	static __device__ __forceinline__ A load(S s) { return gs_e4m3_to_f(s); }
-	static __device__ __forceinline__ S store(A a) { return gs_f_to_e4m3(a); }
-};
-
-struct GsF8E5M2 {
-	typedef unsigned char S;
-	typedef float A;
-	static const bool kFloat = true;
-	static __device__ __forceinline__ A load(S s) { return gs_e5m2_to_f(s); }
-	static __device__ __forceinline__ S store(A a) { return gs_f_to_e5m2(a); }
-};
 
 // ---- reduction operators ------------------------------------------------------
 

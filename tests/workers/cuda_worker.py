@@ -201,6 +201,22 @@ def _odd(n, dtype, dev, rank):
     return base, base[1:1 + n]
 
 
+def _reduce_to_root(ck, case, rank, world, n, dtype, opname, dev):
+    """reduce to the last rank: the root gets the float64 reference (within _tolerance),
+    the others keep their input."""
+    root = world - 1
+    ins = _ins(case, world, n, dtype, dev, opname)
+    t = ins[rank].clone()
+    dist.reduce(t, dst=root, op=_op(opname))
+    if rank == root:
+        ref = _reference(ins, opname, world)
+        why = _compare(t, ref, _tolerance(ins, opname, world, ref))
+        ck.check(f"{case}: vs float64 reference", why is None, why or "")
+    else:
+        why = _compare(t, ins[rank])
+        ck.check(f"{case}: non-root input unchanged", why is None, why or "")
+
+
 def movement(ck, rank, world, dev, nccl, digests):
     """Every other collective on CUDA tensors, against the exact result built from every
     rank's (reproducible) input, and against NCCL on the same inputs; outputs poisoned
@@ -272,17 +288,7 @@ def movement(ck, rank, world, dev, nccl, digests):
                 dist.reduce_scatter(outl, [x[r * n:(r + 1) * n] for r, x in
                                            enumerate([ins[rank]] * world)], op=_op(opname))
                 same(case + "/list", outl, ref, tol=tol)
-                root = world - 1
-                case = f"reduce/{tag}/root{root}"
-                ins = _ins(case, world, n, dtype, dev, opname)
-                t = ins[rank].clone()
-                dist.reduce(t, dst=root, op=_op(opname))
-                if rank == root:
-                    ref = _reference(ins, opname, world)
-                    same(case, t, ref, tol=_tolerance(ins, opname, world, ref))
-                else:
-                    why = wc.compare(t, ins[rank])
-                    ck.check(f"{case}: non-root input unchanged", why is None, why or "")
+                _reduce_to_root(ck, f"reduce/{tag}/root{world - 1}", rank, world, n, dtype, opname, dev)
 
 
 NEW_DTYPES = [torch.float64, torch.int8, torch.uint8, torch.bool, *FP8]
@@ -327,18 +333,7 @@ def dtypes(ck, rank, world, dev, nccl, digests):
                 dist.reduce_scatter(outl, [ins[rank][r * n:(r + 1) * n] for r in range(world)], op=_op(opname))
                 why = _compare(outl, out)
                 ck.check(f"{case}/list: same bits as the tensor form", why is None, why or "")
-                root = world - 1
-                case = f"reduce/{tag}/root{root}"
-                ins = _ins(case, world, n, dtype, dev, opname)
-                t = ins[rank].clone()
-                dist.reduce(t, dst=root, op=_op(opname))
-                if rank == root:
-                    ref = _reference(ins, opname, world)
-                    why = _compare(t, ref, _tolerance(ins, opname, world, ref))
-                    ck.check(f"{case}: vs float64 reference", why is None, why or "")
-                else:
-                    why = _compare(t, ins[rank])
-                    ck.check(f"{case}: non-root input unchanged", why is None, why or "")
+                _reduce_to_root(ck, f"reduce/{tag}/root{world - 1}", rank, world, n, dtype, opname, dev)
     for dtype in COMPLEX:
         for opname in ("SUM", "AVG", "PREMUL_SUM"):
             for n in (1, 1025, 65539):
