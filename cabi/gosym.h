@@ -48,6 +48,8 @@ extern "C" {
 #define GOSYM_DTYPE_INT32 7
 #define GOSYM_DTYPE_INT64 8
 #define GOSYM_DTYPE_BOOL 9
+#define GOSYM_DTYPE_FLOAT8_E4M3FN 10 /* reduced on CUDA tensors only */
+#define GOSYM_DTYPE_FLOAT8_E5M2 11   /* reduced on CUDA tensors only */
 
 /* Reduction operators. */
 #define GOSYM_RED_SUM 0

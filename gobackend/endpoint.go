@@ -205,6 +205,9 @@ func (e *Endpoint) post(op *Op, kick bool) (*Work, error) {
 	if err := coll.Check(op, e.Rank, e.Size); err != nil {
 		return nil, err
 	}
+	if err := hostReduceSupport(op); err != nil {
+		return nil, err
+	}
 	if err := checkUBR(op); err != nil {
 		return nil, err
 	}

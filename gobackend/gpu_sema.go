@@ -55,12 +55,12 @@ func (t *gpuTeam) semaRun(op *Op, s cuda.Stream, root int, mc uintptr) error {
 
 // reduceScale is the kernels' Scale for op: the world size for AVG, the
 // factor for PREMUL_SUM, 1 otherwise.
-func reduceScale(op *Op, world int) float32 {
+func reduceScale(op *Op, world int) float64 {
 	switch op.RedOp {
 	case dtype.Avg:
-		return float32(world)
+		return float64(world)
 	case dtype.PremulSum:
-		return float32(op.Scale)
+		return op.Scale
 	}
 	return 1
 }

@@ -50,10 +50,12 @@ func TestPostCUDARefusesOtherOpsLocally(t *testing.T) {
 	eps := group(t, 2, 5*time.Second)
 	buf := make([]float32, 8)
 	for _, op := range []*Op{
-		{Kind: coll.ReduceScatter, DType: dtype.Float64, Count: 4, Out: addr(buf), InPieces: []Piece{{Addr: addr(buf), Count: 4}, {Addr: addr(buf[4:]), Count: 4}}},
-		{Kind: coll.AllReduce, DType: dtype.Float64, Count: 4, In: addr(buf), Out: addr(buf)},
-		{Kind: coll.AllReduce, DType: dtype.Int8, RedOp: dtype.Max, Count: 4, In: addr(buf), Out: addr(buf)},
+		// NCCL reduces no int16, and has no bitwise ops.
+		{Kind: coll.ReduceScatter, DType: dtype.Int16, Count: 4, Out: addr(buf), InPieces: []Piece{{Addr: addr(buf), Count: 4}, {Addr: addr(buf[4:]), Count: 4}}},
+		{Kind: coll.AllReduce, DType: dtype.Int16, Count: 4, In: addr(buf), Out: addr(buf)},
+		{Kind: coll.AllReduce, DType: dtype.Int8, RedOp: dtype.BAnd, Count: 4, In: addr(buf), Out: addr(buf)},
 		{Kind: coll.AllReduce, DType: dtype.Int32, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
+		{Kind: coll.AllReduce, DType: dtype.Bool, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
 	} {
 		_, err := eps[0].PostCUDA(op, 0, 0, false)
 		require.Error(t, err, "%s %s", op.Kind, op.DType)

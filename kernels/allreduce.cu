@@ -17,8 +17,10 @@
 //                           that arrive in its own: no barrier at all (with
 //                           in_stride: reduce_scatter, piece q to rank q).
 //
-// types: f32, f16, bf16 (fp32 accumulation), i32, i64; ops: sum, prod, min,
-// max. AVG and PREMUL_SUM are sum with post = GS_POST_DIV / GS_POST_MUL.
+// types: f32, f64, f16, bf16, f8e4m3, f8e5m2 (the last four with fp32
+// accumulation), i32, i64, i8, u8 (bool too, as torch hands it to NCCL);
+// ops: sum, prod, min, max (the types of kernelspec.go's reduceTypes).
+// AVG and PREMUL_SUM are sum with post = GS_POST_DIV / GS_POST_MUL.
 // Partial sums are folded in rank order 0..world-1 on every rank, so all
 // ranks get identical bits. Elements move as 16-byte vectors where every
 // pointer shares the same alignment, with scalar heads and tails for the rest
@@ -42,7 +44,7 @@ __device__ __forceinline__ typename T::A gs_fold1(const char *const *src, int wo
 }
 
 template <class T, class Op>
-__device__ __forceinline__ typename T::S gs_finish(typename T::A a, float scale, int post) {
+__device__ __forceinline__ typename T::S gs_finish(typename T::A a, double scale, int post) {
 	if (Op::kScales && T::kFloat)
 		a = gs_post(a, scale, post);
 	return T::store(a);
@@ -54,7 +56,7 @@ __device__ __forceinline__ typename T::S gs_finish(typename T::A a, float scale,
 template <class T, class Op>
 __device__ __forceinline__ void gs_reduce_range(const char *const *src, int world,
                                                 char *const *dst, int ndst, gs_u64 lo,
-                                                gs_u64 hi, gs_u64 head, float scale,
+                                                gs_u64 hi, gs_u64 head, double scale,
                                                 int post, gs_u64 g, gs_u64 stride) {
 	typedef typename T::S S;
 	typedef typename T::A A;
@@ -343,8 +345,11 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 	GS_AR_OPS(oneshot, tname, T)                                                           \
 	GS_AR_OPS(twoshot, tname, T) GS_AR_OPS(pull, tname, T) GS_AR_OPS(ll, tname, T)
 
-GS_AR_KERNELS(f32, GsF32)
-GS_AR_KERNELS(f16, GsF16)
-GS_AR_KERNELS(bf16, GsBF16)
-GS_AR_KERNELS(i32, GsI32)
-GS_AR_KERNELS(i64, GsI64)
+// Every element type, as X(kernel name part, element type), in the order of
+// kernelspec.go's reduceTypes; the host emulation and the fake driver list
+// the kernels through it too.
+#define GS_AR_TYPES(X)                                                                            \
+	X(f32, GsF32) X(f16, GsF16) X(bf16, GsBF16) X(i32, GsI32) X(i64, GsI64) X(f64, GsF64)    \
+	    X(i8, GsI8) X(u8, GsU8) X(f8e4m3, GsF8E4M3) X(f8e5m2, GsF8E5M2)
+
+GS_AR_TYPES(GS_AR_KERNELS)

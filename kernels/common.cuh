@@ -176,9 +176,10 @@ __device__ __forceinline__ bool gs_block_barrier(gs_u32 *const *pads, int world,
 
 // ---- element types ------------------------------------------------------------
 //
-// S is the stored type, A the accumulator. Half and bfloat16 travel as their
-// bit patterns and accumulate in float; integers accumulate in their own type
-// with two's-complement wrap-around.
+// S is the stored type, A the accumulator. Half, bfloat16 and fp8 travel as
+// their bit patterns and accumulate in float; integers accumulate in their
+// own type (8-bit ones in int) with two's-complement wrap-around. A type is
+// one typedef or struct here and one line of GS_AR_KERNELS (allreduce.cu).
 
 #ifndef GS_EMULATION
 __device__ __forceinline__ float gs_h2f(unsigned short h) {
@@ -238,54 +239,113 @@ __device__ __forceinline__ unsigned short gs_f2b(float f) {
 #endif
 }
 
-struct GsF32 {
-	typedef float S;
-	typedef float A;
-	static const bool kFloat = true;
-	static __device__ __forceinline__ A load(S s) { return s; }
-	static __device__ __forceinline__ S store(A a) { return a; }
+// fp8 (OCP e4m3fn and e5m2), as NCCL 2.28 reduces it: widened to float,
+// folded in float, rounded once to nearest even and saturated to the
+// largest finite value (NCCL converts with __NV_SATFINITE; NaN stays NaN).
+//
+// Widening goes through half, which holds every fp8 value: e5m2 is the top
+// byte of a half; an e4m3fn magnitude shifted into a half's bits is the
+// value times 2^-8 (the biases are 15 and 7), and its one NaN (0x7f) would
+// read as a number.
+__device__ __forceinline__ float gs_e5m2_to_f(gs_u32 s) { return gs_h2f((unsigned short)(s << 8)); }
+__device__ __forceinline__ float gs_e4m3_to_f(gs_u32 s) {
+	const float v = gs_h2f((unsigned short)(((s & 0x80u) << 8) | ((s & 0x7fu) << 7))) * 256.0f;
+	return (s & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : v;
+}
+
+// Narrowing: the sm_89+ instruction where there is one (the low byte of
+// the pair it converts), else integer arithmetic with the same rounding,
+// M mantissa bits, exponent bias B and, with kInf, an all-ones exponent
+// for infinity and NaN (e5m2) rather than one NaN code (e4m3fn).
+template <int M, int B, bool kInf> __device__ __forceinline__ unsigned char gs_f_to_f8_soft(float f) {
+	const gs_u32 u = __float_as_uint(f), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+	const gs_u32 maxcode = kInf ? (((0x7fu >> M) - 1u) << M) | ((1u << M) - 1u) : 0x7eu;
+	if (a > 0x7f800000u)
+		return (unsigned char)(sign | 0x7fu);
+	gs_u32 r;
+	if (a >= (gs_u32)(127 + 1 - B) << 23) { // normal: rebias, round off 23-M bits
+		const gs_u32 v = a - ((gs_u32)(127 - B) << 23);
+		r = (v + (1u << (22 - M)) - 1u + ((v >> (23 - M)) & 1u)) >> (23 - M);
+	} else { // subnormal: the significand in units of 2^(1-B-M)
+		const int sh = 23 + 1 - B - M - ((int)(a >> 23) - 127);
+		const gs_u32 mm = (a & 0x7fffffu) | 0x800000u;
+		if (a < 0x800000u || sh > 25) {
+			r = 0;
+		} else {
+			const gs_u32 q = mm >> sh, rem = mm & ((1u << sh) - 1u), half = 1u << (sh - 1);
+			r = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+		}
+	}
+	return (unsigned char)(sign | (r < maxcode ? r : maxcode));
+}
+
+#if !defined(GS_EMULATION) && __CUDA_ARCH__ >= 890
+__device__ __forceinline__ unsigned char gs_f_to_e4m3(float f) {
+	unsigned short d;
+	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(f));
+	return (unsigned char)d;
+}
+__device__ __forceinline__ unsigned char gs_f_to_e5m2(float f) {
+	unsigned short d;
+	asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(f));
+	return (unsigned char)d;
+}
+#else
+__device__ __forceinline__ unsigned char gs_f_to_e4m3(float f) { return gs_f_to_f8_soft<3, 7, false>(f); }
+__device__ __forceinline__ unsigned char gs_f_to_e5m2(float f) { return gs_f_to_f8_soft<2, 15, true>(f); }
+#endif
+
+// A type that loads and stores by plain conversion.
+template <class Stored, class Acc, bool Float> struct GsPlain {
+	typedef Stored S;
+	typedef Acc A;
+	static const bool kFloat = Float;
+	static __device__ __forceinline__ A load(S s) { return (A)s; }
+	static __device__ __forceinline__ S store(A a) { return (S)a; }
 };
 
-struct GsF16 {
-	typedef unsigned short S;
-	typedef float A;
-	static const bool kFloat = true;
-	static __device__ __forceinline__ A load(S s) { return gs_h2f(s); }
-	static __device__ __forceinline__ S store(A a) { return gs_f2h(a); }
-};
+typedef GsPlain<float, float, true> GsF32;
+typedef GsPlain<double, double, true> GsF64;
+typedef GsPlain<int, int, false> GsI32;
+typedef GsPlain<long long, long long, false> GsI64;
 
-struct GsBF16 {
-	typedef unsigned short S;
-	typedef float A;
-	static const bool kFloat = true;
-	static __device__ __forceinline__ A load(S s) { return gs_b2f(s); }
-	static __device__ __forceinline__ S store(A a) { return gs_f2b(a); }
-};
+// A type stored as bits that accumulates in float, through its converters.
+#define GS_VIA_FLOAT(Name, Stored, to_float, from_float)                                          \
+	struct Name {                                                                              \
+		typedef Stored S;                                                                  \
+		typedef float A;                                                                   \
+		static const bool kFloat = true;                                                   \
+		static __device__ __forceinline__ A load(S s) { return to_float(s); }              \
+		static __device__ __forceinline__ S store(A a) { return from_float(a); }           \
+	};
 
-struct GsI32 {
-	typedef int S;
+GS_VIA_FLOAT(GsF16, unsigned short, gs_h2f, gs_f2h)
+GS_VIA_FLOAT(GsBF16, unsigned short, gs_b2f, gs_f2b)
+GS_VIA_FLOAT(GsF8E4M3, unsigned char, gs_e4m3_to_f, gs_f_to_e4m3)
+GS_VIA_FLOAT(GsF8E5M2, unsigned char, gs_e5m2_to_f, gs_f_to_e5m2)
+
+// 8-bit integers fold in int and keep the low byte: the bits of folding in
+// the 8-bit type with two's-complement wrap-around.
+template <class Stored> struct GsByte {
+	typedef Stored S;
 	typedef int A;
 	static const bool kFloat = false;
-	static __device__ __forceinline__ A load(S s) { return s; }
-	static __device__ __forceinline__ S store(A a) { return a; }
+	static __device__ __forceinline__ A load(S s) { return (A)s; }
+	static __device__ __forceinline__ S store(A a) { return (S)(unsigned char)(gs_u32)a; }
 };
-
-struct GsI64 {
-	typedef long long S;
-	typedef long long A;
-	static const bool kFloat = false;
-	static __device__ __forceinline__ A load(S s) { return s; }
-	static __device__ __forceinline__ S store(A a) { return a; }
-};
+typedef GsByte<signed char> GsI8;
+typedef GsByte<unsigned char> GsU8;
 
 // ---- reduction operators ------------------------------------------------------
 
 __device__ __forceinline__ float gs_add(float a, float b) { return a + b; }
+__device__ __forceinline__ double gs_add(double a, double b) { return a + b; }
 __device__ __forceinline__ int gs_add(int a, int b) { return (int)((gs_u32)a + (gs_u32)b); }
 __device__ __forceinline__ long long gs_add(long long a, long long b) {
 	return (long long)((gs_u64)a + (gs_u64)b);
 }
 __device__ __forceinline__ float gs_mul(float a, float b) { return a * b; }
+__device__ __forceinline__ double gs_mul(double a, double b) { return a * b; }
 __device__ __forceinline__ int gs_mul(int a, int b) { return (int)((gs_u32)a * (gs_u32)b); }
 __device__ __forceinline__ long long gs_mul(long long a, long long b) {
 	return (long long)((gs_u64)a * (gs_u64)b);
@@ -293,28 +353,40 @@ __device__ __forceinline__ long long gs_mul(long long a, long long b) {
 
 // NaN-propagating like torch.minimum/maximum (and the host data plane): a NaN
 // operand wins, the first one if both are; ties keep the first operand.
-__device__ __forceinline__ float gs_min(float a, float b) {
-	float r = b < a ? b : a;
+template <class F> __device__ __forceinline__ F gs_fmin(F a, F b) {
+	F r = b < a ? b : a;
 	r = b != b ? b : r;
 	return a != a ? a : r;
 }
-__device__ __forceinline__ float gs_max(float a, float b) {
-	float r = b > a ? b : a;
+template <class F> __device__ __forceinline__ F gs_fmax(F a, F b) {
+	F r = b > a ? b : a;
 	r = b != b ? b : r;
 	return a != a ? a : r;
 }
+__device__ __forceinline__ float gs_min(float a, float b) { return gs_fmin(a, b); }
+__device__ __forceinline__ double gs_min(double a, double b) { return gs_fmin(a, b); }
+__device__ __forceinline__ float gs_max(float a, float b) { return gs_fmax(a, b); }
+__device__ __forceinline__ double gs_max(double a, double b) { return gs_fmax(a, b); }
 template <class T> __device__ __forceinline__ T gs_min(T a, T b) { return b < a ? b : a; }
 template <class T> __device__ __forceinline__ T gs_max(T a, T b) { return b > a ? b : a; }
 
-// Scaling after a floating SUM; integers never get here with post != 0.
-__device__ __forceinline__ float gs_post(float a, float scale, int post) {
+// Scaling after a floating SUM, in the accumulator's precision (a float
+// accumulator gets the factor rounded to float); integers never get here
+// with post != 0.
+template <class F> __device__ __forceinline__ F gs_fpost(F a, F scale, int post) {
 	if (post == GS_POST_MUL)
 		return a * scale;
 	if (post == GS_POST_DIV)
 		return a / scale;
 	return a;
 }
-template <class T> __device__ __forceinline__ T gs_post(T a, float, int) { return a; }
+__device__ __forceinline__ float gs_post(float a, double scale, int post) {
+	return gs_fpost(a, (float)scale, post);
+}
+__device__ __forceinline__ double gs_post(double a, double scale, int post) {
+	return gs_fpost(a, scale, post);
+}
+template <class T> __device__ __forceinline__ T gs_post(T a, double, int) { return a; }
 
 struct GsSum {
 	static const bool kScales = true;

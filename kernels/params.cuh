@@ -63,7 +63,7 @@
 #define GS_A2AV_WAIT_DATA 1
 #define GS_A2AV_MISMATCH 2
 
-struct gs_ar_params { // 200 bytes, Go: cuda.ARParams
+struct gs_ar_params { // 208 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
 	unsigned int *pads[GS_MAX_RANKS];        // offset 64
 	void *out;                               // offset 128
@@ -73,10 +73,10 @@ struct gs_ar_params { // 200 bytes, Go: cuda.ARParams
 	unsigned long long in_stride;            // offset 160
 	unsigned long long stage_stride;         // offset 168
 	unsigned long long timeout_ns;           // offset 176
-	float scale;                             // offset 184
-	int post;                                // offset 188
-	int world;                               // offset 192
-	int rank;                                // offset 196
+	double scale;                            // offset 184
+	int post;                                // offset 192
+	int world;                               // offset 196
+	int rank;                                // offset 200
 };
 
 struct gs_copy_params { // 480 bytes, Go: cuda.CopyParams

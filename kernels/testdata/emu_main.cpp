@@ -50,22 +50,28 @@ static void run_all(void (*k)(P), const std::vector<P> &ps, unsigned grid, unsig
 
 // ---- reference ----------------------------------------------------------------
 
-enum DT { F32, F16, BF16, I32, I64, NDT };
+enum DT { F32, F16, BF16, I32, I64, F64, I8, U8, F8E4M3, F8E5M2, NDT };
 enum OP { SUM, PROD, MIN, MAX, NOP };
-static const char *dt_name[] = {"f32", "f16", "bf16", "i32", "i64"};
+#define DT_NAME(t, T) #t,
+static const char *dt_name[] = {GS_AR_TYPES(DT_NAME)}; // the kernels' order: DT's
 static const char *op_name[] = {"sum", "prod", "min", "max"};
-static const size_t dt_size[] = {4, 2, 2, 4, 8};
+#define DT_SIZE(t, T) sizeof(T::S),
+static const size_t dt_size[] = {GS_AR_TYPES(DT_SIZE)};
+static bool is_float(DT dt) { return dt == F32 || dt == F16 || dt == BF16 || dt == F64 || dt == F8E4M3 || dt == F8E5M2; }
+static bool is_f8(DT dt) { return dt == F8E4M3 || dt == F8E5M2; }
 
 typedef void (*ArKernel)(gs_ar_params);
 #define ROW(a, t) {gs_##a##_##t##_sum, gs_##a##_##t##_prod, gs_##a##_##t##_min, gs_##a##_##t##_max}
+#define ROW_ONESHOT(t, T) ROW(oneshot, t),
+#define ROW_TWOSHOT(t, T) ROW(twoshot, t),
+#define ROW_PULL(t, T) ROW(pull, t),
+#define ROW_LL(t, T) ROW(ll, t),
 enum ALGO { ONESHOT, TWOSHOT, PULL, NALGO };
 static const char *algo_name[] = {"oneshot", "twoshot", "pull"};
-static const ArKernel ll_kernels[NDT][NOP] = {ROW(ll, f32), ROW(ll, f16), ROW(ll, bf16), ROW(ll, i32), ROW(ll, i64)};
+static const ArKernel ll_kernels[][NOP] = {GS_AR_TYPES(ROW_LL)};
 static const ArKernel kernels[NALGO][NDT][NOP] = {
-    {ROW(oneshot, f32), ROW(oneshot, f16), ROW(oneshot, bf16), ROW(oneshot, i32), ROW(oneshot, i64)},
-    {ROW(twoshot, f32), ROW(twoshot, f16), ROW(twoshot, bf16), ROW(twoshot, i32), ROW(twoshot, i64)},
-    {ROW(pull, f32), ROW(pull, f16), ROW(pull, bf16), ROW(pull, i32), ROW(pull, i64)},
-};
+    {GS_AR_TYPES(ROW_ONESHOT)}, {GS_AR_TYPES(ROW_TWOSHOT)}, {GS_AR_TYPES(ROW_PULL)}};
+static_assert(sizeof ll_kernels / sizeof ll_kernels[0] == NDT, "DT lists every type of GS_AR_TYPES");
 
 static float f16_to_f32(uint16_t h) {
 	_Float16 x;
@@ -104,6 +110,44 @@ static uint16_t f32_to_bf16(float f) {
 	return (uint16_t)(hi >> 16);
 }
 
+// fp8 from its fields (OCP FP8: e4m3fn has no infinity and one NaN
+// magnitude, e5m2 is IEEE-like).
+static double f8_to_d(uint8_t b, DT dt) {
+	const bool e5 = dt == F8E5M2;
+	const int M = e5 ? 2 : 3, B = e5 ? 15 : 7;
+	const int e = (b & 0x7f) >> M, m = b & ((1 << M) - 1);
+	double v;
+	if (!e5 && (b & 0x7f) == 0x7f)
+		v = NAN;
+	else if (e5 && e == 31)
+		v = m ? NAN : INFINITY;
+	else if (e == 0)
+		v = std::ldexp(m, 1 - B - M);
+	else
+		v = std::ldexp((1 << M) + m, e - B - M);
+	return b & 0x80 ? -v : v;
+}
+// The nearest finite fp8 by search, ties to the even code, saturating at
+// the largest finite value (NCCL's __NV_SATFINITE); NaN stays NaN.
+static uint8_t d_to_f8(double x, DT dt) {
+	if (std::isnan(x))
+		return 0x7f;
+	const uint8_t sign = std::signbit(x) ? 0x80 : 0, maxc = dt == F8E5M2 ? 0x7b : 0x7e;
+	const double a = std::fabs(x);
+	if (a >= f8_to_d(maxc, dt))
+		return sign | maxc;
+	uint8_t best = 0;
+	double bestd = a;
+	for (int c = 1; c <= maxc; ++c) {
+		const double d = std::fabs(f8_to_d((uint8_t)c, dt) - a);
+		if (d < bestd || (d == bestd && (c & 1) == 0)) {
+			best = (uint8_t)c;
+			bestd = d;
+		}
+	}
+	return sign | best;
+}
+
 struct Val { // one element, as the reference sees it
 	double f;      // floats (exact float values)
 	int64_t i;     // integers
@@ -118,6 +162,9 @@ static Val load(DT dt, const unsigned char *p) {
 		v.f = f;
 		break;
 	}
+	case F64:
+		memcpy(&v.f, p, 8);
+		break;
 	case F16: {
 		uint16_t h;
 		memcpy(&h, p, 2);
@@ -130,19 +177,29 @@ static Val load(DT dt, const unsigned char *p) {
 		v.f = bf16_to_f32(h);
 		break;
 	}
+	case F8E4M3:
+	case F8E5M2:
+		v.f = f8_to_d(*p, dt);
+		break;
 	case I32: {
 		int32_t x;
 		memcpy(&x, p, 4);
 		v.i = x;
 		break;
 	}
+	case I8:
+		v.i = (int8_t)*p;
+		break;
+	case U8:
+		v.i = *p;
+		break;
 	default:
 		memcpy(&v.i, p, 8);
 	}
 	return v;
 }
 
-static float fold_f(OP op, float a, float b) {
+template <class F> static F fold_f(OP op, F a, F b) {
 	switch (op) {
 	case SUM:
 		return a + b;
@@ -179,34 +236,53 @@ static int64_t fold_i(DT dt, OP op, int64_t a, int64_t b) {
 	default:
 		r = b > a ? b : a;
 	}
-	return dt == I32 ? (int64_t)(int32_t)(uint32_t)(uint64_t)r : r;
+	switch (dt) {
+	case I32:
+		return (int32_t)(uint32_t)(uint64_t)r;
+	case I8:
+		return (int8_t)(uint8_t)(uint64_t)r;
+	case U8:
+		return (uint8_t)(uint64_t)r;
+	default:
+		return r;
+	}
 }
 
-// Element i of the result, encoded.
-static void reference(DT dt, OP op, int post, float scale, const std::vector<const unsigned char *> &src,
+// Element i of the result, encoded: folded in rank order in the
+// accumulator (double for f64, float for the other floats, the type for
+// integers), scaled there, rounded once.
+static void reference(DT dt, OP op, int post, double scale, const std::vector<const unsigned char *> &src,
                       size_t i, unsigned char *out) {
 	size_t es = dt_size[dt];
-	if (dt == I32 || dt == I64) {
+	if (!is_float(dt)) {
 		int64_t acc = load(dt, src[0] + i * es).i;
 		for (size_t r = 1; r < src.size(); ++r)
 			acc = fold_i(dt, op, acc, load(dt, src[r] + i * es).i);
-		if (dt == I32) {
-			int32_t x = (int32_t)acc;
-			memcpy(out, &x, 4);
-		} else {
-			memcpy(out, &acc, 8);
-		}
+		memcpy(out, &acc, es); // little-endian: the low bytes
+		return;
+	}
+	if (dt == F64) {
+		double acc = load(dt, src[0] + i * es).f;
+		for (size_t r = 1; r < src.size(); ++r)
+			acc = fold_f(op, acc, load(dt, src[r] + i * es).f);
+		if (op == SUM && post == GS_POST_MUL)
+			acc = acc * scale;
+		if (op == SUM && post == GS_POST_DIV)
+			acc = acc / scale;
+		memcpy(out, &acc, 8);
 		return;
 	}
 	float acc = (float)load(dt, src[0] + i * es).f;
 	for (size_t r = 1; r < src.size(); ++r)
 		acc = fold_f(op, acc, (float)load(dt, src[r] + i * es).f);
 	if (op == SUM && post == GS_POST_MUL)
-		acc = acc * scale;
+		acc = acc * (float)scale;
 	if (op == SUM && post == GS_POST_DIV)
-		acc = acc / scale;
+		acc = acc / (float)scale;
 	if (dt == F32) {
 		memcpy(out, &acc, 4);
+	} else if (is_f8(dt)) {
+		*out = d_to_f8(acc, dt);
 	} else {
 		uint16_t h = dt == F16 ? f32_to_f16(acc) : f32_to_bf16(acc);
 		memcpy(out, &h, 2);
@@ -216,7 +292,7 @@ static void reference(DT dt, OP op, int post, float scale, const std::vector<con
 static bool same(DT dt, const unsigned char *a, const unsigned char *b) {
 	if (memcmp(a, b, dt_size[dt]) == 0)
 		return true;
-	if (dt == F32 || dt == F16 || dt == BF16) // NaN payloads may differ
+	if (is_float(dt)) // NaN payloads may differ
 		return std::isnan(load(dt, a).f) && std::isnan(load(dt, b).f);
 	return false;
 }
@@ -238,11 +314,13 @@ struct Pads {
 
 static std::mt19937_64 rng(12345);
 
+// Random elements: integers of every bit pattern; floats near 1 for PROD, else small sums, with NaNs
+// when nans; fp8 also with subnormals and values that overflow in a sum.
 static void fill(DT dt, OP op, unsigned char *p, size_t n, bool nans) {
 	std::uniform_int_distribution<int> small(-8, 8);
 	for (size_t i = 0; i < n; ++i) {
 		unsigned char *e = p + i * dt_size[dt];
-		if (dt == I32 || dt == I64) {
+		if (!is_float(dt)) {
 			uint64_t x = rng();
 			memcpy(e, &x, dt_size[dt]);
 			continue;
@@ -250,9 +328,16 @@ static void fill(DT dt, OP op, unsigned char *p, size_t n, bool nans) {
 		float f = op == PROD ? 1.0f + small(rng) / 32.0f : small(rng) / 4.0f + (float)(rng() % 1000) / 997.0f;
 		if (nans && rng() % 7 == 0)
 			f = NAN;
-		if (dt == F32)
+		if (is_f8(dt) && op != PROD && rng() % 13 == 0)
+			f *= rng() % 2 ? 0x1p-12f : dt == F8E5M2 ? 16384.0f : 128.0f;
+		if (dt == F32) {
 			memcpy(e, &f, 4);
-		else {
+		} else if (dt == F64) {
+			const double d = (double)f + (double)(rng() % 1000) * 0x1p-40; // bits past float's
+			memcpy(e, &d, 8);
+		} else if (is_f8(dt)) {
+			*e = d_to_f8(f, dt);
+		} else {
 			uint16_t h = dt == F16 ? f32_to_f16(f) : f32_to_bf16(f);
 			memcpy(e, &h, 2);
 		}
@@ -298,7 +383,7 @@ static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const st
 	// them (__syncthreads), which this emulation, running a block's threads
 	// one after another, cannot do; the GPU suite covers it (tests/test_cuda.py).
 	std::vector<gs_ar_params> ps(world);
-	float scale = post == GS_POST_DIV ? (float)world : 0.375f;
+	double scale = post == GS_POST_DIV ? (double)world : 0.375;
 	for (int r = 0; r < world; ++r) {
 		gs_ar_params &p = ps[r];
 		memset(&p, 0, sizeof p);
@@ -430,7 +515,7 @@ struct ARCall : LLCall {
 	size_t n, stride;
 	bool inplace;
 	int post;
-	float scale;
+	double scale;
 	std::vector<Buf> in, out;
 	std::vector<std::vector<unsigned char>> orig;
 	LLGroup &g;
@@ -438,7 +523,7 @@ struct ARCall : LLCall {
 	ARCall(DT dt_, OP op_, size_t n_, size_t mis, bool inplace_, int post_, int call, LLGroup &g_,
 	       size_t stride_ = 0)
 	    : dt(dt_), op(op_), n(n_), stride(stride_), inplace(inplace_ && !stride_), post(post_),
-	      scale(post_ == GS_POST_DIV ? (float)g_.world : 0.375f), g(g_) {
+	      scale(post_ == GS_POST_DIV ? (double)g_.world : 0.375), g(g_) {
 		const size_t es = dt_size[dt];
 		const int world = g.world;
 		const size_t in_n = stride ? world * stride : n;
@@ -1182,7 +1267,7 @@ int main() {
 						omis = es;
 					}
 					int post = GS_POST_NONE;
-					if (op == SUM && dt <= BF16 && k % 3 != 0)
+					if (op == SUM && is_float((DT)dt) && k % 3 != 0)
 						post = k % 3 == 1 ? GS_POST_DIV : GS_POST_MUL;
 					bool scatter = algo != TWOSHOT && k % 5 == 4;
 					allreduce_case(algo, (DT)dt, (OP)op, world, n, mis, omis, grids[rng() % 3],
@@ -1210,7 +1295,7 @@ int main() {
 					n = std::min<size_t>(n, GS_LL_BLOCKS * GS_LL_LINES * 8 / es - 1); // LLMaxBytes
 					const size_t mis = k % 2 ? (rng() % (16 / es)) * es : 0;
 					int post = GS_POST_NONE;
-					if (op == SUM && dt <= BF16 && k % 3 != 0)
+					if (op == SUM && is_float((DT)dt) && k % 3 != 0)
 						post = k % 3 == 1 ? GS_POST_DIV : GS_POST_MUL;
 					ll_case((DT)dt, (OP)op, n, mis, k % 4 == 3, post, 3, *ll[world]);
 					// reduce_scatter: pieces back to back, or with a gap

@@ -19,11 +19,15 @@ DTYPES = {
     torch.int32: _lib.DTYPE_INT32,
     torch.int64: _lib.DTYPE_INT64,
     torch.bool: _lib.DTYPE_BOOL,
+    # NCCL 2.28 reduces fp8 (float accumulation); so does gosym on CUDA tensors. On CPU
+    # tensors the engine refuses fp8 reductions, as Gloo does, and moves them as bytes.
+    torch.float8_e4m3fn: _lib.DTYPE_FLOAT8_E4M3FN,
+    torch.float8_e5m2: _lib.DTYPE_FLOAT8_E5M2,
 }
 
 
 def reduce_dtype(t: torch.Tensor) -> int:
-    """The GOSYM_DTYPE_* a reduction over t uses; TypeError for others (complex, float8, ...)."""
+    """The GOSYM_DTYPE_* a reduction over t uses; TypeError for others (complex, float8_e4m3fnuz, ...)."""
     code = DTYPES.get(t.dtype)
     if code is None:
         raise TypeError(f"gosym: reductions do not support dtype {t.dtype}; supported: "
@@ -33,7 +37,8 @@ def reduce_dtype(t: torch.Tensor) -> int:
 
 # complex dtype -> its parts' dtype: SUM, AVG and PREMUL_SUM (a real factor) reduce the
 # real and imaginary parts apart, so such a reduction runs on the (real, imag) pairs.
-_COMPLEX_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+_COMPLEX_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+                  torch.complex128: torch.float64}
 
 
 def reduce_types(t: torch.Tensor, red: int) -> tuple[int, int]:
@@ -55,7 +60,7 @@ def reduce_types(t: torch.Tensor, red: int) -> tuple[int, int]:
 def move_dtype(t: torch.Tensor) -> tuple[int, int]:
     """(GOSYM_DTYPE_*, elements per torch element) for an op that only moves data.
 
-    Types the engine does not know (complex, float8, uint16, ...) travel as bytes:
+    Types the engine does not know (complex, float8_e8m0fnu, uint16, ...) travel as bytes:
     the count is multiplied by the element size and the type becomes UINT8.
     """
     code = DTYPES.get(t.dtype)

@@ -51,6 +51,8 @@ DTYPE_INT16 = 6
 DTYPE_INT32 = 7
 DTYPE_INT64 = 8
 DTYPE_BOOL = 9
+DTYPE_FLOAT8_E4M3FN = 10
+DTYPE_FLOAT8_E5M2 = 11
 
 # Reduction operators (GOSYM_RED_*), by the names torch's RedOpType uses.
 RED = {

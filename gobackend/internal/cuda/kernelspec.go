@@ -53,8 +53,11 @@ type opName struct {
 }
 
 var (
+	// Every type NCCL 2.28 reduces (bool runs uint8's kernels: kernelParts).
+	// One GS_AR_KERNELS line each in allreduce.cu.
 	reduceTypes = []typeName{{dtype.Float32, "f32"}, {dtype.Float16, "f16"}, {dtype.BFloat16, "bf16"},
-		{dtype.Int32, "i32"}, {dtype.Int64, "i64"}}
+		{dtype.Int32, "i32"}, {dtype.Int64, "i64"}, {dtype.Float64, "f64"}, {dtype.Int8, "i8"},
+		{dtype.Uint8, "u8"}, {dtype.Float8E4M3, "f8e4m3"}, {dtype.Float8E5M2, "f8e5m2"}}
 	reduceOps = []opName{{dtype.Sum, "sum", PostNone}, {dtype.Avg, "sum", PostDiv}, {dtype.PremulSum, "sum", PostMul},
 		{dtype.Product, "prod", PostNone}, {dtype.Min, "min", PostNone}, {dtype.Max, "max", PostNone}}
 )
@@ -134,8 +137,8 @@ func KernelsIn(source string) []*Kernel {
 
 // ReduceKernel picks the all-reduce kernel for (dt, op) and the value of
 // ARParams.Post that goes with it: AVG and PREMUL_SUM run the sum kernel
-// and scale the fp32 result (Scale = world size for AVG, the factor for
-// PREMUL_SUM). Unsupported pairs wrap ErrNotSupported.
+// and scale the sum in its accumulator's precision (Scale = world size for
+// AVG, the factor for PREMUL_SUM). Unsupported pairs wrap ErrNotSupported.
 func ReduceKernel(a Algo, dt dtype.DType, op dtype.RedOp) (*Kernel, int32, error) {
 	if err := dtype.Supports(dt, op); err != nil {
 		return nil, 0, fmt.Errorf("%w: %v", ErrNotSupported, err)
@@ -148,8 +151,16 @@ func ReduceKernel(a Algo, dt dtype.DType, op dtype.RedOp) (*Kernel, int32, error
 	return k, o.post, nil
 }
 
-// kernelParts are the kernel name parts of (dt, op).
+// kernelParts are the kernel name parts of (dt, op). bool reduces as
+// torch hands it to NCCL: as uint8, with SUM as MAX (ProcessGroupNCCL's
+// getNcclReduceOp), so PRODUCT and MIN are AND and MAX is OR on 0/1 bytes.
 func kernelParts(dt dtype.DType, op dtype.RedOp) (typeName, opName, bool) {
+	if dt == dtype.Bool {
+		dt = dtype.Uint8
+		if op == dtype.Sum {
+			op = dtype.Max
+		}
+	}
 	ti := slices.IndexFunc(reduceTypes, func(t typeName) bool { return t.dt == dt })
 	oi := slices.IndexFunc(reduceOps, func(o opName) bool { return o.op == op })
 	if ti < 0 || oi < 0 {

@@ -251,8 +251,8 @@ type ARParams struct {
 	InStride    uint64  `cuda:"in_stride,unsigned long long"`
 	StageStride uint64  `cuda:"stage_stride,unsigned long long"`
 	TimeoutNs   uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
-	Scale       float32 `cuda:"scale,float"`
-	Post        int32   `cuda:"post,int"` // PostNone, PostMul or PostDiv
+	Scale       float64 `cuda:"scale,double"`                  // float64's factor; float accumulators round it to float
+	Post        int32   `cuda:"post,int"`                      // PostNone, PostMul or PostDiv
 	World       int32   `cuda:"world,int"`
 	Rank        int32   `cuda:"rank,int"`
 }

@@ -151,3 +151,38 @@ func TestKernelTable(t *testing.T) {
 		require.NotEmpty(t, KernelsIn(src), "%s defines no kernel in the table", src)
 	}
 }
+
+// Every dtype NCCL 2.28 reduces has a kernel of every algorithm for every
+// op it allows; bool runs uint8's (SUM as MAX, as torch maps it for NCCL);
+// int16 and the bitwise ops have none (NCCL has neither).
+func TestReduceKernelDTypes(t *testing.T) {
+	types := map[dtype.DType]string{dtype.Float32: "f32", dtype.Float16: "f16", dtype.BFloat16: "bf16",
+		dtype.Float64: "f64", dtype.Int8: "i8", dtype.Uint8: "u8", dtype.Int32: "i32", dtype.Int64: "i64",
+		dtype.Float8E4M3: "f8e4m3", dtype.Float8E5M2: "f8e5m2", dtype.Bool: "u8"}
+	ops := map[dtype.RedOp]string{dtype.Sum: "sum", dtype.Avg: "sum", dtype.PremulSum: "sum",
+		dtype.Product: "prod", dtype.Min: "min", dtype.Max: "max"}
+	for _, a := range []Algo{OneShot, TwoShot, Pull, LL} {
+		for dt, tn := range types {
+			for op, on := range ops {
+				k, post, err := ReduceKernel(a, dt, op)
+				if dtype.Supports(dt, op) != nil {
+					require.ErrorIs(t, err, ErrNotSupported, "%s %s", dt, op)
+					continue
+				}
+				require.NoError(t, err, "%s %s %s", a, dt, op)
+				if dt == dtype.Bool && op == dtype.Sum {
+					on = "max"
+				}
+				require.Equal(t, "gs_"+a.String()+"_"+tn+"_"+on, k.Name)
+				require.Equal(t, map[dtype.RedOp]int32{dtype.Avg: PostDiv, dtype.PremulSum: PostMul}[op], post)
+			}
+		}
+		for _, c := range []struct {
+			dt dtype.DType
+			op dtype.RedOp
+		}{{dtype.Int16, dtype.Sum}, {dtype.Int32, dtype.BAnd}, {dtype.Bool, dtype.BOr}, {dtype.Bool, dtype.Avg}} {
+			_, _, err := ReduceKernel(a, c.dt, c.op)
+			require.ErrorIs(t, err, ErrNotSupported, "%s %s", c.dt, c.op)
+		}
+	}
+}

@@ -65,7 +65,7 @@ type SemaOp struct {
 	Count   int
 	DType   dtype.DType
 	Op      dtype.RedOp
-	Scale   float32 // AVG: the world size; PREMUL_SUM: the factor
+	Scale   float64 // AVG: the world size; PREMUL_SUM: the factor
 	Root    int     // the reduce's root; negative: all_reduce
 	NVLS    bool    // reduce with multimem.ld_reduce through Mc
 }

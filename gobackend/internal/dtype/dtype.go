@@ -20,6 +20,11 @@ const (
 	Int32
 	Int64
 	Bool
+	// Float8E4M3 and Float8E5M2 are torch's float8_e4m3fn and float8_e5m2
+	// (OCP FP8), which NCCL 2.28 reduces with float accumulation on CUDA;
+	// the host data plane moves them but does not reduce them (Gloo does not).
+	Float8E4M3
+	Float8E5M2
 	numDTypes
 )
 
@@ -27,16 +32,18 @@ var dtypeInfo = [numDTypes]struct {
 	name string
 	size int
 }{
-	Float32:  {"float32", 4},
-	Float64:  {"float64", 8},
-	Float16:  {"float16", 2},
-	BFloat16: {"bfloat16", 2},
-	Int8:     {"int8", 1},
-	Uint8:    {"uint8", 1},
-	Int16:    {"int16", 2},
-	Int32:    {"int32", 4},
-	Int64:    {"int64", 8},
-	Bool:     {"bool", 1},
+	Float32:    {"float32", 4},
+	Float64:    {"float64", 8},
+	Float16:    {"float16", 2},
+	BFloat16:   {"bfloat16", 2},
+	Int8:       {"int8", 1},
+	Uint8:      {"uint8", 1},
+	Int16:      {"int16", 2},
+	Int32:      {"int32", 4},
+	Int64:      {"int64", 8},
+	Bool:       {"bool", 1},
+	Float8E4M3: {"float8_e4m3fn", 1},
+	Float8E5M2: {"float8_e5m2", 1},
 }
 
 // Valid reports whether d is a known element type.
@@ -59,8 +66,11 @@ func (d DType) String() string {
 
 // IsFloat reports whether d is a floating-point type.
 func (d DType) IsFloat() bool {
-	return d == Float32 || d == Float64 || d == Float16 || d == BFloat16
+	return d == Float32 || d == Float64 || d == Float16 || d == BFloat16 || d.IsFloat8()
 }
+
+// IsFloat8 reports whether d is one of the fp8 types.
+func (d DType) IsFloat8() bool { return d == Float8E4M3 || d == Float8E5M2 }
 
 // RedOp is a reduction operator.
 type RedOp int32

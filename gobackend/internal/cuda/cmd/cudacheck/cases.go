@@ -96,6 +96,7 @@ func (c *checker) runCases() {
 		k.algo = cuda.LL
 		ar(k)
 	}
+	c.dtypeCases(ar)
 	c.moveCases(g, padsFor)
 	c.a2avCases(g, padsFor)
 
@@ -125,6 +126,31 @@ func (c *checker) runCases() {
 	record("pointer attributes, address range, IPC handle", func() error { return c.pointerCase(g) })
 	c.crossGPU()
 	c.p2pCases()
+}
+
+// dtypeCases runs every operator on the types added for issue 22 (float64,
+// int8, uint8, bool, fp8) through every algorithm, at 2, 3 and 4 simulated
+// ranks (the algorithm and the world rotate with the operator), with odd
+// sizes, a misaligned case and the reduce_scatter read of the one-shot.
+func (c *checker) dtypeCases(ar func(arCase)) {
+	ops := []dtype.RedOp{dtype.Sum, dtype.Product, dtype.Min, dtype.Max, dtype.Avg, dtype.PremulSum}
+	shapes := [][2]arCase{ // per algorithm; operator i takes shape i%2 of each
+		{{algo: cuda.OneShot, world: 2, numel: 1025}, {algo: cuda.OneShot, world: 3, numel: 515, scatter: true}},
+		{{algo: cuda.TwoShot, world: 3, numel: 4099}, {algo: cuda.TwoShot, world: 4, numel: 33, mis: 1}},
+		{{algo: cuda.LL, world: 4, numel: 2053, mis: 1, outMis: 3}, {algo: cuda.LL, world: 3, numel: 17}},
+	}
+	for _, dt := range []dtype.DType{dtype.Float64, dtype.Int8, dtype.Uint8, dtype.Bool, dtype.Float8E4M3, dtype.Float8E5M2} {
+		for i, op := range ops {
+			if dtype.Supports(dt, op) != nil {
+				continue
+			}
+			for _, sh := range shapes {
+				k := sh[i%2]
+				k.dt, k.op = dt, op
+				ar(k)
+			}
+		}
+	}
 }
 
 // ---- all-reduce -------------------------------------------------------------------
@@ -238,7 +264,7 @@ type arStep struct {
 	k           arCase
 	fn          *cuda.Function
 	grid, block cuda.Dim3
-	scale       float32
+	scale       float64
 	inputs      [][]byte
 	ins, outs   []*dbuf
 	ps          []cuda.ARParams
@@ -292,7 +318,7 @@ func (c *checker) newARStep(g *gpu, pads *padSet, k arCase) (s *arStep, err erro
 	s.scale = 1
 	switch k.op {
 	case dtype.Avg:
-		s.scale = float32(k.world)
+		s.scale = float64(k.world)
 	case dtype.PremulSum:
 		s.scale = 0.375
 	}
@@ -380,13 +406,28 @@ func (s *arStep) check() error {
 		}
 	}
 	for r := 0; r < k.world; r++ {
-		if err := checkResult(k, s.inputs, r, results[r], float64(s.scale)); err != nil {
+		if err := checkResult(k, s.inputs, r, results[r], s.scale); err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 	}
 	return nil
 }
 
+// f8Of is the fp8 format of dt, if it is one.
+func f8Of(dt dtype.DType) (f8Format, bool) {
+	switch dt {
+	case dtype.Float8E4M3:
+		return e4m3, true
+	case dtype.Float8E5M2:
+		return e5m2, true
+	}
+	return f8Format{}, false
+}
+
+// genData makes n random elements: integers of every bit pattern (bool:
+// half of them zero, the rest any byte), floats in [-1, 1) (near 1
+// for PRODUCT), float64 with bits past float32's, fp8 with a few values
+// that overflow when summed.
 func genData(rng *rand.Rand, dt dtype.DType, op dtype.RedOp, n int) []byte {
 	es := dt.Size()
 	out := make([]byte, n*es)
@@ -399,6 +440,15 @@ func genData(rng *rand.Rand, dt dtype.DType, op dtype.RedOp, n int) []byte {
 		case dtype.Int64:
 			binary.LittleEndian.PutUint64(e, rng.Uint64())
 			continue
+		case dtype.Int8, dtype.Uint8:
+			e[0] = byte(rng.Uint32())
+			continue
+		case dtype.Bool:
+			e[0] = byte(rng.Uint32() >> 1)
+			if rng.IntN(2) == 0 {
+				e[0] = 0
+			}
+			continue
 		}
 		f := float32(rng.Float64()*2 - 1)
 		if op == dtype.Product {
@@ -407,10 +457,19 @@ func genData(rng *rand.Rand, dt dtype.DType, op dtype.RedOp, n int) []byte {
 		switch dt {
 		case dtype.Float32:
 			binary.LittleEndian.PutUint32(e, math.Float32bits(f))
+		case dtype.Float64:
+			binary.LittleEndian.PutUint64(e, math.Float64bits(float64(f)+rng.Float64()*0x1p-30))
 		case dtype.Float16:
 			binary.LittleEndian.PutUint16(e, f32ToF16(f))
 		case dtype.BFloat16:
 			binary.LittleEndian.PutUint16(e, f32ToBF16(f))
+		default:
+			ff, _ := f8Of(dt)
+			x := float64(f)
+			if op != dtype.Product && rng.IntN(16) == 0 {
+				x *= ff.toF64(ff.maxCode()) * 0.75
+			}
+			e[0] = ff.fromF64(x)
 		}
 	}
 	return out
@@ -420,51 +479,120 @@ func decodeF(dt dtype.DType, b []byte) float64 {
 	switch dt {
 	case dtype.Float32:
 		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
+	case dtype.Float64:
+		return math.Float64frombits(binary.LittleEndian.Uint64(b))
 	case dtype.Float16:
 		return float64(f16ToF32(binary.LittleEndian.Uint16(b)))
-	default:
+	case dtype.BFloat16:
 		return float64(bf16ToF32(binary.LittleEndian.Uint16(b)))
 	}
+	f, _ := f8Of(dt)
+	return f.toF64(b[0])
 }
 
 func decodeI(dt dtype.DType, b []byte) int64 {
-	if dt == dtype.Int32 {
+	switch dt {
+	case dtype.Int32:
 		return int64(int32(binary.LittleEndian.Uint32(b)))
+	case dtype.Int8:
+		return int64(int8(b[0]))
+	case dtype.Uint8, dtype.Bool:
+		return int64(b[0])
 	}
 	return int64(binary.LittleEndian.Uint64(b))
 }
 
+// wrapI folds x into dt's range (two's complement), as the kernels store it.
+func wrapI(dt dtype.DType, x int64) int64 {
+	switch dt {
+	case dtype.Int32:
+		return int64(int32(x))
+	case dtype.Int8:
+		return int64(int8(x))
+	case dtype.Uint8, dtype.Bool:
+		return int64(uint8(x))
+	}
+	return x
+}
+
+// foldI is op on two integers of dt; bool is bytes, with SUM as MAX
+// (torch's mapping for NCCL: on 0/1 bytes, SUM and MAX are OR, PRODUCT and
+// MIN are AND).
+func foldI(dt dtype.DType, op dtype.RedOp, a, b int64) int64 {
+	if dt == dtype.Bool && op == dtype.Sum {
+		op = dtype.Max
+	}
+	switch op {
+	case dtype.Sum:
+		return wrapI(dt, a+b)
+	case dtype.Product:
+		return wrapI(dt, a*b)
+	case dtype.Min:
+		return min(a, b)
+	}
+	return max(a, b)
+}
+
+// foldF is op on two floats (NaN-propagating MIN and MAX, as torch's).
+func foldF[F float32 | float64](op dtype.RedOp, a, b F) F {
+	switch op {
+	case dtype.Product:
+		return a * b
+	case dtype.Min, dtype.Max:
+		if a != a || b != b {
+			return F(math.NaN())
+		}
+		if op == dtype.Min {
+			return min(a, b)
+		}
+		return max(a, b)
+	}
+	return a + b
+}
+
+// f8Want is an fp8 result as the kernels must give it: the inputs folded
+// in rank order in float32, scaled there, rounded once to fp8.
+func f8Want(k arCase, inputs [][]byte, off int, scale float64) float64 {
+	f, _ := f8Of(k.dt)
+	acc := float32(f.toF64(inputs[0][off]))
+	for r := 1; r < k.world; r++ {
+		acc = foldF(k.op, acc, float32(f.toF64(inputs[r][off])))
+	}
+	switch k.op {
+	case dtype.Avg:
+		acc /= float32(scale)
+	case dtype.PremulSum:
+		acc *= float32(scale)
+	}
+	return f.toF64(f.fromF64(float64(acc)))
+}
+
 // checkResult compares with a float64 reference (integers: exactly, with
-// two's-complement wrap-around). The tolerance allows the fp32 accumulation
-// (world-1 roundings) plus the final rounding to the stored type.
+// two's-complement wrap-around; fp8: exactly, as a float32 fold in rank
+// order and one rounding give it). The tolerance of the other floats
+// allows the accumulation (world-1 roundings in float32, or float64 for
+// float64) plus the final rounding to the stored type.
 func checkResult(k arCase, inputs [][]byte, rank int, got []byte, scale float64) error {
 	es := k.dt.Size()
 	base := 0
 	if k.scatter {
 		base = rank * k.numel
 	}
-	outEps := map[dtype.DType]float64{dtype.Float32: 0x1p-24, dtype.Float16: 0x1p-11, dtype.BFloat16: 0x1p-8}[k.dt]
+	outEps := map[dtype.DType]float64{dtype.Float32: 0x1p-24, dtype.Float16: 0x1p-11, dtype.BFloat16: 0x1p-8,
+		dtype.Float64: 0x1p-53}[k.dt]
 	tiny := map[dtype.DType]float64{dtype.Float32: 0x1p-149, dtype.Float16: 0x1p-24, dtype.BFloat16: 0x1p-133}[k.dt]
+	accEps := 0x1p-24
+	if k.dt == dtype.Float64 {
+		accEps = 0x1p-53
+	}
+	_, isF8 := f8Of(k.dt)
 	bad, first := 0, ""
 	for i := 0; i < k.numel; i++ {
 		off := (base + i) * es
-		if k.dt == dtype.Int32 || k.dt == dtype.Int64 {
+		if !k.dt.IsFloat() {
 			acc := decodeI(k.dt, inputs[0][off:])
 			for r := 1; r < k.world; r++ {
-				x := decodeI(k.dt, inputs[r][off:])
-				switch k.op {
-				case dtype.Sum:
-					acc += x
-				case dtype.Product:
-					acc *= x
-				case dtype.Min:
-					acc = min(acc, x)
-				case dtype.Max:
-					acc = max(acc, x)
-				}
-				if k.dt == dtype.Int32 {
-					acc = int64(int32(acc))
-				}
+				acc = foldI(k.dt, k.op, acc, decodeI(k.dt, inputs[r][off:]))
 			}
 			if g := decodeI(k.dt, got[i*es:]); g != acc {
 				bad++
@@ -479,16 +607,7 @@ func checkResult(k arCase, inputs [][]byte, rank int, got []byte, scale float64)
 		for r := 1; r < k.world; r++ {
 			x := decodeF(k.dt, inputs[r][off:])
 			mag += math.Abs(x)
-			switch k.op {
-			case dtype.Sum, dtype.Avg, dtype.PremulSum:
-				acc += x
-			case dtype.Product:
-				acc *= x
-			case dtype.Min:
-				acc = math.Min(acc, x)
-			case dtype.Max:
-				acc = math.Max(acc, x)
-			}
+			acc = foldF(k.op, acc, x)
 		}
 		switch k.op {
 		case dtype.Avg:
@@ -498,12 +617,18 @@ func checkResult(k arCase, inputs [][]byte, rank int, got []byte, scale float64)
 		case dtype.Product, dtype.Min, dtype.Max:
 			mag = math.Abs(acc)
 		}
-		tol := outEps*math.Abs(acc) + float64(k.world+1)*0x1p-24*mag + tiny
+		tol := outEps*math.Abs(acc) + float64(k.world+1)*accEps*mag + tiny
 		if k.op == dtype.Min || k.op == dtype.Max {
 			tol = 0 // the answer is one of the inputs
 		}
+		if isF8 {
+			acc, tol = f8Want(k, inputs, off, scale), 0
+		}
 		g := decodeF(k.dt, got[i*es:])
-		if math.IsNaN(g) || math.Abs(g-acc) > tol {
+		if math.IsNaN(acc) && math.IsNaN(g) {
+			continue
+		}
+		if math.IsNaN(g) || !(math.Abs(g-acc) <= tol) {
 			bad++
 			if first == "" {
 				first = fmt.Sprintf("element %d: got %g, want %g (tolerance %g)", i, g, acc, tol)
@@ -748,32 +873,43 @@ func (c *checker) newVMem(owner *gpu, size uintptr) (*vmem, error) {
 }
 
 // twoGPUsOverVMM reports whether the first two devices can share VMM memory.
-func (c *checker) twoGPUsOverVMM() bool {
-	usable := len(c.gpus) >= 2 && c.d.HasVMM()
-	for _, dev := range rep.Devices[:min(2, len(rep.Devices))] {
+func (c *checker) twoGPUsOverVMM() bool { return c.gpusOverVMM(2) }
+
+// gpusOverVMM reports whether the first n opened devices can share VMM
+// memory.
+func (c *checker) gpusOverVMM(n int) bool {
+	usable := len(c.gpus) >= n && c.d.HasVMM()
+	for _, dev := range rep.Devices[:min(n, len(rep.Devices))] {
 		usable = usable && dev.VMM == 1 && dev.PosixFD == 1
 	}
 	return usable
 }
 
+// crossGPU runs ranks on distinct GPUs over VMM mappings: two of them for
+// the matrix, the semaphore protocol and the timings, and every opened GPU
+// (up to four; the fake driver has four) for all-reduces of several types
+// at 3 and 4 ranks.
 func (c *checker) crossGPU() {
 	if !c.twoGPUsOverVMM() {
 		record("two GPUs over VMM", func() error { return errSkip })
 		return
 	}
-	g0, g1 := c.gpus[0], c.gpus[1]
-	var data [2]*vmem
+	gs := c.gpus
+	if !c.gpusOverVMM(len(gs)) {
+		gs = gs[:2]
+	}
+	var data []*vmem
 	var pads *padSet
 	var setupErr error
-	record("VMM: create on each GPU, map, grant both GPUs access", func() error {
-		setupErr = c.vmmSetup(g0, g1, &data, &pads)
+	record(fmt.Sprintf("VMM: create on each of %d GPUs, map, grant every GPU access", len(gs)), func() error {
+		data, pads, setupErr = c.vmmSetup(gs)
 		return setupErr
 	})
 	record("VMM: export a POSIX fd, import it, read through the import", func() error {
 		if setupErr != nil {
 			return errSkip
 		}
-		return c.exportImport(g0, g1, data[0])
+		return c.exportImport(gs[0], gs[1], data[0])
 	})
 	if setupErr != nil {
 		return
@@ -786,12 +922,21 @@ func (c *checker) crossGPU() {
 					if c.quick && n > 1<<20 {
 						return errSkip
 					}
-					return c.runAR2(g0, g1, data, pads, k, 0)
+					return c.runARN(gs[:2], data, pads, k, 0)
 				})
 			}
 		}
 	}
-	c.semaCases(g0, g1, data, pads)
+	for world := 3; world <= len(gs); world++ {
+		for _, algo := range []cuda.Algo{cuda.OneShot, cuda.TwoShot} {
+			for _, dt := range []dtype.DType{dtype.Float32, dtype.Float64, dtype.BFloat16, dtype.Int8, dtype.Bool,
+				dtype.Float8E5M2} {
+				k := arCase{algo: algo, dt: dt, op: dtype.Sum, world: world, numel: 1025}
+				record(fmt.Sprintf("%d GPUs %s", world, k), func() error { return c.runARN(gs[:world], data, pads, k, 0) })
+			}
+		}
+	}
+	c.semaCases(gs, data, pads)
 	if c.quick {
 		return
 	}
@@ -799,38 +944,39 @@ func (c *checker) crossGPU() {
 		for _, bytes := range []int{4 << 10, 64 << 10, 1 << 20, 16 << 20} {
 			k := arCase{algo: algo, dt: dtype.BFloat16, op: dtype.Sum, world: 2, numel: bytes / 2}
 			record(fmt.Sprintf("2 GPUs timing %s bf16 %d bytes", algo, bytes), func() error {
-				return c.runAR2(g0, g1, data, pads, k, 40)
+				return c.runARN(gs[:2], data, pads, k, 40)
 			})
 		}
 	}
 }
 
-func (c *checker) vmmSetup(g0, g1 *gpu, data *[2]*vmem, pads **padSet) error {
+// vmmSetup makes each GPU's data buffer and signal pad, mapped for all.
+func (c *checker) vmmSetup(gs []*gpu) ([]*vmem, *padSet, error) {
 	const bufBytes = 40 << 20 // room for 4M+3 fp32 elements
-	for r, g := range []*gpu{g0, g1} {
+	var data []*vmem
+	for _, g := range gs {
 		v, err := c.newVMem(g, bufBytes)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
-		data[r] = v
+		data = append(data, v)
 	}
 	ps := &padSet{}
-	for r, g := range []*gpu{g0, g1} {
+	for r, g := range gs {
 		v, err := c.newVMem(g, cuda.PadBytes)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		if err := c.d.MemsetD32Async(g.ctx, v.va, 0, v.size/4, g.streams[0]); err != nil {
-			return err
+			return nil, nil, err
 		}
 		if err := c.d.StreamSynchronize(g.ctx, g.streams[0]); err != nil {
-			return err
+			return nil, nil, err
 		}
 		ps.bufs = append(ps.bufs, &dbuf{c: c, ctx: g.ctx, ptr: v.va, size: cuda.PadBytes})
 		ps.ptrs[r] = v.va
 	}
-	*pads = ps
-	return nil
+	return data, ps, nil
 }
 
 func (c *checker) exportImport(g0, g1 *gpu, v *vmem) error {
@@ -870,10 +1016,11 @@ func (c *checker) exportImport(g0, g1 *gpu, v *vmem) error {
 	return nil
 }
 
-// runAR2 runs an all-reduce with rank r on GPU r over the VMM buffers; with
-// iters > 0 it also times iters back-to-back calls.
-func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, iters int) error {
-	gs := []*gpu{g0, g1}
+// runARN runs an all-reduce with rank r on GPU r of gs over the VMM
+// buffers (k.world must be len(gs)); with iters > 0 it also times iters
+// back-to-back calls.
+func (c *checker) runARN(gs []*gpu, data []*vmem, pads *padSet, k arCase, iters int) error {
+	world := len(gs)
 	kern, post, err := cuda.ReduceKernel(k.algo, k.dt, k.op)
 	if err != nil {
 		return err
@@ -881,10 +1028,10 @@ func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, ite
 	es := uintptr(k.dt.Size())
 	n := uintptr(k.numel) * es
 	rng := rand.New(rand.NewPCG(seedOf(k.String()), 9))
-	inputs := make([][]byte, 2)
-	outs := make([]*dbuf, 2)
+	inputs := make([][]byte, world)
+	outs := make([]*dbuf, world)
 	defer freeAll(outs)
-	ps := make([]cuda.ARParams, 2)
+	ps := make([]cuda.ARParams, world)
 	for r, g := range gs {
 		inputs[r] = genData(rng, k.dt, k.op, k.numel)
 		if err := c.d.MemcpyHtoD(g.ctx, data[r].va, inputs[r]); err != nil {
@@ -896,15 +1043,17 @@ func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, ite
 	}
 	for r := range gs {
 		p := &ps[r]
-		p.Peers[0], p.Peers[1] = data[0].va, data[1].va
+		for q := range gs {
+			p.Peers[q] = data[q].va
+		}
 		p.Pads = pads.ptrs
 		if k.algo == cuda.OneShot {
 			p.Out = outs[r].ptr
 		}
 		p.Numel, p.TimeoutNs, p.Scale, p.Post = uint64(k.numel), timeoutNs, 1, post
-		p.World, p.Rank = 2, int32(r)
+		p.World, p.Rank = int32(world), int32(r)
 	}
-	grid, block := cuda.ReduceGrid(k.algo, uint64(k.numel), int(es), 2)
+	grid, block := cuda.ReduceGrid(k.algo, uint64(k.numel), int(es), world)
 	launch := func() error {
 		for r, g := range gs {
 			if err := c.d.Launch(g.fns[kern.Name], grid, block, 0, g.streams[0], &ps[r]); err != nil {
@@ -919,7 +1068,7 @@ func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, ite
 	if err := c.settle(gs, pads, false); err != nil {
 		return err
 	}
-	results := make([][]byte, 2)
+	results := make([][]byte, world)
 	for r, g := range gs {
 		results[r] = make([]byte, n)
 		src := data[r].va
@@ -930,8 +1079,10 @@ func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, ite
 			return err
 		}
 	}
-	if string(results[0]) != string(results[1]) {
-		return fmt.Errorf("the two GPUs got different bits")
+	for r := 1; r < world; r++ {
+		if string(results[r]) != string(results[0]) {
+			return fmt.Errorf("GPUs 0 and %d got different bits", r)
+		}
 	}
 	if err := checkResult(k, inputs, 0, results[0], 1); err != nil {
 		return err
@@ -941,7 +1092,7 @@ func (c *checker) runAR2(g0, g1 *gpu, data [2]*vmem, pads *padSet, k arCase, ite
 	}
 	// Timing: the inputs change (two-shot works in place), the launches do not.
 	var worst float64
-	evs := make([][2]cuda.Event, 2)
+	evs := make([][2]cuda.Event, world)
 	for r, g := range gs {
 		for i := range evs[r] {
 			e, err := c.d.EventCreate(g.ctx, 0)

@@ -72,7 +72,7 @@ func (c *checker) setup() int {
 		return 1
 	}
 	n := len(rep.Devices)
-	for i := 0; i < n && i < 2; i++ {
+	for i := 0; i < n && i < 4; i++ { // four: cross-GPU runs of 3 and 4 ranks
 		record(fmt.Sprintf("device %d: context, streams, modules, kernels", i), func() error {
 			g, err := c.openGPU(i)
 			if err == nil {

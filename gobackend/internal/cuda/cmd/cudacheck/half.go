@@ -70,3 +70,68 @@ func f32ToBF16(f float32) uint16 {
 	}
 	return sign | uint16((lo+0x10000)>>16)
 }
+
+// f8Format is an OCP FP8 format: mantissa bits, exponent bias, and whether
+// the all-ones exponent holds infinity and NaN (e5m2) or only magnitude
+// 0x7f is NaN (e4m3fn).
+type f8Format struct {
+	m, bias int
+	ieee    bool
+}
+
+var (
+	e4m3 = f8Format{m: 3, bias: 7}
+	e5m2 = f8Format{m: 2, bias: 15, ieee: true}
+)
+
+// toF64 decodes b from its fields.
+func (f f8Format) toF64(b uint8) float64 {
+	e, m := int(b&0x7f)>>f.m, int(b)&(1<<f.m-1)
+	var v float64
+	switch {
+	case !f.ieee && b&0x7f == 0x7f, f.ieee && e == 0x7f>>f.m && m != 0:
+		v = math.NaN()
+	case f.ieee && e == 0x7f>>f.m:
+		v = math.Inf(1)
+	case e == 0:
+		v = math.Ldexp(float64(m), 1-f.bias-f.m)
+	default:
+		v = math.Ldexp(float64(1<<f.m+m), e-f.bias-f.m)
+	}
+	if b&0x80 != 0 {
+		v = -v
+	}
+	return v
+}
+
+// maxCode is the largest finite magnitude's code.
+func (f f8Format) maxCode() uint8 {
+	if f.ieee {
+		return 0x7b
+	}
+	return 0x7e
+}
+
+// fromF64 is the nearest finite code by search, ties to the even code,
+// saturating at the largest finite value (NCCL's __NV_SATFINITE
+// conversion); NaN stays NaN.
+func (f f8Format) fromF64(x float64) uint8 {
+	if math.IsNaN(x) {
+		return 0x7f
+	}
+	sign := uint8(0)
+	if math.Signbit(x) {
+		sign = 0x80
+	}
+	a, top := math.Abs(x), f.maxCode()
+	if a >= f.toF64(top) {
+		return sign | top
+	}
+	best, bestD := uint8(0), a
+	for c := uint8(1); c <= top; c++ {
+		if d := math.Abs(f.toF64(c) - a); d < bestD || (d == bestD && c%2 == 0) {
+			best, bestD = c, d
+		}
+	}
+	return sign | best
+}

@@ -44,3 +44,27 @@ func TestBF16Rounding(t *testing.T) {
 		require.Equal(t, rne, f32ToBF16(f), "%#08x", u)
 	}
 }
+
+// Every finite fp8 code survives decode and encode; the rounding of a few
+// values between codes, ties, saturation and NaN.
+func TestF8Codec(t *testing.T) {
+	for _, f := range []f8Format{e4m3, e5m2} {
+		for b := 0; b < 256; b++ {
+			v := f.toF64(uint8(b))
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				continue
+			}
+			require.Equal(t, uint8(b), f.fromF64(v), "%#02x", b)
+		}
+	}
+	for _, c := range []struct {
+		f    f8Format
+		x    float64
+		want uint8
+	}{{e4m3, 1, 0x38}, {e4m3, 448, 0x7e}, {e4m3, 1e6, 0x7e}, {e4m3, -1e6, 0xfe}, {e4m3, math.Inf(1), 0x7e},
+		{e4m3, 1 + 1.0/16, 0x38}, {e4m3, 1 + 3.0/16, 0x3a}, {e4m3, 0x1p-9, 0x01}, {e4m3, 0x1p-10, 0x00},
+		{e4m3, math.NaN(), 0x7f}, {e5m2, 57344, 0x7b}, {e5m2, math.Inf(-1), 0xfb}, {e5m2, 1, 0x3c},
+		{e5m2, 0x1p-16, 0x01}, {e5m2, 1 + 1.0/8, 0x3c}, {e5m2, 1 + 3.0/8, 0x3e}} {
+		require.Equal(t, c.want, c.f.fromF64(c.x), "%v %v", c.f, c.x)
+	}
+}

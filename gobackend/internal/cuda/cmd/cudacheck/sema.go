@@ -66,7 +66,7 @@ func (c *checker) semaStageBytes() uintptr {
 
 // semaRanks builds rank r's cuda.Sema on GPU r over the VMM buffers of
 // crossGPU: data[r] is rank r's staging, pads its signal pad.
-func (c *checker) semaRanks(gs []*gpu, data [2]*vmem, pads *padSet, memop bool) []*cuda.Sema {
+func (c *checker) semaRanks(gs []*gpu, data []*vmem, pads *padSet, memop bool) []*cuda.Sema {
 	ms := make([]*cuda.Sema, len(gs))
 	for r, g := range gs {
 		ms[r] = &cuda.Sema{D: c.d, Ctx: g.ctx, Rank: r, World: len(gs), Pads: pads.ptrs,
@@ -91,6 +91,7 @@ type semaCase struct {
 	numel int
 	root  int // negative: all_reduce
 	memop bool
+	world int // GPUs; 0: 2
 }
 
 func (k semaCase) String() string {
@@ -98,7 +99,7 @@ func (k semaCase) String() string {
 	if k.root >= 0 {
 		op = fmt.Sprintf("reduce root=%d", k.root)
 	}
-	return fmt.Sprintf("2 GPUs sema-unicast %s %s sum n=%d (%s)", op, k.dt, k.numel, waitName(k.memop))
+	return fmt.Sprintf("%d GPUs sema-unicast %s %s sum n=%d (%s)", max(k.world, 2), op, k.dt, k.numel, waitName(k.memop))
 }
 
 // settle waits for stream 0 of every GPU and checks the pads for errors
@@ -135,7 +136,7 @@ func semaSemaphoresClear(pads *padSet) error {
 // against a float64 reference (all_reduce: identical bits on both), guards
 // around the outputs, inputs unchanged everywhere (non-roots included),
 // pads free of errors and semaphores consumed.
-func (c *checker) runSema(gs []*gpu, data [2]*vmem, pads *padSet, k semaCase) error {
+func (c *checker) runSema(gs []*gpu, data []*vmem, pads *padSet, k semaCase) error {
 	es := uintptr(k.dt.Size())
 	n := uintptr(k.numel) * es
 	rng := rand.New(rand.NewPCG(seedOf(k.String()), 11))
@@ -223,7 +224,7 @@ func allBytes(b []byte, v byte) bool {
 // output that op produced to a record; every record must be the sum of
 // that op's inputs. A round that read a peer's staging of another op, or
 // ran before a peer staged, breaks a record.
-func (c *checker) semaBackToBack(gs []*gpu, data [2]*vmem, pads *padSet, ops int, memop bool) error {
+func (c *checker) semaBackToBack(gs []*gpu, data []*vmem, pads *padSet, ops int, memop bool) error {
 	const n = 1023
 	ms := c.semaRanks(gs, data, pads, memop)
 	rng := rand.New(rand.NewPCG(uint64(ops), 13))
@@ -317,9 +318,10 @@ func (c *checker) semaBackToBack(gs []*gpu, data [2]*vmem, pads *padSet, ops int
 	return nil
 }
 
-// semaCases is issue #6's matrix on two GPUs, with both kinds of waits.
-func (c *checker) semaCases(g0, g1 *gpu, data [2]*vmem, pads *padSet) {
-	gs := []*gpu{g0, g1}
+// semaCases is issue #6's matrix on two GPUs, with both kinds of waits,
+// then the pull kernel of other types, and every GPU of gs at once.
+func (c *checker) semaCases(all []*gpu, data []*vmem, pads *padSet) {
+	gs := all[:2]
 	for _, memop := range []bool{false, true} {
 		for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
 			for _, n := range []int{1, 3, 5, 1023, 1025, big} {
@@ -340,5 +342,19 @@ func (c *checker) semaCases(g0, g1 *gpu, data [2]*vmem, pads *padSet) {
 		}
 		record(fmt.Sprintf("2 GPUs sema-unicast %d back-to-back all_reduce/reduce ops, no host sync (%s)", ops,
 			waitName(memop)), func() error { return c.semaBackToBack(gs, data, pads, ops, memop) })
+	}
+	for _, dt := range []dtype.DType{dtype.Float64, dtype.Int8, dtype.Float8E4M3} {
+		for _, root := range []int{-1, 1} {
+			k := semaCase{dt: dt, numel: 1025, root: root, world: 2}
+			record(k.String(), func() error { return c.runSema(gs, data, pads, k) })
+		}
+	}
+	if len(all) > 2 {
+		for _, dt := range []dtype.DType{dtype.Float32, dtype.Float64} {
+			for _, root := range []int{-1, len(all) - 1} {
+				k := semaCase{dt: dt, numel: 1025, root: root, world: len(all)}
+				record(k.String(), func() error { return c.runSema(all, data, pads, k) })
+			}
+		}
 	}
 }

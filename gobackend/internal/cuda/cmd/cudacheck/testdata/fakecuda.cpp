@@ -143,10 +143,13 @@ template <class P> static void invoke(void *fn, void *param) {
 #define FN(f, P) #f, invoke<P>, (void *)f, sizeof(P)
 #define AR(a, t, o) {FN(gs_##a##_##t##_##o, gs_ar_params)},
 #define AR_OPS(a, t) AR(a, t, sum) AR(a, t, prod) AR(a, t, min) AR(a, t, max)
-#define AR_TYPES(a) AR_OPS(a, f32) AR_OPS(a, f16) AR_OPS(a, bf16) AR_OPS(a, i32) AR_OPS(a, i64)
+#define AR_ONESHOT(t, T) AR_OPS(oneshot, t)
+#define AR_TWOSHOT(t, T) AR_OPS(twoshot, t)
+#define AR_PULL(t, T) AR_OPS(pull, t)
+#define AR_LL(t, T) AR_OPS(ll, t)
 #define NVLS(t, o) {FN(gs_nvls_##t##_##o, gs_nvls_params)},
 static CUfunc_st functions[] = {
-    AR_TYPES(oneshot) AR_TYPES(twoshot) AR_TYPES(pull) AR_TYPES(ll)
+    GS_AR_TYPES(AR_ONESHOT) GS_AR_TYPES(AR_TWOSHOT) GS_AR_TYPES(AR_PULL) GS_AR_TYPES(AR_LL)
     {FN(gs_copy, gs_copy_params)},
     {FN(gs_llmove, gs_llmove_params)},
     {FN(gs_barrier, gs_barrier_params)},
