@@ -259,6 +259,9 @@ def error(status: int, context: str = "") -> Exception:
     msg = last_error()
     text = msg.decode("utf-8", "replace") if msg else f"status {status}"
     text = text.removeprefix("gosym: ")
+    if status == ERR_TIMEOUT and "Timed out" not in text:
+        # torch's convention (gloo, NCCL): a timeout's text says "Timed out".
+        text = text.replace("timed out", "Timed out", 1) if "timed out" in text else f"Timed out: {text}"
     if context:
         text = f"{context}: {text}"
     return _EXC.get(status, RuntimeError)(f"gosym: {text}")
