@@ -76,6 +76,7 @@ OP_GATHER = 7
 OP_SCATTER = 8
 OP_SEND = 9
 OP_RECV = 10
+ANY_SOURCE = -1  # GOSYM_ANY_SOURCE: the peer of a host RECV from any rank
 
 
 class Piece(ctypes.Structure):

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from . import _lib
+from . import anysource as _anysource
 from . import monitored as _monitored
 from . import profiling as _profiling
 from ._dtypes import DTYPES as _DTYPES
@@ -909,7 +910,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
             w._done = w._side.record_event()
 
     def recv_anysource(self, tensors, tag):
-        raise NotImplementedError("gosym: recv from any source is not supported; pass src")
+        """A host receive from any rank (gosym.anysource); its Work's _source_rank() is the sender."""
+        return _anysource.recv_anysource(self, tensors, tag, _one, _dst)
 
     def barrier(self, opts=_BA):
         """On a CUDA device (opts.device, else the device this group's CUDA ops run on, as

@@ -101,14 +101,14 @@ def _tensors(args, pick):
     return [t for t in got if isinstance(t, torch.Tensor)]
 
 
-def _profiled(fn, pg, args, title, pick):
-    """fn(pg, *args) inside a gosym:<title> range (see the module doc)."""
+def _profiled(fn, pg, args, kwargs, title, pick):
+    """fn(pg, *args, **kwargs) inside a gosym:<title> range (see the module doc)."""
     if getattr(_local, "busy", False):
-        return fn(pg, *args)
+        return fn(pg, *args, **kwargs)
     rec = _enter(title, *_tensors(args, pick))
     _local.busy = True
     try:
-        work = fn(pg, *args)
+        work = fn(pg, *args, **kwargs)
     except BaseException:
         _local.busy = False
         _end_now(rec)
@@ -127,10 +127,10 @@ def _profiled(fn, pg, args, title, pick):
 def _wrap(fn, title, pick):
     title = f"gosym:{title}"
 
-    def op(self, *args):
+    def op(self, *args, **kwargs):  # torch passes barrier's opts by name
         if not _enabled():
-            return fn(self, *args)
-        return _profiled(fn, self, args, title, pick)
+            return fn(self, *args, **kwargs)
+        return _profiled(fn, self, args, kwargs, title, pick)
 
     op.__name__, op.__qualname__, op.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
     op.__wrapped__ = fn
