@@ -4,6 +4,11 @@ wheel) on one backend at one world size, with the reference backend's test selec
 on CPU, NCCL's on CUDA; dist_suite.py says how), and compares the outcomes with the
 reference's.
 
+    # gosym against the committed outcomes of gloo (expected/gloo-cpu-w2.json), as CI runs it:
+    python tests/conformance/run_dist_suite.py --backend gosym --world 2
+    # regenerate them (after a torch upgrade; the runner refuses lists of another torch):
+    python tests/conformance/run_dist_suite.py --backend gloo --world 2 --write-expected
+
     # the reference's outcomes, then gosym's compared with them (CPU, world 2):
     python tests/conformance/run_dist_suite.py --backend gloo --world 2 --json gloo2.json
     python tests/conformance/run_dist_suite.py --backend gosym --world 2 --against gloo2.json
@@ -14,7 +19,8 @@ reference's.
 
 A comparison fails when a test's outcome on the backend differs from the reference's, except
 for the tests listed in restricted.json (torch itself restricts them to gloo or NCCL), whose
-expected outcome is given there with the reason. Outcomes are "passed", "failed" and
+expected outcome is given there with the reason (where the reference runs them; where it skips
+them, the backend must skip them too). Outcomes are "passed", "failed" and
 "skipped"; a test that the reference fails may pass on the backend (reported, not failed).
 -k selects tests by regular expression (re.search on the name).
 """
@@ -47,7 +53,11 @@ def _parse(argv):
     p.add_argument("-k", dest="pattern", default=None, help="run the tests whose name matches")
     p.add_argument("--json", type=Path, help="write the outcomes here")
     p.add_argument("--against", type=Path,
-                   help="a reference run's --json: fail on outcomes that differ from it")
+                   help="a reference run's --json or an expected file: fail on outcomes that "
+                        "differ from it (default: expected/<reference>-<device>-w<world>.json "
+                        "when it exists and --backend is not the reference)")
+    p.add_argument("--write-expected", action="store_true",
+                   help="with --backend the reference: write the outcomes to the expected file")
     p.add_argument("--test-timeout", type=int, default=240,
                    help="seconds one test's ranks may run before they are killed")
     p.add_argument("--list", action="store_true", help="print the selected tests and exit")
@@ -63,6 +73,7 @@ def _environment(args):
     os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(args.test_timeout)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+    os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # gloo's CPU selection, on any machine
     paths = [str(HERE), str(REPO / "python")]
@@ -140,8 +151,9 @@ def compare(outcomes, reference, backend, restricted):
         want = reference.get(name, {}).get("outcome", "not run")
         if name in restricted:
             r = restricted[name]
-            if got != r["outcome"]:
-                bad.append(f"{name}: {got}, restricted.json expects {r['outcome']} ({r['reason']})")
+            expect = want if want in ("skipped", "not run") else r["outcome"]
+            if got != expect and got != "not run":
+                bad.append(f"{name}: {got}, restricted.json expects {expect} ({r['reason']})")
             else:
                 notes.append(f"{name}: {got} on {backend}, {want} on the reference: restricted "
                              f"({r['reason']})")
@@ -152,10 +164,38 @@ def compare(outcomes, reference, backend, restricted):
         elif got == "not run" or want == "not run":
             continue  # a -k selection on one side only
         else:
-            detail = outcomes.get(name, {}).get("detail", "")
+            gist = _gist(outcomes.get(name, {}).get("detail", ""))
             bad.append(f"{name}: {got} on {backend}, {want} on the reference"
-                       + (f"\n    {detail.strip().splitlines()[-1]}" if detail.strip() else ""))
+                       + (f"\n    {gist}" if gist else ""))
     return bad, notes
+
+
+def _gist(detail):
+    """The last exception line of a failure's traceback (the rank's own error, when the
+    suite relayed it), else its last line."""
+    lines = [ln.strip() for ln in detail.splitlines() if ln.strip()]
+    errs = [ln for ln in lines if re.match(r"[\w.]*(Error|Exception)\b", ln)]
+    return (errs or lines or [""])[-1][:500]
+
+
+def expected_path(args):
+    """The committed outcomes of the reference at this device and world size."""
+    return HERE / "expected" / f"{REFERENCE[args.device]}-{args.device}-w{args.world}.json"
+
+
+def write_expected(args, outcomes, torch_version):
+    path = expected_path(args)
+    path.parent.mkdir(exist_ok=True)
+    data = {"torch": torch_version, "reference": REFERENCE[args.device], "device": args.device,
+            "world": args.world,
+            "regenerate": f"python tests/conformance/run_dist_suite.py --device {args.device} "
+                          f"--backend {REFERENCE[args.device]} --world {args.world} --write-expected",
+            "tests": {k: {"outcome": v["outcome"]} for k, v in sorted(outcomes.items())}}
+    text = json.dumps(data, indent=1)
+    # one line per test, for readable diffs
+    text = re.sub(r'\{\n\s+"outcome": ("\w+")\n\s+\}', r'{"outcome": \1}', text)
+    path.write_text(text + "\n")
+    print(f"wrote {path}")
 
 
 def restricted_for(device):
@@ -176,15 +216,38 @@ def main(argv=None):
               for k in ("passed", "failed", "skipped")}
     print(f"{args.backend} ({args.device}, world {args.world}): {counts['passed']} passed, "
           f"{counts['failed']} failed, {counts['skipped']} skipped in {wall:.0f} s", flush=True)
+    import torch
+
     if args.json:
         args.json.write_text(json.dumps({"backend": args.backend, "device": args.device,
-                                         "world": args.world, "counts": counts,
-                                         "wall_s": round(wall, 1), "tests": outcomes}, indent=1))
-    if not args.against:
+                                         "world": args.world, "torch": torch.__version__,
+                                         "counts": counts, "wall_s": round(wall, 1),
+                                         "tests": outcomes}, indent=1))
+    reference = REFERENCE[args.device]
+    if args.write_expected:
+        if args.backend != reference or args.pattern:
+            print(f"--write-expected takes a full run of the reference ({reference})")
+            return 2
+        write_expected(args, outcomes, torch.__version__)
         return 0
-    ref = json.loads(args.against.read_text())
-    bad, notes = compare(outcomes, ref["tests"], args.backend, restricted_for(args.device))
-    print(f"reference {ref['backend']}: {ref['counts']}")
+    against = args.against
+    if against is None and args.backend != reference and expected_path(args).exists():
+        against = expected_path(args)
+    if against is None:
+        return 0
+    ref = json.loads(against.read_text())
+    ref.setdefault("backend", ref.get("reference"))
+    if ref.get("torch", torch.__version__) != torch.__version__:
+        print(f"{against} holds {ref['backend']}'s outcomes under torch {ref['torch']}, this is "
+              f"torch {torch.__version__}: regenerate it ({ref.get('regenerate', '--write-expected')})")
+        return 1
+    restricted = restricted_for(args.device) if args.backend != reference else {}
+    bad, notes = compare(outcomes, ref["tests"], args.backend, restricted)
+    if not args.pattern:  # a test the reference has and this run lacks is a difference
+        bad += [f"{n}: not run on {args.backend}" for n in ref["tests"] if n not in outcomes]
+    ref_counts = {k: sum(1 for o in ref["tests"].values() if o["outcome"] == k)
+                  for k in ("passed", "failed", "skipped")}
+    print(f"reference {ref['backend']} ({against.name}): {ref_counts}")
     for line in notes:
         print("note:", line)
     for line in bad:

@@ -100,6 +100,20 @@ def monitored(ck, rank, world, case):
         ck.check(f"{case}: a DistBackendError", isinstance(e, dist.DistBackendError), repr(e))
     dist.barrier()
     dist.destroy_process_group(pg2)
+    # The suite's test_monitored_barrier_gloo, on the group method (dist.monitored_barrier
+    # refuses other backends): rank 1 stays away; rank 0 names it, the others learn that
+    # rank 0 failed.
+    pg3 = dist.new_group(backend="gosym", timeout=datetime.timedelta(seconds=30))
+    wait = datetime.timedelta(seconds=2)
+    if rank == 0:
+        e = ck.expect_error(f"{case}: rank 1 away", pg3.monitored_barrier, wait)
+        ck.check(f"{case}: names rank 1", "Rank 1 failed to pass monitoredBarrier" in str(e), str(e))
+    elif rank != 1:
+        e = ck.expect_error(f"{case}: rank 0 failed", pg3.monitored_barrier, wait)
+        want = f"Rank {rank} successfully reached monitoredBarrier, but received errors"
+        ck.check(f"{case}: rank {rank} told", want in str(e), str(e))
+    dist.barrier()
+    dist.destroy_process_group(pg3)
 
 
 def timeout_error(ck, rank, world, case):
