@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, base_env, run_torchrun
+from conftest import REPO, base_env, cuda_device_count, run_torchrun
 
 RUNNER = REPO / "tests" / "conformance" / "run_dist_suite.py"
 
@@ -51,3 +51,14 @@ def test_fixes(world, outdir):
     res = run_torchrun("conformance_worker", world, ["--timeout", 60], timeout=300, outdir=outdir)
     res.assert_ok()
     assert all(r["passed"] >= 20 for r in res.results), "the worker ran suspiciously few checks"
+
+
+@pytest.mark.gpu
+def test_fixes_cuda(outdir):
+    """CUDA: recv from any source refused clearly (as NCCL), profiler ranges of CUDA ops."""
+    world = cuda_device_count()
+    if world < 2:
+        pytest.skip(f"needs 2 GPUs, found {world}")
+    res = run_torchrun("conformance_worker", world, ["--timeout", 60, "--cuda"], timeout=300, outdir=outdir)
+    res.assert_ok()
+    assert all(r["passed"] >= 3 for r in res.results), "the worker ran suspiciously few checks"

@@ -123,6 +123,11 @@ class _Result(unittest.TestResult):
 
 def run(args):
     """Runs the selected tests; returns {test: outcome record}."""
+    try:
+        import expecttest  # noqa: F401 - torch's test utilities import it
+    except ImportError:
+        sys.exit("run_dist_suite: torch's test suite needs the expecttest package "
+                 "(requirements-dev.txt lists it: make venv)")
     import dist_suite
 
     dist_suite.preload()

@@ -160,8 +160,35 @@ def profiled(ck, rank, world, case):
                     ck.check(f"{case}/{name}/{op}: shapes", e.input_shapes == [[3, 4]], str(e.input_shapes))
 
 
+def cuda_cases(ck, rank, world, dev):
+    """On CUDA: a receive from any source is refused clearly (as NCCL refuses it) and the
+    group goes on; CUDA ops record their gosym:<op> ranges, as host ops."""
+    t = torch.ones(8, device=dev)
+    if rank == 0:
+        e = ck.expect_error("cuda any_source refused", dist.recv, t)
+        ck.check("cuda any_source: says so", e is not None and "any source" in str(e), str(e))
+    dist.all_reduce(t)
+    torch.cuda.synchronize(dev)
+    ck.check("cuda all_reduce after refusal", bool((t == world).all()), str(t))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                record_shapes=True) as p:
+        dist.all_reduce(t)
+        dist.broadcast(t, 0)
+        torch.cuda.synchronize(dev)
+    names = [e.name for e in p.events() if e.name.startswith("gosym:")]
+    ck.check("cuda ranges", sorted(names) == ["gosym:all_reduce", "gosym:broadcast"], str(names))
+
+
 def main():
-    args = wc.setup()
+    args = wc.setup(lambda p: p.add_argument("--cuda", action="store_true"))
+    if args.cuda:
+        rank, world, dev, _ = wc.init_cuda(args)
+        ck = wc.Checker(rank)
+        ck.run("cuda", cuda_cases, ck, rank, world, dev)
+        wc.print_summary(ck, "conformance cuda")
+        wc.write_result(ck.result())
+        dist.destroy_process_group()
+        return
     rank, world = wc.init(args.backend, args.timeout)
     gloo = dist.new_group(backend="gloo")
     ck = wc.Checker(rank)
