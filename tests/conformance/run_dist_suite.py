@@ -51,6 +51,8 @@ def _parse(argv):
                    help="cpu: gloo's test selection; cuda: NCCL's (one GPU per rank)")
     p.add_argument("--world", type=int, default=2, help="ranks (WORLD_SIZE)")
     p.add_argument("-k", dest="pattern", default=None, help="run the tests whose name matches")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="run every N-th test from the I-th (0-based): to split a long run")
     p.add_argument("--json", type=Path, help="write the outcomes here")
     p.add_argument("--against", type=Path,
                    help="a reference run's --json or an expected file: fail on outcomes that "
@@ -134,6 +136,9 @@ def run(args):
     names = dist_suite.test_names()
     if args.pattern:
         names = [n for n in names if re.search(args.pattern, n)]
+    if args.shard:
+        i, n = map(int, args.shard.split("/"))
+        names = names[i::n]
     if args.list:
         for n in names:
             print(n, "" if not dist_suite.statically_skipped(n) else "(skipped at import)")
@@ -230,7 +235,7 @@ def main(argv=None):
                                          "tests": outcomes}, indent=1))
     reference = REFERENCE[args.device]
     if args.write_expected:
-        if args.backend != reference or args.pattern:
+        if args.backend != reference or args.pattern or args.shard:
             print(f"--write-expected takes a full run of the reference ({reference})")
             return 2
         write_expected(args, outcomes, torch.__version__)
@@ -248,7 +253,7 @@ def main(argv=None):
         return 1
     restricted = restricted_for(args.device) if args.backend != reference else {}
     bad, notes = compare(outcomes, ref["tests"], args.backend, restricted)
-    if not args.pattern:  # a test the reference has and this run lacks is a difference
+    if not args.pattern and not args.shard:  # a test the reference has and this run lacks
         bad += [f"{n}: not run on {args.backend}" for n in ref["tests"] if n not in outcomes]
     ref_counts = {k: sum(1 for o in ref["tests"].values() if o["outcome"] == k)
                   for k in ("passed", "failed", "skipped")}
