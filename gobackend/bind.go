@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
@@ -55,11 +56,7 @@ type peerMap struct {
 // ubrMode is GOSYM_ENABLE_UBR: "try" (default), "yes" or "no", read once:
 // Post consults it for every op.
 var ubrMode = sync.OnceValue(func() string {
-	switch v := os.Getenv("GOSYM_ENABLE_UBR"); v {
-	case "yes", "no":
-		return v
-	}
-	return "try"
+	return config.EnableUBR.Get()
 })
 
 func newBinder(e *Endpoint) *binder {
@@ -315,7 +312,7 @@ func (b *binder) stats() map[string]int64 {
 	}
 }
 
-var debug = os.Getenv("GOSYM_DEBUG") != ""
+var debug = config.Debug.On()
 
 func debugf(format string, args ...any) {
 	if debug {

@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/comm"
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
@@ -29,7 +29,8 @@ type Op = coll.Op
 // Piece re-exports a (address, count) piece.
 type Piece = coll.Piece
 
-// Config holds the tunables read from the environment at creation.
+// Config holds the tunables read from the environment at creation
+// (internal/config's table says what each accepts).
 type Config struct {
 	StageBytes int           // one staging half (GOSYM_STAGE_BYTES)
 	BoxBytes   int           // one mailbox half per peer (GOSYM_BOX_BYTES)
@@ -39,44 +40,17 @@ type Config struct {
 	Slots      int           // sync slots per rank (GOSYM_SLOTS); every rank the same
 }
 
-func envInt(name string, def int) int { return envIntFrom(name, def, 1) }
-
-// envIntFrom is envInt for tunables where values from least up are
-// meaningful (0 turning a feature off, say).
-func envIntFrom(name string, def, least int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= least {
-		return v
-	}
-	return def
-}
-
-// envSlots reads GOSYM_SLOTS. Unlike the other tunables a bad value is an
-// error, not the default: the peers must agree on it, and a typo on one rank
-// should be named, not silently replaced.
-func envSlots() (int, error) {
-	v, ok := os.LookupEnv("GOSYM_SLOTS")
-	if !ok || v == "" {
-		return symm.DefaultSlots, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < symm.MinSlots || n > symm.MaxSlots {
-		return 0, status.Errorf(status.InvalidArg, "gosym: GOSYM_SLOTS=%q: want a whole number of sync slots from %d to %d",
-			v, symm.MinSlots, symm.MaxSlots)
-	}
-	return n, nil
-}
-
-// DefaultConfig reads the GOSYM_* tunables for a group of world ranks.
+// DefaultConfig reads the GOSYM_* tunables for a group of world ranks; a
+// bad value of any setting the engine reads is an error naming it.
 func DefaultConfig(world int) (Config, error) {
-	slots, err := envSlots()
 	return Config{
-		StageBytes: envInt("GOSYM_STAGE_BYTES", 4<<20),
-		BoxBytes:   envInt("GOSYM_BOX_BYTES", 1<<20),
-		Threads:    envInt("GOSYM_THREADS", max(1, min(8, runtime.NumCPU()/world))),
-		Spin:       time.Duration(envInt("GOSYM_SPIN_US", 20)) * time.Microsecond,
-		DirectMin:  envInt("GOSYM_DIRECT_MIN", 64<<10),
-		Slots:      slots,
-	}, err
+		StageBytes: config.StageBytes.Get(),
+		BoxBytes:   config.BoxBytes.Get(),
+		Threads:    config.Threads.Or(max(1, min(8, runtime.NumCPU()/world))),
+		Spin:       time.Duration(config.SpinUS.Get()) * time.Microsecond,
+		DirectMin:  config.DirectMin.Get(),
+		Slots:      config.Slots.Get(),
+	}, config.Check()
 }
 
 // Endpoint is one process group on this rank.
@@ -179,6 +153,7 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 	}
 	e.boot.Close()
 	layout := symm.NewLayout(e.Size, e.cfg.StageBytes, e.cfg.BoxBytes, e.cfg.Slots)
+	layout.Settings, layout.CheckSettings = config.Agreed(), config.CheckAgreed
 	team, err := symm.NewTeam(mesh, layout, fmt.Sprintf("%s:%d", e.Name, e.Rank), deadline)
 	if err != nil {
 		mesh.Close()

@@ -21,7 +21,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
@@ -62,6 +62,7 @@ type gpuState struct {
 
 	ops      atomic.Int64
 	captured atomic.Int64 // ops enqueued while their stream was being captured (a CUDA graph)
+	joins    atomic.Int64 // ops that waited for the group's previous op on another stream (gpu_order.go)
 	device   atomic.Int32 // ordinal + 1 once set up, for stats
 	stage    atomic.Int64
 	counters gpuCounters
@@ -120,6 +121,7 @@ func (g *gpuState) close() {
 func (g *gpuState) stats(m map[string]any) {
 	m["gpu_ops"] = g.ops.Load()
 	m["gpu_captured_ops"] = g.captured.Load()
+	m["gpu_stream_joins"] = g.joins.Load()
 	m["gpu_device"] = int(g.device.Load()) - 1
 	m["gpu_stage_bytes"] = g.stage.Load()
 	m["gpu_direct_ops"] = g.counters.directOps.Load()
@@ -275,21 +277,27 @@ func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
 		g.err = e.deviceError(t.errw, t.g.ordinal)
 		return g.err
 	}
-	capturing := a.capturing
-	if !capturing { // asked here, not by every caller: one driver call, no Python round
-		c, err := t.g.d.StreamIsCapturing(t.g.ctx, a.stream)
-		if err != nil {
-			return status.Wrap(status.System, err, "gosym: %s on cuda:%d: asking whether the stream is being captured", op.Kind, a.device)
-		}
-		capturing = c
+	// Asked here, not by every caller: one driver call, no Python round;
+	// the capture sequence orders the op (gpu_order.go).
+	capturing, capture, err := t.g.d.StreamCaptureInfo(t.g.ctx, a.stream)
+	if err != nil {
+		return status.Wrap(status.System, err, "gosym: %s on cuda:%d: asking whether the stream is being captured", op.Kind, a.device)
 	}
+	capturing = capturing || a.capturing
 	g.ops.Add(1)
 	if capturing {
 		g.captured.Add(1)
 	}
+	if err := t.order.before(t.g, a.stream, capture); err != nil {
+		return status.Wrap(status.System, err, "gosym: %s on cuda:%d: waiting for the group's previous op on another stream", op.Kind, a.device)
+	}
 	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
 	t.capturing, t.deadline = capturing, deadline
-	err := t.run(op, a.stream, agree)
+	err = t.run(op, a.stream, agree)
+	if oerr := t.order.after(t.g, a.stream, capture); oerr != nil && err == nil {
+		err = status.Wrap(status.System, oerr, "gosym: %s on cuda:%d: recording the op's end for the group's next op", op.Kind, a.device)
+	}
+	g.joins.Store(int64(t.order.joins))
 	var coded *status.Error
 	if err != nil && !errors.As(err, &coded) {
 		return status.Wrap(status.System, err, "gosym: %s on cuda:%d", op.Who(), a.device)
@@ -334,30 +342,30 @@ type gpuConfig struct {
 
 func gpuConfigFromEnv() gpuConfig {
 	return gpuConfig{
-		stageBytes: envInt("GOSYM_GPU_STAGE_BYTES", 32<<20),
-		twoShotMin: envInt("GOSYM_GPU_TWOSHOT_MIN", 4<<20),
-		bigBlocks:  envInt("GOSYM_GPU_BLOCKS", cuda.MaxBlocks),
-		ceMin:      envInt("GOSYM_GPU_CE_MIN", 8<<20),
-		copyBlocks: envInt("GOSYM_GPU_COPY_BLOCKS", 64),
-		// Measured on 2×H200 (docs/ARCHITECTURE.md, "The direct path"):
+		stageBytes: config.GPUStageBytes.Get(),
+		twoShotMin: config.GPUTwoShotMin.Get(),
+		bigBlocks:  config.GPUBlocks.Or(cuda.MaxBlocks),
+		ceMin:      config.GPUCEMin.Get(),
+		copyBlocks: config.GPUCopyBlocks.Get(),
+		// Measured on 2×H200 (docs/DECISIONS.md):
 		// gs_copy wins at 16 MiB, the copy engines from 64 MiB.
-		directCEMin: envIntFrom("GOSYM_GPU_DIRECT_CE_MIN", 32<<20, 0),
-		directMin:   envInt("GOSYM_GPU_DIRECT_MIN", 8<<20),
-		// Measured on 2×H200: direct wins at 4 MiB (docs/ARCHITECTURE.md).
-		moveDirectMin: envInt("GOSYM_GPU_MOVE_DIRECT_MIN", 4<<20),
+		directCEMin: config.GPUDirectCEMin.Get(),
+		directMin:   config.GPUDirectMin.Get(),
+		// Measured on 2×H200: direct wins at 4 MiB (docs/DECISIONS.md).
+		moveDirectMin: config.GPUMoveDirectMin.Get(),
 		// Measured on 2×H200: direct wins from 4 MiB, not at 1 MiB
-		// (docs/ARCHITECTURE.md, "The direct path").
-		a2avDirectMin: envInt("GOSYM_GPU_A2AV_DIRECT_MIN", 2<<20),
-		// Measured on 2×H200: see docs/ARCHITECTURE.md, "Measured".
-		captureDirectMin: envInt("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1),
-		regMin:           envInt("GOSYM_GPU_REG_DIRECT_MIN", 1<<20),
-		semaMin:          envInt("GOSYM_GPU_SEMA_MIN", math.MaxInt),
-		fuseMax:          envInt("GOSYM_GPU_FUSE_MAX", 4<<20),
-		// Measured on 2×H200: LL wins to 256 KiB (docs/ARCHITECTURE.md).
-		llMax: min(envIntFrom("GOSYM_GPU_LL_MAX", 256<<10, 0), cuda.LLMaxBytes),
-		// Off: measured on 2×H200, see docs/ARCHITECTURE.md, "the paced all_to_all".
-		a2avBlocks: min(envIntFrom("GOSYM_GPU_A2AV_BLOCKS", 0, 0), cuda.A2AVBlocks),
-		a2avSlot:   envInt("GOSYM_GPU_A2AV_SLOT_BYTES", 64<<10),
+		// (docs/DECISIONS.md).
+		a2avDirectMin: config.GPUA2AVDirectMin.Get(),
+		// Measured on 2×H200: see docs/DECISIONS.md.
+		captureDirectMin: config.GPUCaptureDirectMin.Get(),
+		regMin:           config.GPURegDirectMin.Get(),
+		semaMin:          config.GPUSemaMin.Get(),
+		fuseMax:          config.GPUFuseMax.Get(),
+		// Measured on 2×H200: LL wins to 256 KiB (docs/DECISIONS.md).
+		llMax: min(config.GPULLMax.Get(), cuda.LLMaxBytes),
+		// Off: measured on 2×H200, see docs/DECISIONS.md.
+		a2avBlocks: min(config.GPUA2AVBlocks.Get(), cuda.A2AVBlocks),
+		a2avSlot:   config.GPUA2AVSlotBytes.Get(),
 	}
 }
 
@@ -655,6 +663,7 @@ type gpuTeam struct {
 	deadline    time.Time       // the current op's
 	swapFD      gpuSwapFD       // the fd exchange over the links, by deadline (gpu_direct.go)
 	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
+	order       gpuOrder        // the last op's stream and end event (gpu_order.go)
 
 	errw *cuda.ErrorWords // where this rank's kernels copy their errors (gpu_deverr.go)
 }
@@ -834,6 +843,7 @@ func (t *gpuTeam) close() {
 		t.nvls = nil
 	}
 	t.closeIPC()
+	t.order.close(g)
 	if err := t.errw.Close(); err != nil {
 		debugf("rank %d: freeing the host error block: %v", t.rank, err)
 	}

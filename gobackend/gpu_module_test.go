@@ -1,14 +1,11 @@
 package gobackend
 
 import (
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gosym/gosym/gobackend/internal/cuda"
-	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
 )
 
 // A module looks up every kernel of its source when it loads (under lazy
@@ -17,16 +14,7 @@ import (
 // process of this test binary: the driver, once loaded, stays for the
 // process, and the other tests of this package run without CUDA.
 func TestModuleLooksUpEveryKernelAtLoad(t *testing.T) {
-	if os.Getenv("GOSYM_TEST_FAKE_CUDA") == "" {
-		if _, err := cuda.LoadNVRTC(); err != nil {
-			t.Skipf("no NVRTC: %v", err)
-		}
-		cmd := exec.Command(os.Args[0], "-test.run=^TestModuleLooksUpEveryKernelAtLoad$", "-test.v")
-		cmd.Env = append(os.Environ(), "GOSYM_TEST_FAKE_CUDA=1", "GOSYM_LIBCUDA="+cudatest.FakeLibrary(t),
-			"GOSYM_KERNEL_CACHE="+t.TempDir())
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		require.Contains(t, string(out), "--- PASS: TestModuleLooksUpEveryKernelAtLoad")
+	if inFakeCUDA(t) {
 		return
 	}
 	g, err := openGPU(0)

@@ -27,6 +27,7 @@ import (
 	"unsafe"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/status"
@@ -276,7 +277,7 @@ func linkError(e *Endpoint, err error, what string) error {
 // use the same. A round of a message is P2PBlocks slots, and a sender runs
 // up to P2PSlots rounds ahead of its receiver.
 func p2pSlotBytes() uintptr {
-	return uintptr(max(16, envInt("GOSYM_GPU_P2P_SLOT_BYTES", 128<<10)&^15))
+	return uintptr(max(16, config.GPUP2PSlotBytes.Get()&^15))
 }
 
 // p2pMailbox carries a channel handshake over the host point-to-point

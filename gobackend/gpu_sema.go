@@ -8,10 +8,10 @@ package gobackend
 // visible. gpuTeam.reduction (gpu_ops.go) picks the algorithm.
 
 import (
-	"os"
 	"sync"
 	"sync/atomic"
 
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 )
@@ -21,7 +21,7 @@ import (
 // saves a launch per wait but has no deadline: a rank that never arrives
 // stalls the stream for good. Read once; a rank's waits are its own
 // business, so the ranks need not agree on it.
-var gpuSemaMemopWait = sync.OnceValue(func() bool { return os.Getenv("GOSYM_GPU_SEMA_WAIT") == "memop" })
+var gpuSemaMemopWait = sync.OnceValue(func() bool { return config.GPUSemaWait.Get() == "memop" })
 
 // semaReduce enqueues op on stream s with the semaphore protocol and the
 // unicast pull kernel: an all_reduce when root < 0, otherwise a reduce whose

@@ -90,6 +90,38 @@ def cuda_device_count() -> int:
         return 0
 
 
+def gpu_world() -> int:
+    """The world of the GPU jobs: one rank per CUDA device of the machine (0 without CUDA;
+    no child process then)."""
+    return cuda_device_count() if environment_probe()["cuda"] else 0
+
+
+def gpu_worlds_for(n: int) -> list[int]:
+    """The worlds the main GPU jobs run at on n GPUs: 2, 3 and n, those that fit."""
+    return sorted(w for w in {2, 3, n} if 2 <= w <= n)
+
+
+def gpu_worlds() -> list[int]:
+    """gpu_worlds_for this machine; [2] below 2 GPUs (need_gpus then skips the job)."""
+    return gpu_worlds_for(gpu_world()) or [2]
+
+
+def need_gpus(world: int) -> None:
+    """Skips the test unless the machine has world CUDA devices."""
+    if gpu_world() < world:
+        pytest.skip(f"needs {world} CUDA devices, the machine has {gpu_world()}")
+
+
+def assert_same_bits(digests: list[dict]) -> None:
+    """Every rank recorded the same replicated results (case -> digest), bit for bit."""
+    first = digests[0]
+    for r, d in enumerate(digests[1:], 1):
+        other = sorted(set(d) ^ set(first))
+        assert not other, f"ranks 0 and {r} recorded different cases: {other[:10]}"
+        differ = sorted(k for k in first if d[k] != first[k])
+        assert not differ, f"ranks 0 and {r} got different bits in {differ[:10]}"
+
+
 def pytest_collection_modifyitems(config, items):
     probe = environment_probe()
     no_lib = pytest.mark.skip(reason=f"gosym cannot be imported: {probe['gosym_error']}")

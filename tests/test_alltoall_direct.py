@@ -52,4 +52,4 @@ def test_bad_slot_count_is_value_error(value):
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.startswith("VALUE_ERROR:"), p.stdout
-    assert f'GOSYM_SLOTS="{value}": want a whole number of sync slots from 2 to 256' in p.stdout, p.stdout
+    assert f'GOSYM_SLOTS="{value}": want a whole number from 2 to 256' in p.stdout, p.stdout

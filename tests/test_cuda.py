@@ -1,12 +1,15 @@
-"""The CUDA data plane on 2 GPUs, one rank each (workers/cuda_worker.py): all_reduce of
-every dtype x op x size class, and every other collective, bitwise equal to NCCL and to
-an exact reference, identical on every rank, stream-ordered without host syncs,
+"""The CUDA data plane, one rank per GPU (workers/cuda_worker.py): all_reduce of every
+dtype x op x size class, and every other collective, against a float64 reference (bitwise
+where the result is exact, within workers/gpuref.py's stated tolerance where float sums
+of more than two ranks round differently by order) and bitwise equal to NCCL where NCCL
+gets the reference, identical on every rank, stream-ordered without host syncs,
 CUDA-graph capturable; barrier; clear errors for what the data plane does not run;
-send/recv on CUDA tensors (workers/cuda_p2p_worker.py); DDP on 2 GPUs trains exactly
-like DDP on NCCL.
+send/recv on CUDA tensors (workers/cuda_p2p_worker.py); DDP trains like DDP on NCCL.
 
-Marked gpu: skipped without CUDA, and without a second device. The job runs with a small
-GOSYM_GPU_STAGE_BYTES so that the large cases run in several staging chunks.
+World sizes come from the machine: the default collectives job runs at 2, 3 and every
+GPU (those the machine has), every other job on every GPU. Marked gpu: skipped without
+CUDA, and without a second device. The jobs run with a small GOSYM_GPU_STAGE_BYTES so
+that the large cases run in several staging chunks.
 """
 
 from __future__ import annotations
@@ -15,24 +18,30 @@ from __future__ import annotations
 import pytest
 import math
 
-from conftest import cuda_device_count, run_torchrun
+from conftest import assert_same_bits, cuda_device_count, gpu_world, gpu_worlds, need_gpus, run_torchrun
 
 pytestmark = pytest.mark.gpu
 
 
-def _worker_job(tmp_path_factory, name, **env):
-    """One launch of workers/cuda_worker.py on 2 GPUs with a 1 MiB staging (the large
-    cases run in several chunks) and env on top."""
-    if cuda_device_count() < 2:
-        pytest.skip("needs 2 CUDA devices")
-    out = tmp_path_factory.mktemp(name) / "out"
-    return run_torchrun("cuda_worker", 2, ["--timeout", 120], timeout=600, outdir=out,
+def _world() -> int:
+    """The world of the jobs that run once: every GPU (2 where there are fewer: skipped)."""
+    return max(gpu_world(), 2)
+
+
+def _worker_job(tmp_path_factory, name, world=None, **env):
+    """One launch of workers/cuda_worker.py on world GPUs (default every GPU) with a 1 MiB
+    staging (the large cases run in several chunks) and env on top."""
+    world = world or _world()
+    need_gpus(world)
+    out = tmp_path_factory.mktemp(f"{name}-{world}") / "out"
+    return run_torchrun("cuda_worker", world, ["--timeout", 120], timeout=600, outdir=out,
                         env={"GOSYM_GPU_STAGE_BYTES": str(1 << 20), **env})
 
 
-@pytest.fixture(scope="module")
-def cuda_job(tmp_path_factory):
-    return _worker_job(tmp_path_factory, "cuda")
+@pytest.fixture(scope="module", params=gpu_worlds(), ids=lambda w: f"world{w}")
+def cuda_job(request, tmp_path_factory):
+    """The default paths at 2, 3 and every GPU (those the machine has)."""
+    return _worker_job(tmp_path_factory, "cuda", request.param)
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +76,11 @@ def cuda_sema_job(tmp_path_factory):
 
 def _checked(job, min_passed):
     """Rank 0's results of a worker job that passed, after checking that it ran enough
-    checks and that both ranks got the same bits for every replicated result."""
+    checks and that every rank got the same bits for every replicated result."""
     job.assert_ok()
-    r0, r1 = job.results
+    r0 = job.results[0]
     assert r0["passed"] >= min_passed, "the worker ran suspiciously few checks"
-    differ = sorted(k for k in r0["digests"] if r0["digests"][k] != r1["digests"].get(k))
-    assert not differ, f"ranks got different bits in {differ[:10]}"
+    assert_same_bits([r["digests"] for r in job.results])
     return r0
 
 
@@ -135,47 +143,80 @@ def test_other_collectives(cuda_job):
 
 
 def test_cuda_p2p(tmp_path):
-    """send/recv, isend/irecv and batch_isend_irecv on CUDA tensors: every dtype and size
-    up to 40 MiB bit for bit, the 64 MiB ring in both orders, tags in order, strided
-    tensors, a captured CUDA graph replayed, CPU and CUDA messages of one pair
-    interleaved, a drained mismatch that the pair's next op raises."""
-    if cuda_device_count() < 2:
-        pytest.skip("needs 2 CUDA devices")
-    res = run_torchrun("cuda_p2p_worker", 2, ["--timeout", 30], timeout=600,
+    """send/recv, isend/irecv and batch_isend_irecv on CUDA tensors, on every GPU, in pairs
+    of ranks (an odd last rank pairs with rank 0 in a second round): every dtype and size
+    up to 40 MiB bit for bit, the 64 MiB ring of every rank in both orders, tags in order,
+    strided tensors, a captured CUDA graph replayed, CPU and CUDA messages of one pair
+    interleaved, a drained mismatch that the pair's next op raises; one channel per peer
+    a rank talked to."""
+    world = _world()
+    need_gpus(world)
+    res = run_torchrun("cuda_p2p_worker", world, ["--timeout", 30], timeout=600,
                        outdir=tmp_path / "p2p")
     res.assert_ok()
     for r, x in enumerate(res.results):
         assert x["passed"] >= 200, f"rank {r}: the worker ran suspiciously few checks"
         assert x.get("graph") == "captured", x.get("graph")
-        assert x["stats"]["gpu_p2p_channels"] == 1, x["stats"]
+        peers = x["info"]["p2p_peers"]
+        assert x["stats"]["gpu_p2p_channels"] == len(peers), (peers, x["stats"])
 
 
 def test_ddp_on_gpus_matches_nccl(tmp_path):
-    if cuda_device_count() < 2:
-        pytest.skip("needs 2 CUDA devices")
-    res = run_torchrun("ddp_worker", 2, ["--timeout", 120, "--device", "cuda"], timeout=420,
+    """50 DDP steps on every GPU, on gosym and on NCCL: at 2 ranks bitwise the same losses
+    and final parameters (a+b is rounded once, whatever the algorithm); from 3 on, the
+    gradients' sums round by each backend's order (a few float32 ulps a step), so the
+    losses agree within 1e-5 relative (issue 22's bound for real clients) and the final
+    parameters are not compared across backends. Either way every rank ends with the same
+    parameters, bit for bit, and the loss went down."""
+    world = _world()
+    need_gpus(world)
+    res = run_torchrun("ddp_worker", world, ["--timeout", 120, "--device", "cuda"], timeout=420,
                        outdir=tmp_path / "ddp")
     res.assert_ok()
     for r, x in enumerate(res.results):
         main, nccl = x["losses"]["main"], x["losses"]["gloo"]
         assert len(main) == 50 and all(math.isfinite(v) for v in main), main
-        diff = [i for i, (a, b) in enumerate(zip(main, nccl)) if a != b]
-        assert not diff, (f"rank {r}: losses differ from NCCL's at {len(diff)} steps, first "
-                          f"{diff[0]}: {main[diff[0]]!r} vs {nccl[diff[0]]!r}")
-        assert x["digest"]["main"] == x["digest"]["gloo"], f"rank {r}: final parameters differ"
+        rtol = 0.0 if world == 2 else 1e-5
+        diff = [i for i, (a, b) in enumerate(zip(main, nccl)) if abs(a - b) > rtol * abs(b)]
+        assert not diff, (f"rank {r}: losses differ from NCCL's by more than {rtol} relative at "
+                          f"{len(diff)} steps, first {diff[0]}: {main[diff[0]]!r} vs {nccl[diff[0]]!r}")
+        if world == 2:
+            assert x["digest"]["main"] == x["digest"]["gloo"], f"rank {r}: final parameters differ"
+    for run in ("main", "gloo"):
+        assert len({x["digest"][run] for x in res.results}) == 1, f"{run}: ranks ended with different parameters"
+    losses = res.results[0]["losses"]["main"]
+    assert sum(losses[-5:]) < 0.5 * sum(losses[:5]), f"the loss did not go down: {losses[:5]} -> {losses[-5:]}"
 
 
 def test_device_timeout_names_the_peer(tmp_path):
-    """Rank 1 reaches a barrier kernel of a group with a 3 s timeout 9 s late (its GPU
-    sleeps): rank 0's kernel gives up and records rank 1; the barrier's wait and the next
-    CUDA op on rank 0 raise an error naming rank 1, stats show it, and both ranks then
-    meet on the default group and destroy cleanly; the same for a small all_reduce (the LL
-    kernel's wait for the peer's lines) on another group, and for a small all_gather (the
-    LL move kernel) on a fourth (workers/cuda_timeout_worker.py)."""
-    if cuda_device_count() < 2:
-        pytest.skip("needs 2 CUDA devices")
-    res = run_torchrun("cuda_timeout_worker", 2, ["--timeout", 120], timeout=300,
+    """On every GPU, the last rank reaches a barrier kernel of a group with a 3 s timeout
+    9 s late (its GPU sleeps): every other rank's kernel gives up and records the last
+    rank; the barrier's wait and the next CUDA op on each of them raise an error naming
+    it, stats show it, and all ranks then meet on the default group and destroy cleanly;
+    the same for a small all_reduce (the LL kernel's wait for the peer's lines) on another
+    group, and for a small all_gather (the LL move kernel) on a fourth
+    (workers/cuda_timeout_worker.py)."""
+    world = _world()
+    need_gpus(world)
+    res = run_torchrun("cuda_timeout_worker", world, ["--timeout", 120], timeout=300,
                        outdir=tmp_path / "out")
     res.assert_ok()
-    r0, r1 = res.results
-    assert r0["passed"] >= 13 and r1["passed"] >= 8, (r0, r1)
+    *early, late = res.results
+    assert all(x["passed"] >= 13 for x in early) and late["passed"] >= 8, res.results
+
+
+def test_cuda_streams(tmp_path):
+    """Collectives of one group issued on several streams run in issue order on every
+    device (FSDP2's all_gather and reduce_scatter streams, one rank's held back), Works
+    join exactly their op, is_completed() follows the GPU, and a capture that forks a
+    stream replays right (workers/cuda_streams_worker.py), at every GPU of the machine."""
+    world = cuda_device_count()
+    if world < 2:
+        pytest.skip("needs 2 CUDA devices")
+    res = run_torchrun("cuda_streams_worker", world, ["--timeout", 60], timeout=420,
+                       outdir=tmp_path / "streams")
+    res.assert_ok()
+    for r, x in enumerate(res.results):
+        # 3 sizes x 2*world rounds x 2 ops, the join count, 4 completion and 6 graph checks
+        assert x["passed"] >= 12 * world + 11, f"rank {r}: the worker ran too few checks"
+        assert x["info"]["parts_done"] == ["fsdp", "completion", "graph"], x["info"]

@@ -9,7 +9,6 @@ the names defined here.
 from __future__ import annotations
 
 import ctypes
-import os
 import pathlib
 import struct
 import threading
@@ -23,6 +22,8 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
+
+from . import _settings
 
 ABI_VERSION = 1
 
@@ -186,7 +187,7 @@ _SIGNATURES = {
 
 def library_path() -> pathlib.Path:
     """GOSYM_LIBRARY if set, else libgosym.so next to this file."""
-    env = os.environ.get("GOSYM_LIBRARY")
+    env = _settings.library()
     if env:
         return pathlib.Path(env)
     return pathlib.Path(__file__).with_name("libgosym.so")

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from . import _lib
+from . import _lib, _settings
 from . import anysource as _anysource
 from . import monitored as _monitored
 from . import profiling as _profiling
@@ -49,7 +49,7 @@ _capturing = torch.cuda.is_current_stream_capturing
 _strided = torch.strided
 _sparse_coo = torch.sparse_coo
 _Tensor = torch.Tensor
-_DEBUG = os.environ.get("GOSYM_DEBUG") == "1"
+_DEBUG = _settings.debug()
 # The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
 # not called, at import: querying CUDA here would initialise it before a fork.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -255,7 +255,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     # torch's helpers ask a group for its per-device backend (_get_backend) and read
     # these flags; a Python group is its own backend and supports none of them.
-    supports_splitting = False
+    supports_splitting = True  # dist.split_group: gosym/split.py
     supports_coalescing = False
     supports_time_estimate = False
     supports_shrinking = False
@@ -268,6 +268,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._name = name
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        self._store = store  # split_group's children bootstrap through it
+        self._split_count = 0
         self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
         self._streams = {}  # device index -> (send stream, recv stream) of CUDA send/recv
@@ -313,6 +315,27 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def eager_connect_single_device(self, device):
         pass  # the endpoint is connected at creation
+
+    # ---- split_group (torch calls these on a backend that supports splitting) ----
+
+    options = None  # no backend options: split_group deep-copies this as the child's
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None):
+        from .split import split
+
+        return split(self, ranks, timeout, group_name, group_desc)
+
+    def comm_split_count(self):
+        return self._split_count
+
+    def perform_nocolor_split(self, device):
+        pass  # a rank outside a new group takes no part in its creation
+
+    def _set_sequence_number_for_group(self):
+        pass  # sequence numbers are the engine's, per group
+
+    def get_group_store(self):
+        return self._store
 
     def shutdown(self):
         """Destroys the endpoint; outstanding work fails. Idempotent.
@@ -961,9 +984,11 @@ _profiling.instrument(ProcessGroupGosym)
 
 def _create(dist_backend_opts, backend_options=None):
     """torch's creator for backend "gosym" (register_backend with extended_api=True)."""
+    from .hier import create  # host detection: one host gets a ProcessGroupGosym
+
     o = dist_backend_opts
-    return ProcessGroupGosym(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id),
-                             list(o.global_ranks_in_group))
+    return create(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id),
+                  list(o.global_ranks_in_group))
 
 
 def register() -> None:

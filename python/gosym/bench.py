@@ -78,9 +78,27 @@ def fmt_bw(gbps):
     return f"{gbps:.1f}" if gbps >= 10 else f"{gbps:.3f}"
 
 
+def default_nproc(device):
+    """One rank per GPU with CUDA (the world a user of the machine gets), 2 on the CPU.
+    Asked in a child process: the launcher itself must not initialise CUDA."""
+    if device != "cuda":
+        return 2
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                         capture_output=True, text=True, check=False)
+    try:
+        n = int(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        n = 0
+    if n < 1:
+        raise SystemExit("gosym.bench: --device cuda found no GPU (pass --nproc to override)")
+    return n
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m gosym.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--nproc", type=int, default=2, help="ranks to launch (default 2)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="ranks to launch (default: every GPU of the machine with --device cuda, "
+                        "else 2)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--backends", default=None,
                    help="comma list (default gosym,gloo on cpu, gosym,nccl on cuda); on cuda "
@@ -125,6 +143,11 @@ def parse_args(argv):
     if bad:
         p.error(f"unknown ops {bad}; choose from {list(OPS)}")
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if args.nproc is None:  # the launcher's question; a rank runs in a world of its own
+        args.nproc = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else \
+            default_nproc(args.device)
+    if args.nproc < 1:
+        p.error(f"--nproc must be at least 1, got {args.nproc}")
     if args.backends is None:
         args.backends = "gosym,nccl,gosym-sema,symm-1shot,symm-2shot" if args.device == "cuda" else \
             "gosym,gosym-bound,gloo"

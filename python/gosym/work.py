@@ -235,12 +235,15 @@ def _to_ms(timeout) -> int:
 class CudaWork(dist._Work):
     """A CUDA op, enqueued on stream `raw` of device `idx` before this object exists: the
     host has nothing left to wait for, and the stream orders everything after it (NCCL's
-    semantics). wait() makes the caller's current stream wait for that stream when the two
-    differ; a barrier's (one with an event) blocks the host until every rank reached it on
-    the GPU, like ProcessGroupNCCL's barrier, then raises the error its kernel recorded
-    (a rank that did not arrive within the group's timeout)."""
+    semantics). `_end`, an event recorded right after the op (None when the stream was
+    being captured), makes wait() join exactly the op into the caller's current stream
+    when the two streams differ and lets is_completed() say whether the GPU finished it,
+    as ProcessGroupNCCL's end event does. A barrier's Work (one with `_event`) blocks the
+    host in wait() until every rank reached it on the GPU, like ProcessGroupNCCL's
+    barrier, then raises the error its kernel recorded (a rank that did not arrive within
+    the group's timeout)."""
 
-    __slots__ = ("_out", "_idx", "_raw", "_event", "_check")
+    __slots__ = ("_out", "_idx", "_raw", "_event", "_check", "_end")
 
     def _stream(self):
         if self._raw == 0:  # the legacy default stream, torch's default
@@ -253,14 +256,19 @@ class CudaWork(dist._Work):
             if self._check is not None:
                 self._check()
         elif torch._C._cuda_getCurrentRawStream(self._idx) != self._raw:
-            torch.cuda.current_stream(self._idx).wait_stream(self._stream())
+            cur = torch.cuda.current_stream(self._idx)
+            if self._end is not None:
+                cur.wait_event(self._end)
+            else:
+                cur.wait_stream(self._stream())
         return True
 
     def synchronize(self):
         self.wait()
 
     def is_completed(self):
-        return self._event is None or self._event.query()
+        ev = self._event if self._event is not None else self._end
+        return ev is None or ev.query()
 
     def is_success(self):
         return self.is_completed()
@@ -283,11 +291,16 @@ class CudaWork(dist._Work):
 
 
 def cuda_work(out, idx, raw, event=None, check=None) -> CudaWork:
-    """The CudaWork of an op enqueued on stream raw of device idx (built without a Python
-    __init__, as work_of: on the path of every CUDA op); check, with an event, raises what
-    the GPU recorded once the event completed."""
+    """The CudaWork of an op just enqueued on stream raw of device idx, the caller's
+    current stream there (built without a Python __init__, as work_of: on the path of
+    every asynchronous CUDA op); check, with an event, raises what the GPU recorded once
+    the event completed. Outside a capture the op's end is recorded at once (a
+    synchronous caller gets no Work and pays nothing)."""
     w = CudaWork()
-    w._out, w._idx, w._raw, w._event, w._check = out, idx, raw, event, check
+    w._out, w._idx, w._raw, w._event, w._check, w._end = out, idx, raw, event, check, None
+    if event is None and not torch._C._cuda_isCurrentStreamCapturing():
+        end = w._end = torch.cuda.Event()
+        end.record(torch.cuda.current_stream(idx))
     return w
 
 
@@ -305,6 +318,7 @@ class CudaSideWork(CudaWork):
     def __init__(self, out, idx, side, pg):
         super().__init__()
         self._out, self._idx, self._raw, self._event, self._check = out, idx, side.cuda_stream, None, None
+        self._end = None
         self._side, self._done, self._pg, self._err = side, None, pg, None
 
     def _launched(self):

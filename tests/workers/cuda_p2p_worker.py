@@ -1,12 +1,13 @@
-"""send/recv on CUDA tensors (tests/test_cuda.py::test_cuda_p2p), one rank per GPU, two
-ranks: every dtype and size (up to 40 MiB, past what the channel's slots hold) at odd
+"""send/recv on CUDA tensors (tests/test_cuda.py::test_cuda_p2p), one rank per GPU, any
+world, in pairs (pairings; ring: every rank's): every dtype and size (up to 40 MiB,
+past what the channel's slots hold) at odd
 element offsets into poisoned, guarded destinations, compared bit for bit with what the
 peer sent; the ring of batch_isend_irecv with 64 MiB messages in both post orders (no
 deadlock); back-to-back isend/irecv with different tags; non-contiguous sources and
 destinations; a CUDA graph that captures a send/recv pair, replayed 20 times on new data; CPU and
 CUDA messages of one pair interleaved; last, a receive that expected another size
 (drained, destination untouched, the pair's next op raises what was sent). After each
-section, no kernel of the channel has recorded an error.
+section, no kernel of the channel has recorded an error; at the end, a channel per peer.
 
 Every message is rebuilt from (case, sender) by both ranks, so the receiver knows what
 it must get. Random bytes, viewed as each dtype: NaN patterns and all.
@@ -64,9 +65,17 @@ def _guards(ck, case, raw, view):
     ck.check(f"{case}: guards untouched", bool((g == 0xA5).all()), str(g.tolist()))
 
 
-def exchange(ck, rank, dev, case, n, dtype, recv_first):
+def pairings(world):
+    """Rounds of disjoint pairs (dicts rank -> partner) that give every rank a partner:
+    r with r^1, and where world is odd, its last rank with rank 0 in a second round."""
+    rounds = [{r: r ^ 1 for r in range(world - world % 2)}]
+    if world % 2:
+        rounds.append({world - 1: 0, 0: world - 1})
+    return rounds
+
+
+def exchange(ck, rank, peer, dev, case, n, dtype, recv_first):
     """Both ranks send n elements to each other (isend and irecv in the given order)."""
-    peer = 1 - rank
     mine = _msg(case, rank, n, dtype, dev)
     base, out = _poisoned(n, dtype, dev)
     if recv_first:
@@ -80,23 +89,23 @@ def exchange(ck, rank, dev, case, n, dtype, recv_first):
     _guards(ck, case, base, out)
 
 
-def matrix(ck, rank, dev):
+def matrix(ck, rank, peer, dev):
     """Every dtype x size, both directions at once, both post orders."""
     for dtype in wc.ALL_DTYPES:
         es = torch.empty((), dtype=dtype).element_size()
         for n in SIZES + [BIG // es + 3]:
             for recv_first in (False, True):
                 case = f"matrix/{wc.dname(dtype)}/{n}/{'recv' if recv_first else 'send'}_first"
-                exchange(ck, rank, dev, case, n, dtype, recv_first)
+                exchange(ck, rank, peer, dev, case, n, dtype, recv_first)
 
 
-def blocking(ck, rank, dev):
-    """dist.send/dist.recv, rank 0 sending first, rank 1 receiving first, 40 MiB."""
+def blocking(ck, rank, peer, dev):
+    """dist.send/dist.recv, the pair's lower rank sending first, the other receiving first,
+    40 MiB."""
     case, n = "blocking", BIG // 4 + 1
-    peer = 1 - rank
     base, out = _poisoned(n, torch.float32, dev)
     mine = _msg(case, rank, n, torch.float32, dev)
-    if rank == 0:
+    if rank < peer:
         dist.send(mine, dst=peer)
         dist.recv(out, src=peer)
     else:
@@ -127,10 +136,9 @@ def ring(ck, rank, world, dev):
         _guards(ck, case, base, out)
 
 
-def tagged(ck, rank, dev):
+def tagged(ck, rank, peer, dev):
     """Eight isends with tags 0..7 and sizes from 1 element to 12 MiB, then the eight
     matching irecvs, posted before any wait; the messages arrive in order."""
-    peer = 1 - rank
     sizes = [1, 4099, (12 << 20) // 8 + 5, 7, 600_003, 2, (9 << 20) // 8, 1025]
     sends, outs = [], []
     for tag, n in enumerate(sizes):
@@ -149,14 +157,13 @@ def tagged(ck, rank, dev):
         _guards(ck, case, base, out)
 
 
-def strided(ck, rank, dev):
+def strided(ck, rank, peer, dev):
     """A non-contiguous source (every other column) into a non-contiguous destination
     (a column block of a wider matrix): the elements in between stay poisoned. Both
     ranks post the irecv first and only then make the source, whose first strided fp16
     copy loads a kernel module lazily, which synchronises the device: with the irecv's
     kernel already spinning on the GPU, that deadlocked the pair until the kernels timed
     out (the sends and receives are launched at wait() now)."""
-    peer = 1 - rank
     rows, cols = 257, 33
     case = "strided"
 
@@ -174,34 +181,34 @@ def strided(ck, rank, dev):
     ck.check(f"{case}: other columns untouched", bool(rest.isnan().all()))
 
 
-def mismatch(ck, rank, dev):
-    """Rank 0 sends 1000 elements, rank 1 expects 999: rank 1's kernel drains the message,
-    writes nothing and records the mismatch, so rank 1's next CUDA send/recv with rank 0
-    raises an error that gives the size and tag rank 0 sent (the pair's programs
-    disagree; the error is sticky), at its wait(), which launches it. Runs last."""
+def mismatch(ck, rank, peer, dev):
+    """The pair's lower rank sends 1000 elements, the other expects 999: its kernel drains
+    the message, writes nothing and records the mismatch, so its next CUDA send/recv with
+    the sender raises an error that gives the size and tag the sender sent (the pair's
+    programs disagree; the error is sticky), at its wait(), which launches it. Runs last."""
     case = "mismatch"
-    if rank == 0:
-        dist.send(_msg(case, 0, 1000, torch.float32, dev), dst=1)
+    if rank < peer:
+        dist.send(_msg(case, rank, 1000, torch.float32, dev), dst=peer)
         torch.cuda.synchronize()
         return
     base, out = _poisoned(999, torch.float32, dev)
-    dist.recv(out, src=0)
+    dist.recv(out, src=peer)
     torch.cuda.synchronize()
     ck.check(f"{case}: destination untouched", bool((base == 0xA5).all()),
              f"{int((base != 0xA5).sum())} bytes written")
-    for what, post in (("recv", lambda: dist.irecv(out, src=0).wait()),
-                       ("send", lambda: dist.isend(out, dst=0).wait())):
+    for what, post in (("recv", lambda: dist.irecv(out, src=peer).wait()),
+                       ("send", lambda: dist.isend(out, dst=peer).wait())):
         e = ck.expect_error(f"{case}: the next {what} raises", post)
         if e is not None:
             ck.check(f"{case}: the {what}'s error gives what was sent",
-                     "mismatch: rank 0 sent 4000 bytes with tag 0" in str(e), str(e))
+                     f"mismatch: rank {peer} sent 4000 bytes with tag 0" in str(e), str(e))
 
 
-def graph(ck, rank, dev):
+def graph(ck, rank, peer, dev):
     """An isend/irecv pair and their waits captured in a CUDA graph, replayed 20 times,
     each time on new data: the channel's counters live on the devices, so every replay
     is a new message."""
-    peer, n = 1 - rank, 300_007
+    n = 300_007
     base = torch.arange(n, device=dev, dtype=torch.float32)
     src = torch.empty(n, device=dev)
     dst = torch.empty(n, device=dev)
@@ -230,14 +237,13 @@ def graph(ck, rank, dev):
     torch.cuda.synchronize()
     ck.check("graph: 20 replays with new data", int(bad) == 0, f"{int(bad)} wrong elements")
     # The channel goes on outside the graph.
-    exchange(ck, rank, dev, "graph/after", 1025, torch.float32, False)
+    exchange(ck, rank, peer, dev, "graph/after", 1025, torch.float32, False)
     return "captured"
 
 
-def mixed(ck, rank, dev):
+def mixed(ck, rank, peer, dev):
     """CPU and CUDA messages of one pair, interleaved: host messages match by tag on the
     host path, CUDA ones in order on the channel."""
-    peer = 1 - rank
     cpu_out = torch.full((513,), -1, dtype=torch.int32)
     base, cuda_out = _poisoned(70_001, torch.float32, dev)
     cpu_msg = lambda r: torch.arange(513, dtype=torch.int32) * (r + 3)  # noqa: E731
@@ -256,36 +262,41 @@ def mixed(ck, rank, dev):
 def main():
     args = wc.setup()
     rank, world, dev, _ = wc.init_cuda(args)
-    assert world == 2, "the CUDA p2p worker runs on 2 ranks"
     ck = wc.Checker(rank)
+    # every rank meets each of its partners in the pair sections, in the same order
+    partners = [rnd[rank] for rnd in pairings(world) if rank in rnd]
+    ck.info["p2p_peers"] = sorted(set(partners) | {(rank + 1) % world, (rank - 1) % world})
     gosym_stats = lambda: {}  # noqa: E731
     if args.backend == "gosym":
         import gosym
 
         gosym_stats = gosym.stats
-    sections = [("matrix", matrix, (ck, rank, dev)), ("blocking", blocking, (ck, rank, dev)),
-                ("ring", ring, (ck, rank, world, dev)), ("tagged", tagged, (ck, rank, dev)),
-                ("strided", strided, (ck, rank, dev)), ("graph", graph, (ck, rank, dev)),
-                ("mixed", mixed, (ck, rank, dev))]
-    graph_status = None
+    sections = [("matrix", matrix, None), ("blocking", blocking, None),
+                ("ring", ring, (ck, rank, world, dev)), ("tagged", tagged, None),
+                ("strided", strided, None), ("graph", graph, None), ("mixed", mixed, None)]
+    graphs = []
     for name, fn, fargs in sections:
         t0 = time.perf_counter()
-        got = ck.run(name, fn, *fargs)
+        for peer in partners if fargs is None else [None]:  # a pair section once per partner
+            got = ck.run(name, fn, *(fargs or (ck, rank, peer, dev)))
+            if name == "graph":
+                graphs.append(got)
         torch.cuda.synchronize()
         ck.info[f"{name}_s"] = round(time.perf_counter() - t0, 2)
-        if name == "graph":
-            graph_status = got
         err = gosym_stats().get("gpu_p2p_error")
         ck.check(f"{name}: no channel error", err is None, str(err))
-    ck.run("mismatch", mismatch, ck, rank, dev)
+    graph_status = next((g for g in graphs if g != "captured"), "captured")
+    for peer in partners:
+        ck.run("mismatch", mismatch, ck, rank, peer, dev)
     torch.cuda.synchronize()
     stats = gosym_stats()
     if stats:
-        ck.check("stats: one channel", stats.get("gpu_p2p_channels") == 1, str(stats))
+        ck.check("stats: a channel per peer", stats.get("gpu_p2p_channels") == len(ck.info["p2p_peers"]),
+                 f"peers {ck.info['p2p_peers']}: {stats}")
         ck.check("stats: sends counted", stats.get("gpu_p2p_sends", 0) > 100, str(stats))
         err = stats.get("gpu_p2p_error") or ""
-        ck.check("stats: the mismatch recorded on rank 1 only",
-                 ("4000 bytes" in err) == (rank == 1), err)
+        ck.check("stats: the mismatch recorded on the receivers (a pair's higher rank) only",
+                 ("4000 bytes" in err) == any(rank > p for p in partners), err)
     wc.write_result(ck.result(graph=graph_status, stats=stats))
     wc.print_summary(ck, "cuda_p2p")
     dist.destroy_process_group()

@@ -10,7 +10,8 @@ Parts (each records itself in info["parts_done"] when it ran to its end):
 - collectives: all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
   all_to_all_single and broadcast at 1 MiB (staged), 8 MiB + 5 elements and 48 MiB + 3
   elements per rank (direct; the largest spans several pages), three times each on the
-  same buffers with fresh inputs, against NCCL bitwise, outputs poisoned; from
+  same buffers with fresh inputs, against the reference and NCCL (cuda_reg_worker's
+  against_nccl), outputs poisoned; from
   gosym.stats: the large ops go direct, the first op of a buffer publishes a run (or finds
   one of the same pages, published for an earlier buffer) and maps the peers' runs, the
   later ones reuse them (no new run, no new mapping);
@@ -35,6 +36,7 @@ import torch.distributed as dist
 import wcommon as wc
 from cuda_reg_worker import OPS, against_nccl, delta
 from cuda_worker import _input, _reference
+from gpuref import compare_reduced
 
 import gosym
 
@@ -113,13 +115,13 @@ def churn(ck, rank, world, dev):
     for i, mib in enumerate((40, 24, 64, 40, 30)):
         n = (mib << 20) // 4 + i
         x = torch.empty(n, device=dev)
-        x.copy_(_input(f"churn/{i}", rank, n, torch.float32, "SUM", dev))
-        exp = _reference([_input(f"churn/{i}", r, n, torch.float32, "SUM", dev) for r in range(world)], "SUM", world)
+        ins = [_input(f"churn/{i}", r, n, torch.float32, "SUM", dev) for r in range(world)]
+        x.copy_(ins[rank])
         dist.all_reduce(x)
         torch.cuda.synchronize()
-        why = wc.compare(x, exp)
+        why = compare_reduced(x, _reference(ins, "SUM", world), ins, "SUM")
         ck.check(f"churn/{i}: {mib} MiB all_reduce right", why is None, why or "")
-        del x, exp
+        del x, ins
         gc.collect()
         torch.cuda.empty_cache()  # the pages go back to the driver: new ones map there next
     d = delta(before, stats())
@@ -133,9 +135,9 @@ def captured(ck, rank, world, dev):
     small, large = (4 << 20) // 4 + 1, (44 << 20) // 4  # elements: the large spans 3 pages
 
     def fresh(case, n):
-        mine = _input(case, rank, n, torch.float32, "SUM", dev)
-        return mine, _reference([_input(case, r, n, torch.float32, "SUM", dev) for r in range(world)],
-                                "SUM", world)
+        """(this rank's input, every rank's)"""
+        ins = [_input(case, r, n, torch.float32, "SUM", dev) for r in range(world)]
+        return ins[rank], ins
 
     x = torch.empty(small, device=dev)  # first: the large one lies after it, from the same page
     big = torch.empty(large, device=dev)
@@ -162,11 +164,11 @@ def captured(ck, rank, world, dev):
         dist.all_reduce(y)
         del y
     for k in range(3):
-        mine, exp = fresh(f"captured/replay{k}", small)
+        mine, ins = fresh(f"captured/replay{k}", small)
         x.copy_(mine)
         g.replay()
         torch.cuda.synchronize()
-        why = wc.compare(x, exp)
+        why = compare_reduced(x, _reference(ins, "SUM", world), ins, "SUM")
         ck.check(f"captured: replay {k} right after the run's other pages went", why is None, why or "")
     d = delta(before, stats())
     ck.info["captured"] = d

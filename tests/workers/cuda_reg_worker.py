@@ -5,7 +5,9 @@ Parts (each records itself in info["parts_done"] when it ran to its end):
 - collectives: caching-allocator tensors mem_map'ed on every rank, in all_reduce,
   all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single and broadcast at
   1 KiB, 1 MiB + 3 elements and 8 MiB per rank, three times each on the same buffers with
-  fresh inputs, against NCCL bitwise and the exact result, outputs poisoned; from
+  fresh inputs, against the float64 reference (gpuref's tolerance for sums of more than
+  two ranks) and NCCL bitwise where NCCL gets the reference, outputs poisoned, replicated
+  results' digests in info["digests"] (the test compares every rank's); from
   gosym.stats: sizes below GOSYM_GPU_REG_DIRECT_MIN never bind, larger ones bind each
   buffer on the first op (a miss per peer) and reuse it afterwards (hits, no new binding);
 - realloc: unmap, free and reallocate at the same address (from the caching allocator's
@@ -32,7 +34,8 @@ import os
 import torch
 import torch.distributed as dist
 import wcommon as wc
-from cuda_worker import _input, _poison
+from cuda_worker import _input, _poison, _reference
+from gpuref import compare_reduced
 
 import gosym
 
@@ -63,11 +66,31 @@ OPS = {
 }
 
 
+def expected(name, ins, rank):
+    """What op name (of OPS) leaves on rank, from every rank's input ins: (result, the
+    comparison's extra arguments for gpuref.compare_reduced, None for data movement)."""
+    world = len(ins)
+    k = ins[0].numel() // world  # the all_to_all and reduce_scatter pieces
+    mine = slice(rank * k, (rank + 1) * k)
+    if name == "all_reduce":
+        return _reference(ins, "SUM", world), {}
+    if name == "reduce_scatter":
+        return _reference(ins, "SUM", world)[mine], {"part": mine}
+    if name == "all_gather":
+        return torch.cat(ins), None
+    if name == "all_to_all":
+        return torch.cat([x[mine] for x in ins]), None
+    return ins[0], None  # broadcast from rank 0
+
+
 def against_nccl(ck, case, name, rank, x, out, call, nccl, counters):
     """One op on x (filled with fresh input; poisoned on broadcast's non-roots) and out
-    (poisoned), then NCCL's on clones: bitwise equal results, the input untouched. Returns
-    the delta of counters() around gosym's call."""
+    (poisoned), then NCCL's on clones: the result against the reference built from every
+    rank's input (gpuref's tolerance for sums), bitwise equal to NCCL's where NCCL gets the
+    reference, the input untouched, replicated results' digests in info["digests"].
+    Returns the delta of counters() around gosym's call."""
     dev = x.device
+    world = dist.get_world_size()
     if name == "broadcast" and rank != 0:
         wc.poison_(x)
     else:
@@ -81,8 +104,18 @@ def against_nccl(ck, case, name, rank, x, out, call, nccl, counters):
     d = delta(before, counters())
     call(xr, outr, nccl)
     torch.cuda.synchronize()
-    why = wc.compare(x if out is None else out, xr if outr is None else outr)
-    ck.check(f"{case}: bitwise vs NCCL", why is None, why or "")
+    got, theirs = (x, xr) if out is None else (out, outr)
+    ins = [_input(case, r, x.numel(), torch.float32, "SUM", dev) for r in range(world)]
+    exp, reduced = expected(name, ins, rank)
+    why = wc.compare(got, exp) if reduced is None else compare_reduced(got, exp, ins, "SUM", **reduced)
+    ck.check(f"{case}: vs reference", why is None, why or "")
+    if wc.compare(theirs, exp) is None:
+        why = wc.compare(got, theirs)
+        ck.check(f"{case}: bitwise vs NCCL", why is None, why or "")
+    else:
+        ck.info.setdefault("nccl_off_reference", []).append(case)
+    if name != "all_to_all" and name != "reduce_scatter":  # the same result on every rank
+        ck.info.setdefault("digests", {})[case] = wc.digest(got)
     if out is not None:
         why = wc.compare(x, xr)
         ck.check(f"{case}: input untouched", why is None, why or "")
@@ -162,10 +195,7 @@ def realloc(ck, rank, world, dev):
             before = reg_stats()
             dist.all_reduce(y)
             d = delta(before, reg_stats())
-            exp = vals[0].double()
-            for v in vals[1:]:
-                exp = exp + v.double()
-            why = wc.compare(y, exp.float())
+            why = compare_reduced(y, _reference(vals, "SUM", world), vals, "SUM")
             ck.check(f"realloc/{how}/{rep}: right result on the reallocated buffer", why is None, why or "")
             ck.check(f"realloc/{how}/{rep}: direct", d["gpu_reg_direct_ops"] == 1, str(d))
             if rep == 0:
@@ -210,9 +240,9 @@ def import_part(ck, rank, world, dev, alloc="torch"):
     why = wc.compare(mine, torch.full((n,), float(1000 + writer), device=dev))
     ck.check(f"import/{alloc}: sees the peer's writes", why is None, why or "")
     dist.barrier()
-    # Both orders: rank 1 unmaps its export while rank 0 still has it imported; rank 0's
-    # export outlives rank 1's import of it.
-    if rank == 1:
+    # Both orders: odd ranks unmap their export while its importer (the rank before)
+    # still has it imported; even ranks' exports outlive their importer's import.
+    if rank % 2 == 1:
         h.unmap()
     dist.barrier()
     del t  # the last tensor_from tensor unmaps the import
@@ -220,7 +250,7 @@ def import_part(ck, rank, world, dev, alloc="torch"):
     ck.check(f"import/{alloc}: the tensor's death unmaps the import", imp.unmapped, repr(imp))
     torch.cuda.synchronize()
     dist.barrier()
-    h.unmap()  # rank 0's export; idempotent on rank 1
+    h.unmap()  # the even ranks' exports; idempotent on the odd ones
     ck.check(f"import/{alloc}: exporter's memory intact", bool((mine == float(1000 + writer)).all()))
     dist.barrier()
 

@@ -1,17 +1,18 @@
 """A peer that does not arrive on the GPU (tests/test_cuda.py::test_device_timeout_names_the_peer),
-one rank per GPU, 2 ranks.
+one rank per GPU, any number of ranks; the last one is late.
 
-Both ranks warm up on the default group (long timeout: the kernels compile once per
-process) and set up the CUDA data plane of a second group with a short timeout (T). Then
-rank 1 keeps its GPU busy for 3T (torch.cuda._sleep) before its barrier kernel of that
-group, while rank 0's barrier kernel gives up after T and records rank 1 as missing.
-Rank 0's barrier wait must raise an error naming rank 1, its next CUDA op on the group
-too, and stats must show the device error; rank 1's barrier passes (rank 0 had arrived).
-The same with a small all_reduce on a third group (the LL kernel: no barrier, rank 0's
-kernel waits for rank 1's lines): rank 0's next op names rank 1 and the LL wait, rank 1
-gets the right sum (rank 0's lines had arrived). The same once more with a small
-all_gather on a fourth group (gs_llmove: the same lines and waits). Both ranks then meet on the default
-group and destroy everything.
+Every rank warms up on the default group (long timeout: the kernels compile once per
+process) and sets up the CUDA data plane of a second group of every rank with a short
+timeout (T). Then the last rank keeps its GPU busy for 3T (torch.cuda._sleep) before its
+barrier kernel of that group, while every other rank's barrier kernel gives up after T
+and records the last rank, and it alone, as missing. Their barrier waits must raise an
+error naming the last rank, their next CUDA op on the group too, and stats must show the
+device error; the late rank's barrier passes (everyone else had arrived). The same with a
+small all_reduce on a third group (the LL kernel: no barrier, each kernel waits for the
+late rank's lines): the early ranks' next op names the late rank and the LL wait, the
+late rank gets the right sum (the others' lines had arrived). The same once more with a
+small all_gather on a fourth group (gs_llmove: the same lines and waits). All ranks then
+meet on the default group and destroy everything.
 """
 
 from __future__ import annotations
@@ -41,24 +42,27 @@ def _cycles_per_second(dev) -> float:
 def scenario(ck, rank, dev, short):
     import gosym
 
+    world = dist.get_world_size()
+    late = world - 1
     y = torch.ones(1024, device=dev)
     dist.all_reduce(y, group=short)  # sets up the short group's CUDA data plane
     torch.cuda.synchronize()
-    ck.check("warm all_reduce", bool((y == 2).all()), str(y[:4]))
-    dist.barrier()  # both ranks are idle on the GPU from here
+    ck.check("warm all_reduce", bool((y == world).all()), str(y[:4]))
+    dist.barrier()  # every rank is idle on the GPU from here
     torch.cuda.synchronize()
 
-    if rank == 1:
+    if rank == late:
         torch.cuda._sleep(int(3 * SHORT_S * _cycles_per_second(dev)))
-        ck.run("late barrier", dist.barrier, group=short)  # rank 0 had arrived: passes
+        ck.run("late barrier", dist.barrier, group=short)  # the others had arrived: passes
         ck.check("no device error on the late rank", gosym.stats(short)["gpu_device_error"] == 0,
                  str(gosym.stats(short)))
         return
+    who = f"waiting for ranks [{late}]"
     e = ck.expect_error("barrier wait", dist.barrier, group=short)
-    ck.check("barrier error names rank 1", e is not None and "waiting for ranks [1]" in str(e), repr(e))
+    ck.check("barrier error names the late rank", e is not None and who in str(e), repr(e))
     ck.check("barrier error is a timeout", e is not None and "Timed out" in str(e), repr(e))
     e = ck.expect_error("next op", dist.all_reduce, y, group=short)
-    ck.check("next op names rank 1", e is not None and "waiting for ranks [1]" in str(e), repr(e))
+    ck.check("next op names the late rank", e is not None and who in str(e), repr(e))
     st = gosym.stats(short)
     ck.check("stats show the device error", st["gpu_device_error"] == 1, str(st))
 
@@ -69,8 +73,10 @@ def ll_scenario(ck, rank, dev, short, gather=False):
     import gosym
 
     tag = "LL gather" if gather else "LL"
+    world = dist.get_world_size()
+    late = world - 1
     z = torch.ones(1024, device=dev)  # 4 KiB: an LL kernel
-    out = torch.empty(2048, device=dev)
+    out = torch.empty(1024 * world, device=dev)
 
     def op():
         if gather:
@@ -85,18 +91,18 @@ def ll_scenario(ck, rank, dev, short, gather=False):
 
     got = op()  # sets up this group's CUDA data plane
     torch.cuda.synchronize()
-    ck.check(f"{tag}: warm op", bool((got == expect([1, 1])).all()), str(got[:4]))
+    ck.check(f"{tag}: warm op", bool((got == expect([1] * world)).all()), str(got[:4]))
     st = gosym.stats(short)
     ran = st["gpu_ll_moves"] if gather else st["gpu_algo_ll"]
     ck.check(f"{tag}: the small op ran an LL kernel", ran == 1, str(st))
     dist.barrier()
     torch.cuda.synchronize()
     z.fill_(rank + 1)
-    if rank == 1:
+    if rank == late:
         torch.cuda._sleep(int(3 * SHORT_S * _cycles_per_second(dev)))
         got = op()
         torch.cuda.synchronize()
-        ck.check(f"{tag}: the late rank got the result", bool((got == expect([1, 2])).all()),
+        ck.check(f"{tag}: the late rank got the result", bool((got == expect(range(1, world + 1))).all()),
                  str(got[:4]))
         ck.check(f"{tag}: no device error on the late rank", gosym.stats(short)["gpu_device_error"] == 0,
                  str(gosym.stats(short)))
@@ -104,9 +110,9 @@ def ll_scenario(ck, rank, dev, short, gather=False):
     op()
     torch.cuda.synchronize()  # the kernel gives up after SHORT_S
     e = ck.expect_error(f"{tag}: next op", op)
-    ck.check(f"{tag}: next op names rank 1 and the LL wait",
-             e is not None and "waiting for ranks [1]" in str(e) and "LL kernel, block 0 waiting for "
-             "the lines of rank 1" in str(e), repr(e))
+    ck.check(f"{tag}: next op names the late rank and the LL wait",
+             e is not None and f"waiting for ranks [{late}]" in str(e) and "LL kernel, block 0 waiting for "
+             f"the lines of rank {late}" in str(e), repr(e))
 
 
 def main():
@@ -118,9 +124,9 @@ def main():
     x = torch.ones(1024, device=dev)
     dist.all_reduce(x)  # compiles the kernels before the short group's deadlines apply
     torch.cuda.synchronize()
-    short = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=SHORT_S))
-    short_ll = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=SHORT_S))
-    short_llmove = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=SHORT_S))
+    short = dist.new_group(timeout=datetime.timedelta(seconds=SHORT_S))
+    short_ll = dist.new_group(timeout=datetime.timedelta(seconds=SHORT_S))
+    short_llmove = dist.new_group(timeout=datetime.timedelta(seconds=SHORT_S))
     ck.run("scenario", scenario, ck, rank, dev, short)
     ck.run("meet", dist.barrier)
     torch.cuda.synchronize()

@@ -314,6 +314,14 @@ static CUresult special_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *s
 	*st = 0;
 	return GSCU_SUCCESS;
 }
+static CUresult special_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id,
+                                               void **graph, const void **deps, size_t *ndeps) {
+	(void)s, (void)graph, (void)deps, (void)ndeps;
+	COUNT(cuStreamGetCaptureInfo);
+	*st = 0;
+	*id = 0;
+	return GSCU_SUCCESS;
+}
 #undef COUNT
 #undef COUNT_ARG
 
@@ -351,6 +359,7 @@ static const struct {
     {"cuIpcOpenMemHandle", (void *)special_cuIpcOpenMemHandle},
     {"cuIpcCloseMemHandle", (void *)special_cuIpcCloseMemHandle},
     {"cuStreamIsCapturing", (void *)special_cuStreamIsCapturing},
+    {"cuStreamGetCaptureInfo", (void *)special_cuStreamGetCaptureInfo},
 };
 
 static void *const fake_fns[] = {

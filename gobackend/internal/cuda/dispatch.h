@@ -158,6 +158,10 @@ typedef int CUdriverProcAddressQueryResult;
 	X(REQ, cuStreamSynchronize, "cuStreamSynchronize", 12000, (CUstream s), (s))           \
 	X(REQ, cuStreamIsCapturing, "cuStreamIsCapturing", 12000,                              \
 	  (CUstream s, CUstreamCaptureStatus *st), (s, st))                                    \
+	X(REQ, cuStreamGetCaptureInfo, "cuStreamGetCaptureInfo_v2", 12000,                     \
+	  (CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, void **graph,                \
+	   const void **deps, size_t *ndeps),                                                  \
+	  (s, st, id, graph, deps, ndeps))                                                     \
 	X(REQ, cuStreamWaitEvent, "cuStreamWaitEvent", 12000,                                  \
 	  (CUstream s, CUevent e, unsigned int flags), (s, e, flags))                          \
 	X(REQ, cuEventCreate, "cuEventCreate", 12000, (CUevent * e, unsigned int flags),       \

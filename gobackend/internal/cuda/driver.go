@@ -10,10 +10,11 @@ import "C"
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"sync"
 	"unsafe"
+
+	"github.com/gosym/gosym/gobackend/internal/config"
 )
 
 // Handles. Device pointers are plain uintptr values throughout; the opaque
@@ -84,7 +85,7 @@ var defaultDriver struct {
 // device; a libcuda that lacks a required function gives a *SymbolError.
 func Load() (*Driver, error) {
 	defaultDriver.once.Do(func() {
-		path := os.Getenv("GOSYM_LIBCUDA")
+		path := config.LibCUDA.Get()
 		if path == "" {
 			path = "libcuda.so.1"
 		}
@@ -425,6 +426,16 @@ func (d *Driver) StreamIsCapturing(ctx Context, s Stream) (bool, error) {
 	var st C.CUstreamCaptureStatus
 	err := d.check("cuStreamIsCapturing", C.gscu_in_cuStreamIsCapturing(d.t, cCtx(ctx), cStream(s), &st))
 	return st != 0, err
+}
+
+// StreamCaptureInfo reports whether s is being captured into a CUDA graph
+// (an invalidated capture counts, as in StreamIsCapturing) and the capture
+// sequence's id, unique per process for an active capture (0 otherwise).
+func (d *Driver) StreamCaptureInfo(ctx Context, s Stream) (capturing bool, id uint64, err error) {
+	var st C.CUstreamCaptureStatus
+	var cid C.cuuint64_t
+	err = d.check("cuStreamGetCaptureInfo", C.gscu_in_cuStreamGetCaptureInfo(d.t, cCtx(ctx), cStream(s), &st, &cid, nil, nil, nil))
+	return st != 0, uint64(cid), err
 }
 
 // StreamWaitEvent makes later work on s wait for e.

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/gosym/gosym/gobackend/internal/config"
 )
 
 // NVRTC is an opened libnvrtc. It needs neither a GPU nor libcuda.
@@ -273,7 +275,7 @@ func (c *Compiler) Stats() CacheStats {
 // DefaultCacheDir is $GOSYM_KERNEL_CACHE, else $XDG_CACHE_HOME/gosym/kernels,
 // else ~/.cache/gosym/kernels ("" if there is no home either).
 func DefaultCacheDir() string {
-	if d := os.Getenv("GOSYM_KERNEL_CACHE"); d != "" {
+	if d := config.KernelCache.Get(); d != "" {
 		return d
 	}
 	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {

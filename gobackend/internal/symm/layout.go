@@ -45,6 +45,12 @@ type Layout struct {
 
 	offHdr, offSlots, CtrlBytes int
 	offBoxes, DataBytes         int
+
+	// Settings is what else every rank must share (the engine's agreed
+	// settings, internal/config), sent with the regions; CheckSettings
+	// names a peer's difference. Both may be nil.
+	Settings      []byte
+	CheckSettings func(rank int, theirs []byte) error
 }
 
 func roundUp(n, a int) int { return (n + a - 1) / a * a }
@@ -99,22 +105,28 @@ func (l *Layout) agreed() []setting {
 	}
 }
 
-// encode is what a rank sends its peers with its region fds.
+// encode is what a rank sends its peers with its region fds: the agreed
+// geometry, then Settings.
 func (l *Layout) encode() []byte {
 	fs := l.agreed()
-	b := make([]byte, 8*len(fs))
+	b := make([]byte, 8*len(fs), 8*len(fs)+len(l.Settings))
 	for i, f := range fs {
 		binary.LittleEndian.PutUint64(b[8*i:], uint64(f.v))
 	}
-	return b
+	return append(b, l.Settings...)
 }
 
 // agree checks rank r's encoded layout against this one and names the
 // first setting that differs.
 func (l *Layout) agree(r int, got []byte) error {
 	fs := l.agreed()
-	if len(got) != 8*len(fs) {
+	if len(got) < 8*len(fs) || (l.CheckSettings == nil && len(got) != 8*len(fs)) {
 		return status.Errorf(status.Peer, "gosym: rank %d sent a region layout of %d bytes, not %d (another gosym version?)", r, len(got), 8*len(fs))
+	}
+	if l.CheckSettings != nil {
+		if err := l.CheckSettings(r, got[8*len(fs):]); err != nil {
+			return err
+		}
 	}
 	for i, f := range fs {
 		if v := binary.LittleEndian.Uint64(got[8*i:]); v != uint64(f.v) {

@@ -79,3 +79,24 @@ func TestLayoutAgreement(t *testing.T) {
 	require.Contains(t, err.Error(), "rank 2 uses GOSYM_SLOTS=8, this rank 4")
 	require.Equal(t, status.Peer, status.CodeOf(a.agree(1, a.encode()[:8])))
 }
+
+// TestLayoutSettings: the settings sent with the regions reach
+// CheckSettings, whose error wins; without it, extra bytes are refused.
+func TestLayoutSettings(t *testing.T) {
+	a, b := NewLayout(2, 1<<20, 1<<16, 4), NewLayout(2, 1<<20, 1<<16, 4)
+	b.Settings = []byte("X=2")
+	var got []byte
+	a.CheckSettings = func(r int, theirs []byte) error {
+		got = theirs
+		if string(theirs) != "X=1" {
+			return status.Errorf(status.Mismatch, "rank %d has %s", r, theirs)
+		}
+		return nil
+	}
+	require.EqualError(t, a.agree(1, b.encode()), "rank 1 has X=2")
+	require.Equal(t, "X=2", string(got))
+	b.Settings = []byte("X=1")
+	require.NoError(t, a.agree(1, b.encode()))
+	a.CheckSettings = nil
+	require.Equal(t, status.Peer, status.CodeOf(a.agree(1, b.encode())))
+}

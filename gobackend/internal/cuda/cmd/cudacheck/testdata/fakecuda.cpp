@@ -361,6 +361,11 @@ CUresult cuStreamIsCapturing(CUstream, int *st) {
 	*st = 0; // the fake never captures
 	return OK;
 }
+CUresult cuStreamGetCaptureInfo_v2(CUstream, int *st, cuuint64_t *id, void **, const void **, size_t *) {
+	*st = 0; // the fake never captures
+	*id = 0;
+	return OK;
+}
 CUresult cuEventCreate(CUevent *e, unsigned) {
 	*e = new CUevent_st;
 	return OK;
@@ -594,6 +599,7 @@ static const Proc procs[] = {
     P("cuMemsetD32Async", cuMemsetD32Async) P("cuStreamCreate", cuStreamCreate)
     P("cuStreamDestroy", cuStreamDestroy_v2) P("cuStreamSynchronize", cuStreamSynchronize)
     P("cuStreamIsCapturing", cuStreamIsCapturing)
+    P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2)
     P("cuStreamWaitEvent", cuStreamWaitEvent) P("cuEventCreate", cuEventCreate)
     P("cuEventRecord", cuEventRecord) P("cuEventSynchronize", cuEventSynchronize)
     P("cuEventQuery", cuEventQuery) P("cuEventElapsedTime", cuEventElapsedTime)

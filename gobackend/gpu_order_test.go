@@ -1,0 +1,175 @@
+package gobackend
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
+)
+
+// inFakeCUDA runs the test named by t in a child process of this test
+// binary, against the fake libcuda (kernels/testdata's host emulation of
+// the real kernels): a driver, once loaded, stays for the process, and the
+// other tests of this package run without CUDA. It returns true in the
+// parent, which has checked the child's verdict, and false in the child,
+// which goes on with the test's body.
+func inFakeCUDA(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv("GOSYM_TEST_FAKE_CUDA") != "" {
+		return false
+	}
+	if _, err := cuda.LoadNVRTC(); err != nil {
+		t.Skipf("no NVRTC: %v", err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
+	cmd.Env = append(os.Environ(), "GOSYM_TEST_FAKE_CUDA=1", "GOSYM_LIBCUDA="+cudatest.FakeLibrary(t),
+		"GOSYM_KERNEL_CACHE="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "--- PASS: "+t.Name())
+	return true
+}
+
+// simRank is one simulated rank's device and streams on the fake driver.
+type simRank struct {
+	g       *gpuDevice
+	streams []cuda.Stream
+}
+
+func newSimRanks(t *testing.T, world, streams int) []*simRank {
+	ranks := make([]*simRank, world)
+	for r := range ranks {
+		g, err := openGPU(r)
+		require.NoError(t, err)
+		// Compiled and loaded before the group's setup, whose exchanges
+		// run by the group's deadline (NVRTC may take long on a busy host).
+		for _, src := range []string{"allreduce.cu", cuda.BarrierKernel.Source} {
+			_, err := g.module(src)
+			require.NoError(t, err, src)
+		}
+		fr := &simRank{g: g}
+		for range streams {
+			s, err := g.d.StreamCreate(g.ctx, cuda.StreamNonBlocking)
+			require.NoError(t, err)
+			fr.streams = append(fr.streams, s)
+		}
+		ranks[r] = fr
+		t.Cleanup(func() {
+			for _, s := range fr.streams {
+				g.d.StreamDestroy(g.ctx, s)
+			}
+		})
+	}
+	return ranks
+}
+
+// drain waits for every stream of every rank, failing the test (and ending
+// its process) with the ranks still busy after d.
+func drain(t *testing.T, ranks []*simRank, d time.Duration) {
+	var busy sync.Map
+	var wg sync.WaitGroup
+	for r, fr := range ranks {
+		for i, s := range fr.streams {
+			busy.Store(fmt.Sprintf("rank %d stream %d", r, i), true)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				require.NoError(t, fr.g.d.StreamSynchronize(fr.g.ctx, s))
+				busy.Delete(fmt.Sprintf("rank %d stream %d", r, i))
+			}()
+		}
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		var left []string
+		busy.Range(func(k, _ any) bool { left = append(left, k.(string)); return true })
+		// The streams cannot be destroyed while their kernels spin: end the
+		// child process (inFakeCUDA's parent reports its output).
+		t.Errorf("streams still busy after %v: %v", d, left)
+		os.Exit(1)
+	}
+}
+
+// TestGPUOrderAcrossStreams is FSDP2's pattern: every rank issues an
+// all_gather on its stream 0 and then a reduce_scatter on its stream 1, and
+// one rank's stream 0 is held back, so that rank's GPU would reach the
+// reduce_scatter first. The group's ops must still run in issue order on
+// every device (gpu_order.go): without the join, the ranks' kernels wait for
+// each other's lines of different ops until the group's timeout. Sizes take
+// the LL path and the staged one; each round holds back another rank.
+func TestGPUOrderAcrossStreams(t *testing.T) {
+	if inFakeCUDA(t) {
+		return
+	}
+	d, err := cuda.Load()
+	require.NoError(t, err)
+	world, err := d.DeviceCount()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, world, 2)
+	eps := group(t, world, 20*time.Second)
+	ranks := newSimRanks(t, world, 2)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round, n := range []int{64, 40 << 10, 16} {
+		held := round % world
+		gate := make([]uint32, 1)                             // the held rank's stream 0 waits for it to be 1
+		t.Cleanup(func() { atomic.StoreUint32(&gate[0], 1) }) // before the streams go, on failure too
+		in := make([][]float32, world)
+		for r := range in {
+			in[r] = make([]float32, world*n)
+			for i := range in[r] {
+				in[r][i] = float32(rng.IntN(100))
+			}
+		}
+		agOut, rsOut := make([][]float32, world), make([][]float32, world)
+		var posted atomic.Int32
+		errs := make([]error, world)
+		var wg sync.WaitGroup
+		for r, ep := range eps {
+			agOut[r], rsOut[r] = poisoned(world*n), poisoned(n)
+			fr := ranks[r]
+			if r == held {
+				require.NoError(t, fr.g.d.StreamWaitValue32(fr.g.ctx, fr.streams[0], uintptr(unsafe.Pointer(&gate[0])), 1, cuda.WaitGEQ))
+			}
+			ag := &Op{Kind: coll.AllGather, Count: n, In: addr(in[r][r*n:]), Out: addr(agOut[r])}
+			rs := &Op{Kind: coll.ReduceScatter, Count: n, In: addr(in[r]), Out: addr(rsOut[r])}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, errs[r] = ep.PostCUDA(ag, r, uintptr(fr.streams[0]), false); errs[r] == nil {
+					_, errs[r] = ep.PostCUDA(rs, r, uintptr(fr.streams[1]), false)
+				}
+				posted.Add(1)
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, make([]error, world), errs, "round %d", round)
+		time.Sleep(50 * time.Millisecond) // let the other ranks' kernels start
+		atomic.StoreUint32(&gate[0], 1)
+		drain(t, ranks, 15*time.Second)
+		for r := range eps {
+			for s := range world {
+				require.Equal(t, in[s][s*n:(s+1)*n], agOut[r][s*n:(s+1)*n], "round %d: rank %d's all_gather, rank %d's piece", round, r, s)
+			}
+			require.Equal(t, sumAt(in, r*n, n), rsOut[r], "round %d: rank %d's reduce_scatter", round, r)
+		}
+		for r, ep := range eps {
+			require.Zero(t, ep.gpu.err, "rank %d", r)
+			// Every op but the first changed streams.
+			require.Equal(t, int64(2*round+1), ep.gpu.joins.Load(), "rank %d", r)
+		}
+	}
+}

@@ -1,0 +1,119 @@
+package config
+
+import "math"
+
+const (
+	kiB = 1 << 10
+	miB = 1 << 20
+)
+
+// The group and the host data plane.
+var (
+	StageBytes = intRow("GOSYM_STAGE_BYTES", 4*miB, 1, math.MaxInt, "", true,
+		"Bytes of one staging half of the host data plane (rounded up to 4 KiB); larger messages take more rounds.")
+	BoxBytes = intRow("GOSYM_BOX_BYTES", 1*miB, 1, math.MaxInt, "", true,
+		"Bytes of one point-to-point mailbox half per peer on the host data plane (rounded up to 4 KiB).")
+	Slots = intRow("GOSYM_SLOTS", 4, 2, 256, "", true,
+		"Sync slots per rank: how many collectives' metadata a rank may publish before the slowest peer has read the oldest.")
+	Threads = intRow("GOSYM_THREADS", 0, 1, math.MaxInt, "cores / ranks, from 1 to 8", false,
+		"Goroutines per rank for one large host copy or reduction.")
+	SpinUS = intRow("GOSYM_SPIN_US", 20, 1, math.MaxInt, "", false,
+		"Microseconds a host wait polls before it sleeps on a futex.")
+	DirectMin = intRow("GOSYM_DIRECT_MIN", 64*kiB, 1, math.MaxInt, "", false,
+		"Smallest shareable host input (bytes) that peers read in place instead of through staging; the ranks agree per op.")
+	EnableUBR = enumRow("GOSYM_ENABLE_UBR", "try", []string{"try", "yes", "no"}, false, Engine,
+		"User buffer registration: try (bind registered buffers where peers can map them), yes (a registered buffer peers cannot map is an error), no (never bind).")
+	Debug = enumRow("GOSYM_DEBUG", "0", []string{"0", "1"}, false, Both,
+		"1: debug logs to stderr, from the engine and from python/gosym.")
+)
+
+// The CUDA data plane. Its thresholds decide launch shapes and protocols
+// that the ranks run together, so every rank must use the same.
+var (
+	GPUStageBytes = intRow("GOSYM_GPU_STAGE_BYTES", 32*miB, 1, math.MaxInt, "", true,
+		"Bytes of one rank's GPU staging buffer; larger ops run in chunks of it.")
+	GPUTwoShotMin = intRow("GOSYM_GPU_TWOSHOT_MIN", 4*miB, 1, math.MaxInt, "", true,
+		"all_reduce chunks of at least this many bytes run two-shot (reduce-scatter then all-gather) instead of one-shot.")
+	GPUBlocks = intRow("GOSYM_GPU_BLOCKS", 0, 1, math.MaxInt, "the kernels' limit (cuda.MaxBlocks, 128)", true,
+		"Block limit of the bandwidth-bound kernels (chunks of at least GOSYM_GPU_TWOSHOT_MIN bytes).")
+	GPUCEMin = intRow("GOSYM_GPU_CE_MIN", 8*miB, 1, math.MaxInt, "", true,
+		"Staged data-movement chunks of at least this many bytes use the copy engines instead of gs_copy.")
+	GPUCopyBlocks = intRow("GOSYM_GPU_COPY_BLOCKS", 64, 1, math.MaxInt, "", true,
+		"Block limit of gs_copy (staged data-movement chunks below GOSYM_GPU_CE_MIN).")
+	GPUDirectCEMin = intRow("GOSYM_GPU_DIRECT_CE_MIN", 32*miB, 0, math.MaxInt, "", true,
+		"Data movement on the direct path uses the copy engines from this many bytes (0: always), gs_copy below.")
+	GPUDirectMin = intRow("GOSYM_GPU_DIRECT_MIN", 8*miB, 1, math.MaxInt, "", true,
+		"Ops of at least this many bytes per rank (all_to_all: its longest piece) read the peers' buffers in place (the direct path) instead of staging; all_reduce from min(this, GOSYM_GPU_TWOSHOT_MIN). The per-kind thresholds below are at most this.")
+	GPUMoveDirectMin = intRow("GOSYM_GPU_MOVE_DIRECT_MIN", 4*miB, 1, math.MaxInt, "", true,
+		"GOSYM_GPU_DIRECT_MIN for broadcast and all_gather.")
+	GPUA2AVDirectMin = intRow("GOSYM_GPU_A2AV_DIRECT_MIN", 2*miB, 1, math.MaxInt, "", true,
+		"GOSYM_GPU_DIRECT_MIN for all_to_all whose splits differ between ranks.")
+	GPUCaptureDirectMin = intRow("GOSYM_GPU_CAPTURE_DIRECT_MIN", 1, 1, math.MaxInt, "", true,
+		"GOSYM_GPU_DIRECT_MIN for all_reduce and reduce_scatter while the stream is captured into a CUDA graph.")
+	GPURegDirectMin = intRow("GOSYM_GPU_REG_DIRECT_MIN", 1*miB, 1, math.MaxInt, "", true,
+		"GOSYM_GPU_DIRECT_MIN for ops on buffers registered with gosym.mem_map; registration must then be symmetric (every rank or none).")
+	GPUSemaMin = intRow("GOSYM_GPU_SEMA_MIN", math.MaxInt, 1, math.MaxInt, "off", true,
+		"Reductions of at least this many bytes use the semaphore protocol with the unicast pull kernel.")
+	GPUFuseMax = intRow("GOSYM_GPU_FUSE_MAX", 4*miB, 1, math.MaxInt, "", true,
+		"One-shot chunks of at most this many bytes stage inside the reduce kernel (outside graph capture).")
+	GPULLMax = intRow("GOSYM_GPU_LL_MAX", 256*kiB, 0, math.MaxInt, "", true,
+		"all_reduce of at most this many bytes, and broadcast, all_gather, gather, scatter, reduce_scatter and equal-split all_to_all of at most this many bytes per segment, run one low-latency (LL) launch; 0: never; capped at 512 KiB (the LL area).")
+	GPUA2AVBlocks = intRow("GOSYM_GPU_A2AV_BLOCKS", 0, 0, math.MaxInt, "", true,
+		"Blocks per pair and direction of gs_a2av, the all_to_all of differing splits without a host round; 0 agrees on the splits on the host instead. Capped by what the GPU holds resident.")
+	GPUA2AVSlotBytes = intRow("GOSYM_GPU_A2AV_SLOT_BYTES", 64*kiB, 1, math.MaxInt, "", true,
+		"Slot bytes of gs_a2av (see GOSYM_GPU_A2AV_BLOCKS).")
+	GPUP2PSlotBytes = intRow("GOSYM_GPU_P2P_SLOT_BYTES", 128*kiB, 1, math.MaxInt, "", true,
+		"Outbox slot of one block of a CUDA send/recv channel (rounded down to a multiple of 16, at least 16).")
+	GPUSemaWait = enumRow("GOSYM_GPU_SEMA_WAIT", "kernel", []string{"kernel", "memop"}, false, Engine,
+		"How the semaphore protocol waits: kernel (gs_sema_wait, with the group's deadline) or memop (stream memory operations: one launch less, but no deadline).")
+	NVLS = enumRow("GOSYM_NVLS", "0", []string{"0", "1"}, false, Engine,
+		"1 opts in to NVLink SHARP (multicast), used only where the device supports it and none of NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 is set; the ranks agree on the gate's answer.")
+	LibCUDA = textRow("GOSYM_LIBCUDA", "libcuda.so.1", Engine,
+		"Path of the CUDA driver library to load.")
+	NVRTC = textRow("GOSYM_NVRTC", "a loaded libnvrtc, the sonames, $CUDA_HOME, $CUDA_PATH, /usr/local/cuda", Engine,
+		"Path of the NVRTC library (nothing else is tried when it is set).")
+	KernelCache = textRow("GOSYM_KERNEL_CACHE", "$XDG_CACHE_HOME/gosym/kernels, else ~/.cache/gosym/kernels", Engine,
+		"Directory of the compiled-kernel cache.")
+)
+
+// Read by Python, the build and the tests. The engine never reads them.
+var (
+	_ = textRow("GOSYM_HOST_ID", "hostname, boot id, network and pid namespaces", Python,
+		"The host a rank is on: ranks with the same id form one gosym group inside a host, linked across hosts by Gloo (CPU) or NCCL (CUDA). Set one value per host where the detection cannot tell hosts apart.")
+	_ = pyIntRow("GOSYM_HIER_RAIL_MIN", 64*kiB, 1,
+		"Across hosts of equal rank counts, all_reduce, reduce_scatter and all_gather of at least this many bytes run per local index (each rank moves 1/n between hosts); smaller ones, and all on unequal hosts, go through each host's first rank.")
+	_ = pyIntRow("GOSYM_HIER_CHUNK", 4*miB, 4096,
+		"Chunk bytes of the pipelined all_reduce across hosts: one chunk's inter-host step overlaps the next chunk's intra-host reduce-scatter.")
+	_ = pyIntRow("GOSYM_HIER_REPORT_S", 10, 0,
+		"After a failure across hosts, seconds a rank waits for the others to report it; the ranks that do not are named as lost.")
+	_ = textRow("GOSYM_LIBRARY", "libgosym.so in the package", Python,
+		"Path of the libgosym.so that python/gosym loads.")
+	_ = textRow("GOSYM_VENV", "~/.cache/gosym/venv-<hash of the requirements>", Build,
+		"Where `make venv` puts the development venv.")
+	_ = textRow("GOSYM_GO_FLAGS", "", Build,
+		"Extra `go build` flags for the pip build (setup.py), e.g. -mod=vendor.")
+	_ = textRow("GOSYM_PYTEST_K", "", Build,
+		"A pytest -k filter for scripts/device_cuda.sh.")
+	_ = textRow("GOSYM_CUDACHECK", "build/cudacheck", Build,
+		"The cudacheck binary scripts/gpu_check.sh runs.")
+	_ = textRow("GOSYM_TEST_OUT", "a per-test directory", Tests,
+		"Where a test's workers write their results (set by tests/conftest.py).")
+	_ = textRow("GOSYM_TEST_BACKEND", "gosym", Tests,
+		"gloo runs the pytest workers on gloo: a check of the tests themselves.")
+	_ = textRow("GOSYM_TEST_FAKE_CUDA", "", Tests,
+		"Set by the Go tests in the child process that runs on the fake CUDA driver.")
+	_ = textRow("GOSYM_CUDA_INCLUDE", "beside GOSYM_NVRTC, or $CUDA_HOME/include", Tests,
+		"Directory of cuda.h for the Go test that checks the driver ABI.")
+	_ = textRow("GOSYM_WRITE_FUZZ_SEEDS", "", Tests,
+		"1 rewrites memreg's fuzz seed corpus (after a blob format change).")
+	_ = textRow("GOSYM_MEMREG_HELPER", "", Tests,
+		"Set by memreg's tests in their helper process.")
+	_ = textRow("GOSYM_MEMREG_BLOB", "", Tests,
+		"The blob memreg's tests hand their helper process.")
+	_ = textRow("GOSYM_CLIENTS_GROUP_TIMEOUT", "60", Tests,
+		"Seconds: the group timeout inside the real-client test jobs (tests/clients).")
+	_ = textRow("GOSYM_CLIENTS_JOB_TIMEOUT", "400", Tests,
+		"Seconds: the launcher's deadline for one real-client test job (tests/clients).")
+	_ = textRow("GOSYM_CLIENTS_COMPILE", "inductor on CUDA, aot_eager on CPU", Tests,
+		"The torch.compile backend of the real-client tests' compiled scenarios.")
+)

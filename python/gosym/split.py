@@ -1,0 +1,40 @@
+"""dist.split_group for gosym groups: what ncclCommSplit does for NCCL.
+
+torch 2.11 splits only a group whose backend says ``supports_splitting`` and only
+when the default group is bound to a device (``init_process_group(device_id=...)``);
+DeviceMesh then builds every mesh dimension with one split_group call. torch calls
+``parent.split_group(ranks, ...)`` on every rank of the parent; a member gets a new
+gosym group of ``ranks`` (parent group ranks), bootstrapped through the parent's
+store under a prefix of the new group's name, and a non-member gets None. Only the
+members meet, so no rank waits on one that is not in its split.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+def split(parent, ranks, timeout: timedelta | None, group_name: str | None, group_desc: str | None):
+    """The gosym group of ``ranks`` split from ``parent``, or None when this rank is not in it."""
+    from .backend import ProcessGroupGosym
+
+    size = parent.size()
+    try:
+        ranks = sorted(int(r) for r in ranks)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"gosym: split_group ranks must be integers, got {ranks!r}") from e
+    bad = [r for r in ranks if not 0 <= r < size]
+    if not ranks or bad or len(set(ranks)) != len(ranks):
+        raise ValueError(f"gosym: split_group ranks {ranks} must be distinct ranks of the parent "
+                         f"group {parent.getGroupName()!r} (size {size})")
+    if parent.rank() not in ranks:
+        return None
+    parent._split_count += 1
+    name = group_name or f"{parent.getGroupName()}:split:{parent._split_count}"
+    store = dist.PrefixStore(f"gosym/split/{name}/", parent._store)
+    child = ProcessGroupGosym(store, ranks.index(parent.rank()), len(ranks), timeout or parent._timeout,
+                              name, [parent._global_ranks[r] for r in ranks])
+    child.setGroupDesc(group_desc or f"{parent.getGroupDesc()}:split:{parent._split_count}")
+    return child
