@@ -18,11 +18,12 @@ get ranges of their own.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 
 import torch
+
+from . import _settings
 
 _enabled = torch._C._autograd._profiler_enabled
 _enter = torch._C._autograd._record_function_with_args_enter
@@ -141,7 +142,7 @@ def _wrap(fn, title, pick):
 def instrument(cls):
     """Wraps cls's op methods (OPS) so that each records its gosym:<op> range; with
     GOSYM_PROFILER_RANGES=0 leaves them alone (no ranges, and not the wrapper's cost)."""
-    if os.environ.get("GOSYM_PROFILER_RANGES", "1") == "0":
+    if not _settings.profiler_ranges():
         return cls
     for name, (title, pick) in OPS.items():
         setattr(cls, name, _wrap(getattr(cls, name), title, pick))
