@@ -18,6 +18,7 @@ get ranges of their own.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 
@@ -134,9 +135,7 @@ def _wrap(fn, title, pick):
             return fn(self, *args, **kwargs)
         return _profiled(fn, self, args, kwargs, title, pick)
 
-    op.__name__, op.__qualname__, op.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    op.__wrapped__ = fn
-    return op
+    return functools.update_wrapper(op, fn)
 
 
 def instrument(cls):

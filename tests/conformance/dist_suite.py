@@ -22,7 +22,6 @@ with its arguments.
 from __future__ import annotations
 
 import os
-import sys
 
 # The reference backend's selection: the suite reads $BACKEND at import. The runner sets
 # these before importing this module (and the forkserver inherits them); defaults let a
@@ -33,7 +32,6 @@ os.environ.setdefault("WORLD_SIZE", "2")
 
 import torch  # noqa: E402
 import torch.multiprocessing as tmp  # noqa: E402
-from torch.testing._internal import common_distributed  # noqa: E402
 from torch.testing._internal.distributed import distributed_test as dt  # noqa: E402
 
 # Lists of the backends whose profiling the suite checks (event names "<backend>:<op>").
@@ -104,7 +102,7 @@ class TestDistBackendConformance(dt.TestDistBackend, dt.DistributedTest._DistTes
         super()._run(rank, test_name, file_name, pipe, **kwargs)
 
 
-def test_names():
+def suite_tests():
     """The suite's test method names, sorted."""
     return sorted(n for n in dir(TestDistBackendConformance) if n.startswith("test_"))
 
@@ -121,5 +119,4 @@ def preload():
     """Starts the forkserver with torch and this module preloaded."""
     ctx = tmp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
-    sys.modules.setdefault(__name__, sys.modules[__name__])
     return ctx

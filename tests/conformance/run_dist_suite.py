@@ -133,7 +133,7 @@ def run(args):
     import dist_suite
 
     dist_suite.preload()
-    names = dist_suite.test_names()
+    names = dist_suite.suite_tests()
     if args.pattern:
         names = [n for n in names if re.search(args.pattern, n)]
     if args.shard:
