@@ -75,6 +75,9 @@ extern "C" {
 #define GOSYM_OP_SEND 9
 #define GOSYM_OP_RECV 10
 
+/* The peer of a RECV from any source (host memory only). */
+#define GOSYM_ANY_SOURCE (-1)
+
 /* One contiguous piece of memory: address and element count. */
 typedef struct gosym_piece {
   uint64_t addr;
@@ -97,6 +100,10 @@ typedef struct gosym_piece {
  *  GATHER:         in_addr+count; out_pieces[world] on the root only.
  *  SCATTER:        in_pieces[world] on the root only; out_addr+count.
  *  SEND/RECV:      in_addr (send) or out_addr (recv), count, peer, tag.
+ *                  A host RECV with peer GOSYM_ANY_SOURCE takes the first
+ *                  message with its tag from any rank that no RECV naming
+ *                  that rank wants; when in_addr is not 0, the sender's rank
+ *                  is stored there (an int32_t) before the work completes.
  * Element size comes from dtype; counts are in elements.
  *
  * device/stream: device -1 means host memory (stream is ignored, pass 0).

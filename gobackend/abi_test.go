@@ -41,6 +41,7 @@ var goABI = map[string]int64{
 	"GOSYM_OP_ALLGATHER": int64(coll.AllGather), "GOSYM_OP_REDUCE_SCATTER": int64(coll.ReduceScatter),
 	"GOSYM_OP_ALLTOALL": int64(coll.AllToAll), "GOSYM_OP_GATHER": int64(coll.Gather),
 	"GOSYM_OP_SCATTER": int64(coll.Scatter), "GOSYM_OP_SEND": int64(coll.Send), "GOSYM_OP_RECV": int64(coll.Recv),
+	"GOSYM_ANY_SOURCE": int64(coll.AnySource),
 }
 
 // headerABI parses the integer #defines of cabi/gosym.h: "#define NAME 1",
@@ -63,7 +64,7 @@ func pythonABI(t *testing.T) map[string]int64 {
 	b, err := os.ReadFile("../python/gosym/_lib.py")
 	require.NoError(t, err)
 	out := map[string]int64{}
-	for _, m := range regexp.MustCompile(`(?m)^(OK|ERR_[A-Z_]+|DTYPE_[A-Z0-9_]+|OP_[A-Z_]+|ABI_VERSION) = (-?\d+)`).FindAllSubmatch(b, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^(OK|ANY_SOURCE|ERR_[A-Z_]+|DTYPE_[A-Z0-9_]+|OP_[A-Z_]+|ABI_VERSION) = (-?\d+)`).FindAllSubmatch(b, -1) {
 		v, _ := strconv.ParseInt(string(m[2]), 10, 64)
 		out["GOSYM_"+string(m[1])] = v
 	}

@@ -74,6 +74,7 @@ type Endpoint struct {
 	coll    *queue
 	sends   []*queue
 	recvs   []*inbox
+	anys    anyRecvs // receives from any source (anysource.go)
 	workers sync.WaitGroup
 	gpu     gpuState  // the CUDA data plane (gpu.go)
 	p2p     gpuP2P    // send/recv on CUDA memory (gpu_p2p.go)
@@ -224,6 +225,10 @@ func (e *Endpoint) post(op *Op, kick bool) (*Work, error) {
 		e.p2pSeq[op.Peer]++
 		w.op.Seq = e.p2pSeq[op.Peer]
 	case coll.Recv:
+		if op.Peer == coll.AnySource {
+			e.postAnyRecv(w)
+			return w, nil
+		}
 		e.p2pSeq[e.Size+op.Peer]++
 		w.op.Seq = e.p2pSeq[e.Size+op.Peer]
 		if e.recvs[op.Peer] == nil {

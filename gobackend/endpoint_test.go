@@ -151,5 +151,5 @@ func TestMissingRankTimesOutNamingIt(t *testing.T) {
 	_, err = eps[1].Post(&Op{Kind: coll.Barrier})
 	require.NoError(t, err)
 	err = w.Wait(-1)
-	require.ErrorContains(t, err, "barrier (seq 1) timed out waiting for ranks [2]")
+	require.ErrorContains(t, err, "barrier (seq 1): Timed out waiting for ranks [2]")
 }

@@ -145,6 +145,9 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) 
 	if device < 0 {
 		return e.Post(op)
 	}
+	if op.Kind == coll.Recv && op.Peer == coll.AnySource {
+		return nil, status.Errorf(status.NotSupported, "gosym: recv from any source into CUDA memory: the engine matches CUDA messages per pair (the Python package learns the sender first)")
+	}
 	noteProcessDevice(device) // for the p2p responders of other groups
 	if op.Kind.IsP2P() {
 		return e.runP2PCUDA(op, device, stream, capturing)

@@ -20,7 +20,7 @@ func (e *Endpoint) deviceError(w *cuda.ErrorWords, ordinal int) error {
 		return nil
 	}
 	if de.Code == cuda.ErrTimeout {
-		return status.Errorf(status.Timeout, "gosym: a CUDA collective of group %q timed out on cuda:%d after %v waiting for ranks %v (%s); "+
+		return status.Errorf(status.Timeout, "gosym: a CUDA collective of group %q on cuda:%d: Timed out after %v waiting for ranks %v (%s); "+
 			"the group cannot run CUDA ops any more", e.Name, ordinal, e.Timeout, de.Ranks(), de.Where())
 	}
 	if de.Code == cuda.ErrMismatch {

@@ -41,7 +41,7 @@ func TestCUDADeviceErrorFailsLaterOps(t *testing.T) {
 	atomic.StoreUint32(&words[cuda.HostErrorDetail], 3<<8|1)
 	atomic.StoreUint32(&words[cuda.HostErrorCode], cuda.ErrTimeout)
 
-	want := `gosym: a CUDA collective of group "test2" timed out on cuda:0 after 7s waiting for ranks [1] (kernel barrier, block 3)`
+	want := `gosym: a CUDA collective of group "test2" on cuda:0: Timed out after 7s waiting for ranks [1] (kernel barrier, block 3)`
 	for try := 0; try < 2; try++ {
 		_, err := ep.PostCUDA(&Op{Kind: coll.Barrier}, 0, 0, false)
 		require.Error(t, err, "try %d", try)

@@ -36,7 +36,7 @@ func (w *Work) Wait(timeout time.Duration) error {
 	case <-w.done:
 		return w.err
 	case <-t.C:
-		return status.Errorf(status.Timeout, "gosym: wait for %s (seq %d) timed out after %v", w.op.Kind, w.op.Seq, timeout)
+		return status.Errorf(status.Timeout, "gosym: wait for %s (seq %d): Timed out after %v", w.op.Kind, w.op.Seq, timeout)
 	}
 }
 

@@ -79,6 +79,7 @@ OP_GATHER = 7
 OP_SCATTER = 8
 OP_SEND = 9
 OP_RECV = 10
+ANY_SOURCE = -1  # GOSYM_ANY_SOURCE: the peer of a host RECV from any rank
 
 
 class Piece(ctypes.Structure):
@@ -262,6 +263,9 @@ def error(status: int, context: str = "") -> Exception:
     msg = last_error()
     text = msg.decode("utf-8", "replace") if msg else f"status {status}"
     text = text.removeprefix("gosym: ")
+    if status == ERR_TIMEOUT and "Timed out" not in text:
+        # torch's convention (gloo, NCCL): a timeout's text says "Timed out".
+        text = text.replace("timed out", "Timed out", 1) if "timed out" in text else f"Timed out: {text}"
     if context:
         text = f"{context}: {text}"
     return _EXC.get(status, RuntimeError)(f"gosym: {text}")

@@ -16,6 +16,11 @@ def debug() -> bool:
     return os.environ.get("GOSYM_DEBUG", "0") == "1"
 
 
+def profiler_ranges() -> bool:
+    """GOSYM_PROFILER_RANGES=0: ops record no gosym:<op> profiler ranges (gosym.profiling)."""
+    return os.environ.get("GOSYM_PROFILER_RANGES", "1") != "0"
+
+
 def library() -> str:
     """GOSYM_LIBRARY: path of the libgosym.so to load ("" for the package's own)."""
     return os.environ.get("GOSYM_LIBRARY", "")

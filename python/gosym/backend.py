@@ -25,13 +25,15 @@ import os
 import sys
 import weakref
 from array import array
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from . import _lib, _settings
+from . import anysource as _anysource
+from . import monitored as _monitored
+from . import profiling as _profiling
 from ._dtypes import DTYPES as _DTYPES
 from ._dtypes import move_dtype, reduce_op, reduce_types
 from .work import Completer, CudaSideWork, _Op, cuda_work, work_of
@@ -594,10 +596,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return self._work(desc, outs, keep, cb, opts.asyncOp)
 
     def allgather_coalesced(self, output_lists, input_list, opts=_AG):
-        if len(output_lists) != len(input_list):
-            raise ValueError(f"gosym: all_gather_coalesced: {len(output_lists)} output lists "
-                             f"for {len(input_list)} inputs")
-        built = [self._allgather_desc(o, t) for o, t in zip(output_lists, input_list)]
+        """torch's layout: one output list per rank, output_lists[r][i] is rank r's input i."""
+        world, n = self._size, len(input_list)
+        if len(output_lists) != world or any(len(o) != n for o in output_lists):
+            raise ValueError(f"gosym: all_gather_coalesced: expected {world} output lists (one "
+                             f"per rank) of {n} tensors (one per input), got "
+                             f"{[len(o) for o in output_lists]}")
+        built = [self._allgather_desc([o[i] for o in output_lists], t)
+                 for i, t in enumerate(input_list)]
         return self._works(built, output_lists)
 
     def _allgather_base_desc(self, out, inp):
@@ -930,7 +936,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
             w._done = w._side.record_event()
 
     def recv_anysource(self, tensors, tag):
-        raise NotImplementedError("gosym: recv from any source is not supported; pass src")
+        """A host receive from any rank (gosym.anysource); its Work's _source_rank() is the sender."""
+        return _anysource.recv_anysource(self, tensors, tag, _one, _dst)
 
     def barrier(self, opts=_BA):
         """On a CUDA device (opts.device, else the device this group's CUDA ops run on, as
@@ -970,8 +977,12 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return self._work(desc, [], None, None, async_op)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        """A host barrier waited with timeout; the engine's timeout error names the missing ranks."""
-        self._host_barrier().wait(timeout if timeout is not None else timedelta(0))
+        """gloo's monitored barrier over send/recv (gosym.monitored): fails once timeout
+        (None: the group's) has passed, at once for 0, naming the ranks that did not arrive."""
+        _monitored.monitored_barrier(self, timeout, wait_all_ranks)
+
+
+_profiling.instrument(ProcessGroupGosym)
 
 
 def _create(dist_backend_opts, backend_options=None):

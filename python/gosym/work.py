@@ -31,7 +31,7 @@ class _Op:
     """One or more posted native operations that complete together."""
 
     __slots__ = ("handles", "out", "keep", "copyback", "completer", "done", "exc", "err",
-                 "claimed", "event", "fut")
+                 "claimed", "event", "fut", "closed")
 
     def __init__(self, handles, out, keep, copyback, completer):
         self.handles = handles  # tuple of native work handles not yet released
@@ -45,6 +45,7 @@ class _Op:
         self.claimed = False
         self.event = None
         self.fut = None
+        self.closed = None  # the Future that closes its profiler range (gosym.profiling)
 
     def _claim(self, block):
         """True: the caller now owns the handles. None: done. Else an Event to wait on
@@ -100,7 +101,7 @@ class _Op:
                 self.handles = hs[i:]
                 self._unclaim()
                 return _DistBackendError(
-                    f"gosym: wait timed out after {timeout_ms} ms; the operation is "
+                    f"gosym: wait: Timed out after {timeout_ms} ms; the operation is "
                     "still running (wait again, or destroy the process group)")
             if st and self.err is None:
                 self.err = _lib.error(st)
@@ -121,7 +122,7 @@ class _Op:
                     raise err
                 break
             if not c.wait(None if deadline is None else left / 1000):
-                raise _DistBackendError(f"gosym: wait timed out after {timeout_ms} ms; the "
+                raise _DistBackendError(f"gosym: wait: Timed out after {timeout_ms} ms; the "
                                         "operation is still running")
         if self.exc is not None:
             raise self.exc
@@ -356,6 +357,8 @@ class Work(dist._Work):
             op.wait(-1 if not timeout else _to_ms(timeout))
         elif op.exc is not None:
             raise op.exc
+        if op.closed is not None:
+            _join_closed(op)
         return True
 
     def synchronize(self):
@@ -392,6 +395,13 @@ class Work(dist._Work):
         op = self._op
         state = "pending" if not op.done else ("failed" if op.exc is not None else "done")
         return f"<gosym.Work {state}>"
+
+
+def _join_closed(op: _Op) -> None:
+    """Waits until the profiler range of op (done) is closed, so that it is recorded before
+    the caller goes on (and perhaps stops the profiler)."""
+    closed, op.closed = op.closed, None
+    closed.wait()
 
 
 def work_of(op: _Op) -> Work:

@@ -36,6 +36,7 @@ def describe(e: BaseException | None, elapsed: float) -> dict | None:
         "type": f"{type(e).__module__}.{type(e).__name__}",
         "message": str(e),
         "is_runtime_error": isinstance(e, RuntimeError),
+        "is_backend_error": isinstance(e, dist.DistBackendError),
         "is_clear": isinstance(e, wc.CLEAR_ERRORS),
         "elapsed": round(elapsed, 3),
     }

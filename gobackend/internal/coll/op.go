@@ -48,6 +48,10 @@ func (k Kind) String() string {
 // IsP2P reports whether k is a point-to-point operation.
 func (k Kind) IsP2P() bool { return k == Send || k == Recv }
 
+// AnySource is the Peer of a Recv that takes a message from any rank
+// (GOSYM_ANY_SOURCE).
+const AnySource = -1
+
 // Piece is a contiguous run of Count elements at Addr.
 type Piece struct {
 	Addr  uintptr
@@ -160,7 +164,11 @@ func Check(o *Op, rank, world int) error {
 	if needRoot && (o.Root < 0 || o.Root >= world) {
 		return bad("root %d is not a rank of a group of %d", o.Root, world)
 	}
-	if o.Kind.IsP2P() && (o.Peer < 0 || o.Peer >= world || o.Peer == rank) {
+	if o.Kind == Recv && o.Peer == AnySource {
+		if world < 2 {
+			return bad("recv from any source in a group of 1: no other rank can send")
+		}
+	} else if o.Kind.IsP2P() && (o.Peer < 0 || o.Peer >= world || o.Peer == rank) {
 		return bad("peer %d is not another rank of a group of %d (this is rank %d)", o.Peer, world, rank)
 	}
 	pieces := func(name string, p []Piece, want bool) error {

@@ -88,6 +88,8 @@ var (
 		"After a failure across hosts, seconds a rank waits for the others to report it; the ranks that do not are named as lost.")
 	_ = textRow("GOSYM_LIBRARY", "libgosym.so in the package", Python,
 		"Path of the libgosym.so that python/gosym loads.")
+	_ = enumRow("GOSYM_PROFILER_RANGES", "1", []string{"0", "1"}, false, Python,
+		"1: every op records a gosym:<op> range while torch's profiler runs (python/gosym/profiling.py); 0: the op methods are not wrapped (no ranges, not the wrapper's cost).")
 	_ = textRow("GOSYM_VENV", "~/.cache/gosym/venv-<hash of the requirements>", Build,
 		"Where `make venv` puts the development venv.")
 	_ = textRow("GOSYM_GO_FLAGS", "", Build,
@@ -98,6 +100,10 @@ var (
 		"The cudacheck binary scripts/gpu_check.sh runs.")
 	_ = textRow("GOSYM_TEST_OUT", "a per-test directory", Tests,
 		"Where a test's workers write their results (set by tests/conftest.py).")
+	_ = textRow("GOSYM_CONFORMANCE_RUNTIME", "the reference backend", Tests,
+		"The backend whose process groups torch's suite creates in tests/conformance (set by run_dist_suite.py --backend).")
+	_ = enumRow("GOSYM_CONFORMANCE_REFERENCE", "0", []string{"0", "1"}, false, Tests,
+		"1: tests/test_conformance.py also checks gloo's outcomes at world 3 against the committed ones (world 2 always).")
 	_ = textRow("GOSYM_TEST_BACKEND", "gosym", Tests,
 		"gloo runs the pytest workers on gloo: a check of the tests themselves.")
 	_ = textRow("GOSYM_TEST_FAKE_CUDA", "", Tests,

@@ -307,7 +307,7 @@ func (t *Team) waitAll(off int, target uint32, who Who, deadline time.Time, what
 		if what != nil {
 			detail = what()
 		}
-		return status.Errorf(status.Timeout, "gosym: %s timed out waiting for ranks %v%s (rank %d, group of %d)",
+		return status.Errorf(status.Timeout, "gosym: %s: Timed out waiting for ranks %v%s (rank %d, group of %d)",
 			who, missing, detail, t.Rank, len(t.ctrl))
 	}
 	return nil
@@ -388,7 +388,7 @@ func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Ti
 		}
 		now := time.Now()
 		if now.After(deadline) {
-			return status.Errorf(status.Timeout, "gosym: %s timed out waiting for rank %d", who, r)
+			return status.Errorf(status.Timeout, "gosym: %s: Timed out waiting for rank %d", who, r)
 		}
 		if dead := t.exited(r, pairwise); len(dead) > 0 {
 			return status.Errorf(status.Peer, "gosym: %s failed: ranks %v exited (rank %d waited for rank %d)", who, dead, t.Rank, r)

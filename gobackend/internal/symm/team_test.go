@@ -50,7 +50,7 @@ func TestPublishWaitsForPeersToCopyTheSlot(t *testing.T) {
 			}
 			_, err := fast.publish(meta(n+1), who, time.Now())
 			require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
-			require.Contains(t, err.Error(), fmt.Sprintf("test (seq 7) timed out waiting for ranks [1] to copy out sync slot %d (publication 1)", 1%n))
+			require.Contains(t, err.Error(), fmt.Sprintf("test (seq 7): Timed out waiting for ranks [1] to copy out sync slot %d (publication 1)", 1%n))
 			require.Equal(t, int64(1), fast.SlotStalls())
 			require.Equal(t, uint32(n), fast.Published(), "the refused publication was not made")
 

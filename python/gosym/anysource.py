@@ -1,0 +1,51 @@
+"""recv from any source (dist.recv(t) with src None, pg.recv_anysource), as gloo: the engine
+takes the first message with the tag from any rank that no receive naming that rank wants,
+and stores the sender's rank in a small buffer the Work reads (Work._source_rank()).
+
+Host memory only. A CUDA receive from any source is refused, as NCCL refuses it: gosym's CUDA
+messages travel over a channel per pair, posted by both sides, so the receiver would have to
+learn the sender before the data moves, which needs every CUDA send to announce itself on the
+host mailbox (a host message per send that nobody reads unless a receive from any source is
+waiting).
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import torch
+
+from . import _lib
+from ._dtypes import move_dtype
+from .work import Work, _Op
+
+
+class AnySourceWork(Work):
+    """The Work of a receive from any source: _source_rank() is the sender, once done."""
+
+    __slots__ = ("_src",)
+
+    def _source_rank(self):
+        self.wait()
+        return self._src[0]
+
+
+def recv_anysource(pg, tensors, tag, one, dst_of):
+    """pg's recv_anysource: one(tensors, what) is its single tensor, dst_of(t, cb, init) the
+    contiguous buffer to receive into (backend._one, backend._dst)."""
+    t = one(tensors, "recv")
+    if isinstance(t, torch.Tensor) and t.is_cuda:
+        raise NotImplementedError("gosym: recv from any source into a CUDA tensor is not "
+                                  "supported (as with NCCL); pass src, or receive into a CPU "
+                                  "tensor")
+    cb = []
+    dst = dst_of(t, cb, False)
+    code, mult = move_dtype(dst)
+    src = array("i", [-1])
+    desc = _lib.pack_desc(_lib.OP_RECV, code, 0, 1.0, 0, _lib.ANY_SOURCE, tag, dst.numel() * mult,
+                          src.buffer_info()[0], dst.data_ptr(), 0, 0, 0, 0)
+    handle = _lib.post(pg._endpoint(), desc)
+    w = AnySourceWork()
+    w._op = _Op((handle,), tensors, (dst, src), cb or None, pg._completer)
+    w._src = src
+    return w
