@@ -31,6 +31,7 @@ var goABI = map[string]int64{
 	"GOSYM_DTYPE_INT8": int64(dtype.Int8), "GOSYM_DTYPE_UINT8": int64(dtype.Uint8),
 	"GOSYM_DTYPE_INT16": int64(dtype.Int16), "GOSYM_DTYPE_INT32": int64(dtype.Int32),
 	"GOSYM_DTYPE_INT64": int64(dtype.Int64), "GOSYM_DTYPE_BOOL": int64(dtype.Bool),
+	"GOSYM_DTYPE_FLOAT8_E4M3FN": int64(dtype.Float8E4M3), "GOSYM_DTYPE_FLOAT8_E5M2": int64(dtype.Float8E5M2),
 
 	"GOSYM_RED_SUM": int64(dtype.Sum), "GOSYM_RED_AVG": int64(dtype.Avg), "GOSYM_RED_PRODUCT": int64(dtype.Product),
 	"GOSYM_RED_MIN": int64(dtype.Min), "GOSYM_RED_MAX": int64(dtype.Max), "GOSYM_RED_PREMUL_SUM": int64(dtype.PremulSum),

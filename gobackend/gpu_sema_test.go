@@ -27,9 +27,9 @@ func TestGPUAlgoStats(t *testing.T) {
 }
 
 func TestReduceScale(t *testing.T) {
-	require.Equal(t, float32(4), reduceScale(&Op{RedOp: dtype.Avg}, 4))
-	require.Equal(t, float32(0.5), reduceScale(&Op{RedOp: dtype.PremulSum, Scale: 0.5}, 4))
-	require.Equal(t, float32(1), reduceScale(&Op{RedOp: dtype.Max, Scale: 0.5}, 4))
+	require.Equal(t, float64(4), reduceScale(&Op{RedOp: dtype.Avg}, 4))
+	require.Equal(t, float64(0.5), reduceScale(&Op{RedOp: dtype.PremulSum, Scale: 0.5}, 4))
+	require.Equal(t, float64(1), reduceScale(&Op{RedOp: dtype.Max, Scale: 0.5}, 4))
 }
 
 // nvlsPeersAll runs f on every rank's nvlsPeers at once.

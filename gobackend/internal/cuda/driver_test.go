@@ -185,7 +185,8 @@ func TestReduceKernelSelection(t *testing.T) {
 		{2, 3, "gs_twoshot_f16_min", PostNone, true},  // float16 MIN
 		{8, 2, "gs_twoshot_i64_prod", PostNone, true}, // int64 PRODUCT
 		{7, 1, "", 0, false},                          // int32 AVG: undefined
-		{1, 0, "", 0, false},                          // float64: no kernel
+		{1, 0, "gs_twoshot_f64_sum", PostNone, true},  // float64 SUM
+		{6, 0, "", 0, false},                          // int16: no kernel
 		{9, 6, "", 0, false},                          // bool BAND: no kernel
 	} {
 		k, post, err := ReduceKernel(TwoShot, dtypeOf(c.dt), redOpOf(c.op))

@@ -79,7 +79,7 @@ func TestSemaRejectsBadOps(t *testing.T) {
 			{"no in", func(m *Sema, o *SemaOp) { o.In = 0 }, false},
 			{"nvls without multicast", func(m *Sema, o *SemaOp) { o.NVLS = true }, true},
 			{"nvls f32 max", func(m *Sema, o *SemaOp) { o.NVLS, o.Op, m.Mc = true, dtype.Max, 1 }, true},
-			{"no such kernel", func(m *Sema, o *SemaOp) { o.DType = dtype.Float64 }, true},
+			{"no such kernel", func(m *Sema, o *SemaOp) { o.DType = dtype.Int16 }, true},
 		} {
 			m, o := fakeSema(t, d, 0, 2, false), ok
 			c.edit(m, &o)
