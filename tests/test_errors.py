@@ -117,10 +117,11 @@ def test_bystander_exit_spares_point_to_point(outdir):
     assert not problems, "\n".join(problems) + f"\n--- output ---\n{res.tail(6000)}"
 
 
-def test_mismatched_arguments_raise_promptly(outdir):
+@pytest.mark.parametrize("world", [2, 3])
+def test_mismatched_arguments_raise_promptly(outdir, world):
     """Disagreeing ranks: every rank raises a clear error, well before the group timeout."""
     op_timeout = 10.0
-    res = run_torchrun("errors_worker", 2, ["--scenario", "mismatch", "--op-timeout", op_timeout],
+    res = run_torchrun("errors_worker", world, ["--scenario", "mismatch", "--op-timeout", op_timeout],
                        timeout=300, outdir=outdir, launcher="spawn")
     problems = []
     for r, x in enumerate(res.results):

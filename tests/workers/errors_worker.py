@@ -158,17 +158,17 @@ MISMATCHES = {
                              else dist.broadcast(torch.ones(6), src=0, group=g)),
     "broadcast_root": lambda r, g: dist.broadcast(torch.ones(6), src=r % 2, group=g),
     "all_gather_count": lambda r, g: dist.all_gather_into_tensor(
-        torch.empty(2 * (4 + 2 * r)), torch.ones(4 + 2 * r), group=g),
+        torch.empty(g.size() * (4 + 2 * r)), torch.ones(4 + 2 * r), group=g),
     "reduce_scatter_count": lambda r, g: dist.reduce_scatter_tensor(
-        torch.empty(3 + r), torch.ones(2 * (3 + r)), group=g),
+        torch.empty(3 + r), torch.ones(g.size() * (3 + r)), group=g),
     # rank 0 sends 3 elements to rank 1, which expects 2
     "all_to_all_splits": lambda r, g: dist.all_to_all_single(
-        torch.empty(4), torch.ones(5 if r == 0 else 4), [2, 2], [2, 3] if r == 0 else [2, 2], group=g),
+        torch.empty(2 * g.size()), torch.ones(2 * g.size() + (r == 0)), [2] * g.size(),
+        [2, 3] + [2] * (g.size() - 2) if r == 0 else [2] * g.size(), group=g),
 }
 
 
 def mismatch(args, rank, world) -> None:
-    assert world == 2, "mismatch cases are written for 2 ranks"
     res = {"rank": rank, "cases": {}}
     for name, fn in MISMATCHES.items():
         g = subgroup(args.op_timeout)
