@@ -119,7 +119,7 @@ typedef struct gosym_piece {
  * sets the channel up with the peer and must not be captured. flags:
  * GOSYM_OP_CAPTURING says the stream is being captured into a CUDA graph
  * (the op then prefers the kernels that replay fastest); a collective
- * asks the driver itself (cuStreamIsCapturing) when the flag is absent, a
+ * asks the driver itself (cuStreamGetCaptureInfo) whatever the flag says, a
  * SEND/RECV relies on it.
  */
 #define GOSYM_OP_CAPTURING 1

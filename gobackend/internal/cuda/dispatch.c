@@ -308,12 +308,6 @@ static CUresult special_cuIpcCloseMemHandle(CUdeviceptr p) {
 	COUNT_ARG(cuIpcCloseMemHandle, p);
 	return GSCU_SUCCESS;
 }
-static CUresult special_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) {
-	(void)s;
-	COUNT(cuStreamIsCapturing);
-	*st = 0;
-	return GSCU_SUCCESS;
-}
 static CUresult special_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id,
                                                void **graph, const void **deps, size_t *ndeps) {
 	(void)s, (void)graph, (void)deps, (void)ndeps;
@@ -358,7 +352,6 @@ static const struct {
     {"cuIpcGetMemHandle", (void *)special_cuIpcGetMemHandle},
     {"cuIpcOpenMemHandle", (void *)special_cuIpcOpenMemHandle},
     {"cuIpcCloseMemHandle", (void *)special_cuIpcCloseMemHandle},
-    {"cuStreamIsCapturing", (void *)special_cuStreamIsCapturing},
     {"cuStreamGetCaptureInfo", (void *)special_cuStreamGetCaptureInfo},
 };
 

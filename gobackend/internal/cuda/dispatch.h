@@ -156,8 +156,6 @@ typedef int CUdriverProcAddressQueryResult;
 	  (s, flags))                                                                          \
 	X(REQ, cuStreamDestroy, "cuStreamDestroy_v2", 12000, (CUstream s), (s))                \
 	X(REQ, cuStreamSynchronize, "cuStreamSynchronize", 12000, (CUstream s), (s))           \
-	X(REQ, cuStreamIsCapturing, "cuStreamIsCapturing", 12000,                              \
-	  (CUstream s, CUstreamCaptureStatus *st), (s, st))                                    \
 	X(REQ, cuStreamGetCaptureInfo, "cuStreamGetCaptureInfo_v2", 12000,                     \
 	  (CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, void **graph,                \
 	   const void **deps, size_t *ndeps),                                                  \

@@ -420,16 +420,8 @@ func (d *Driver) StreamSynchronize(ctx Context, s Stream) error {
 	return d.check("cuStreamSynchronize", C.gscu_in_cuStreamSynchronize(d.t, cCtx(ctx), cStream(s)))
 }
 
-// StreamIsCapturing reports whether s is being captured into a CUDA graph
-// (an invalidated capture counts: whatever is enqueued on s fails anyway).
-func (d *Driver) StreamIsCapturing(ctx Context, s Stream) (bool, error) {
-	var st C.CUstreamCaptureStatus
-	err := d.check("cuStreamIsCapturing", C.gscu_in_cuStreamIsCapturing(d.t, cCtx(ctx), cStream(s), &st))
-	return st != 0, err
-}
-
 // StreamCaptureInfo reports whether s is being captured into a CUDA graph
-// (an invalidated capture counts, as in StreamIsCapturing) and the capture
+// (an invalidated capture counts: whatever is enqueued on s fails anyway) and the capture
 // sequence's id, unique per process for an active capture (0 otherwise).
 func (d *Driver) StreamCaptureInfo(ctx Context, s Stream) (capturing bool, id uint64, err error) {
 	var st C.CUstreamCaptureStatus

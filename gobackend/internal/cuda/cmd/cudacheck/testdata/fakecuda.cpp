@@ -367,10 +367,6 @@ CUresult cuStreamSynchronize(CUstream s) {
 	stream_of(s)->drain();
 	return OK;
 }
-CUresult cuStreamIsCapturing(CUstream, int *st) {
-	*st = 0; // the fake never captures
-	return OK;
-}
 CUresult cuStreamGetCaptureInfo_v2(CUstream, int *st, cuuint64_t *id, void **, const void **, size_t *) {
 	*st = 0; // the fake never captures
 	*id = 0;
@@ -623,7 +619,6 @@ static const Proc procs[] = {
     P("cuMemcpyAsync", cuMemcpyAsync) P("cuMemcpyDtoDAsync", cuMemcpyDtoDAsync_v2)
     P("cuMemsetD32Async", cuMemsetD32Async) P("cuStreamCreate", cuStreamCreate)
     P("cuStreamDestroy", cuStreamDestroy_v2) P("cuStreamSynchronize", cuStreamSynchronize)
-    P("cuStreamIsCapturing", cuStreamIsCapturing)
     P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2)
     P("cuStreamWaitEvent", cuStreamWaitEvent) P("cuEventCreate", cuEventCreate)
     P("cuEventRecord", cuEventRecord) P("cuEventSynchronize", cuEventSynchronize)
