@@ -58,22 +58,37 @@ func NewTeam(m *comm.Mesh, l Layout, name string, deadline time.Time) (_ *Team, 
 	binary.LittleEndian.PutUint32(hdr[8:], uint32(world))
 	binary.LittleEndian.PutUint32(hdr[12:], uint32(l.Slots))
 
+	// Every rank sends, then reads every peer's message even after a failure:
+	// a rank that gives up with unread messages queued resets its links
+	// (ECONNRESET for their senders), and a send that fails (a peer that
+	// gave up) must not hide what that peer sent first. So every rank names
+	// a setting that differs, not a broken link, whichever rank found it.
 	msg := l.encode()
 	fds := []int{t.ctrl[t.Rank].FD(), t.data[t.Rank].FD()}
-	for _, link := range m.Links {
+	var sendErr error
+	for r, link := range m.Links {
 		if link != nil {
-			if err := link.Send(msg, fds, deadline); err != nil {
-				return nil, status.Wrap(status.Peer, err, "share regions")
+			if err := link.Send(msg, fds, deadline); err != nil && sendErr == nil {
+				sendErr = status.Wrap(status.Peer, err, "share regions with rank %d", r)
 			}
 		}
 	}
+	var mapErr error
 	for r, link := range m.Links {
 		if link == nil {
 			continue
 		}
-		if err := t.mapPeer(r, link, deadline); err != nil {
-			return nil, err
+		if err := t.mapPeer(r, link, deadline); err != nil && (mapErr == nil || status.CodeOf(err) == status.Mismatch && status.CodeOf(mapErr) != status.Mismatch) {
+			mapErr = err
 		}
+	}
+	switch {
+	case mapErr != nil && status.CodeOf(mapErr) == status.Mismatch:
+		return nil, mapErr
+	case sendErr != nil:
+		return nil, sendErr
+	case mapErr != nil:
+		return nil, mapErr
 	}
 	return t, nil
 }
