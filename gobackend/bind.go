@@ -3,14 +3,13 @@ package gobackend
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gosym/gosym/gobackend/internal/config"
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
@@ -53,12 +52,6 @@ type peerMap struct {
 	gone   bool    // no longer in the cache; under binder.mu
 }
 
-// ubrMode is GOSYM_ENABLE_UBR: "try" (default), "yes" or "no", read once:
-// Post consults it for every op.
-var ubrMode = sync.OnceValue(func() string {
-	return config.EnableUBR.Get()
-})
-
 func newBinder(e *Endpoint) *binder {
 	return &binder{e: e, dom: memreg.Default, own: map[uint64]*memreg.Memh{}, peers: map[peerKey]*peerMap{}}
 }
@@ -68,7 +61,7 @@ func (b *binder) Locate(addr uintptr, n int) (id, off uint64, fresh bool) {
 	m, ok := b.dom.Find(addr, n)
 	if !ok || !m.Shareable() || m.Mode() != memreg.Export {
 		if ok {
-			debugf("rank %d: registered buffer %#x+%d is not shareable; staging it", b.e.Rank, addr, n)
+			dlog.Printf("rank %d: registered buffer %#x+%d is not shareable; staging it", b.e.Rank, addr, n)
 		}
 		return 0, 0, false
 	}
@@ -309,13 +302,5 @@ func (b *binder) stats() map[string]int64 {
 		"bindings_released": b.released.Load(), "peer_maps": int64(n),
 		"peer_map_hits": b.hits.Load(), "peer_map_misses": b.misses.Load(), "peer_map_dropped": b.dropped.Load(),
 		"peer_map_pins": b.pinned.Load(),
-	}
-}
-
-var debug = config.Debug.On()
-
-func debugf(format string, args ...any) {
-	if debug {
-		fmt.Fprintf(os.Stderr, "gosym: "+format+"\n", args...)
 	}
 }

@@ -31,12 +31,12 @@ func HostViewSource(m *Memh) (viewSource, error) {
 	return hostSource{m: m, size: uintptr(size), row: (uintptr(size) + page - 1) / page * page, at: uintptr(off)}, nil
 }
 
-func (h hostSource) rowBytes() uintptr { return h.row }
-func (h hostSource) origin() uintptr   { return h.at }
-func (h hostSource) device() int       { return -1 }
-func (h hostSource) idle()             {}
+func (h hostSource) RowBytes() uintptr { return h.row }
+func (h hostSource) Origin() uintptr   { return h.at }
+func (h hostSource) Device() int       { return -1 }
+func (h hostSource) Idle()             {}
 
-func (h hostSource) exportFD() (int, error) {
+func (h hostSource) ExportFD() (int, error) {
 	fd, _, _, _, ok := h.m.Share()
 	if !ok {
 		return -1, fmt.Errorf("the region was unmapped")
@@ -44,8 +44,8 @@ func (h hostSource) exportFD() (int, error) {
 	return fd, nil
 }
 
-func (h hostSource) mapRows(rank int, fds []int) (uintptr, func(), error) {
-	own, err := h.exportFD()
+func (h hostSource) MapRows(rank int, fds []int) (uintptr, func(), error) {
+	own, err := h.ExportFD()
 	if err != nil {
 		return 0, nil, err
 	}
