@@ -62,10 +62,12 @@ $(LIB): $(LIB_SRCS) | check-go
 # kernels/*.cu for sm_90 and check their entry points, even with no GPU here.
 VENV_NVRTC = $(firstword $(wildcard $(GOSYM_VENV)/lib/python3*/site-packages/nvidia/cu1*/lib/libnvrtc.so.1*))
 
+# -timeout: under -race on a 2-core machine the engine's package takes ~10
+# minutes, go test's default limit per package.
 gotest: check-go venv
 	$(GO) vet ./...
 	GO="$(GO)" scripts/gofmt-check.sh
-	$(if $(VENV_NVRTC),GOSYM_NVRTC="$${GOSYM_NVRTC:-$(VENV_NVRTC)}") CGO_ENABLED=1 $(GO) test -race -count=1 ./...
+	$(if $(VENV_NVRTC),GOSYM_NVRTC="$${GOSYM_NVRTC:-$(VENV_NVRTC)}") CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 # The smoke program exercises the hand-written header against the real
 # library; check_abi.py proves the header and the cgo-generated one agree.

@@ -51,8 +51,10 @@ func InFakeChild(t *testing.T) bool {
 		t.Skipf("no NVRTC: %v", err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
-	cmd.Env = append(os.Environ(), "GOSYM_TEST_FAKE_CUDA=1", "GOSYM_LIBCUDA="+FakeLibrary(t),
-		"GOSYM_KERNEL_CACHE="+t.TempDir())
+	// The kernel cache is the user's (keyed by source, arch and NVRTC):
+	// the children share it, so allreduce.cu compiles once per machine,
+	// not once per child (about a minute each on a busy host).
+	cmd.Env = append(os.Environ(), "GOSYM_TEST_FAKE_CUDA=1", "GOSYM_LIBCUDA="+FakeLibrary(t))
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "--- PASS: "+t.Name())
