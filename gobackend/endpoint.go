@@ -78,9 +78,9 @@ type Endpoint struct {
 	recvs   []*inbox
 	anys    anyRecvs // receives from any source (anysource.go)
 	workers sync.WaitGroup
-	gpu     gpu.State // the CUDA data plane (gpu.go)
+	gpu     gpu.State // the CUDA data plane (internal/gpu, cuda.go)
 	p2p     gpuP2P    // send/recv on CUDA memory (gpu_p2p.go)
-	views   viewCache // contiguous views of GPU buffers (gpu_mem.go)
+	views   viewCache // contiguous views of GPU buffers (view.go)
 
 	stats Stats
 }

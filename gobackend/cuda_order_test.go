@@ -85,7 +85,7 @@ func drain(t *testing.T, ranks []*simRank, d time.Duration) {
 // all_gather on its stream 0 and then a reduce_scatter on its stream 1, and
 // one rank's stream 0 is held back, so that rank's GPU would reach the
 // reduce_scatter first. The group's ops must still run in issue order on
-// every device (gpu_order.go): without the join, the ranks' kernels wait for
+// every device (internal/gpu/order.go): without the join, the ranks' kernels wait for
 // each other's lines of different ops until the group's timeout. Each round
 // holds back another rank.
 //
