@@ -66,7 +66,7 @@ type Endpoint struct {
 	mesh *comm.Mesh
 	team *symm.Team
 	exec *coll.Exec
-	bind *binder
+	bind *memreg.Binder
 
 	mu      sync.Mutex
 	closed  bool
@@ -165,7 +165,7 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 	e.mesh, e.team = mesh, team
 	e.exec = coll.NewExec(team, host.Plane{}, e.Rank, e.cfg.Threads)
 	if memreg.UBRMode() != "no" {
-		e.bind = newBinder(e)
+		e.bind = memreg.NewBinder(e.Rank, mesh)
 		e.exec.D = e.bind
 		e.exec.DirectMin = e.cfg.DirectMin
 	}
@@ -343,7 +343,7 @@ func (e *Endpoint) Destroy() error {
 	}
 	e.workers.Wait()
 	if e.bind != nil {
-		e.bind.close()
+		e.bind.Close()
 	}
 	e.gpu.Close() // GPU mappings go before the links and the team
 	e.p2p.close(e)
@@ -374,7 +374,7 @@ func (e *Endpoint) StatsMap() map[string]any {
 	e.gpu.Stats(m)
 	e.p2p.stats(e, m)
 	if e.bind != nil {
-		for k, v := range e.bind.stats() {
+		for k, v := range e.bind.Stats() {
 			m[k] = v
 		}
 	}

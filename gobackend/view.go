@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/comm"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -214,4 +215,13 @@ func (c *viewCache) closeViews() {
 		v.src.Idle()
 		v.unmapOnce()
 	}
+}
+
+// HostViewSource is m (an export of a gosym.empty region) as a view source.
+func HostViewSource(m *Memh) (viewSource, error) {
+	v, err := memreg.NewHostView(m)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
 }
