@@ -12,6 +12,7 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
 )
 
 // shared returns n float32s of shareable memory (gosym.empty's memory).
@@ -43,9 +44,9 @@ func TestCollectivesZeroCopy(t *testing.T) {
 						}
 					}
 					for rep := 0; rep < 2; rep++ {
-						before := eps[0].bind.stats()
+						before := eps[0].bind.Stats()
 						runCase(t, eps, c, n, in)
-						after := eps[0].bind.stats()
+						after := eps[0].bind.Stats()
 						if c.kind != coll.Broadcast && c.kind != coll.Scatter && n > 1 { // rank 0 contributes data
 							created := after["bindings_created"] - before["bindings_created"]
 							if rep == 0 {
@@ -109,13 +110,13 @@ func TestUnmapRetiresPeerMappings(t *testing.T) {
 		}
 	}
 	run()
-	require.Equal(t, int64(1), eps[1].bind.stats()["peer_maps"])
+	require.Equal(t, int64(1), eps[1].bind.Stats()["peer_maps"])
 	require.Equal(t, 1, m.Bindings())
 	require.NoError(t, MemUnmap(m))
 	bufs[0] = make([]float32, 16) // private now: staged
 	run()
-	require.Equal(t, int64(0), eps[1].bind.stats()["peer_maps"], "rank 1 dropped rank 0's retired region")
-	require.Equal(t, int64(1), eps[1].bind.stats()["peer_map_dropped"])
+	require.Equal(t, int64(0), eps[1].bind.Stats()["peer_maps"], "rank 1 dropped rank 0's retired region")
+	require.Equal(t, int64(1), eps[1].bind.Stats()["peer_map_dropped"])
 }
 
 // TestBindFaultsFallBackAndLeakNothing fails a binding step on one rank,
@@ -129,13 +130,13 @@ func TestBindFaultsFallBackAndLeakNothing(t *testing.T) {
 	bufs := [][]float32{shared(t, 64), shared(t, 64)}
 	steps := []string{"share", "map"}
 	i := 0
-	bindFault = func(step string, rank int) error {
+	memreg.BindFault = func(step string, rank int) error {
 		if step == steps[i%len(steps)] && rank == i%2 {
 			return fmt.Errorf("injected %s failure on rank %d", step, rank)
 		}
 		return nil
 	}
-	defer func() { bindFault = nil }()
+	defer func() { memreg.BindFault = nil }()
 	fds, regions := openFDs(), host.LiveRegions()
 	for i = 0; i < 1000; i++ {
 		for r := range bufs {
@@ -151,13 +152,13 @@ func TestBindFaultsFallBackAndLeakNothing(t *testing.T) {
 			require.Equal(t, float32(1+2*5), bufs[r][5])
 		}
 		require.Equal(t, fds, openFDs(), "fds flat at op %d", i)
-		require.Equal(t, regions, host.LiveRegions()-int64(len(eps[0].bind.peers)+len(eps[1].bind.peers)), "mappings flat at op %d", i)
+		require.Equal(t, regions, host.LiveRegions()-eps[0].bind.Stats()["peer_maps"]-eps[1].bind.Stats()["peer_maps"], "mappings flat at op %d", i)
 	}
-	require.Equal(t, int64(0), eps[0].bind.stats()["bindings_created"])
-	bindFault = nil
+	require.Equal(t, int64(0), eps[0].bind.Stats()["bindings_created"])
+	memreg.BindFault = nil
 	errs := postAll(t, eps, func(r int) *Op {
 		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 64, In: addr(bufs[r]), Out: addr(bufs[r])}
 	})
 	require.NoError(t, errs[0])
-	require.Equal(t, int64(1), eps[0].bind.stats()["bindings_created"], "binds once the faults stop")
+	require.Equal(t, int64(1), eps[0].bind.Stats()["bindings_created"], "binds once the faults stop")
 }

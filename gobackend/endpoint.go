@@ -15,7 +15,9 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/config"
+	"github.com/gosym/gosym/gobackend/internal/gpu"
 	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -64,7 +66,7 @@ type Endpoint struct {
 	mesh *comm.Mesh
 	team *symm.Team
 	exec *coll.Exec
-	bind *binder
+	bind *memreg.Binder
 
 	mu      sync.Mutex
 	closed  bool
@@ -76,9 +78,9 @@ type Endpoint struct {
 	recvs   []*inbox
 	anys    anyRecvs // receives from any source (anysource.go)
 	workers sync.WaitGroup
-	gpu     gpuState  // the CUDA data plane (gpu.go)
+	gpu     gpu.State // the CUDA data plane (internal/gpu, cuda.go)
 	p2p     gpuP2P    // send/recv on CUDA memory (gpu_p2p.go)
-	views   viewCache // contiguous views of GPU buffers (gpu_mem.go)
+	views   viewCache // contiguous views of GPU buffers (view.go)
 
 	stats Stats
 }
@@ -162,8 +164,8 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 	team.Spin = e.cfg.Spin
 	e.mesh, e.team = mesh, team
 	e.exec = coll.NewExec(team, host.Plane{}, e.Rank, e.cfg.Threads)
-	if ubrMode() != "no" {
-		e.bind = newBinder(e)
+	if memreg.UBRMode() != "no" {
+		e.bind = memreg.NewBinder(e.Rank, mesh)
 		e.exec.D = e.bind
 		e.exec.DirectMin = e.cfg.DirectMin
 	}
@@ -269,20 +271,20 @@ func (e *Endpoint) peerQueue(qs []*queue, peer int, run func(*Work) error) *queu
 }
 
 func (e *Endpoint) runColl(w *Work) error {
-	a, ok := e.gpu.take(w.op.Seq)
+	a, ok := e.gpu.Take(w.op.Seq)
 	return e.runCollOp(&w.op, a, ok)
 }
 
 // runCollOp runs collective op in its turn: a host op, or (cudaOp) a CUDA
 // op or group task with its arguments a.
-func (e *Endpoint) runCollOp(op *Op, a gpuArgs, cudaOp bool) error {
+func (e *Endpoint) runCollOp(op *Op, a gpu.Args, cudaOp bool) error {
 	e.stats.Barriers.Add(1)
 	deadline := time.Now().Add(e.Timeout)
 	switch {
 	case !cudaOp:
 		return e.exec.Run(op, deadline)
-	case a.task != nil:
-		return a.task(op.Who(), deadline)
+	case a.Task != nil:
+		return a.Task(op.Who(), deadline)
 	}
 	return e.runGPU(op, a, deadline)
 }
@@ -341,9 +343,9 @@ func (e *Endpoint) Destroy() error {
 	}
 	e.workers.Wait()
 	if e.bind != nil {
-		e.bind.close()
+		e.bind.Close()
 	}
-	e.gpu.close() // GPU mappings go before the links and the team
+	e.gpu.Close() // GPU mappings go before the links and the team
 	e.p2p.close(e)
 	e.views.closeViews()
 	if e.team != nil {
@@ -369,10 +371,10 @@ func (e *Endpoint) StatsMap() map[string]any {
 	if e.team != nil {
 		m["slot_stalls"] = e.team.SlotStalls()
 	}
-	e.gpu.stats(m)
+	e.gpu.Stats(m)
 	e.p2p.stats(e, m)
 	if e.bind != nil {
-		for k, v := range e.bind.stats() {
+		for k, v := range e.bind.Stats() {
 			m[k] = v
 		}
 	}

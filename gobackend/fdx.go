@@ -6,8 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -29,43 +27,11 @@ const fdxHeader = 16
 // of them, continuation messages (the header alone) the rest.
 const fdxMaxFDs = 1024
 
-// fdxMsg is what one rank announced.
-type fdxMsg struct {
-	ok   bool // it attached fds
-	body []byte
-	fds  []int // received (none for this rank's own entry); -1 once taken
-}
-
-// fd is the first fd received, or -1.
-func (m *fdxMsg) fd() int {
-	if len(m.fds) == 0 {
-		return -1
-	}
-	return m.fds[0]
-}
-
-// take hands the first fd over to the caller (-1: none).
-func (m *fdxMsg) take() int {
-	fd := m.fd()
-	if fd >= 0 {
-		m.fds[0] = -1
-	}
-	return fd
-}
-
-// oneFD is fd as an announcement's list (-1: none).
-func oneFD(fd int) []int {
-	if fd < 0 {
-		return nil
-	}
-	return []int{fd}
-}
-
 // exchangeFD announces body and fds (the caller keeps ownership of them)
 // to every peer and returns every rank's announcement, by rank; the caller
 // must close the fds with closeFDX. A malformed announcement or a link
 // failure is an error: the links are out of step.
-func (e *Endpoint) exchangeFD(magic uint32, body []byte, fds []int, deadline time.Time) ([]fdxMsg, error) {
+func (e *Endpoint) exchangeFD(magic uint32, body []byte, fds []int, deadline time.Time) ([]comm.FDMsg, error) {
 	if len(fds) > fdxMaxFDs {
 		return nil, fmt.Errorf("an announcement of %d fds (at most %d)", len(fds), fdxMaxFDs)
 	}
@@ -96,8 +62,8 @@ func (e *Endpoint) exchangeFD(magic uint32, body []byte, fds []int, deadline tim
 			rest = rest[n:]
 		}
 	}
-	out := make([]fdxMsg, e.Size)
-	out[e.Rank] = fdxMsg{ok: len(fds) > 0, body: body}
+	out := make([]comm.FDMsg, e.Size)
+	out[e.Rank] = comm.FDMsg{OK: len(fds) > 0, Body: body}
 	for r, l := range e.mesh.Links {
 		if l == nil {
 			continue
@@ -109,7 +75,7 @@ func (e *Endpoint) exchangeFD(magic uint32, body []byte, fds []int, deadline tim
 		out[r] = m
 	}
 	if linkErr != nil {
-		closeFDX(out)
+		comm.CloseFDs(out)
 		return nil, linkErr
 	}
 	return out, nil
@@ -117,25 +83,25 @@ func (e *Endpoint) exchangeFD(magic uint32, body []byte, fds []int, deadline tim
 
 // recvFDX receives rank r's announcement over l, with its continuation
 // messages. On error the fds received so far are closed.
-func recvFDX(l *comm.Link, magic uint32, r int, deadline time.Time) (fdxMsg, error) {
+func recvFDX(l *comm.Link, magic uint32, r int, deadline time.Time) (comm.FDMsg, error) {
 	le := binary.LittleEndian
-	var m fdxMsg
+	var m comm.FDMsg
 	want := -1
-	for want < 0 || len(m.fds) < want {
+	for want < 0 || len(m.FDs) < want {
 		got, gfds, err := l.Recv(deadline)
-		m.fds = append(m.fds, gfds...)
-		if err == nil && !fdxWellFormed(got, len(gfds), len(m.fds), magic, r, want) {
+		m.FDs = append(m.FDs, gfds...)
+		if err == nil && !fdxWellFormed(got, len(gfds), len(m.FDs), magic, r, want) {
 			err = fmt.Errorf("rank %d sent a malformed announcement (%d bytes, %d fds)", r, len(got), len(gfds))
 		}
 		if err != nil {
-			closeFDX([]fdxMsg{m})
-			return fdxMsg{}, err
+			comm.CloseFDs([]comm.FDMsg{m})
+			return comm.FDMsg{}, err
 		}
 		if want < 0 {
-			want, m.body = int(le.Uint32(got[12:])), got[fdxHeader:]
+			want, m.Body = int(le.Uint32(got[12:])), got[fdxHeader:]
 		}
 	}
-	m.ok = want > 0
+	m.OK = want > 0
 	return m, nil
 }
 
@@ -157,32 +123,6 @@ func fdxWellFormed(got []byte, n, have int, magic uint32, r, want int) bool {
 		return true
 	}
 	return len(got) == fdxHeader && total == want && n > 0
-}
-
-// gpuVMMMagic marks the fd exchange that binds fresh VMM memory to a group
-// (gpu_direct.go, swapFresh).
-const gpuVMMMagic = 0x4d565347 // "GSVM"
-
-// swapFD is a gpuSwapFD over the links: every rank announces body and fds
-// to every peer and gets every rank's announcement.
-func (e *Endpoint) swapFD(body []byte, fds []int, deadline time.Time) ([]fdxMsg, func(), error) {
-	msgs, err := e.exchangeFD(gpuVMMMagic, body, fds, deadline)
-	if err != nil {
-		return nil, nil, err
-	}
-	return msgs, func() { closeFDX(msgs) }, nil
-}
-
-// closeFDX closes the fds an exchange returned.
-func closeFDX(msgs []fdxMsg) {
-	for i := range msgs {
-		for j, fd := range msgs[i].fds {
-			if fd >= 0 {
-				unix.Close(fd)
-				msgs[i].fds[j] = -1
-			}
-		}
-	}
 }
 
 // agreeAll tells every rank whether this one succeeded and returns the

@@ -7,13 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
 
-// TestSwapFDOverLinks: the fd exchange that binds fresh VMM memory, over
-// real links. Rank 0 sends 40 memfds (more than one link message carries:
+// TestSwapFDOverLinks: the fd exchange (the CUDA plane binds fresh VMM
+// memory with it) over real links. Rank 0 sends 40 memfds (more than one link message carries:
 // continuation messages), rank 1 none, rank 2 three; each file holds its
 // sender and index, and the body names the count. Every rank gets the
 // others' fds in order (new descriptors of the same files), none for
@@ -23,7 +24,7 @@ func TestSwapFDOverLinks(t *testing.T) {
 	sent := []int{40, 0, 3}
 	eps := group(t, world, 10*time.Second)
 	type got struct {
-		msgs []fdxMsg
+		msgs []comm.FDMsg
 		done func()
 		err  error
 	}
@@ -43,7 +44,8 @@ func TestSwapFDOverLinks(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			body := []byte(fmt.Sprint(len(fds)))
-			res[r].msgs, res[r].done, res[r].err = ep.swapFD(body, fds, time.Now().Add(5*time.Second))
+			msgs, err := ep.exchangeFD(0x4d565347, body, fds, time.Now().Add(5*time.Second))
+			res[r].msgs, res[r].done, res[r].err = msgs, func() { comm.CloseFDs(msgs) }, err
 		}()
 	}
 	wg.Wait()
@@ -52,14 +54,14 @@ func TestSwapFDOverLinks(t *testing.T) {
 		require.Len(t, g.msgs, world)
 		inodes := map[int]uint64{}
 		for r, m := range g.msgs {
-			assert.Equal(t, fmt.Sprint(sent[r]), string(m.body), "rank %d from rank %d", me, r)
-			assert.Equal(t, sent[r] > 0, m.ok)
+			assert.Equal(t, fmt.Sprint(sent[r]), string(m.Body), "rank %d from rank %d", me, r)
+			assert.Equal(t, sent[r] > 0, m.OK)
 			if r == me {
-				assert.Empty(t, m.fds, "rank %d's own entry", me)
+				assert.Empty(t, m.FDs, "rank %d's own entry", me)
 				continue
 			}
-			require.Len(t, m.fds, sent[r], "rank %d from rank %d", me, r)
-			for i, fd := range m.fds {
+			require.Len(t, m.FDs, sent[r], "rank %d from rank %d", me, r)
+			for i, fd := range m.FDs {
 				b := make([]byte, 2)
 				_, err := unix.Pread(fd, b, 0)
 				require.NoError(t, err)
@@ -84,7 +86,7 @@ func TestSwapFDOverLinks(t *testing.T) {
 // before anything is sent.
 func TestSwapFDTooMany(t *testing.T) {
 	eps := group(t, 2, 10*time.Second)
-	_, _, err := eps[0].swapFD(nil, make([]int, fdxMaxFDs+1), time.Now().Add(time.Second))
+	_, err := eps[0].exchangeFD(0x4d565347, nil, make([]int, fdxMaxFDs+1), time.Now().Add(time.Second))
 	require.ErrorContains(t, err, "at most")
 }
 

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/gpu"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
@@ -40,7 +41,7 @@ func MemStats() map[string]int64 { return memreg.Default.Stats() }
 // checkUBR enforces GOSYM_ENABLE_UBR=yes: a registered input that cannot be
 // shared is an error rather than a silent fallback to staging.
 func checkUBR(op *Op) error {
-	if ubrMode() != "yes" {
+	if memreg.UBRMode() != "yes" {
 		return nil
 	}
 	start, n, _ := coll.InputSpan(op)
@@ -54,3 +55,9 @@ func checkUBR(op *Op) error {
 	}
 	return nil
 }
+
+// GPUBuf is symmetric GPU memory for users (gosym.empty on CUDA).
+type GPUBuf = gpu.Buf
+
+// GPUAlloc allocates n bytes of shareable VMM memory on device.
+func GPUAlloc(device, n int) (*GPUBuf, error) { return gpu.Alloc(device, n) }

@@ -112,7 +112,7 @@ func delayedAllToAll(t *testing.T, n int) []lateRead {
 	var hookErr atomic.Value
 	fail := func(format string, args ...any) { hookErr.CompareAndSwap(nil, fmt.Sprintf(format, args...)) }
 	team := eps[0].team // rank 0's view of both ranks' control regions
-	pins := func() int64 { return eps[0].bind.pinned.Load() }
+	pins := func() int64 { return eps[0].bind.Stats()["peer_map_pins"] }
 	coll.Hook = func(at coll.HookPoint, rank int, o *Op) {
 		if rank != 0 || o.Kind != coll.AllToAll {
 			return
@@ -181,7 +181,7 @@ func delayedAllToAll(t *testing.T, n int) []lateRead {
 	}
 	require.Len(t, late, ops-1, "rank 0 saw rank 1 run ahead at every op but the last")
 	for r, ep := range eps {
-		st := ep.bind.stats()
+		st := ep.bind.Stats()
 		assert.Equal(t, int64(0), st["peer_map_pins"], "rank %d: every pin released", r)
 		assert.Equal(t, int64(bufs), st["peer_maps"], "rank %d maps each of its peer's input regions once", r)
 		assert.Equal(t, int64(bufs), st["peer_map_misses"], "rank %d", r)

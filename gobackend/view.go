@@ -29,20 +29,22 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gosym/gosym/gobackend/internal/comm"
+	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
 // viewSource is a buffer that can be viewed.
 type viewSource interface {
-	rowBytes() uintptr      // the allocation's size: the row stride
-	origin() uintptr        // where the caller's buffer starts in its row
-	exportFD() (int, error) // an fd a peer can map (the caller closes it)
-	// mapRows maps this buffer into row rank and fds[r] into row r of one
+	RowBytes() uintptr      // the allocation's size: the row stride
+	Origin() uintptr        // where the caller's buffer starts in its row
+	ExportFD() (int, error) // an fd a peer can map (the caller closes it)
+	// MapRows maps this buffer into row rank and fds[r] into row r of one
 	// new range; on error nothing stays mapped.
-	mapRows(rank int, fds []int) (va uintptr, unmap func(), err error)
-	idle()       // waits until nothing may still use the memory (the GPU)
-	device() int // CUDA ordinal, -1 for host memory
+	MapRows(rank int, fds []int) (va uintptr, unmap func(), err error)
+	Idle()       // waits until nothing may still use the memory (the GPU)
+	Device() int // CUDA ordinal, -1 for host memory
 }
 
 // View is a contiguous view of a group's buffers in this process.
@@ -64,7 +66,7 @@ type viewKey struct {
 
 // Addr is where the caller's buffer starts in row 0; row r starts Stride
 // bytes further per row.
-func (v *View) Addr() uintptr   { return v.va + v.src.origin() }
+func (v *View) Addr() uintptr   { return v.va + v.src.Origin() }
 func (v *View) Stride() uintptr { return v.stride }
 
 // viewCache holds a group's live views.
@@ -80,10 +82,10 @@ const viewMagic = 0x57565347 // "GSVW"
 // buffer src, at offset off into it; every rank of the group calls it
 // together, like a collective. Release each reference once.
 func (e *Endpoint) ContiguousView(src viewSource, off uintptr) (*View, error) {
-	if off >= src.rowBytes() {
-		return nil, status.Errorf(status.InvalidArg, "gosym: contiguous_view: offset %d is past the buffer's %d bytes", off, src.rowBytes())
+	if off >= src.RowBytes() {
+		return nil, status.Errorf(status.InvalidArg, "gosym: contiguous_view: offset %d is past the buffer's %d bytes", off, src.RowBytes())
 	}
-	if d, want := int(e.gpu.device.Load())-1, src.device(); d >= 0 && want >= 0 && d != want {
+	if d, want := e.gpu.Ordinal(), src.Device(); d >= 0 && want >= 0 && d != want {
 		return nil, status.Errorf(status.InvalidArg, "gosym: contiguous_view of a cuda:%d buffer, but group %q runs on cuda:%d on this rank",
 			want, e.Name, d)
 	}
@@ -135,39 +137,39 @@ func (e *Endpoint) ContiguousView(src viewSource, off uintptr) (*View, error) {
 // all fail alike; a local mapping failure is agreed on too.
 func (e *Endpoint) makeView(key viewKey, who symm.Who, deadline time.Time) (*View, error) {
 	src := key.src
-	fd, local := src.exportFD()
+	fd, local := src.ExportFD()
 	body := make([]byte, 16)
-	binary.LittleEndian.PutUint64(body, uint64(src.rowBytes()))
-	binary.LittleEndian.PutUint64(body[8:], uint64(src.origin()+key.off))
-	msgs, err := e.exchangeFD(viewMagic, body, oneFD(fd), deadline)
+	binary.LittleEndian.PutUint64(body, uint64(src.RowBytes()))
+	binary.LittleEndian.PutUint64(body[8:], uint64(src.Origin()+key.off))
+	msgs, err := e.exchangeFD(viewMagic, body, comm.OneFD(fd), deadline)
 	if fd >= 0 {
 		unix.Close(fd)
 	}
 	if err != nil {
 		return nil, status.Wrap(status.Peer, err, "gosym: %s", who)
 	}
-	defer closeFDX(msgs)
+	defer comm.CloseFDs(msgs)
 	le := binary.LittleEndian
 	for r, m := range msgs {
-		if len(m.body) != len(body) {
+		if len(m.Body) != len(body) {
 			return nil, status.Errorf(status.Mismatch, "gosym: %s: rank %d announced its buffer in %d bytes, this rank in %d (another gosym version?)",
-				who, r, len(m.body), len(body))
+				who, r, len(m.Body), len(body))
 		}
-		if sz, o := le.Uint64(m.body), le.Uint64(m.body[8:]); sz != uint64(src.rowBytes()) || o != uint64(src.origin()+key.off) {
+		if sz, o := le.Uint64(m.Body), le.Uint64(m.Body[8:]); sz != uint64(src.RowBytes()) || o != uint64(src.Origin()+key.off) {
 			return nil, status.Errorf(status.Mismatch, "gosym: %s: rank %d's buffer has %d bytes at offset %d, this rank's %d at %d (the same size and offset on every rank)",
-				who, r, sz, o, src.rowBytes(), src.origin()+key.off)
+				who, r, sz, o, src.RowBytes(), src.Origin()+key.off)
 		}
 	}
-	v := &View{e: e, key: key, src: src, stride: src.rowBytes(), undo: func() {}}
+	v := &View{e: e, key: key, src: src, stride: src.RowBytes(), undo: func() {}}
 	fds := make([]int, e.Size)
 	for r, m := range msgs {
-		fds[r] = m.fd()
-		if r != e.Rank && !m.ok && local == nil {
+		fds[r] = m.FD()
+		if r != e.Rank && !m.OK && local == nil {
 			local = fmt.Errorf("rank %d could not export its buffer", r)
 		}
 	}
 	if local == nil {
-		va, undo, err := src.mapRows(e.Rank, fds)
+		va, undo, err := src.MapRows(e.Rank, fds)
 		if local = err; err == nil {
 			v.va, v.undo = va, undo
 		}
@@ -195,7 +197,7 @@ func (v *View) Release() {
 	}
 	c.mu.Unlock()
 	if last {
-		v.src.idle()
+		v.src.Idle()
 		v.unmapOnce()
 	}
 }
@@ -210,7 +212,16 @@ func (c *viewCache) closeViews() {
 	c.m = nil
 	c.mu.Unlock()
 	for _, v := range m {
-		v.src.idle()
+		v.src.Idle()
 		v.unmapOnce()
 	}
+}
+
+// HostViewSource is m (an export of a gosym.empty region) as a view source.
+func HostViewSource(m *Memh) (viewSource, error) {
+	v, err := memreg.NewHostView(m)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
 }

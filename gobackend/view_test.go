@@ -113,7 +113,7 @@ func TestContiguousViewOfHostRegions(t *testing.T) {
 }
 
 // namedSource is a view source whose fd is a memfd holding its name; its
-// mapRows records, per made-up address, the names of the rows it mapped
+// MapRows records, per made-up address, the names of the rows it mapped
 // (the views' bookkeeping, not their memory, is under test).
 type namedSource struct {
 	name    string
@@ -132,12 +132,12 @@ func newNamedMaps() *namedMaps {
 	return &namedMaps{next: 0x100000, rows: map[uintptr][]string{}, unmapped: map[uintptr]int{}}
 }
 
-func (s *namedSource) rowBytes() uintptr { return 4096 }
-func (s *namedSource) origin() uintptr   { return 0 }
-func (s *namedSource) idle()             {}
-func (s *namedSource) device() int       { return -1 }
+func (s *namedSource) RowBytes() uintptr { return 4096 }
+func (s *namedSource) Origin() uintptr   { return 0 }
+func (s *namedSource) Idle()             {}
+func (s *namedSource) Device() int       { return -1 }
 
-func (s *namedSource) exportFD() (int, error) {
+func (s *namedSource) ExportFD() (int, error) {
 	fd, err := unix.MemfdCreate("gosym-test-view", unix.MFD_CLOEXEC)
 	if err != nil {
 		return -1, err
@@ -146,7 +146,7 @@ func (s *namedSource) exportFD() (int, error) {
 	return fd, err
 }
 
-func (s *namedSource) mapRows(rank int, fds []int) (uintptr, func(), error) {
+func (s *namedSource) MapRows(rank int, fds []int) (uintptr, func(), error) {
 	if s.failMap {
 		return 0, nil, errors.New("import failed") // as the real sources fail: no undo
 	}

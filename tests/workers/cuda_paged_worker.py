@@ -2,7 +2,7 @@
 
 Run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: every tensor is paged VMM
 memory (pages of 2 MiB or 20 MiB, each its own allocation, no legacy IPC handle), which
-the direct path shares as runs of pages (gobackend/gpu_pages.go).
+the direct path shares as runs of pages (gobackend/internal/gpu/pages.go).
 
 Parts (each records itself in info["parts_done"] when it ran to its end):
 

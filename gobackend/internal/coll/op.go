@@ -1,7 +1,10 @@
-// Package coll implements gosym's collectives once, against two small
-// interfaces: a Team (symmetric staging memory, barrier, mailboxes) and a
-// Plane (how bytes are copied and reduced). The host and CUDA data planes
-// differ only in those.
+// Package coll is the host data plane's collectives, written against two
+// small interfaces: a Team (symmetric staging memory, barrier, mailboxes:
+// symm.Team) and a Plane (how bytes are copied and reduced: host.Plane),
+// with a Direct (memreg.Binder) for ops on registered memory. It also
+// defines Op, Kind and the argument checks, which the CUDA data plane
+// (internal/gpu) shares; that plane has its own algorithms (kernels on the
+// caller's stream) and does not run through Exec.
 package coll
 
 import (

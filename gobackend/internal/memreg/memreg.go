@@ -36,6 +36,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
@@ -732,3 +733,9 @@ func (d *Domain) ImportOn(blob []byte, device int, deadline time.Time) (*Memh, e
 	}
 	return m, nil
 }
+
+// UBRMode is GOSYM_ENABLE_UBR: "try" (default), "yes" or "no", read once:
+// every op consults it.
+var UBRMode = sync.OnceValue(func() string {
+	return config.EnableUBR.Get()
+})

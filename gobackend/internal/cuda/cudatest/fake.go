@@ -5,10 +5,14 @@
 package cudatest
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"testing"
+
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/stretchr/testify/require"
 )
 
 // FakeLibrary builds the fake libcuda into a temporary directory of t and
@@ -30,4 +34,29 @@ func FakeLibrary(t testing.TB) string {
 		t.Fatalf("building the fake libcuda: %v\n%s", err, out)
 	}
 	return lib
+}
+
+// InFakeChild runs the test named by t in a child process of this test
+// binary, against the fake libcuda (kernels/testdata's host emulation of
+// the real kernels): a driver, once loaded, stays for the process, and the
+// other tests of this package run without CUDA. It returns true in the
+// parent, which has checked the child's verdict, and false in the child,
+// which goes on with the test's body.
+func InFakeChild(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv("GOSYM_TEST_FAKE_CUDA") != "" {
+		return false
+	}
+	if _, err := cuda.LoadNVRTC(); err != nil {
+		t.Skipf("no NVRTC: %v", err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
+	// The kernel cache is the user's (keyed by source, arch and NVRTC):
+	// the children share it, so allreduce.cu compiles once per machine,
+	// not once per child (about a minute each on a busy host).
+	cmd.Env = append(os.Environ(), "GOSYM_TEST_FAKE_CUDA=1", "GOSYM_LIBCUDA="+FakeLibrary(t))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "--- PASS: "+t.Name())
+	return true
 }

@@ -10,7 +10,7 @@ import (
 
 // gs_llmove (copy.cu) on simulated ranks of one GPU: broadcast, all_gather,
 // all_to_all, gather and scatter set up as the backend does
-// (gobackend/gpu_ops.go, llMove), launched back to back and between gs_ll
+// (gobackend/internal/gpu/ops.go, llMove), launched back to back and between gs_ll
 // launches on the same pads and LL areas; every byte of every buffer,
 // guards included, is compared with a host reference.
 

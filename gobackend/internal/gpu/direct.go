@@ -1,4 +1,4 @@
-package gobackend
+package gpu
 
 // The direct path of the CUDA data plane: large ops read (and all_reduce
 // writes) the peers' own buffers instead of going through the staging, so
@@ -7,18 +7,18 @@ package gobackend
 // Round 1 (host agreement): each rank publishes a record of the allocation
 // its op's buffers lie in, with the op's addresses in it.
 //
-//   - Registered memory (gosym.mem_map of CUDA memory, gpu_reg.go): the
+//   - Registered memory (gosym.mem_map of CUDA memory, reg.go): the
 //     record is the memh's id and its allocation and handle, resolved once
 //     at map time, so the op makes no driver call. Such ops go direct from
 //     regMin bytes (GOSYM_GPU_REG_DIRECT_MIN). VMM memory has no handle:
 //     binding it sends its fd over the links (swapFresh).
 //   - gosym.empty's buffers, from directMin: their implicit registration
-//     (gpu_mem.go), the same way.
+//     (mem.go), the same way.
 //   - Other memory (the caching allocator's tensors): from directMin bytes
 //     (GOSYM_GPU_DIRECT_MIN), the record is the allocation as the driver
 //     reports it (cuMemGetAddressRange, cuIpcGetMemHandle), per op; paged
 //     VMM memory (torch's expandable segments), which has no IPC handle,
-//     is published as a run of pages (gpu_pages.go) and binds like a VMM
+//     is published as a run of pages (pages.go) and binds like a VMM
 //     memh.
 //
 // Each rank maps the peers' allocations it reads (cuIpcOpenMemHandle)
@@ -48,29 +48,31 @@ import (
 	"slices"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
-// gpuMaxIPC bounds the per-op (unregistered) mappings a group keeps open;
+// maxIPC bounds the per-op (unregistered) mappings a group keeps open;
 // past it, such ops take the staged path (they are only released with the
 // group). Registered mappings go when their memh is unmapped.
-const gpuMaxIPC = 1024
+const maxIPC = 1024
 
-// gpuMaxRetired bounds the retired ids one record carries; more wait for
+// maxRetired bounds the retired ids one record carries; more wait for
 // the next round.
-const gpuMaxRetired = 8
+const maxRetired = 8
 
-// A record (gpuRegionBytes, little-endian): flags | allocation base |
-// allocation size | IPC handle[64] | memh id | n retired | retired[gpuMaxRetired].
-const gpuRegionBytes = 8 + 8 + 8 + len(cuda.IpcHandle{}) + 8 + 8 + 8*gpuMaxRetired
+// A record (regionBytes, little-endian): flags | allocation base |
+// allocation size | IPC handle[64] | memh id | n retired | retired[maxRetired].
+const regionBytes = 8 + 8 + 8 + len(cuda.IpcHandle{}) + 8 + 8 + 8*maxRetired
 
 // A record and its op's addresses fit a sync slot at every world size:
 // all_to_all publishes 24 bytes per rank and a record, the other ops a
 // record, In and 8 bytes per rank (Team.Barrier refuses longer metadata).
-const _ = uint(symm.SlotHeaderBytes + symm.SlotExtraBytes - gpuRegionBytes - 8)
+const _ = uint(symm.SlotHeaderBytes + symm.SlotExtraBytes - regionBytes - 8)
 
 // Record flags.
 const (
@@ -80,8 +82,8 @@ const (
 	recVMM                    // ... VMM memory with no IPC handle: binding it sends its fd
 )
 
-// gpuRegion is one rank's record, decoded.
-type gpuRegion struct {
+// boundRegion is one rank's record, decoded.
+type boundRegion struct {
 	flags      uint64
 	base, size uintptr
 	h          cuda.IpcHandle
@@ -89,13 +91,13 @@ type gpuRegion struct {
 	retired    []uint64
 }
 
-func (r *gpuRegion) ok() bool         { return r.flags&recOK != 0 }
-func (r *gpuRegion) registered() bool { return r.ok() && r.flags&recRegistered != 0 }
-func (r *gpuRegion) bound() bool      { return r.registered() && r.flags&recBound != 0 }
-func (r *gpuRegion) vmm() bool        { return r.registered() && r.flags&recVMM != 0 }
-func (r *gpuRegion) paged() bool      { return r.vmm() && r.id&pageRunBit != 0 }
+func (r *boundRegion) ok() bool         { return r.flags&recOK != 0 }
+func (r *boundRegion) registered() bool { return r.ok() && r.flags&recRegistered != 0 }
+func (r *boundRegion) bound() bool      { return r.registered() && r.flags&recBound != 0 }
+func (r *boundRegion) vmm() bool        { return r.registered() && r.flags&recVMM != 0 }
+func (r *boundRegion) paged() bool      { return r.vmm() && r.id&pageRunBit != 0 }
 
-func (r *gpuRegion) encode(out []byte) {
+func (r *boundRegion) encode(out []byte) {
 	le := binary.LittleEndian
 	le.PutUint64(out[0:], r.flags)
 	le.PutUint64(out[8:], uint64(r.base))
@@ -108,23 +110,23 @@ func (r *gpuRegion) encode(out []byte) {
 	}
 }
 
-func decodeRegion(b []byte) gpuRegion {
+func decodeRegion(b []byte) boundRegion {
 	le := binary.LittleEndian
-	r := gpuRegion{flags: le.Uint64(b), base: uintptr(le.Uint64(b[8:])), size: uintptr(le.Uint64(b[16:]))}
+	r := boundRegion{flags: le.Uint64(b), base: uintptr(le.Uint64(b[8:])), size: uintptr(le.Uint64(b[16:]))}
 	at := 24 + copy(r.h[:], b[24:])
 	r.id = le.Uint64(b[at:])
-	n := min(le.Uint64(b[at+8:]), gpuMaxRetired)
+	n := min(le.Uint64(b[at+8:]), maxRetired)
 	for i := range n {
 		r.retired = append(r.retired, le.Uint64(b[at+16+8*int(i):]))
 	}
 	return r
 }
 
-type gpuSpan struct{ addr, n uintptr }
+type spanRec struct{ addr, n uintptr }
 
 // hull is the range from the lowest start to the highest end of the
 // non-empty spans.
-func hull(spans []gpuSpan) (lo, n uintptr) {
+func hull(spans []spanRec) (lo, n uintptr) {
 	var hi uintptr
 	for _, sp := range spans {
 		if sp.n == 0 {
@@ -141,51 +143,51 @@ func hull(spans []gpuSpan) (lo, n uintptr) {
 	return lo, hi - lo
 }
 
-// gpuDirectMode is which records may take an op direct; every rank
+// directMode is which records may take an op direct; every rank
 // derives it from what is the same everywhere.
-type gpuDirectMode int
+type directMode int
 
 const (
-	directNone       gpuDirectMode = iota // below both thresholds: only retired lists are read
-	directRegistered                      // regMin <= size < directMin: registered records only
-	directAny                             // size >= directMin
+	directNone       directMode = iota // below both thresholds: only retired lists are read
+	directRegistered                   // regMin <= size < directMin: registered records only
+	directAny                          // size >= directMin
 )
 
-// gpuSide is one rank's part in a direct op's agreement: the driver, the
+// directSide is one rank's part in a direct op's agreement: the driver, the
 // group's bindings and caches. Built per op (t.side); tests build it over
 // fakes.
-type gpuSide struct {
+type directSide struct {
 	rank, world int
 	device      int
-	ipc         gpuIPC
-	reg         *gpuReg
-	counters    *gpuCounters
+	ipc         ipcMaps
+	reg         *registry
+	counters    *Counters
 	capturing   bool
 	fresh       *memreg.Memh // this rank's registered memh published unbound in this op
 	run         *pageRun     // ... or its run of paged memory
-	swapFD      gpuSwapFD    // sends the fds of fresh VMM memory (gpuSwapFD)
+	swapFD      swapFunc     // sends the fds of fresh VMM memory (swapFunc)
 }
 
-// gpuSwapFD announces body and fds to every peer over the links and
+// swapFunc announces body and fds to every peer over the links and
 // returns every rank's announcement, by rank (this rank's own carries no
 // fds), and a func that closes the fds received.
-type gpuSwapFD func(body []byte, fds []int) (msgs []fdxMsg, done func(), err error)
+type swapFunc func(body []byte, fds []int) (msgs []comm.FDMsg, done func(), err error)
 
-func (t *gpuTeam) side() *gpuSide {
-	return &gpuSide{rank: t.rank, world: t.world, device: t.g.ordinal, ipc: t, reg: t.reg, counters: t.counters,
+func (t *Team) side() *directSide {
+	return &directSide{rank: t.rank, world: t.world, device: t.g.ordinal, ipc: t, reg: t.reg, counters: t.counters,
 		capturing: t.capturing, swapFD: t.swapFD}
 }
 
 // registered says whether this rank's input of op (n bytes) is a
 // registered CUDA memh of the group's device and at least regMin bytes:
 // then it takes round 1 below directMin.
-func (t *gpuTeam) registered(op *Op, n uintptr) bool {
+func (t *Team) registered(op *coll.Op, n uintptr) bool {
 	return int(n) >= t.cfg.regMin && t.inputRegistered(op)
 }
 
 // inputRegistered says whether op's input lies in memory registered on
 // this device (mem_map), whatever its size.
-func (t *gpuTeam) inputRegistered(op *Op) bool {
+func (t *Team) inputRegistered(op *coll.Op) bool {
 	lo, span, _ := coll.InputSpan(op)
 	return t.reg.find(lo, uintptr(span), t.g.ordinal, false) != nil
 }
@@ -197,8 +199,8 @@ func (t *gpuTeam) inputRegistered(op *Op) bool {
 // it lies in; a private memh (paged memory registers private) is looked
 // up as a run too. Not ok otherwise. It carries the ids this rank retired
 // since the last round, those of this op's walk included.
-func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
-	var rg gpuRegion
+func (s *directSide) record(lo, n uintptr, legacy bool) []byte {
+	var rg boundRegion
 	var cur *pageRun
 	private := false
 	if m := s.reg.find(lo, n, s.device, legacy); m != nil {
@@ -220,7 +222,7 @@ func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 			}
 		}
 	}
-	paged := ubrMode() != "no"
+	paged := memreg.UBRMode() != "no"
 	switch {
 	case rg.ok() || n == 0 || !legacy && !private:
 	case paged && (private || s.reg.covers(lo, n)): // no IPC handle to ask for
@@ -231,7 +233,7 @@ func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 		case err != nil && paged:
 			cur = s.pagedRecord(&rg, lo, n, err)
 		case err != nil:
-			debugf("rank %d: no IPC export of %#x: %v", s.rank, lo, err)
+			dlog.Printf("rank %d: no IPC export of %#x: %v", s.rank, lo, err)
 		case lo+n <= base+size && lo+n > lo: // else it spans two allocations: staged
 			rg.flags, rg.base, rg.size, rg.h = recOK, base, size, h
 		}
@@ -239,18 +241,18 @@ func (s *gpuSide) record(lo, n uintptr, legacy bool) []byte {
 	if legacy || private {
 		s.reg.sweep(s.ipc, cur)
 	}
-	rg.retired = s.reg.takeRetired(gpuMaxRetired)
-	out := make([]byte, gpuRegionBytes)
+	rg.retired = s.reg.takeRetired(maxRetired)
+	out := make([]byte, regionBytes)
 	rg.encode(out)
 	return out
 }
 
 // pagedRecord fills rg for [lo, lo+n) in paged VMM memory (which has no
 // IPC handle: why), or leaves it not ok; it returns the run, if any.
-func (s *gpuSide) pagedRecord(rg *gpuRegion, lo, n uintptr, why error) *pageRun {
+func (s *directSide) pagedRecord(rg *boundRegion, lo, n uintptr, why error) *pageRun {
 	r, err := s.reg.run(s.ipc, lo, n, s.world, s.capturing)
 	if err != nil {
-		debugf("rank %d: no IPC export of %#x (%v), nor a run of pages: %v", s.rank, lo, why, err)
+		dlog.Printf("rank %d: no IPC export of %#x (%v), nor a run of pages: %v", s.rank, lo, why, err)
 		return nil
 	}
 	bound := s.reg.runBound(r)
@@ -270,14 +272,14 @@ func (s *gpuSide) pagedRecord(rg *gpuRegion, lo, n uintptr, why error) *pageRun 
 	return r
 }
 
-// gpuPeers translates addresses of every rank's published allocation into
+// peersOf translates addresses of every rank's published allocation into
 // this process.
-type gpuPeers struct {
-	regions []gpuRegion
+type peersOf struct {
+	regions []boundRegion
 	local   []uintptr // where rank r's allocation is mapped here
 }
 
-func (p *gpuPeers) at(r int, addr uintptr) uintptr { return p.local[r] + (addr - p.regions[r].base) }
+func (p *peersOf) at(r int, addr uintptr) uintptr { return p.local[r] + (addr - p.regions[r].base) }
 
 // negotiate runs after round 1 on every rank with every rank's record (at
 // the start of metas[r]): it drops the peers' retired mappings, decides
@@ -286,12 +288,12 @@ func (p *gpuPeers) at(r int, addr uintptr) uintptr { return p.local[r] + (addr -
 // every relevant record is registered and bound, and binds or refuses the
 // fresh registered memhs by the vote. ok is false, on every rank alike,
 // when the op must stage.
-func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirectMode, who *Op, agree gpuAgree) (*gpuPeers, bool, error) {
-	p := &gpuPeers{regions: make([]gpuRegion, s.world), local: make([]uintptr, s.world)}
+func (s *directSide) negotiate(metas [][]byte, relevant, need []bool, mode directMode, who *coll.Op, agree agreeFunc) (*peersOf, bool, error) {
+	p := &peersOf{regions: make([]boundRegion, s.world), local: make([]uintptr, s.world)}
 	for r, m := range metas {
-		if len(m) < gpuRegionBytes {
+		if len(m) < regionBytes {
 			return nil, false, status.Errorf(status.Mismatch, "gosym: %s: rank %d sent %d bytes of metadata, want at least %d",
-				who.Who(), r, len(m), gpuRegionBytes)
+				who.Who(), r, len(m), regionBytes)
 		}
 		p.regions[r] = decodeRegion(m)
 	}
@@ -334,7 +336,7 @@ func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirec
 		}
 		va, err := s.open(r, rg, &msgs[r])
 		if err != nil {
-			debugf("rank %d: opening rank %d's buffer: %v", s.rank, r, err)
+			dlog.Printf("rank %d: opening rank %d's buffer: %v", s.rank, r, err)
 			mapped[r] = 0
 		}
 		p.local[r] = va
@@ -373,13 +375,13 @@ func (s *gpuSide) negotiate(metas [][]byte, relevant, need []bool, mode gpuDirec
 // on every rank or on none: when some relevant record is a fresh VMM one,
 // which every rank sees alike. A local export failure sends no fd; the
 // peers then fail to map it and the vote refuses it.
-func (s *gpuSide) swapFresh(regions []gpuRegion, relevant []bool) ([]fdxMsg, func(), error) {
+func (s *directSide) swapFresh(regions []boundRegion, relevant []bool) ([]comm.FDMsg, func(), error) {
 	fresh := false
 	for r := range regions {
 		fresh = fresh || relevant[r] && regions[r].vmm() && !regions[r].bound()
 	}
 	if !fresh {
-		return make([]fdxMsg, s.world), func() {}, nil
+		return make([]comm.FDMsg, s.world), func() {}, nil
 	}
 	var fds []int
 	var body []byte
@@ -394,7 +396,7 @@ func (s *gpuSide) swapFresh(regions []gpuRegion, relevant []bool) ([]fdxMsg, fun
 			}
 		}
 		if err != nil {
-			debugf("rank %d: exporting memory %#x's fds: %v", s.rank, me.id, err)
+			dlog.Printf("rank %d: exporting memory %#x's fds: %v", s.rank, me.id, err)
 		}
 	}
 	msgs, done, err := s.swapFD(body, fds)
@@ -407,7 +409,7 @@ func (s *gpuSide) swapFresh(regions []gpuRegion, relevant []bool) ([]fdxMsg, fun
 
 // open is where rank r's allocation (record rg) is mapped here; m is what
 // rank r announced for a fresh VMM record.
-func (s *gpuSide) open(r int, rg *gpuRegion, m *fdxMsg) (uintptr, error) {
+func (s *directSide) open(r int, rg *boundRegion, m *comm.FDMsg) (uintptr, error) {
 	switch {
 	case r == s.rank:
 		return rg.base, nil
@@ -417,7 +419,7 @@ func (s *gpuSide) open(r int, rg *gpuRegion, m *fdxMsg) (uintptr, error) {
 			if err != nil {
 				return peerMapping{}, fmt.Errorf("rank %d's VMM memory %#x: %w", r, rg.id, err)
 			}
-			va, err := s.ipc.vmmOpen(m.fds, sizes)
+			va, err := s.ipc.vmmOpen(m.FDs, sizes)
 			return peerMapping{va: va, parts: sizes}, err
 		})
 	case rg.registered():
@@ -432,7 +434,7 @@ func (s *gpuSide) open(r int, rg *gpuRegion, m *fdxMsg) (uintptr, error) {
 // settle binds the fresh registered memhs of the op that every rank
 // mapped and refuses the others: the exporter records it, the other ranks
 // drop a mapping that will never be used.
-func (s *gpuSide) settle(regions []gpuRegion, relevant, everywhere []bool) {
+func (s *directSide) settle(regions []boundRegion, relevant, everywhere []bool) {
 	for r := range regions {
 		rg := &regions[r]
 		switch {
@@ -442,7 +444,7 @@ func (s *gpuSide) settle(regions []gpuRegion, relevant, everywhere []bool) {
 				s.reg.forget(s.ipc, s.capturing, r, []uint64{rg.id})
 			}
 		case !everywhere[r]:
-			debugf("rank %d: the group could not map registered memory %#x; it stays staged", s.rank, rg.id)
+			dlog.Printf("rank %d: the group could not map registered memory %#x; it stays staged", s.rank, rg.id)
 			s.reg.refuse(rg.id)
 		case s.run != nil && s.run.id == rg.id:
 			s.reg.bindRun(s.run)
@@ -453,7 +455,7 @@ func (s *gpuSide) settle(regions []gpuRegion, relevant, everywhere []bool) {
 }
 
 // counted updates the counters of an op that goes direct.
-func (s *gpuSide) counted(regions []gpuRegion, relevant []bool) {
+func (s *directSide) counted(regions []boundRegion, relevant []bool) {
 	all := true
 	for r := range regions {
 		all = all && (!relevant[r] || regions[r].registered() && !regions[r].paged())
@@ -466,9 +468,9 @@ func (s *gpuSide) counted(regions []gpuRegion, relevant []bool) {
 	}
 }
 
-// ipcExport, ipcOpen, ipcClose and ipcIdle make gpuTeam the direct path's
-// gpuIPC, on the group's device.
-func (t *gpuTeam) ipcExport(addr uintptr) (uintptr, uintptr, cuda.IpcHandle, error) {
+// ipcExport, ipcOpen, ipcClose and ipcIdle make Team the direct path's
+// ipcMaps, on the group's device.
+func (t *Team) ipcExport(addr uintptr) (uintptr, uintptr, cuda.IpcHandle, error) {
 	base, size, err := t.g.d.AddressRange(t.g.ctx, addr)
 	if err != nil {
 		return 0, 0, cuda.IpcHandle{}, err
@@ -477,26 +479,26 @@ func (t *gpuTeam) ipcExport(addr uintptr) (uintptr, uintptr, cuda.IpcHandle, err
 	return base, size, h, err
 }
 
-func (t *gpuTeam) ipcOpen(h cuda.IpcHandle) (uintptr, error) {
+func (t *Team) ipcOpen(h cuda.IpcHandle) (uintptr, error) {
 	return t.g.d.IpcOpenMemHandle(t.g.ctx, h, cuda.IpcLazyEnablePeerAccess)
 }
 
-func (t *gpuTeam) ipcClose(va uintptr) error { return t.g.d.IpcCloseMemHandle(t.g.ctx, va) }
+func (t *Team) ipcClose(va uintptr) error { return t.g.d.IpcCloseMemHandle(t.g.ctx, va) }
 
-func (t *gpuTeam) ipcIdle() error { return t.g.d.CtxSynchronize(t.g.ctx) }
+func (t *Team) ipcIdle() error { return t.g.d.CtxSynchronize(t.g.ctx) }
 
-func (t *gpuTeam) vmmExport(addr uintptr) (int, error) { return t.g.vmmExport(addr) }
+func (t *Team) vmmExport(addr uintptr) (int, error) { return t.g.vmmExport(addr) }
 
-func (t *gpuTeam) vmmOpen(fds []int, sizes []uintptr) (uintptr, error) {
+func (t *Team) vmmOpen(fds []int, sizes []uintptr) (uintptr, error) {
 	return t.g.vmmOpen(fds, sizes)
 }
 
-func (t *gpuTeam) vmmClose(va uintptr, sizes []uintptr) error {
+func (t *Team) vmmClose(va uintptr, sizes []uintptr) error {
 	t.g.unmapParts(va, sizes, len(sizes))
 	return nil
 }
 
-func (t *gpuTeam) pageAt(addr uintptr) (uintptr, uintptr, cuda.AllocHandle, error) {
+func (t *Team) pageAt(addr uintptr) (uintptr, uintptr, cuda.AllocHandle, error) {
 	base, size, err := t.g.d.AddressRange(t.g.ctx, addr)
 	if err != nil {
 		return 0, 0, 0, err
@@ -505,17 +507,17 @@ func (t *gpuTeam) pageAt(addr uintptr) (uintptr, uintptr, cuda.AllocHandle, erro
 	return base, size, h, err
 }
 
-func (t *gpuTeam) pageRetain(addr uintptr) (cuda.AllocHandle, error) {
+func (t *Team) pageRetain(addr uintptr) (cuda.AllocHandle, error) {
 	return t.g.d.MemRetainAllocationHandle(t.g.ctx, addr)
 }
 
-func (t *gpuTeam) pageRelease(h cuda.AllocHandle) { t.g.d.MemRelease(t.g.ctx, h) }
+func (t *Team) pageRelease(h cuda.AllocHandle) { t.g.d.MemRelease(t.g.ctx, h) }
 
-func (t *gpuTeam) pageExport(h cuda.AllocHandle) (int, error) { return t.g.d.MemExportFD(t.g.ctx, h) }
+func (t *Team) pageExport(h cuda.AllocHandle) (int, error) { return t.g.d.MemExportFD(t.g.ctx, h) }
 
 // closeIPC releases the group's bindings and closes every peer mapping
 // (the device is idle).
-func (t *gpuTeam) closeIPC() {
+func (t *Team) closeIPC() {
 	if t.reg != nil {
 		t.reg.close(t)
 	}
@@ -533,26 +535,26 @@ func everyone(world int) []bool {
 // registered) and every rank can; done is false when op should take the
 // staged path. all_to_all takes its own route (its agreement carries the
 // splits, allToAllDirect).
-func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err error) {
+func (t *Team) direct(op *coll.Op, s cuda.Stream, agree agreeFunc) (done bool, err error) {
 	es := uintptr(op.DType.Size())
 	n := uintptr(op.Count) * es
 	if t.world == 1 || n == 0 {
 		return false, nil
 	}
-	var mine []gpuSpan // what peers will address in this rank's memory
+	var mine []spanRec // what peers will address in this rank's memory
 	relevant := everyone(t.world)
 	switch op.Kind {
 	case coll.AllReduce, coll.AllGather:
-		mine = append(mine, gpuSpan{op.In, n})
+		mine = append(mine, spanRec{op.In, n})
 	case coll.Broadcast:
 		if t.rank == op.Root {
-			mine = append(mine, gpuSpan{op.In, n})
+			mine = append(mine, spanRec{op.In, n})
 		}
 		relevant = make([]bool, t.world)
 		relevant[op.Root] = true
 	case coll.ReduceScatter:
 		for _, pc := range op.InPieces {
-			mine = append(mine, gpuSpan{pc.Addr, n})
+			mine = append(mine, spanRec{pc.Addr, n})
 		}
 	default:
 		return false, nil
@@ -567,15 +569,15 @@ func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err 
 	sd := t.side()
 	le := binary.LittleEndian
 	// record, then In, then one address per peer (reduce_scatter's pieces)
-	meta := make([]byte, gpuRegionBytes+8+8*t.world)
+	meta := make([]byte, regionBytes+8+8*t.world)
 	lo, span := hull(mine)
 	copy(meta, sd.record(lo, span, mode == directAny))
 	if op.Kind == coll.AllReduce && op.In != op.Out {
 		le.PutUint64(meta, 0) // two-shot runs in place: every rank takes the staged path
 	}
-	le.PutUint64(meta[gpuRegionBytes:], uint64(op.In))
+	le.PutUint64(meta[regionBytes:], uint64(op.In))
 	for r, pc := range op.InPieces {
-		le.PutUint64(meta[gpuRegionBytes+8+8*r:], uint64(pc.Addr))
+		le.PutUint64(meta[regionBytes+8+8*r:], uint64(pc.Addr))
 	}
 	metas, err := agree(meta)
 	if err != nil {
@@ -592,26 +594,26 @@ func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err 
 		return false, err
 	}
 	t.counters.directOps.Add(1)
-	in := func(r int) uintptr { return peers.at(r, uintptr(le.Uint64(metas[r][gpuRegionBytes:]))) }
+	in := func(r int) uintptr { return peers.at(r, uintptr(le.Uint64(metas[r][regionBytes:]))) }
 	switch op.Kind {
 	case coll.AllGather:
-		segs := make([]gpuSeg, 0, t.world)
+		segs := make([]copySeg, 0, t.world)
 		for r, pc := range op.OutPieces {
-			segs = append(segs, gpuSeg{pc.Addr, in(r), n})
+			segs = append(segs, copySeg{pc.Addr, in(r), n})
 		}
 		return true, t.moveDirect(segs, n, s)
 	case coll.Broadcast:
-		var segs []gpuSeg
+		var segs []copySeg
 		if t.rank != op.Root {
-			segs = append(segs, gpuSeg{op.Out, in(op.Root), n})
+			segs = append(segs, copySeg{op.Out, in(op.Root), n})
 		} else if op.Out != op.In {
-			segs = append(segs, gpuSeg{op.Out, op.In, n})
+			segs = append(segs, copySeg{op.Out, op.In, n})
 		}
 		return true, t.moveDirect(segs, n, s)
 	case coll.ReduceScatter:
 		p := t.reduceParams(op)
 		for r := range metas {
-			p.Peers[r] = peers.at(r, uintptr(le.Uint64(metas[r][gpuRegionBytes+8+8*t.rank:])))
+			p.Peers[r] = peers.at(r, uintptr(le.Uint64(metas[r][regionBytes+8+8*t.rank:])))
 		}
 		p.Numel, p.Out = uint64(op.Count), op.Out
 		return true, t.reduceKernel(op, cuda.OneShot, &p, s)
@@ -626,9 +628,9 @@ func (t *gpuTeam) direct(op *Op, s cuda.Stream, agree gpuAgree) (done bool, err 
 }
 
 // allToAllRegistered says whether an equal-split all_to_all of n bytes per
-// piece takes the agreement round for its registered input (gpu_ops.go
+// piece takes the agreement round for its registered input (ops.go
 // skips the round for equal splits otherwise).
-func (t *gpuTeam) allToAllRegistered(op *Op, n uintptr) bool {
+func (t *Team) allToAllRegistered(op *coll.Op, n uintptr) bool {
 	return t.world > 1 && int(n) < t.directMin(op) && t.registered(op, n)
 }
 
@@ -636,11 +638,11 @@ func (t *gpuTeam) allToAllRegistered(op *Op, n uintptr) bool {
 // piece has localMax bytes: the driver is asked only from the lower
 // threshold of allToAllDirectMin (whether the splits differ anywhere is
 // known after the agreement).
-func (t *gpuTeam) allToAllRecord(sd *gpuSide, op *Op, localMax uintptr) []byte {
+func (t *Team) allToAllRecord(sd *directSide, op *coll.Op, localMax uintptr) []byte {
 	es := uintptr(op.DType.Size())
-	spans := make([]gpuSpan, len(op.InPieces))
+	spans := make([]spanRec, len(op.InPieces))
 	for r, pc := range op.InPieces {
-		spans[r] = gpuSpan{pc.Addr, uintptr(pc.Count) * es}
+		spans[r] = spanRec{pc.Addr, uintptr(pc.Count) * es}
 	}
 	lo, n := hull(spans)
 	return sd.record(lo, n, int(localMax) >= t.allToAllDirectMin(op, true))
@@ -649,7 +651,7 @@ func (t *gpuTeam) allToAllRecord(sd *gpuSide, op *Op, localMax uintptr) []byte {
 // allToAllDirectMin is the longest piece from which an all_to_all reads
 // the peers' inputs in place: lower when the splits differ (skewed), since
 // that op pays the agreement round whichever path it takes.
-func (t *gpuTeam) allToAllDirectMin(op *Op, skewed bool) int {
+func (t *Team) allToAllDirectMin(op *coll.Op, skewed bool) int {
 	if skewed {
 		return min(t.directMin(op), t.cfg.a2avDirectMin)
 	}
@@ -660,7 +662,7 @@ func (t *gpuTeam) allToAllDirectMin(op *Op, skewed bool) int {
 // metas (per rank: 2*world split counts, the record, world piece
 // addresses); longest is the longest piece of all, from dmin bytes it
 // reads any buffers in place. done is false when it must stage.
-func (t *gpuTeam) allToAllDirect(sd *gpuSide, op *Op, s cuda.Stream, all [][]byte, longest uintptr, dmin int, agree gpuAgree) (bool, error) {
+func (t *Team) allToAllDirect(sd *directSide, op *coll.Op, s cuda.Stream, all [][]byte, longest uintptr, dmin int, agree agreeFunc) (bool, error) {
 	w := t.world
 	le := binary.LittleEndian
 	mode := directNone
@@ -685,11 +687,11 @@ func (t *gpuTeam) allToAllDirect(sd *gpuSide, op *Op, s cuda.Stream, all [][]byt
 	}
 	t.counters.directOps.Add(1)
 	es := uintptr(op.DType.Size())
-	segs := make([]gpuSeg, 0, w)
+	segs := make([]copySeg, 0, w)
 	for j, out := range op.OutPieces {
 		if out.Count > 0 {
-			src := peers.at(j, uintptr(le.Uint64(regions[j][gpuRegionBytes+8*t.rank:])))
-			segs = append(segs, gpuSeg{out.Addr, src, uintptr(out.Count) * es})
+			src := peers.at(j, uintptr(le.Uint64(regions[j][regionBytes+8*t.rank:])))
+			segs = append(segs, copySeg{out.Addr, src, uintptr(out.Count) * es})
 		}
 	}
 	return true, t.moveDirect(segs, longest, s)
@@ -701,7 +703,7 @@ func (t *gpuTeam) allToAllDirect(sd *gpuSide, op *Op, s cuda.Stream, all [][]byt
 // else by the copy engines between two barrier kernels. A launch moves
 // every segment at once, where the copy engines of one stream serialise
 // them (all_gather's local piece, then the peer's).
-func (t *gpuTeam) moveDirect(segs []gpuSeg, n uintptr, s cuda.Stream) error {
+func (t *Team) moveDirect(segs []copySeg, n uintptr, s cuda.Stream) error {
 	if int(n) < t.cfg.directCEMin {
 		g, _ := cuda.CopyGridLimit(uint64(n), t.cfg.bigBlocks)
 		return t.copyKernel(nil, segs, g, s)
@@ -710,7 +712,7 @@ func (t *gpuTeam) moveDirect(segs []gpuSeg, n uintptr, s cuda.Stream) error {
 }
 
 // moveCE makes segs by the copy engines between two barriers of all ranks.
-func (t *gpuTeam) moveCE(segs []gpuSeg, s cuda.Stream) error {
+func (t *Team) moveCE(segs []copySeg, s cuda.Stream) error {
 	if err := t.barrier(s); err != nil {
 		return err
 	}

@@ -51,7 +51,9 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/gpu"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -80,7 +82,7 @@ type p2pPeer struct {
 	done   chan struct{} // closed once the handshake finished, either way
 	asked  bool          // set up by the responder, at the peer's request
 	device int           // -1 while a responder waits for this rank's device
-	g      *gpuDevice
+	g      *gpu.Device
 	ch     *cuda.P2PChannel
 	err    error
 	send   *cuda.Function
@@ -123,7 +125,7 @@ func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool
 	if err != nil {
 		return nil, err
 	}
-	if d := int(e.gpu.device.Load()) - 1; d >= 0 && d != device {
+	if d := e.gpu.Ordinal(); d >= 0 && d != device {
 		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
 			op.Kind, device, e.Name, d)
 	}
@@ -259,7 +261,7 @@ func (p *gpuP2P) finish(e *Endpoint, c *p2pPeer, err error) {
 	c.err = err
 	if err == nil {
 		p.channels.Add(1)
-		e.gpu.device.CompareAndSwap(0, int32(c.device)+1)
+		e.gpu.ClaimOrdinal(c.device)
 	}
 	close(c.done)
 }
@@ -274,19 +276,19 @@ func (e *Endpoint) openP2P(c *p2pPeer, peerRank int, what string) error {
 	if c.device < 0 {
 		err = fmt.Errorf("this rank had run no CUDA op on group %q within %v of rank %d asking (its device is unknown)",
 			e.Name, e.Timeout/2, peerRank)
-	} else if c.g, err = openGPU(c.device); err == nil {
-		if c.send, err = c.g.function(cuda.P2PSendKernel); err == nil {
-			c.recv, err = c.g.function(cuda.P2PRecvKernel)
+	} else if c.g, err = gpu.Open(c.device); err == nil {
+		if c.send, err = c.g.Function(cuda.P2PSendKernel); err == nil {
+			c.recv, err = c.g.Function(cuda.P2PRecvKernel)
 		}
 	}
 	if err != nil {
-		debugf("rank %d: CUDA p2p with rank %d: %v", e.Rank, peerRank, err)
+		dlog.Printf("rank %d: CUDA p2p with rank %d: %v", e.Rank, peerRank, err)
 		if lerr := cuda.RefuseP2P(peer); lerr != nil {
 			return linkError(e, lerr, what)
 		}
 		return status.Errorf(status.NotSupported, "%s: %v", what, err)
 	}
-	c.ch, err = cuda.OpenP2P(c.g.d, cuda.P2PSpec{Ctx: c.g.ctx, Peer: peerRank, SlotBytes: p2pSlotBytes()}, peer)
+	c.ch, err = cuda.OpenP2P(c.g.Driver(), cuda.P2PSpec{Ctx: c.g.Context(), Peer: peerRank, SlotBytes: p2pSlotBytes()}, peer)
 	switch {
 	case err == nil:
 		return nil
@@ -378,7 +380,7 @@ func noteProcessDevice(device int) {
 // until deadline (or the group's destruction): -1 if none ran.
 func (p *gpuP2P) device(e *Endpoint, deadline time.Time) int {
 	for pause := time.Millisecond; ; pause = min(2*pause, 20*time.Millisecond) {
-		for _, d := range []int32{e.gpu.device.Load(), p.hint.Load(), processDevice.Load()} {
+		for _, d := range []int32{int32(e.gpu.Ordinal()) + 1, p.hint.Load(), processDevice.Load()} {
 			if d > 0 {
 				return int(d) - 1
 			}
@@ -502,7 +504,7 @@ func (p *gpuP2P) close(e *Endpoint) {
 	peers := p.peers
 	p.stranded = nil // the workers that could touch them are gone
 	p.mu.Unlock()
-	synced := map[*gpuDevice]bool{}
+	synced := map[*gpu.Device]bool{}
 	var open []int
 	for r, c := range peers {
 		if c == nil {
@@ -514,17 +516,17 @@ func (p *gpuP2P) close(e *Endpoint) {
 		}
 		if c.used.Load() && !synced[c.g] {
 			synced[c.g] = true
-			if err := c.g.d.CtxSynchronize(c.g.ctx); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
-				debugf("rank %d: cuCtxSynchronize before closing the p2p channels: %v", e.Rank, err)
+			if err := c.g.Driver().CtxSynchronize(c.g.Context()); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
+				dlog.Printf("rank %d: cuCtxSynchronize before closing the p2p channels: %v", e.Rank, err)
 			}
 		}
-		if debug {
+		if dlog.On {
 			if w, err := c.ch.ErrorWords(); err == nil && w[0] != 0 {
-				debugf("rank %d: the CUDA p2p channel with rank %d recorded %s", e.Rank, r, p2pErrorText(r, w))
+				dlog.Printf("rank %d: the CUDA p2p channel with rank %d recorded %s", e.Rank, r, p2pErrorText(r, w))
 			}
 		}
 		if err := c.ch.Leave(); err != nil {
-			debugf("rank %d: leaving the CUDA p2p channel with rank %d: %v", e.Rank, r, err)
+			dlog.Printf("rank %d: leaving the CUDA p2p channel with rank %d: %v", e.Rank, r, err)
 		}
 		open = append(open, r)
 	}
@@ -545,10 +547,10 @@ func (p *gpuP2P) close(e *Endpoint) {
 				continue
 			}
 			if !gone {
-				debugf("rank %d: freeing the CUDA p2p channel with rank %d before it left (drained %v, %v)", e.Rank, r, drained, err)
+				dlog.Printf("rank %d: freeing the CUDA p2p channel with rank %d before it left (drained %v, %v)", e.Rank, r, drained, err)
 			}
 			if err := c.ch.Close(); err != nil {
-				debugf("rank %d: closing the CUDA p2p channel with rank %d: %v", e.Rank, r, err)
+				dlog.Printf("rank %d: closing the CUDA p2p channel with rank %d: %v", e.Rank, r, err)
 			}
 			c.ch = nil
 		}

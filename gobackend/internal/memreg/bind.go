@@ -1,33 +1,33 @@
-package gobackend
+package memreg
 
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gosym/gosym/gobackend/internal/config"
+	"github.com/gosym/gosym/gobackend/internal/comm"
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/host"
-	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
-// binder is an endpoint's side of lazy registration (coll.Direct): which of
+// Binder is an endpoint's side of lazy registration (coll.Direct): which of
 // this rank's shareable regions are bound to the group, and the peer-mapping
 // cache of the peers' bound regions, keyed by (peer, region id). Region ids
 // are never reused in a process, so a peer that frees and reallocates at
 // the same address shows up as a new id (a miss), never as a stale hit; the
 // old id reaches us in the peer's retired list and its mapping is dropped.
-type binder struct {
-	e   *Endpoint
-	dom *memreg.Domain
+type Binder struct {
+	rank int
+	mesh *comm.Mesh
+	dom  *Domain
 
 	mu      sync.Mutex
-	own     map[uint64]*memreg.Memh // this rank's regions seen by ops, by id
+	own     map[uint64]*Memh // this rank's regions seen by ops, by id
 	peers   map[peerKey]*peerMap
 	retired []uint64 // this rank's ids unbound since the last op
 	closed  bool
@@ -49,26 +49,22 @@ type peerKey struct {
 type peerMap struct {
 	region *host.Region
 	base   uintptr // where the peer's memh starts in region
-	pins   int     // ops using it now; under binder.mu
-	gone   bool    // no longer in the cache; under binder.mu
+	pins   int     // ops using it now; under Binder.mu
+	gone   bool    // no longer in the cache; under Binder.mu
 }
 
-// ubrMode is GOSYM_ENABLE_UBR: "try" (default), "yes" or "no", read once:
-// Post consults it for every op.
-var ubrMode = sync.OnceValue(func() string {
-	return config.EnableUBR.Get()
-})
-
-func newBinder(e *Endpoint) *binder {
-	return &binder{e: e, dom: memreg.Default, own: map[uint64]*memreg.Memh{}, peers: map[peerKey]*peerMap{}}
+// NewBinder binds this process's regions (Default) to the group of rank
+// over mesh, its links.
+func NewBinder(rank int, mesh *comm.Mesh) *Binder {
+	return &Binder{rank: rank, mesh: mesh, dom: Default, own: map[uint64]*Memh{}, peers: map[peerKey]*peerMap{}}
 }
 
 // Locate implements coll.Direct.
-func (b *binder) Locate(addr uintptr, n int) (id, off uint64, fresh bool) {
+func (b *Binder) Locate(addr uintptr, n int) (id, off uint64, fresh bool) {
 	m, ok := b.dom.Find(addr, n)
-	if !ok || !m.Shareable() || m.Mode() != memreg.Export {
+	if !ok || !m.Shareable() || m.Mode() != Export {
 		if ok {
-			debugf("rank %d: registered buffer %#x+%d is not shareable; staging it", b.e.Rank, addr, n)
+			dlog.Printf("rank %d: registered buffer %#x+%d is not shareable; staging it", b.rank, addr, n)
 		}
 		return 0, 0, false
 	}
@@ -83,7 +79,7 @@ func (b *binder) Locate(addr uintptr, n int) (id, off uint64, fresh bool) {
 }
 
 // Retired implements coll.Direct.
-func (b *binder) Retired(most int) []uint64 {
+func (b *Binder) Retired(most int) []uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := min(most, len(b.retired))
@@ -96,7 +92,7 @@ func (b *binder) Retired(most int) []uint64 {
 }
 
 // Forget implements coll.Direct.
-func (b *binder) Forget(r int, ids []uint64) {
+func (b *Binder) Forget(r int, ids []uint64) {
 	var drop []*peerMap
 	b.mu.Lock()
 	for _, id := range ids {
@@ -117,7 +113,7 @@ func (b *binder) Forget(r int, ids []uint64) {
 // detach takes pm out of the cache (the caller removed its key) and says
 // whether it may be unmapped now; a pinned mapping waits for its last
 // release. Called with b.mu held.
-func (b *binder) detach(pm *peerMap) bool {
+func (b *Binder) detach(pm *peerMap) bool {
 	pm.gone = true
 	return pm.pins == 0
 }
@@ -125,8 +121,8 @@ func (b *binder) detach(pm *peerMap) bool {
 // Exchange implements coll.Direct: this rank sends its fresh region's memfd
 // (a duplicate) to every peer over the authenticated links, then maps each
 // peer's fresh region.
-func (b *binder) Exchange(fresh []uint64, deadline time.Time) error {
-	me := b.e.Rank
+func (b *Binder) Exchange(fresh []uint64, deadline time.Time) error {
+	me := b.rank
 	var firstErr error
 	if id := fresh[me]; id != 0 {
 		b.mu.Lock()
@@ -147,19 +143,19 @@ func (b *binder) Exchange(fresh []uint64, deadline time.Time) error {
 	return firstErr
 }
 
-// bindFault, when set (tests only), can fail a binding step: "share"
+// BindFault, when set (tests only), can fail a binding step: "share"
 // (the exporter cannot share its region) or "map" (an importer cannot map
 // a peer's). Both keep the link protocol in step, as real failures do.
-var bindFault func(step string, rank int) error
+var BindFault func(step string, rank int) error
 
-func (b *binder) fault(step string) error {
-	if f := bindFault; f != nil {
-		return f(step, b.e.Rank)
+func (b *Binder) fault(step string) error {
+	if f := BindFault; f != nil {
+		return f(step, b.rank)
 	}
 	return nil
 }
 
-func (b *binder) send(m *memreg.Memh, id uint64, deadline time.Time) error {
+func (b *Binder) send(m *Memh, id uint64, deadline time.Time) error {
 	msg := make([]byte, 32)
 	binary.LittleEndian.PutUint64(msg, id)
 	var fds []int
@@ -173,7 +169,7 @@ func (b *binder) send(m *memreg.Memh, id uint64, deadline time.Time) error {
 		}
 	}
 	var firstErr error
-	for _, l := range b.e.mesh.Links {
+	for _, l := range b.mesh.Links {
 		if l != nil {
 			if err := l.Send(msg, fds, deadline); err != nil && firstErr == nil {
 				firstErr = err
@@ -186,8 +182,8 @@ func (b *binder) send(m *memreg.Memh, id uint64, deadline time.Time) error {
 	return firstErr
 }
 
-func (b *binder) receive(r int, id uint64, deadline time.Time) error {
-	msg, fds, err := b.e.mesh.Links[r].Recv(deadline)
+func (b *Binder) receive(r int, id uint64, deadline time.Time) error {
+	msg, fds, err := b.mesh.Links[r].Recv(deadline)
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -225,7 +221,7 @@ func (b *binder) receive(r int, id uint64, deadline time.Time) error {
 
 // Bound implements coll.Direct: every rank mapped region id, so bind it to
 // this endpoint; unmapping it (or destroying the endpoint) retires it.
-func (b *binder) Bound(id uint64) {
+func (b *Binder) Bound(id uint64) {
 	b.mu.Lock()
 	m := b.own[id]
 	b.mu.Unlock()
@@ -253,10 +249,10 @@ func (b *binder) Bound(id uint64) {
 }
 
 // Acquire implements coll.Direct.
-func (b *binder) Acquire(r int, id uint64) (uintptr, func(), bool) {
+func (b *Binder) Acquire(r int, id uint64) (uintptr, func(), bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if r == b.e.Rank {
+	if r == b.rank {
 		if m := b.own[id]; m != nil {
 			return m.LocalAddress(), func() {}, true
 		}
@@ -274,7 +270,7 @@ func (b *binder) Acquire(r int, id uint64) (uintptr, func(), bool) {
 
 // unpin is the release of one Acquire; the last release of a mapping that
 // left the cache unmaps it.
-func (b *binder) unpin(pm *peerMap) {
+func (b *Binder) unpin(pm *peerMap) {
 	b.mu.Lock()
 	pm.pins--
 	unmap := pm.gone && pm.pins == 0
@@ -285,22 +281,23 @@ func (b *binder) unpin(pm *peerMap) {
 	}
 }
 
-// close releases every binding of this endpoint and every peer mapping;
+// Close releases every binding of this endpoint and every peer mapping;
 // it runs after the workers stopped and before the links close.
-func (b *binder) close() {
+func (b *Binder) Close() {
 	b.dom.UnbindAll(b)
 	b.mu.Lock()
 	b.closed = true
 	peers := b.peers
 	b.peers = map[peerKey]*peerMap{}
-	b.own = map[uint64]*memreg.Memh{}
+	b.own = map[uint64]*Memh{}
 	b.mu.Unlock()
 	for _, pm := range peers {
 		pm.region.Close()
 	}
 }
 
-func (b *binder) stats() map[string]int64 {
+// Stats counts bindings and the peer-mapping cache.
+func (b *Binder) Stats() map[string]int64 {
 	b.mu.Lock()
 	n := len(b.peers)
 	b.mu.Unlock()
@@ -309,13 +306,5 @@ func (b *binder) stats() map[string]int64 {
 		"bindings_released": b.released.Load(), "peer_maps": int64(n),
 		"peer_map_hits": b.hits.Load(), "peer_map_misses": b.misses.Load(), "peer_map_dropped": b.dropped.Load(),
 		"peer_map_pins": b.pinned.Load(),
-	}
-}
-
-var debug = config.Debug.On()
-
-func debugf(format string, args ...any) {
-	if debug {
-		fmt.Fprintf(os.Stderr, "gosym: "+format+"\n", args...)
 	}
 }

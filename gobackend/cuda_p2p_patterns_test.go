@@ -12,7 +12,9 @@ import (
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/gpu"
 )
 
 // The CUDA point-to-point patterns that NCCL completes, on simulated ranks
@@ -28,12 +30,12 @@ import (
 // its receiver.
 
 // inP2PFakeCUDA runs the calling test in a child process against the fake
-// libcuda (inFakeCUDA), with 256-byte slots and p2p kernel blocks of 32
+// libcuda (cudatest.InFakeChild), with 256-byte slots and p2p kernel blocks of 32
 // threads (fewer OS threads per launch); it returns true in the parent.
 func inP2PFakeCUDA(t *testing.T) bool {
 	t.Setenv("GOSYM_GPU_P2P_SLOT_BYTES", "256")
 	t.Setenv("FAKECUDA_P2P_THREADS", "32")
-	return inFakeCUDA(t)
+	return cudatest.InFakeChild(t)
 }
 
 // p2pStep is one CUDA send or recv of a rank's program; msg names the
@@ -50,7 +52,7 @@ type p2pStep struct {
 type p2pRank struct {
 	ep      *Endpoint
 	device  int
-	g       *gpuDevice
+	g       *gpu.Device
 	streams map[[2]int]cuda.Stream
 }
 
@@ -62,16 +64,16 @@ func (s *p2pRank) stream(t *testing.T, peer int, recv bool) cuda.Stream {
 	if st, ok := s.streams[k]; ok {
 		return st
 	}
-	st, err := s.g.d.StreamCreate(s.g.ctx, cuda.StreamNonBlocking)
+	st, err := s.g.Driver().StreamCreate(s.g.Context(), cuda.StreamNonBlocking)
 	require.NoError(t, err)
 	s.streams[k] = st
-	t.Cleanup(func() { s.g.d.StreamDestroy(s.g.ctx, st) })
+	t.Cleanup(func() { s.g.Driver().StreamDestroy(s.g.Context(), st) })
 	return st
 }
 
 func (s *p2pRank) sync(t *testing.T) {
 	for _, st := range s.streams {
-		require.NoError(t, s.g.d.StreamSynchronize(s.g.ctx, st))
+		require.NoError(t, s.g.Driver().StreamSynchronize(s.g.Context(), st))
 	}
 }
 
@@ -91,7 +93,7 @@ func p2pGroup(t *testing.T, devices []int, timeout time.Duration) []*p2pRank {
 	})
 	ranks := make([]*p2pRank, len(devices))
 	for r, d := range devices {
-		g, err := openGPU(d)
+		g, err := gpu.Open(d)
 		require.NoError(t, err)
 		ranks[r] = &p2pRank{ep: eps[r], device: d, g: g, streams: map[[2]int]cuda.Stream{}}
 	}
@@ -111,7 +113,7 @@ func runP2PProgram(t *testing.T, ranks []*p2pRank, prog [][]p2pStep, delay []tim
 	t.Helper()
 	type buf struct {
 		ptr uintptr
-		g   *gpuDevice
+		g   *gpu.Device
 		n   int
 	}
 	bufs := make([][]buf, len(prog))
@@ -127,10 +129,10 @@ func runP2PProgram(t *testing.T, ranks []*p2pRank, prog [][]p2pStep, delay []tim
 					binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(msgValue(s.msg, i)))
 				}
 			}
-			p, err := g.d.MemAlloc(g.ctx, uintptr(len(b)))
+			p, err := g.Driver().MemAlloc(g.Context(), uintptr(len(b)))
 			require.NoError(t, err)
-			t.Cleanup(func() { g.d.MemFree(g.ctx, p) })
-			require.NoError(t, g.d.MemcpyHtoD(g.ctx, p, b))
+			t.Cleanup(func() { g.Driver().MemFree(g.Context(), p) })
+			require.NoError(t, g.Driver().MemcpyHtoD(g.Context(), p, b))
 			bufs[r] = append(bufs[r], buf{ptr: p, g: g, n: s.n})
 		}
 	}
@@ -173,7 +175,7 @@ func runP2PProgram(t *testing.T, ranks []*p2pRank, prog [][]p2pStep, delay []tim
 			}
 			b := bufs[r][i]
 			got := make([]byte, 4*(b.n+p2pGuard))
-			require.NoError(t, b.g.d.MemcpyDtoH(b.g.ctx, got, b.ptr))
+			require.NoError(t, b.g.Driver().MemcpyDtoH(b.g.Context(), got, b.ptr))
 			for j := 0; j < b.n+p2pGuard; j++ {
 				v := binary.LittleEndian.Uint32(got[4*j:])
 				if j < b.n {

@@ -1,4 +1,4 @@
-package gobackend
+package gpu
 
 // The collectives of the CUDA data plane. Each op is enqueued on the
 // caller's stream as a loop over chunks of the symmetric staging; a chunk is
@@ -40,13 +40,13 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
-// gpuAgree exchanges a metadata block with every rank (the host control
+// agreeFunc exchanges a metadata block with every rank (the host control
 // plane's barrier) and returns every rank's block, by rank.
-type gpuAgree func(meta []byte) ([][]byte, error)
+type agreeFunc func(meta []byte) ([][]byte, error)
 
-// gpuKernelSupport says whether the CUDA data plane runs op at all; it is
+// KernelSupport says whether the CUDA data plane runs op at all; it is
 // answered before the op takes a sequence number.
-func gpuKernelSupport(op *Op) error {
+func KernelSupport(op *coll.Op) error {
 	switch op.Kind {
 	case coll.AllReduce, coll.Reduce, coll.ReduceScatter:
 		if _, _, err := cuda.ReduceKernel(cuda.OneShot, op.DType, op.RedOp); err != nil {
@@ -60,7 +60,7 @@ func gpuKernelSupport(op *Op) error {
 }
 
 // run enqueues op on stream s.
-func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
+func (t *Team) run(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
 	if op.Kind == coll.AllReduce || op.Kind == coll.Reduce {
 		return t.reduction(op, s, agree)
 	}
@@ -96,7 +96,7 @@ func (t *gpuTeam) run(op *Op, s cuda.Stream, agree gpuAgree) error {
 // semaphore protocol from semaMin bytes (off by
 // default: measured slower than the kernels' block barriers, see
 // docs/ARCHITECTURE.md); else one-shot or two-shot over the staging.
-func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
+func (t *Team) reduction(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
 	root := -1
 	if op.Kind == coll.Reduce {
 		root = op.Root
@@ -104,31 +104,31 @@ func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
 	n := op.Count * op.DType.Size()
 	if t.nvls != nil {
 		if _, err := cuda.NVLSKernel(op.DType, op.RedOp); err == nil {
-			t.algos.Add(gpuAlgoNVLS, t.rank, op)
+			t.algos.Add(algoNVLS, t.rank, op)
 			return t.nvlsReduce(op, s, root, nvlsStageAddr(t.nvls))
 		}
 	}
 	if root < 0 && t.lowLatency(n) {
-		t.algos.Add(gpuAlgoLL, t.rank, op)
+		t.algos.Add(algoLL, t.rank, op)
 		return t.llReduce(op, op.In, 0, s)
 	}
 	if root < 0 {
 		done, err := t.direct(op, s, agree)
 		if done {
-			t.algos.Add(gpuAlgoTwoShot, t.rank, op)
+			t.algos.Add(algoTwoShot, t.rank, op)
 		}
 		if done || err != nil {
 			return err
 		}
 	}
 	if n >= t.cfg.semaMin && t.g.memops {
-		t.algos.Add(gpuAlgoSema, t.rank, op)
+		t.algos.Add(algoSema, t.rank, op)
 		return t.semaReduce(op, s, root)
 	}
 	if root < 0 && t.world > 1 && n >= t.cfg.twoShotMin {
-		t.algos.Add(gpuAlgoTwoShot, t.rank, op)
+		t.algos.Add(algoTwoShot, t.rank, op)
 	} else {
-		t.algos.Add(gpuAlgoOneShot, t.rank, op)
+		t.algos.Add(algoOneShot, t.rank, op)
 	}
 	return t.reduce(op, s, root)
 }
@@ -145,7 +145,7 @@ func (t *gpuTeam) reduction(op *Op, s cuda.Stream, agree gpuAgree) error {
 // staged path copies every rank's whole input in before one byte crosses
 // (4 MiB on 2×H200: broadcast 20.6 µs against 24.9, all_gather 23.0
 // against 28.1).
-func (t *gpuTeam) directMin(op *Op) int {
+func (t *Team) directMin(op *coll.Op) int {
 	switch {
 	case t.capturing && (op.Kind == coll.AllReduce || op.Kind == coll.ReduceScatter):
 		return min(t.cfg.directMin, t.cfg.captureDirectMin)
@@ -157,14 +157,14 @@ func (t *gpuTeam) directMin(op *Op) int {
 	return t.cfg.directMin
 }
 
-// gpuSeg is one copy of a gs_copy launch.
-type gpuSeg struct {
+// copySeg is one copy of a gs_copy launch.
+type copySeg struct {
 	dst, src uintptr
 	n        uintptr
 }
 
 // stage copies n bytes from src into this rank's staging at off.
-func (t *gpuTeam) stageIn(off, src, n uintptr, s cuda.Stream) error {
+func (t *Team) stageIn(off, src, n uintptr, s cuda.Stream) error {
 	if n == 0 {
 		return nil
 	}
@@ -173,7 +173,7 @@ func (t *gpuTeam) stageIn(off, src, n uintptr, s cuda.Stream) error {
 
 // staged is the segment that copies n bytes from src into this rank's
 // staging at off.
-func (t *gpuTeam) staged(off, src, n uintptr) gpuSeg { return gpuSeg{t.stages[t.rank] + off, src, n} }
+func (t *Team) staged(off, src, n uintptr) copySeg { return copySeg{t.stages[t.rank] + off, src, n} }
 
 // move stages pre (segments into this rank's staging), then makes segs
 // between two barriers of all ranks, for a chunk of n bytes (n is the same
@@ -181,7 +181,7 @@ func (t *gpuTeam) staged(off, src, n uintptr) gpuSeg { return gpuSeg{t.stages[t.
 // kernel stages too), else copy-engine copies for pre, a barrier, one per
 // segment and a barrier (bandwidth: the copy engines drive NVLink faster
 // than the few blocks gs_copy may use).
-func (t *gpuTeam) move(pre, segs []gpuSeg, n uintptr, s cuda.Stream) error {
+func (t *Team) move(pre, segs []copySeg, n uintptr, s cuda.Stream) error {
 	if int(n) < t.cfg.ceMin {
 		return t.copyKernel(pre, segs, t.copyGrid(n), s)
 	}
@@ -197,7 +197,7 @@ func (t *gpuTeam) move(pre, segs []gpuSeg, n uintptr, s cuda.Stream) error {
 
 // copyKernel launches gs_copy: pre, then a barrier of all ranks, segs and
 // a barrier, in grid (which must be the same on every rank).
-func (t *gpuTeam) copyKernel(pre, segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) error {
+func (t *Team) copyKernel(pre, segs []copySeg, grid cuda.Dim3, s cuda.Stream) error {
 	f, err := t.function(cuda.CopyKernel)
 	if err != nil {
 		return err
@@ -205,7 +205,7 @@ func (t *gpuTeam) copyKernel(pre, segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) 
 	t.used = true
 	p := cuda.CopyParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank),
 		Sync: cuda.SyncStart | cuda.SyncEnd}
-	for i, part := range [][]gpuSeg{pre, segs} {
+	for i, part := range [][]copySeg{pre, segs} {
 		for _, sg := range part {
 			if sg.n == 0 {
 				continue
@@ -225,7 +225,7 @@ func (t *gpuTeam) copyKernel(pre, segs []gpuSeg, grid cuda.Dim3, s cuda.Stream) 
 }
 
 // copyGrid is gs_copy's grid for chunks of n bytes.
-func (t *gpuTeam) copyGrid(n uintptr) cuda.Dim3 {
+func (t *Team) copyGrid(n uintptr) cuda.Dim3 {
 	g, _ := cuda.CopyGridLimit(uint64(n), t.cfg.copyBlocks)
 	return g
 }
@@ -241,17 +241,17 @@ func chunks(total, size uintptr, fn func(at, n uintptr) error) error {
 }
 
 // broadcast: the root stages, every other rank pulls from the root's staging.
-func (t *gpuTeam) broadcast(op *Op, s cuda.Stream) error {
+func (t *Team) broadcast(op *coll.Op, s cuda.Stream) error {
 	total := uintptr(op.Count * op.DType.Size())
 	return chunks(total, t.stage, func(at, n uintptr) error {
-		var pre, segs []gpuSeg
+		var pre, segs []copySeg
 		if t.rank == op.Root {
 			pre = append(pre, t.staged(0, op.In+at, n))
 			if op.Out != op.In {
-				segs = append(segs, gpuSeg{op.Out + at, op.In + at, n})
+				segs = append(segs, copySeg{op.Out + at, op.In + at, n})
 			}
 		} else {
-			segs = append(segs, gpuSeg{op.Out + at, t.stages[op.Root], n})
+			segs = append(segs, copySeg{op.Out + at, t.stages[op.Root], n})
 		}
 		return t.move(pre, segs, n, s)
 	})
@@ -259,40 +259,40 @@ func (t *gpuTeam) broadcast(op *Op, s cuda.Stream) error {
 
 // gather (root >= 0) and all_gather (root < 0): every rank stages its input;
 // the receivers pull every rank's staging into their output pieces.
-func (t *gpuTeam) gather(op *Op, s cuda.Stream, root int) error {
+func (t *Team) gather(op *coll.Op, s cuda.Stream, root int) error {
 	total := uintptr(op.Count * op.DType.Size())
 	return chunks(total, t.stage, func(at, n uintptr) error {
-		var segs []gpuSeg
+		var segs []copySeg
 		if root < 0 || t.rank == root {
 			for r, pc := range op.OutPieces {
-				segs = append(segs, gpuSeg{pc.Addr + at, t.stages[r], n})
+				segs = append(segs, copySeg{pc.Addr + at, t.stages[r], n})
 			}
 		}
-		return t.move([]gpuSeg{t.staged(0, op.In+at, n)}, segs, n, s)
+		return t.move([]copySeg{t.staged(0, op.In+at, n)}, segs, n, s)
 	})
 }
 
 // region is the bytes of staging a rank gives each peer when it stages a
 // piece per peer (scatter, reduce_scatter, all_to_all): 16-byte aligned.
-func (t *gpuTeam) region() uintptr { return (t.stage / uintptr(t.world)) &^ 15 }
+func (t *Team) region() uintptr { return (t.stage / uintptr(t.world)) &^ 15 }
 
 // scatter: the root stages piece r into region r; rank r pulls region r.
-func (t *gpuTeam) scatter(op *Op, s cuda.Stream) error {
+func (t *Team) scatter(op *coll.Op, s cuda.Stream) error {
 	total, reg := uintptr(op.Count*op.DType.Size()), t.region()
 	return chunks(total, reg, func(at, n uintptr) error {
-		var pre []gpuSeg
+		var pre []copySeg
 		if t.rank == op.Root {
 			for r, pc := range op.InPieces {
 				pre = append(pre, t.staged(uintptr(r)*reg, pc.Addr+at, n))
 			}
 		}
-		seg := gpuSeg{op.Out + at, t.stages[op.Root] + uintptr(t.rank)*reg, n}
-		return t.move(pre, []gpuSeg{seg}, n, s)
+		seg := copySeg{op.Out + at, t.stages[op.Root] + uintptr(t.rank)*reg, n}
+		return t.move(pre, []copySeg{seg}, n, s)
 	})
 }
 
 // reduceParams is the ARParams every reduction of op starts from.
-func (t *gpuTeam) reduceParams(op *Op) cuda.ARParams {
+func (t *Team) reduceParams(op *coll.Op) cuda.ARParams {
 	return cuda.ARParams{Peers: t.stages, Pads: t.pads, TimeoutNs: t.timeoutNs, Scale: reduceScale(op, t.world),
 		World: int32(t.world), Rank: int32(t.rank)}
 }
@@ -300,7 +300,7 @@ func (t *gpuTeam) reduceParams(op *Op) cuda.ARParams {
 // reduceKernel launches the one- or two-shot kernel of op with p, or, on a
 // rank that receives nothing (reduce's non-roots: out == 0), gs_copy with
 // no segments in the same grid, which takes part in the same barriers.
-func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.Stream) error {
+func (t *Team) reduceKernel(op *coll.Op, algo cuda.Algo, p *cuda.ARParams, s cuda.Stream) error {
 	grid, block := t.reduceGrid(algo, p.Numel, op.DType.Size())
 	if p.Out == 0 && p.In == 0 && algo == cuda.OneShot { // nothing to stage or to reduce here
 		return t.copyKernel(nil, nil, grid, s)
@@ -321,7 +321,7 @@ func (t *gpuTeam) reduceKernel(op *Op, algo cuda.Algo, p *cuda.ARParams, s cuda.
 // reduceGrid is the launch shape of a reduction kernel for numel elements
 // of es bytes: bandwidth-bound ones (two-shot, or a one-shot that reads
 // twoShotMin bytes in all) may use bigBlocks.
-func (t *gpuTeam) reduceGrid(algo cuda.Algo, numel uint64, es int) (grid, block cuda.Dim3) {
+func (t *Team) reduceGrid(algo cuda.Algo, numel uint64, es int) (grid, block cuda.Dim3) {
 	if algo == cuda.LL {
 		return cuda.LLGrid(numel, es)
 	}
@@ -335,7 +335,7 @@ func (t *gpuTeam) reduceGrid(algo cuda.Algo, numel uint64, es int) (grid, block 
 // kernel (gs_ll, gs_llmove): from 1 byte to llMax (at most
 // cuda.LLMaxBytes), eager and captured alike, so it is taken before the
 // direct path.
-func (t *gpuTeam) lowLatency(n int) bool {
+func (t *Team) lowLatency(n int) bool {
 	return t.llArea > 0 && n > 0 && n <= t.cfg.llMax
 }
 
@@ -345,7 +345,7 @@ func (t *gpuTeam) lowLatency(n int) bool {
 // and reduces what arrives in its own (allreduce.cu), with no barrier, no
 // staging copy and no host round; the peers' LL areas lie after their
 // staging.
-func (t *gpuTeam) llReduce(op *Op, in uintptr, inStride uint64, s cuda.Stream) error {
+func (t *Team) llReduce(op *coll.Op, in uintptr, inStride uint64, s cuda.Stream) error {
 	p := t.reduceParams(op)
 	p.Peers = t.llAreas()
 	p.In, p.InStride, p.Out, p.Numel = in, inStride, op.Out, uint64(op.Count)
@@ -353,7 +353,7 @@ func (t *gpuTeam) llReduce(op *Op, in uintptr, inStride uint64, s cuda.Stream) e
 }
 
 // llAreas are the ranks' LL areas, as mapped here: after their staging.
-func (t *gpuTeam) llAreas() (a [cuda.MaxRanks]uintptr) {
+func (t *Team) llAreas() (a [cuda.MaxRanks]uintptr) {
 	for r := range t.world {
 		a[r] = t.stages[r] + t.stage
 	}
@@ -367,14 +367,14 @@ func (t *gpuTeam) llAreas() (a [cuda.MaxRanks]uintptr) {
 // segment as LL lines, with no barrier, no staging copy and no host round.
 // It reports false for the ops it does not take; every rank decides
 // alike, from the segment size.
-func (t *gpuTeam) llOp(op *Op, s cuda.Stream) (bool, error) {
+func (t *Team) llOp(op *coll.Op, s cuda.Stream) (bool, error) {
 	if op.Kind == coll.ReduceScatter {
 		es := uintptr(op.DType.Size())
 		stride, even := pieceStride(op.InPieces, es)
 		if !even || !t.lowLatency(op.Count*op.DType.Size()) {
 			return false, nil
 		}
-		t.algos.Add(gpuAlgoLL, t.rank, op)
+		t.algos.Add(algoLL, t.rank, op)
 		return true, t.llReduce(op, op.InPieces[0].Addr, uint64(stride/es), s)
 	}
 	p, ok := t.llMoveParams(op)
@@ -395,7 +395,7 @@ func (t *gpuTeam) llOp(op *Op, s cuda.Stream) (bool, error) {
 // data movement that the kernel takes: what this rank sends each peer
 // (Src) and where what each peer sends it goes (Dst). Rank q's Src[r] is
 // set exactly when rank r's Dst[q] is; the others exchange a handshake.
-func (t *gpuTeam) llMoveParams(op *Op) (cuda.LLMoveParams, bool) {
+func (t *Team) llMoveParams(op *coll.Op) (cuda.LLMoveParams, bool) {
 	p := cuda.LLMoveParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank)}
 	n := uintptr(op.Count * op.DType.Size())
 	pieces := func(dst *[cuda.MaxRanks]uintptr, ps []coll.Piece) {
@@ -454,7 +454,7 @@ func (t *gpuTeam) llMoveParams(op *Op) (cuda.LLMoveParams, bool) {
 //     data over NVLink twice instead of all of it once.
 //
 // Both fold in rank order, so every rank gets the same bits either way.
-func (t *gpuTeam) reduce(op *Op, s cuda.Stream, root int) error {
+func (t *Team) reduce(op *coll.Op, s cuda.Stream, root int) error {
 	if op.Count == 0 {
 		return nil
 	}
@@ -490,7 +490,7 @@ func (t *gpuTeam) reduce(op *Op, s cuda.Stream, root int) error {
 
 // reduceScatter: each rank stages its piece for rank r into region r, then
 // rank r reduces region r of every rank's staging into its output.
-func (t *gpuTeam) reduceScatter(op *Op, s cuda.Stream) error {
+func (t *Team) reduceScatter(op *coll.Op, s cuda.Stream) error {
 	if op.Count == 0 {
 		return nil
 	}
@@ -517,7 +517,7 @@ func (t *gpuTeam) reduceScatter(op *Op, s cuda.Stream) error {
 
 // fuses says whether a one-shot launch stages n bytes itself: up to
 // fuseMax, and not under graph capture, where copy nodes replay faster.
-func (t *gpuTeam) fuses(n uintptr) bool { return int(n) <= t.cfg.fuseMax && !t.capturing }
+func (t *Team) fuses(n uintptr) bool { return int(n) <= t.cfg.fuseMax && !t.capturing }
 
 // pieceStride reports whether pieces lie evenly spaced, stride bytes apart
 // (a positive multiple of es), as reduce_scatter_tensor's do.
@@ -538,7 +538,7 @@ func pieceStride(pieces []coll.Piece, es uintptr) (stride uintptr, even bool) {
 // each rank, and expects from each); then, per chunk of one region, rank i
 // stages its piece for rank j into region j, and pulls region i of every
 // rank j's staging into its piece from j.
-func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
+func (t *Team) allToAll(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
 	es := uintptr(op.DType.Size())
 	n, even := uniform(op)
 	if even && int(n*es) < t.directMin(op) && !t.allToAllRegistered(op, n*es) {
@@ -555,14 +555,14 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 	}
 	w := t.world
 	le := binary.LittleEndian
-	// the splits, then (gpu_direct.go) this rank's input region and pieces
-	meta := make([]byte, 16*w+gpuRegionBytes+8*w)
+	// the splits, then (direct.go) this rank's input region and pieces
+	meta := make([]byte, 16*w+regionBytes+8*w)
 	var inTotal, localMax uintptr
 	for r := range w {
 		in, out := uintptr(op.InPieces[r].Count)*es, uintptr(op.OutPieces[r].Count)*es
 		le.PutUint64(meta[8*r:], uint64(op.InPieces[r].Count))
 		le.PutUint64(meta[8*(w+r):], uint64(op.OutPieces[r].Count))
-		le.PutUint64(meta[16*w+gpuRegionBytes+8*r:], uint64(op.InPieces[r].Addr))
+		le.PutUint64(meta[16*w+regionBytes+8*r:], uint64(op.InPieces[r].Addr))
 		inTotal, localMax = inTotal+in, max(localMax, in, out)
 	}
 	// One side for the record and the negotiation: the record remembers this
@@ -603,7 +603,7 @@ func (t *gpuTeam) allToAll(op *Op, s cuda.Stream, agree gpuAgree) error {
 // allToAllPaced runs an all_to_all as one gs_a2av launch: each pair of
 // ranks moves its piece through the sender's staging region for the
 // receiver, pacing itself through counters on the two pads.
-func (t *gpuTeam) allToAllPaced(op *Op, s cuda.Stream) error {
+func (t *Team) allToAllPaced(op *coll.Op, s cuda.Stream) error {
 	f, err := t.function(cuda.A2AVKernel)
 	if err != nil {
 		return err
@@ -617,7 +617,7 @@ func (t *gpuTeam) allToAllPaced(op *Op, s cuda.Stream) error {
 
 // a2avParams is gs_a2av's parameter for op on this rank. Its shape (NB,
 // SlotBytes, Region) comes from settings every rank shares.
-func (t *gpuTeam) a2avParams(op *Op) cuda.A2AVParams {
+func (t *Team) a2avParams(op *coll.Op) cuda.A2AVParams {
 	es := uint64(op.DType.Size())
 	nb := cuda.A2AVBlocksFor(t.world, t.cfg.a2avBlocks)
 	region := t.region()
@@ -634,19 +634,19 @@ func (t *gpuTeam) a2avParams(op *Op) cuda.A2AVParams {
 
 // allToAllChunks runs all_to_all staged, in chunks of one region, for a
 // longest piece (over all ranks) of longest bytes.
-func (t *gpuTeam) allToAllChunks(op *Op, s cuda.Stream, longest uintptr) error {
+func (t *Team) allToAllChunks(op *coll.Op, s cuda.Stream, longest uintptr) error {
 	es := uintptr(op.DType.Size())
 	reg := t.region()
 	return chunks(longest, reg, func(at, n uintptr) error {
-		pre, segs := make([]gpuSeg, 0, t.world), make([]gpuSeg, 0, t.world)
+		pre, segs := make([]copySeg, 0, t.world), make([]copySeg, 0, t.world)
 		for j := range t.world {
 			in, out := op.InPieces[j], op.OutPieces[j]
 			if j == t.rank { // this rank's own piece moves locally, not through its staging
-				segs = append(segs, gpuSeg{out.Addr + at, in.Addr + at, clip(uintptr(out.Count)*es, at, reg)})
+				segs = append(segs, copySeg{out.Addr + at, in.Addr + at, clip(uintptr(out.Count)*es, at, reg)})
 				continue
 			}
 			pre = append(pre, t.staged(uintptr(j)*reg, in.Addr+at, clip(uintptr(in.Count)*es, at, reg)))
-			segs = append(segs, gpuSeg{out.Addr + at, t.stages[j] + uintptr(t.rank)*reg, clip(uintptr(out.Count)*es, at, reg)})
+			segs = append(segs, copySeg{out.Addr + at, t.stages[j] + uintptr(t.rank)*reg, clip(uintptr(out.Count)*es, at, reg)})
 		}
 		// n (the longest piece's bytes in this chunk) is the same on every
 		// rank: it picks the launch shape and kernel or copy engines.
@@ -656,7 +656,7 @@ func (t *gpuTeam) allToAllChunks(op *Op, s cuda.Stream, longest uintptr) error {
 
 // uniform reports whether every input and output piece of op has the same
 // count n.
-func uniform(op *Op) (n uintptr, ok bool) {
+func uniform(op *coll.Op) (n uintptr, ok bool) {
 	c := op.InPieces[0].Count
 	for j := range op.InPieces {
 		if op.InPieces[j].Count != c || op.OutPieces[j].Count != c {
@@ -675,7 +675,7 @@ func clip(total, at, size uintptr) uintptr {
 }
 
 // barrier enqueues a barrier of all ranks on stream s.
-func (t *gpuTeam) barrier(s cuda.Stream) error {
+func (t *Team) barrier(s cuda.Stream) error {
 	f, err := t.function(cuda.BarrierKernel)
 	if err != nil {
 		return err

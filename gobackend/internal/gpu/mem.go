@@ -1,14 +1,14 @@
-package gobackend
+package gpu
 
-// Symmetric GPU memory for users: gosym.empty(..., device="cuda"). A GPUBuf
+// Symmetric GPU memory for users: gosym.empty(..., device="cuda"). A Buf
 // is one VMM allocation (cuMemCreate with a POSIX-fd handle, its size
 // rounded up to the granularity), mapped in this process for its device.
 // It is shareable: a contiguous view (view.go) exports its fd to the peers
 // and maps theirs side by side with it, and a group's direct path binds it
-// like a mem_map'ed buffer (gpu_reg.go), sending the fd over the links.
+// like a mem_map'ed buffer (reg.go), sending the fd over the links.
 //
-// Every live GPUBuf is registered implicitly, in a domain of its own
-// (gpuBufDomain) rather than the user's: the direct path consults it only
+// Every live Buf is registered implicitly, in a domain of its own
+// (bufDomain) rather than the user's: the direct path consults it only
 // where every rank takes the agreement round anyway (GOSYM_GPU_DIRECT_MIN),
 // so a rank whose peer used a torch tensor never waits for a round the peer
 // skips. A user's mem_map of the same memory goes to memreg.Default and
@@ -24,34 +24,34 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
-// GPUBuf is a shareable VMM allocation of this process (gosym.empty on CUDA).
-type GPUBuf struct {
-	g    *gpuDevice
+// Buf is a shareable VMM allocation of this process (gosym.empty on CUDA).
+type Buf struct {
+	g    *Device
 	h    cuda.AllocHandle
 	va   uintptr
 	size uintptr      // the allocation: the requested bytes rounded up to the granularity
-	m    *memreg.Memh // its implicit registration in gpuBufDomain
+	m    *memreg.Memh // its implicit registration in bufDomain
 
 	mu    sync.Mutex
 	freed bool
 }
 
-// gpuBufDomain holds the implicit registrations of the live GPUBufs.
-var gpuBufDomain = func() *memreg.Domain {
+// bufDomain holds the implicit registrations of the live bufs.
+var bufDomain = func() *memreg.Domain {
 	d := memreg.NewDomain()
-	d.SetCUDA(gpuRegistrar{})
+	d.SetCUDA(registrar{})
 	return d
 }()
 
-// liveBufs are the live GPUBufs, so that a registration of their memory
+// liveBufs are the live bufs, so that a registration of their memory
 // knows the allocation without asking the driver.
 var liveBufs struct {
 	sync.Mutex
-	bufs []*GPUBuf
+	bufs []*Buf
 }
 
-// liveBuf is the live GPUBuf of device that holds [addr, addr+n), or nil.
-func liveBuf(device int, addr uintptr, n int) *GPUBuf {
+// liveBuf is the live Buf of device that holds [addr, addr+n), or nil.
+func liveBuf(device int, addr uintptr, n int) *Buf {
 	liveBufs.Lock()
 	defer liveBufs.Unlock()
 	for _, b := range liveBufs.bufs {
@@ -62,26 +62,26 @@ func liveBuf(device int, addr uintptr, n int) *GPUBuf {
 	return nil
 }
 
-func setLive(b *GPUBuf, live bool) {
+func setLive(b *Buf, live bool) {
 	liveBufs.Lock()
 	defer liveBufs.Unlock()
 	if live {
 		liveBufs.bufs = append(liveBufs.bufs, b)
 	} else {
-		liveBufs.bufs = slices.DeleteFunc(liveBufs.bufs, func(o *GPUBuf) bool { return o == b })
+		liveBufs.bufs = slices.DeleteFunc(liveBufs.bufs, func(o *Buf) bool { return o == b })
 	}
 }
 
-// GPUAlloc allocates n bytes (at least 1) of shareable memory on device.
-func GPUAlloc(device, n int) (*GPUBuf, error) {
+// Alloc allocates n bytes (at least 1) of shareable memory on device.
+func Alloc(device, n int) (*Buf, error) {
 	if n <= 0 {
 		return nil, status.Errorf(status.InvalidArg, "gosym: cannot allocate %d bytes", n)
 	}
-	g, err := openGPU(device)
+	g, err := Open(device)
 	if err != nil {
 		return nil, status.Wrap(status.NotSupported, err, "gosym: symmetric memory on cuda:%d", device)
 	}
-	b := &GPUBuf{g: g, size: (uintptr(n) + g.gran - 1) / g.gran * g.gran}
+	b := &Buf{g: g, size: (uintptr(n) + g.gran - 1) / g.gran * g.gran}
 	if b.h, err = g.d.MemCreate(g.ctx, g.dev, b.size, cuda.HandleTypePosixFD); err != nil {
 		return nil, status.Wrap(status.System, err, "gosym: allocating %d bytes on cuda:%d", b.size, device)
 	}
@@ -90,7 +90,7 @@ func GPUAlloc(device, n int) (*GPUBuf, error) {
 		return nil, status.Wrap(status.System, err, "gosym: mapping %d bytes on cuda:%d", b.size, device)
 	}
 	setLive(b, true)
-	if b.m, err = gpuBufDomain.Map(b.va, int(b.size), device); err != nil {
+	if b.m, err = bufDomain.Map(b.va, int(b.size), device); err != nil {
 		b.Free()
 		return nil, err
 	}
@@ -98,13 +98,13 @@ func GPUAlloc(device, n int) (*GPUBuf, error) {
 }
 
 // Addr, Size and Device describe the allocation.
-func (b *GPUBuf) Addr() uintptr { return b.va }
-func (b *GPUBuf) Size() uintptr { return b.size }
-func (b *GPUBuf) Device() int   { return b.g.ordinal }
+func (b *Buf) Addr() uintptr { return b.va }
+func (b *Buf) Size() uintptr { return b.size }
+func (b *Buf) Device() int   { return b.g.ordinal }
 
 // Free unmaps and releases the allocation (views keep their own mappings),
 // once the device is idle: a kernel may still use it. It is idempotent.
-func (b *GPUBuf) Free() error {
+func (b *Buf) Free() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.freed {
@@ -112,7 +112,7 @@ func (b *GPUBuf) Free() error {
 	}
 	b.freed = true
 	if b.m != nil {
-		gpuBufDomain.Unmap(b.m) // retires its bindings: the peers drop their mappings at their next round
+		bufDomain.Unmap(b.m) // retires its bindings: the peers drop their mappings at their next round
 	}
 	setLive(b, false)
 	b.g.d.CtxSynchronize(b.g.ctx)
@@ -123,7 +123,7 @@ func (b *GPUBuf) Free() error {
 // mapParts reserves one range for allocations hs side by side (sizes[i]
 // bytes of hs[i], each a multiple of the granularity), maps them and
 // grants this device access; on error nothing stays mapped.
-func (g *gpuDevice) mapParts(hs []cuda.AllocHandle, sizes []uintptr) (uintptr, error) {
+func (g *Device) mapParts(hs []cuda.AllocHandle, sizes []uintptr) (uintptr, error) {
 	total := uintptr(0)
 	for _, s := range sizes {
 		total += s
@@ -149,7 +149,7 @@ func (g *gpuDevice) mapParts(hs []cuda.AllocHandle, sizes []uintptr) (uintptr, e
 
 // unmapParts undoes mapParts: unmaps the first mapped parts and frees the
 // range.
-func (g *gpuDevice) unmapParts(va uintptr, sizes []uintptr, mapped int) {
+func (g *Device) unmapParts(va uintptr, sizes []uintptr, mapped int) {
 	at, total := va, uintptr(0)
 	for i, s := range sizes {
 		if i < mapped {
@@ -161,14 +161,14 @@ func (g *gpuDevice) unmapParts(va uintptr, sizes []uintptr, mapped int) {
 	g.d.MemAddressFree(g.ctx, va, total)
 }
 
-// The GPUBuf as a view source.
+// The Buf as a view source (gobackend.ContiguousView): its row is the
+// whole allocation, Idle waits for the device.
 
-func (b *GPUBuf) rowBytes() uintptr { return b.size }
-func (b *GPUBuf) origin() uintptr   { return 0 }
-func (b *GPUBuf) device() int       { return b.g.ordinal }
-func (b *GPUBuf) idle()             { b.g.d.CtxSynchronize(b.g.ctx) }
+func (b *Buf) RowBytes() uintptr { return b.size }
+func (b *Buf) Origin() uintptr   { return 0 }
+func (b *Buf) Idle()             { b.g.d.CtxSynchronize(b.g.ctx) }
 
-func (b *GPUBuf) exportFD() (int, error) {
+func (b *Buf) ExportFD() (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.freed {
@@ -177,7 +177,7 @@ func (b *GPUBuf) exportFD() (int, error) {
 	return b.g.d.MemExportFD(b.g.ctx, b.h)
 }
 
-func (b *GPUBuf) mapRows(rank int, fds []int) (uintptr, func(), error) {
+func (b *Buf) MapRows(rank int, fds []int) (uintptr, func(), error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.freed {

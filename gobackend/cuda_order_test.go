@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,60 +15,36 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
+	"github.com/gosym/gosym/gobackend/internal/gpu"
 )
-
-// inFakeCUDA runs the test named by t in a child process of this test
-// binary, against the fake libcuda (kernels/testdata's host emulation of
-// the real kernels): a driver, once loaded, stays for the process, and the
-// other tests of this package run without CUDA. It returns true in the
-// parent, which has checked the child's verdict, and false in the child,
-// which goes on with the test's body.
-func inFakeCUDA(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv("GOSYM_TEST_FAKE_CUDA") != "" {
-		return false
-	}
-	if _, err := cuda.LoadNVRTC(); err != nil {
-		t.Skipf("no NVRTC: %v", err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
-	// The kernel cache is the user's (keyed by source, arch and NVRTC):
-	// the children share it, so allreduce.cu compiles once per machine,
-	// not once per child (about a minute each on a busy host).
-	cmd.Env = append(os.Environ(), "GOSYM_TEST_FAKE_CUDA=1", "GOSYM_LIBCUDA="+cudatest.FakeLibrary(t))
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	require.Contains(t, string(out), "--- PASS: "+t.Name())
-	return true
-}
 
 // simRank is one simulated rank's device and streams on the fake driver.
 type simRank struct {
-	g       *gpuDevice
+	g       *gpu.Device
 	streams []cuda.Stream
 }
 
 func newSimRanks(t *testing.T, world, streams int) []*simRank {
 	ranks := make([]*simRank, world)
 	for r := range ranks {
-		g, err := openGPU(r)
+		g, err := gpu.Open(r)
 		require.NoError(t, err)
 		// Compiled and loaded before the group's setup, whose exchanges
 		// run by the group's deadline (NVRTC may take long on a busy host).
 		for _, src := range []string{"allreduce.cu", cuda.BarrierKernel.Source} {
-			_, err := g.module(src)
+			_, err := g.Module(src)
 			require.NoError(t, err, src)
 		}
 		fr := &simRank{g: g}
 		for range streams {
-			s, err := g.d.StreamCreate(g.ctx, cuda.StreamNonBlocking)
+			s, err := g.Driver().StreamCreate(g.Context(), cuda.StreamNonBlocking)
 			require.NoError(t, err)
 			fr.streams = append(fr.streams, s)
 		}
 		ranks[r] = fr
 		t.Cleanup(func() {
 			for _, s := range fr.streams {
-				g.d.StreamDestroy(g.ctx, s)
+				g.Driver().StreamDestroy(g.Context(), s)
 			}
 		})
 	}
@@ -87,7 +62,7 @@ func drain(t *testing.T, ranks []*simRank, d time.Duration) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				require.NoError(t, fr.g.d.StreamSynchronize(fr.g.ctx, s))
+				require.NoError(t, fr.g.Driver().StreamSynchronize(fr.g.Context(), s))
 				busy.Delete(fmt.Sprintf("rank %d stream %d", r, i))
 			}()
 		}
@@ -100,7 +75,7 @@ func drain(t *testing.T, ranks []*simRank, d time.Duration) {
 		var left []string
 		busy.Range(func(k, _ any) bool { left = append(left, k.(string)); return true })
 		// The streams cannot be destroyed while their kernels spin: end the
-		// child process (inFakeCUDA's parent reports its output).
+		// child process (cudatest.InFakeChild's parent reports its output).
 		t.Errorf("streams still busy after %v: %v", d, left)
 		os.Exit(1)
 	}
@@ -110,7 +85,7 @@ func drain(t *testing.T, ranks []*simRank, d time.Duration) {
 // all_gather on its stream 0 and then a reduce_scatter on its stream 1, and
 // one rank's stream 0 is held back, so that rank's GPU would reach the
 // reduce_scatter first. The group's ops must still run in issue order on
-// every device (gpu_order.go): without the join, the ranks' kernels wait for
+// every device (internal/gpu/order.go): without the join, the ranks' kernels wait for
 // each other's lines of different ops until the group's timeout. Each round
 // holds back another rank.
 //
@@ -120,7 +95,7 @@ func drain(t *testing.T, ranks []*simRank, d time.Duration) {
 // minutes on a loaded host: CI runs packages side by side), and the staged
 // kernels' barriers do not order the threads that run after thread 0 there.
 func TestGPUOrderAcrossStreams(t *testing.T) {
-	if inFakeCUDA(t) {
+	if cudatest.InFakeChild(t) {
 		return
 	}
 	d, err := cuda.Load()
@@ -150,7 +125,7 @@ func TestGPUOrderAcrossStreams(t *testing.T) {
 			agOut[r], rsOut[r] = poisoned(world*n), poisoned(n)
 			fr := ranks[r]
 			if r == held {
-				require.NoError(t, fr.g.d.StreamWaitValue32(fr.g.ctx, fr.streams[0], uintptr(unsafe.Pointer(&gate[0])), 1, cuda.WaitGEQ))
+				require.NoError(t, fr.g.Driver().StreamWaitValue32(fr.g.Context(), fr.streams[0], uintptr(unsafe.Pointer(&gate[0])), 1, cuda.WaitGEQ))
 			}
 			ag := &Op{Kind: coll.AllGather, Count: n, In: addr(in[r][r*n:]), Out: addr(agOut[r])}
 			rs := &Op{Kind: coll.ReduceScatter, Count: n, In: addr(in[r]), Out: addr(rsOut[r])}
@@ -175,9 +150,9 @@ func TestGPUOrderAcrossStreams(t *testing.T) {
 			require.Equal(t, sumAt(in, r*n, n), rsOut[r], "round %d: rank %d's reduce_scatter", round, r)
 		}
 		for r, ep := range eps {
-			require.Zero(t, ep.gpu.err, "rank %d", r)
+			require.NoError(t, ep.gpu.Err(), "rank %d", r)
 			// Every op but the first changed streams.
-			require.Equal(t, int64(2*round+1), ep.gpu.joins.Load(), "rank %d", r)
+			require.EqualValues(t, 2*round+1, ep.StatsMap()["gpu_stream_joins"], "rank %d", r)
 		}
 	}
 }

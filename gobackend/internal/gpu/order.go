@@ -1,4 +1,4 @@
-package gobackend
+package gpu
 
 // Issue order across streams. A group's CUDA collectives run on the device
 // in the order they were issued, whatever streams they came from, as
@@ -25,12 +25,13 @@ package gobackend
 
 import (
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 )
 
-// gpuOrder is a team's record of its last op: its stream, its capture
+// streamOrder is a team's record of its last op: its stream, its capture
 // sequence and the event recorded after it. Used by whoever runs the
 // collective queue.
-type gpuOrder struct {
+type streamOrder struct {
 	ev      cuda.Event // recorded right after each op (0: not made yet)
 	any     bool       // an op was recorded
 	stream  cuda.Stream
@@ -40,7 +41,7 @@ type gpuOrder struct {
 
 // before makes s wait for the group's previous op when that op ran on
 // another stream of the same capture sequence (or both eager).
-func (o *gpuOrder) before(g *gpuDevice, s cuda.Stream, capture uint64) error {
+func (o *streamOrder) before(g *Device, s cuda.Stream, capture uint64) error {
 	if !o.any || o.stream == s || o.capture != capture {
 		return nil
 	}
@@ -49,7 +50,7 @@ func (o *gpuOrder) before(g *gpuDevice, s cuda.Stream, capture uint64) error {
 }
 
 // after records the event right after the op just enqueued on s.
-func (o *gpuOrder) after(g *gpuDevice, s cuda.Stream, capture uint64) error {
+func (o *streamOrder) after(g *Device, s cuda.Stream, capture uint64) error {
 	if o.ev == 0 {
 		ev, err := g.d.EventCreate(g.ctx, cuda.EventDisableTiming)
 		if err != nil {
@@ -65,11 +66,11 @@ func (o *gpuOrder) after(g *gpuDevice, s cuda.Stream, capture uint64) error {
 }
 
 // close destroys the event; the caller made sure the device is idle.
-func (o *gpuOrder) close(g *gpuDevice) {
+func (o *streamOrder) close(g *Device) {
 	if o.ev != 0 {
 		if err := g.d.EventDestroy(g.ctx, o.ev); err != nil {
-			debugf("destroying the order event: %v", err)
+			dlog.Printf("destroying the order event: %v", err)
 		}
 	}
-	*o = gpuOrder{}
+	*o = streamOrder{}
 }

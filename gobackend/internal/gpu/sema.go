@@ -1,33 +1,35 @@
-package gobackend
+package gpu
 
 // Issue #6, the parts that run on any GPUs that map each other: reduce
 // and all_reduce with the semaphore protocol of cuda.Sema (per-peer
 // semaphores in the signal pads set by stream memory operations), with the
-// unicast pull kernel or, where a multicast object was set up (gpu_nvls.go),
+// unicast pull kernel or, where a multicast object was set up (nvls.go),
 // with multimem.ld_reduce; and per-algorithm counters that make the choice
-// visible. gpuTeam.reduction (gpu_ops.go) picks the algorithm.
+// visible. Team.reduction (ops.go) picks the algorithm.
 
 import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 )
 
-// gpuSemaMemopWait is GOSYM_GPU_SEMA_WAIT=memop: the protocol waits with
+// semaMemopWait is GOSYM_GPU_SEMA_WAIT=memop: the protocol waits with
 // stream memory operations, as the seed does, instead of gs_sema_wait. It
 // saves a launch per wait but has no deadline: a rank that never arrives
 // stalls the stream for good. Read once; a rank's waits are its own
 // business, so the ranks need not agree on it.
-var gpuSemaMemopWait = sync.OnceValue(func() bool { return config.GPUSemaWait.Get() == "memop" })
+var semaMemopWait = sync.OnceValue(func() bool { return config.GPUSemaWait.Get() == "memop" })
 
 // semaReduce enqueues op on stream s with the semaphore protocol and the
 // unicast pull kernel: an all_reduce when root < 0, otherwise a reduce whose
 // result only root gets (op.Out may be 0 elsewhere, and no rank's input is
 // written). Every rank must run the same op with the same root.
-func (t *gpuTeam) semaReduce(op *Op, s cuda.Stream, root int) error {
+func (t *Team) semaReduce(op *coll.Op, s cuda.Stream, root int) error {
 	return t.semaRun(op, s, root, 0)
 }
 
@@ -38,24 +40,24 @@ func (t *gpuTeam) semaReduce(op *Op, s cuda.Stream, root int) error {
 // reduce runs one-shot at the root. Only SUM, MIN, MAX of float32 (SUM),
 // float16 and bfloat16 exist (cuda.NVLSKernel); the caller falls back for
 // the rest.
-func (t *gpuTeam) nvlsReduce(op *Op, s cuda.Stream, root int, mc uintptr) error {
+func (t *Team) nvlsReduce(op *coll.Op, s cuda.Stream, root int, mc uintptr) error {
 	return t.semaRun(op, s, root, mc)
 }
 
-func (t *gpuTeam) semaRun(op *Op, s cuda.Stream, root int, mc uintptr) error {
+func (t *Team) semaRun(op *coll.Op, s cuda.Stream, root int, mc uintptr) error {
 	if op.Count == 0 {
 		return nil
 	}
 	t.used = true
 	m := &cuda.Sema{D: t.g.d, Ctx: t.g.ctx, Rank: t.rank, World: t.world, Pads: t.pads, Stages: t.stages,
-		StageBytes: t.stage, Mc: mc, TimeoutNs: t.timeoutNs, MemopWait: gpuSemaMemopWait(), Function: t.function}
+		StageBytes: t.stage, Mc: mc, TimeoutNs: t.timeoutNs, MemopWait: semaMemopWait(), Function: t.function}
 	return m.Reduce(s, cuda.SemaOp{In: op.In, Out: op.Out, Count: op.Count, DType: op.DType, Op: op.RedOp,
 		Scale: reduceScale(op, t.world), Root: root, NVLS: mc != 0})
 }
 
 // reduceScale is the kernels' Scale for op: the world size for AVG, the
 // factor for PREMUL_SUM, 1 otherwise.
-func reduceScale(op *Op, world int) float64 {
+func reduceScale(op *coll.Op, world int) float64 {
 	switch op.RedOp {
 	case dtype.Avg:
 		return float64(world)
@@ -65,39 +67,39 @@ func reduceScale(op *Op, world int) float64 {
 	return 1
 }
 
-// gpuAlgo is a CUDA reduction algorithm, as the counters name it.
-type gpuAlgo int
+// algoKind is a CUDA reduction algorithm, as the counters name it.
+type algoKind int
 
 const (
-	gpuAlgoOneShot gpuAlgo = iota // one-shot kernel, block barriers
-	gpuAlgoTwoShot                // two-shot kernel, block barriers
-	gpuAlgoSema                   // semaphore protocol, unicast pull kernel
-	gpuAlgoNVLS                   // semaphore protocol, multimem.ld_reduce
-	gpuAlgoLL                     // LL kernel: flagged lines into the peers' LL areas, no barrier
+	algoOneShot algoKind = iota // one-shot kernel, block barriers
+	algoTwoShot                 // two-shot kernel, block barriers
+	algoSema                    // semaphore protocol, unicast pull kernel
+	algoNVLS                    // semaphore protocol, multimem.ld_reduce
+	algoLL                      // LL kernel: flagged lines into the peers' LL areas, no barrier
 	numGPUAlgos
 )
 
-var gpuAlgoNames = [numGPUAlgos]string{"oneshot", "twoshot", "sema_unicast", "nvls", "ll"}
+var algoNames = [numGPUAlgos]string{"oneshot", "twoshot", "sema_unicast", "nvls", "ll"}
 
-func (a gpuAlgo) String() string { return gpuAlgoNames[a] }
+func (a algoKind) String() string { return algoNames[a] }
 
-// gpuAlgoStats counts the CUDA reductions of a group per algorithm, so that
+// algoStats counts the CUDA reductions of a group per algorithm, so that
 // tests and users see which one ran (stats gpu_algo_<name>), and logs with
 // GOSYM_DEBUG whenever the group's choice changes.
-type gpuAlgoStats struct {
+type algoStats struct {
 	n    [numGPUAlgos]atomic.Int64
 	last atomic.Int32 // the previous op's algorithm + 1
 }
 
 // Add counts one op of this rank run with a.
-func (s *gpuAlgoStats) Add(a gpuAlgo, rank int, op *Op) {
+func (s *algoStats) Add(a algoKind, rank int, op *coll.Op) {
 	s.n[a].Add(1)
 	if prev := s.last.Swap(int32(a) + 1); prev != int32(a)+1 {
-		debugf("rank %d: CUDA %s of %d %s (seq %d) runs %s", rank, op.Kind, op.Count, op.DType, op.Seq, a)
+		dlog.Printf("rank %d: CUDA %s of %d %s (seq %d) runs %s", rank, op.Kind, op.Count, op.DType, op.Seq, a)
 	}
 }
 
-func (s *gpuAlgoStats) stats(m map[string]any) {
+func (s *algoStats) stats(m map[string]any) {
 	for a := range numGPUAlgos {
 		m["gpu_algo_"+a.String()] = s.n[a].Load()
 	}

@@ -1,8 +1,8 @@
-package gobackend
+package gpu
 
-// CUDA registrations: the driver side of memreg's CUDA memhs (gpuRegistrar)
-// and a group's bindings of them (gpuReg), used by the direct path
-// (gpu_direct.go).
+// CUDA registrations: the driver side of memreg's CUDA memhs (registrar)
+// and a group's bindings of them (registry), used by the direct path
+// (direct.go).
 //
 // A memh of CUDA memory resolves its allocation and legacy IPC handle once,
 // at mem_map. The first direct op of a group that meets it publishes the
@@ -18,7 +18,7 @@ package gobackend
 //
 // VMM memory (gosym.empty's) has no legacy handle: its record says so, and
 // the op that binds it sends its fd to every peer over the links instead
-// (gpuSide.swapFresh); the rest is the same.
+// (directSide.swapFresh); the rest is the same.
 
 import (
 	"fmt"
@@ -27,18 +27,19 @@ import (
 	"sync/atomic"
 
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
-func init() { memreg.Default.SetCUDA(gpuRegistrar{}) }
+func init() { memreg.Default.SetCUDA(registrar{}) }
 
-// gpuRegistrar implements memreg.CUDA over the driver, on the devices'
+// registrar implements memreg.CUDA over the driver, on the devices'
 // primary contexts (torch's).
-type gpuRegistrar struct{}
+type registrar struct{}
 
-// gpuIDs are the PCI addresses of this process's CUDA devices, by ordinal.
-var gpuIDs = sync.OnceValues(func() ([]memreg.GPUID, error) {
+// idList are the PCI addresses of this process's CUDA devices, by ordinal.
+var idList = sync.OnceValues(func() ([]memreg.GPUID, error) {
 	d, err := cuda.Load()
 	if err != nil {
 		return nil, err
@@ -64,11 +65,11 @@ var gpuIDs = sync.OnceValues(func() ([]memreg.GPUID, error) {
 	return ids, nil
 })
 
-func (gpuRegistrar) open(device int) (*gpuDevice, []memreg.GPUID, error) {
-	g, err := openGPU(device)
+func (registrar) open(device int) (*Device, []memreg.GPUID, error) {
+	g, err := Open(device)
 	var ids []memreg.GPUID
 	if err == nil {
-		ids, err = gpuIDs()
+		ids, err = idList()
 	}
 	if err != nil {
 		return nil, nil, status.Wrap(status.NotSupported, err, "gosym: CUDA memory on cuda:%d", device)
@@ -77,7 +78,7 @@ func (gpuRegistrar) open(device int) (*gpuDevice, []memreg.GPUID, error) {
 }
 
 // Share implements memreg.CUDA.
-func (r gpuRegistrar) Share(device int, addr uintptr, n int) (*memreg.CUDAShare, string, error) {
+func (r registrar) Share(device int, addr uintptr, n int) (*memreg.CUDAShare, string, error) {
 	g, ids, err := r.open(device)
 	if err != nil {
 		return nil, "", err
@@ -87,7 +88,7 @@ func (r gpuRegistrar) Share(device int, addr uintptr, n int) (*memreg.CUDAShare,
 	}
 	private := func(format string, args ...any) (*memreg.CUDAShare, string, error) {
 		why := fmt.Sprintf(format, args...)
-		debugf("mem_map %#x+%d on cuda:%d is private: %s", addr, n, device, why)
+		dlog.Printf("mem_map %#x+%d on cuda:%d is private: %s", addr, n, device, why)
 		return nil, why, nil
 	}
 	if b := liveBuf(device, addr, n); b != nil { // gosym.empty's: one exportable VMM allocation
@@ -104,7 +105,7 @@ func (r gpuRegistrar) Share(device int, addr uintptr, n int) (*memreg.CUDAShare,
 	if err != nil {
 		// Other VMM memory (expandable segments) registers private: a range
 		// may map several allocations, which torch remaps at will. The direct
-		// path shares it per op all the same, as runs of pages (gpu_pages.go).
+		// path shares it per op all the same, as runs of pages (pages.go).
 		return private("its allocation has no legacy IPC handle (%v): VMM memory not from gosym.empty (expandable segments, which collectives share as runs of pages) or managed memory", err)
 	}
 	return &memreg.CUDAShare{GPU: ids[device], Handle: h, Base: uint64(base), Size: uint64(size)}, "", nil
@@ -112,7 +113,7 @@ func (r gpuRegistrar) Share(device int, addr uintptr, n int) (*memreg.CUDAShare,
 
 // vmmExport is a POSIX fd (the caller's to close) of the VMM allocation
 // mapped at addr; it fails for memory not created exportable that way.
-func (g *gpuDevice) vmmExport(addr uintptr) (int, error) {
+func (g *Device) vmmExport(addr uintptr) (int, error) {
 	h, err := g.d.MemRetainAllocationHandle(g.ctx, addr)
 	if err != nil {
 		return -1, err
@@ -124,7 +125,7 @@ func (g *gpuDevice) vmmExport(addr uintptr) (int, error) {
 // vmmOpen maps the VMM allocations that fds export (sizes[i] bytes of
 // fds[i]; the fds stay the caller's) side by side in one range; the
 // mapping holds the memory, even after its exporter frees it.
-func (g *gpuDevice) vmmOpen(fds []int, sizes []uintptr) (uintptr, error) {
+func (g *Device) vmmOpen(fds []int, sizes []uintptr) (uintptr, error) {
 	hs := make([]cuda.AllocHandle, 0, len(fds))
 	defer func() {
 		for _, h := range hs {
@@ -142,7 +143,7 @@ func (g *gpuDevice) vmmOpen(fds []int, sizes []uintptr) (uintptr, error) {
 }
 
 // Open implements memreg.CUDA.
-func (r gpuRegistrar) Open(device int, s *memreg.CUDAShare) (uintptr, error) {
+func (r registrar) Open(device int, s *memreg.CUDAShare) (uintptr, error) {
 	g, err := r.visible(device, s)
 	if err != nil {
 		return 0, err
@@ -155,7 +156,7 @@ func (r gpuRegistrar) Open(device int, s *memreg.CUDAShare) (uintptr, error) {
 }
 
 // ExportFD implements memreg.CUDA.
-func (r gpuRegistrar) ExportFD(device int, s *memreg.CUDAShare) (int, error) {
+func (r registrar) ExportFD(device int, s *memreg.CUDAShare) (int, error) {
 	g, _, err := r.open(device)
 	if err != nil {
 		return -1, err
@@ -168,7 +169,7 @@ func (r gpuRegistrar) ExportFD(device int, s *memreg.CUDAShare) (int, error) {
 }
 
 // OpenFD implements memreg.CUDA.
-func (r gpuRegistrar) OpenFD(device int, s *memreg.CUDAShare, fd int) (uintptr, error) {
+func (r registrar) OpenFD(device int, s *memreg.CUDAShare, fd int) (uintptr, error) {
 	g, err := r.visible(device, s)
 	if err != nil {
 		return 0, err
@@ -182,7 +183,7 @@ func (r gpuRegistrar) OpenFD(device int, s *memreg.CUDAShare, fd int) (uintptr, 
 
 // visible opens device, on which s, an allocation of another process, is
 // to be mapped: its GPU must be one this process sees.
-func (r gpuRegistrar) visible(device int, s *memreg.CUDAShare) (*gpuDevice, error) {
+func (r registrar) visible(device int, s *memreg.CUDAShare) (*Device, error) {
 	g, ids, err := r.open(device)
 	if err != nil {
 		return nil, err
@@ -197,7 +198,7 @@ func (r gpuRegistrar) visible(device int, s *memreg.CUDAShare) (*gpuDevice, erro
 
 // Close implements memreg.CUDA: kernels may still use the mapping, so it
 // waits for the device first.
-func (r gpuRegistrar) Close(device int, s *memreg.CUDAShare, base uintptr) error {
+func (r registrar) Close(device int, s *memreg.CUDAShare, base uintptr) error {
 	g, _, err := r.open(device)
 	if err != nil {
 		return err
@@ -212,9 +213,9 @@ func (r gpuRegistrar) Close(device int, s *memreg.CUDAShare, base uintptr) error
 
 // ---- a group's bindings ----------------------------------------------------------
 
-// gpuIPC is what the direct path needs from the driver; gpuTeam provides
+// ipcMaps is what the direct path needs from the driver; Team provides
 // it, tests fake it.
-type gpuIPC interface {
+type ipcMaps interface {
 	// ipcExport is the allocation holding addr and its IPC handle.
 	ipcExport(addr uintptr) (base, size uintptr, h cuda.IpcHandle, err error)
 	ipcOpen(h cuda.IpcHandle) (uintptr, error)
@@ -244,28 +245,34 @@ type peerMapping struct {
 	parts []uintptr
 }
 
-func (m peerMapping) close(ipc gpuIPC) error {
+func (m peerMapping) close(ipc ipcMaps) error {
 	if m.parts != nil {
 		return ipc.vmmClose(m.va, m.parts)
 	}
 	return ipc.ipcClose(m.va)
 }
 
-// gpuReg is a group's CUDA bindings and peer mappings (one per endpoint,
+// peerKey names a peer's registered region: its rank and memh id.
+type peerKey struct {
+	peer int
+	id   uint64
+}
+
+// registry is a group's CUDA bindings and peer mappings (one per endpoint,
 // usable as its zero value). The queue runner uses it one op at a time;
 // memreg's unmap callbacks (any thread) only append to retired.
-type gpuReg struct {
+type registry struct {
 	dom  *memreg.Domain // the user's registrations; nil: memreg.Default
-	bufs *memreg.Domain // the implicit ones of gosym.empty's buffers; nil: gpuBufDomain
+	bufs *memreg.Domain // the implicit ones of gosym.empty's buffers; nil: bufDomain
 
 	mu      sync.Mutex
-	retired []uint64                  // this rank's ids unbound since the last agreement round
-	refused map[uint64]bool           // this rank's memhs a vote failed for: published unshareable from then on
-	peers   map[peerKey]peerMapping   // a peer's registered allocation (by memh id), mapped here
-	legacy  map[gpuIPCKey]peerMapping // a peer's allocation published per op (by handle), mapped here
-	pending []peerMapping             // dropped mappings to close once the device is idle
+	retired []uint64                // this rank's ids unbound since the last agreement round
+	refused map[uint64]bool         // this rank's memhs a vote failed for: published unshareable from then on
+	peers   map[peerKey]peerMapping // a peer's registered allocation (by memh id), mapped here
+	legacy  map[ipcKey]peerMapping  // a peer's allocation published per op (by handle), mapped here
+	pending []peerMapping           // dropped mappings to close once the device is idle
 	closed  bool
-	runs    []*pageRun // this rank's runs of paged memory published to the group (gpu_pages.go)
+	runs    []*pageRun // this rank's runs of paged memory published to the group (pages.go)
 	kept    []*pageRun // changed runs a captured op read: unpublished, held until the group goes
 	nextRun uint64
 	sweepAt int
@@ -277,18 +284,18 @@ type gpuReg struct {
 	runsKept                  atomic.Int64
 }
 
-type gpuIPCKey struct {
+type ipcKey struct {
 	peer int
 	h    cuda.IpcHandle
 }
 
-func (g *gpuReg) domains() (user, bufs *memreg.Domain) {
+func (g *registry) domains() (user, bufs *memreg.Domain) {
 	user, bufs = g.dom, g.bufs
 	if user == nil {
 		user = memreg.Default
 	}
 	if bufs == nil {
-		bufs = gpuBufDomain
+		bufs = bufDomain
 	}
 	return user, bufs
 }
@@ -296,8 +303,8 @@ func (g *gpuReg) domains() (user, bufs *memreg.Domain) {
 // find is the registered CUDA memh of device that holds [lo, lo+n),
 // shareable or not, or nil (GOSYM_ENABLE_UBR=no: always nil). implicit
 // also looks among gosym.empty's buffers when the user registered none.
-func (g *gpuReg) find(lo, n uintptr, device int, implicit bool) *memreg.Memh {
-	if n == 0 || ubrMode() == "no" {
+func (g *registry) find(lo, n uintptr, device int, implicit bool) *memreg.Memh {
+	if n == 0 || memreg.UBRMode() == "no" {
 		return nil
 	}
 	user, bufs := g.domains()
@@ -315,7 +322,7 @@ func exportOn(d *memreg.Domain, lo, n uintptr, device int) *memreg.Memh {
 	return nil
 }
 
-func (g *gpuReg) takeRetired(most int) []uint64 {
+func (g *registry) takeRetired(most int) []uint64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	n := min(most, len(g.retired))
@@ -324,13 +331,13 @@ func (g *gpuReg) takeRetired(most int) []uint64 {
 	return out
 }
 
-func (g *gpuReg) isRefused(id uint64) bool {
+func (g *registry) isRefused(id uint64) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.refused[id]
 }
 
-func (g *gpuReg) retire(id uint64) {
+func (g *registry) retire(id uint64) {
 	g.mu.Lock()
 	if !g.closed {
 		g.retired = append(g.retired, id)
@@ -340,7 +347,7 @@ func (g *gpuReg) retire(id uint64) {
 
 // bind records that every rank mapped this rank's memh m; unmapping it (or
 // closing the group) retires it.
-func (g *gpuReg) bind(m *memreg.Memh) {
+func (g *registry) bind(m *memreg.Memh) {
 	id := m.ID()
 	_, added, err := m.Bind(g, id, func() { g.retire(id); g.released.Add(1) })
 	switch {
@@ -351,7 +358,7 @@ func (g *gpuReg) bind(m *memreg.Memh) {
 	}
 }
 
-func (g *gpuReg) refuse(id uint64) {
+func (g *registry) refuse(id uint64) {
 	g.mu.Lock()
 	if g.refused == nil {
 		g.refused = map[uint64]bool{}
@@ -362,7 +369,7 @@ func (g *gpuReg) refuse(id uint64) {
 
 // openPeer maps rank r's registered allocation (memh id), from the cache
 // or by open.
-func (g *gpuReg) openPeer(r int, id uint64, open func() (peerMapping, error)) (uintptr, error) {
+func (g *registry) openPeer(r int, id uint64, open func() (peerMapping, error)) (uintptr, error) {
 	va, hit, err := cachedOpen(g, &g.peers, peerKey{r, id}, 0, open)
 	tally(hit, err, &g.hits, &g.misses)
 	return va, err
@@ -370,9 +377,9 @@ func (g *gpuReg) openPeer(r int, id uint64, open func() (peerMapping, error)) (u
 
 // openLegacy maps rank r's allocation published per op, from the cache
 // (keyed by handle: an allocation freed and replaced at the same address
-// has another) or by opening it; at most gpuMaxIPC of them.
-func (g *gpuReg) openLegacy(ipc gpuIPC, c *gpuCounters, r int, h cuda.IpcHandle) (uintptr, error) {
-	va, hit, err := cachedOpen(g, &g.legacy, gpuIPCKey{r, h}, gpuMaxIPC, func() (peerMapping, error) {
+// has another) or by opening it; at most maxIPC of them.
+func (g *registry) openLegacy(ipc ipcMaps, c *Counters, r int, h cuda.IpcHandle) (uintptr, error) {
+	va, hit, err := cachedOpen(g, &g.legacy, ipcKey{r, h}, maxIPC, func() (peerMapping, error) {
 		va, err := ipc.ipcOpen(h)
 		return peerMapping{va: va}, err
 	})
@@ -382,7 +389,7 @@ func (g *gpuReg) openLegacy(ipc gpuIPC, c *gpuCounters, r int, h cuda.IpcHandle)
 
 // cachedOpen is the mapping cached under k in *cache, or else open's,
 // stored there (at most limit entries; 0: no limit).
-func cachedOpen[K comparable](g *gpuReg, cache *map[K]peerMapping, k K, limit int, open func() (peerMapping, error)) (va uintptr, hit bool, err error) {
+func cachedOpen[K comparable](g *registry, cache *map[K]peerMapping, k K, limit int, open func() (peerMapping, error)) (va uintptr, hit bool, err error) {
 	g.mu.Lock()
 	m, hit := (*cache)[k]
 	n := len(*cache)
@@ -419,7 +426,7 @@ func tally(hit bool, err error, hits, misses *atomic.Int64) {
 // earlier may still read them, so they are closed once the device is idle:
 // now, or, while a CUDA graph is being captured (no synchronising then), at
 // the next op that is not, or when the group goes.
-func (g *gpuReg) forget(ipc gpuIPC, capturing bool, r int, ids []uint64) {
+func (g *registry) forget(ipc ipcMaps, capturing bool, r int, ids []uint64) {
 	g.mu.Lock()
 	for _, id := range ids {
 		if m, ok := g.peers[peerKey{r, id}]; ok {
@@ -435,7 +442,7 @@ func (g *gpuReg) forget(ipc gpuIPC, capturing bool, r int, ids []uint64) {
 }
 
 // flush closes the dropped mappings after waiting for the device.
-func (g *gpuReg) flush(ipc gpuIPC) {
+func (g *registry) flush(ipc ipcMaps) {
 	g.mu.Lock()
 	ms := g.pending
 	g.pending = nil
@@ -444,22 +451,22 @@ func (g *gpuReg) flush(ipc gpuIPC) {
 		return
 	}
 	if err := ipc.ipcIdle(); err != nil {
-		debugf("waiting for the device before closing %d peer mappings: %v", len(ms), err)
+		dlog.Printf("waiting for the device before closing %d peer mappings: %v", len(ms), err)
 	}
 	closeAll(ipc, ms)
 }
 
-func closeAll(ipc gpuIPC, ms []peerMapping) {
+func closeAll(ipc ipcMaps, ms []peerMapping) {
 	for _, m := range ms {
 		if err := m.close(ipc); err != nil {
-			debugf("closing the peer mapping at %#x: %v", m.va, err)
+			dlog.Printf("closing the peer mapping at %#x: %v", m.va, err)
 		}
 	}
 }
 
 // close removes this group's bindings from every memh and closes every
-// mapping; the device is idle (gpuTeam.close waited).
-func (g *gpuReg) close(ipc gpuIPC) {
+// mapping; the device is idle (Team.close waited).
+func (g *registry) close(ipc ipcMaps) {
 	g.mu.Lock()
 	g.closed = true
 	g.retired = nil
@@ -481,7 +488,7 @@ func (g *gpuReg) close(ipc gpuIPC) {
 	closeAll(ipc, ms)
 }
 
-func (g *gpuReg) stats(m map[string]any) {
+func (g *registry) stats(m map[string]any) {
 	g.mu.Lock()
 	n := len(g.peers)
 	g.mu.Unlock()

@@ -1,4 +1,4 @@
-package gobackend
+package gpu
 
 import (
 	"encoding/binary"
@@ -12,7 +12,7 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 )
 
-// Runs of paged VMM memory (gpu_pages.go) on simulated ranks whose memory
+// Runs of paged VMM memory (pages.go) on simulated ranks whose memory
 // is an expandable segment: abutting pages, each its own allocation, which
 // the test unmaps and replaces as torch would. The fake reuses a handle
 // value the code holds no retain on, as a driver may, so a run that kept
@@ -312,9 +312,9 @@ func TestGPUPagedRunCaptured(t *testing.T) {
 // rank and leave nothing retained; a refused run is not offered again.
 func TestGPUPagedRunLimits(t *testing.T) {
 	t.Run("too many pages", func(t *testing.T) {
-		ranks, sw := pagedGroup(t, 2, gpuMaxRunFDs+2)
+		ranks, sw := pagedGroup(t, 2, maxRunFDs+2)
 		addrs := []uintptr{ranks[0].pages[0].base, ranks[1].pages[0].base}
-		res, rounds := runPaged(ranks, addrs, (gpuMaxRunFDs+1)*fakePageSize)
+		res, rounds := runPaged(ranks, addrs, (maxRunFDs+1)*fakePageSize)
 		for r, x := range res {
 			require.NoError(t, x.err)
 			assert.False(t, x.ok, "rank %d", r)

@@ -1,4 +1,4 @@
-package gobackend
+package gpu
 
 import (
 	"encoding/binary"
@@ -13,11 +13,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 )
 
-// The CUDA binding protocol (gpu_direct.go, gpu_reg.go) on simulated ranks:
+// The CUDA binding protocol (direct.go, reg.go) on simulated ranks:
 // goroutines with their own memreg domain, a fake driver (allocations with
 // IPC handles, open/close bookkeeping) and an in-process agreement.
 
@@ -32,13 +33,13 @@ func fakeHandle(rank int, a fakeAllocation, gen int) cuda.IpcHandle {
 	return h
 }
 
-// fakeRank is a simulated rank: memreg.CUDA (for its domain) and gpuIPC
+// fakeRank is a simulated rank: memreg.CUDA (for its domain) and ipcMaps
 // (for its side of the direct path) over the same fake allocations.
 type fakeRank struct {
 	rank   int
 	dom    *memreg.Domain
-	reg    *gpuReg
-	counts gpuCounters
+	reg    *registry
+	counts Counters
 
 	mu        sync.Mutex
 	allocs    []fakeAllocation
@@ -67,7 +68,7 @@ func newFakeRank(t *testing.T, rank int) *fakeRank {
 	f := &fakeRank{rank: rank, dom: memreg.NewDomain(), open: map[uintptr]cuda.IpcHandle{}, parts: map[uintptr]fakeMapped{},
 		retains: map[cuda.AllocHandle]int{}}
 	f.dom.SetCUDA(f)
-	f.reg = &gpuReg{dom: f.dom, bufs: memreg.NewDomain()}
+	f.reg = &registry{dom: f.dom, bufs: memreg.NewDomain()}
 	f.reg.bufs.SetCUDA(f)
 	f.allocs = []fakeAllocation{{base: uintptr(0x7f0000000000 + rank<<36), size: 64 << 20}}
 	t.Cleanup(func() { f.dom.Close(); f.reg.bufs.Close() })
@@ -174,8 +175,8 @@ type fakeSwap struct {
 	swaps int // exchanges completed (counted by rank 0)
 }
 
-func (w *fakeSwap) of(rank int) gpuSwapFD {
-	return func(body []byte, fds []int) ([]fdxMsg, func(), error) {
+func (w *fakeSwap) of(rank int) swapFunc {
+	return func(body []byte, fds []int) ([]comm.FDMsg, func(), error) {
 		le := binary.LittleEndian
 		b := le.AppendUint64(nil, uint64(len(fds)))
 		for _, fd := range fds {
@@ -188,11 +189,11 @@ func (w *fakeSwap) of(rank int) gpuSwapFD {
 		if rank == 0 {
 			w.swaps++
 		}
-		msgs := make([]fdxMsg, len(all))
+		msgs := make([]comm.FDMsg, len(all))
 		done := func() { closeFakes(msgs) }
 		for r, b := range all {
 			n := int(le.Uint64(b))
-			msgs[r] = fdxMsg{ok: n > 0, body: b[8+8*n:]}
+			msgs[r] = comm.FDMsg{OK: n > 0, Body: b[8+8*n:]}
 			for i := 0; i < n && r != rank; i++ {
 				fakeFDs.Lock()
 				h := fakeFDs.of[int(le.Uint64(b[8+8*i:]))]
@@ -202,7 +203,7 @@ func (w *fakeSwap) of(rank int) gpuSwapFD {
 					done()
 					return nil, nil, err
 				}
-				msgs[r].fds = append(msgs[r].fds, d)
+				msgs[r].FDs = append(msgs[r].FDs, d)
 			}
 		}
 		// Every rank's dups are made before the senders close their fds.
@@ -211,9 +212,9 @@ func (w *fakeSwap) of(rank int) gpuSwapFD {
 	}
 }
 
-func closeFakes(msgs []fdxMsg) {
+func closeFakes(msgs []comm.FDMsg) {
 	for _, m := range msgs {
-		for _, d := range m.fds {
+		for _, d := range m.FDs {
 			fakeFDClose(d)
 		}
 	}
@@ -273,8 +274,8 @@ func (f *fakeRank) state() (opens, mapped, idles int) {
 	return f.opens, len(f.open), f.idles
 }
 
-func (f *fakeRank) side() *gpuSide {
-	sd := &gpuSide{rank: f.rank, world: -1, ipc: f, reg: f.reg, counters: &f.counts, capturing: f.capturing}
+func (f *fakeRank) side() *directSide {
+	sd := &directSide{rank: f.rank, world: -1, ipc: f, reg: f.reg, counters: &f.counts, capturing: f.capturing}
 	if f.swap != nil {
 		sd.swapFD = f.swap.of(f.rank)
 	}
@@ -299,7 +300,7 @@ func newFakeAgree(world int) *fakeAgree {
 	return a
 }
 
-func (a *fakeAgree) of(rank int) gpuAgree {
+func (a *fakeAgree) of(rank int) agreeFunc {
 	return func(meta []byte) ([][]byte, error) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -320,7 +321,7 @@ func (a *fakeAgree) of(rank int) gpuAgree {
 
 // opResult is what one rank's direct op decided.
 type opResult struct {
-	peers *gpuPeers
+	peers *peersOf
 	ok    bool
 	err   error
 }
@@ -328,7 +329,7 @@ type opResult struct {
 // runOp runs one direct op's agreement on every rank at once: rank r's
 // buffer is [addrs[r], +n) (0: none), with the given mode; it returns each
 // rank's result and how many host rounds the op took.
-func runOp(ranks []*fakeRank, addrs []uintptr, n uintptr, mode gpuDirectMode) ([]opResult, int) {
+func runOp(ranks []*fakeRank, addrs []uintptr, n uintptr, mode directMode) ([]opResult, int) {
 	w := len(ranks)
 	ag := newFakeAgree(w)
 	res := make([]opResult, w)
@@ -344,7 +345,7 @@ func runOp(ranks []*fakeRank, addrs []uintptr, n uintptr, mode gpuDirectMode) ([
 				lo, span = addrs[r], n
 			}
 			metas, _ := ag.of(r)(sd.record(lo, span, mode == directAny))
-			op := &Op{Kind: coll.AllGather}
+			op := &coll.Op{Kind: coll.AllGather}
 			res[r].peers, res[r].ok, res[r].err = sd.negotiate(metas, everyone(w), everyone(w), mode, op, ag.of(r))
 		}()
 	}
@@ -388,7 +389,7 @@ func fakeGroupIn(t *testing.T, world int, dom func(f *fakeRank) *memreg.Domain) 
 	return ranks, ms, addrs
 }
 
-func regStats(g *gpuReg) map[string]any {
+func regStats(g *registry) map[string]any {
 	m := map[string]any{}
 	g.stats(m)
 	return m
@@ -715,7 +716,7 @@ func TestGPUVMMImplicit(t *testing.T) {
 	assert.Equal(t, 1, rounds, "bound: no vote, no fd")
 	assert.Equal(t, 1, sw.swaps)
 
-	require.NoError(t, ranks[1].reg.bufs.Unmap(ms[1])) // GPUBuf.Free
+	require.NoError(t, ranks[1].reg.bufs.Unmap(ms[1])) // Buf.Free
 	runOp(ranks, addrs, 1<<20, directNone)
 	_, mapped, _ := ranks[0].state()
 	assert.Equal(t, 0, mapped, "rank 0 dropped rank 1's mapping")

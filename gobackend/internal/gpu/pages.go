@@ -1,4 +1,4 @@
-package gobackend
+package gpu
 
 // Paged VMM memory: the expandable segments of torch's caching allocator
 // (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True). Such a segment is a
@@ -23,7 +23,7 @@ package gobackend
 // unmapped or replaced is retired (its retains released, its id sent with
 // the next round, and the peers drop their mapping), and the buffers
 // publish a new run. A few pages of the other runs are checked per op
-// (gpuSweepPages), so pages torch gave back (empty_cache) are released
+// (sweepPages), so pages torch gave back (empty_cache) are released
 // within a few direct ops rather than held for the group's life.
 //
 // A run that a captured op read is never retired: a CUDA graph replays
@@ -39,6 +39,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 )
 
@@ -46,22 +47,22 @@ import (
 // retired lists with memh ids, which never have it.
 const pageRunBit = 1 << 63
 
-// gpuMaxRunFDs bounds the fds one rank receives to bind fresh runs (a run
-// of more pages than gpuMaxRunFDs/(world-1) stages), so that an fd
+// maxRunFDs bounds the fds one rank receives to bind fresh runs (a run
+// of more pages than maxRunFDs/(world-1) stages), so that an fd
 // exchange stays well inside a process's descriptor limit.
-const gpuMaxRunFDs = 256
+const maxRunFDs = 256
 
-// gpuMaxRuns bounds the runs a group publishes; past it new runs stage
+// maxRuns bounds the runs a group publishes; past it new runs stage
 // until the sweep retires old ones.
-const gpuMaxRuns = 1024
+const maxRuns = 1024
 
-// gpuSweepPages is how many pages of other runs an op checks (whole runs,
+// sweepPages is how many pages of other runs an op checks (whole runs,
 // at least one).
-const gpuSweepPages = 2
+const sweepPages = 2
 
-// gpuPage is one page of a run: its allocation (the run's own retain) and
+// pageRec is one page of a run: its allocation (the run's own retain) and
 // the size of its mapping.
-type gpuPage struct {
+type pageRec struct {
 	h    cuda.AllocHandle
 	size uintptr
 }
@@ -70,7 +71,7 @@ type gpuPage struct {
 type pageRun struct {
 	id         uint64
 	base, size uintptr
-	pages      []gpuPage
+	pages      []pageRec
 	bound      bool // every rank maps it
 	captured   bool // a captured op read it: kept, never retired
 }
@@ -87,11 +88,11 @@ func (r *pageRun) sizes() []uintptr {
 // walked is pages walked from an address, by address, over [base, end).
 type walked struct {
 	base, end uintptr
-	at        map[uintptr]gpuPage
+	at        map[uintptr]pageRec
 }
 
-func walkedFrom(base uintptr, pages []gpuPage) walked {
-	w := walked{base: base, end: base, at: make(map[uintptr]gpuPage, len(pages))}
+func walkedFrom(base uintptr, pages []pageRec) walked {
+	w := walked{base: base, end: base, at: make(map[uintptr]pageRec, len(pages))}
 	for _, p := range pages {
 		w.at[w.end] = p
 		w.end += p.size
@@ -117,9 +118,9 @@ func (r *pageRun) agrees(w walked) bool {
 // walkPages retains the pages that cover [lo, lo+n), at most most of them,
 // and returns the first one's address. The pages must abut. On error none
 // stays retained.
-func walkPages(ipc gpuIPC, lo, n uintptr, most int) (uintptr, []gpuPage, error) {
+func walkPages(ipc ipcMaps, lo, n uintptr, most int) (uintptr, []pageRec, error) {
 	var base uintptr
-	var pages []gpuPage
+	var pages []pageRec
 	var err error
 	for a := lo; a < lo+n && err == nil; {
 		pb, ps, h, perr := ipc.pageAt(a)
@@ -136,7 +137,7 @@ func walkPages(ipc gpuIPC, lo, n uintptr, most int) (uintptr, []gpuPage, error) 
 			if len(pages) == 0 {
 				base = pb
 			}
-			pages = append(pages, gpuPage{h, ps})
+			pages = append(pages, pageRec{h, ps})
 			a = pb + ps
 		}
 	}
@@ -147,7 +148,7 @@ func walkPages(ipc gpuIPC, lo, n uintptr, most int) (uintptr, []gpuPage, error) 
 	return base, pages, nil
 }
 
-func releasePages(ipc gpuIPC, pages []gpuPage) {
+func releasePages(ipc ipcMaps, pages []pageRec) {
 	for _, p := range pages {
 		ipc.pageRelease(p.h)
 	}
@@ -156,7 +157,7 @@ func releasePages(ipc gpuIPC, pages []gpuPage) {
 // unchanged says whether every page of r is still mapped where it was: a
 // retain at its address gives its allocation, which r's own retain keeps
 // from being freed and its handle value from being reused.
-func unchanged(ipc gpuIPC, r *pageRun) bool {
+func unchanged(ipc ipcMaps, r *pageRun) bool {
 	a := r.base
 	for _, p := range r.pages {
 		h, err := ipc.pageRetain(a)
@@ -173,7 +174,7 @@ func unchanged(ipc gpuIPC, r *pageRun) bool {
 }
 
 // holding is the published runs that hold [lo, lo+n).
-func (g *gpuReg) holding(lo, n uintptr) []*pageRun {
+func (g *registry) holding(lo, n uintptr) []*pageRun {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var out []*pageRun
@@ -186,11 +187,11 @@ func (g *gpuReg) holding(lo, n uintptr) []*pageRun {
 }
 
 // covers says whether a published run holds [lo, lo+n).
-func (g *gpuReg) covers(lo, n uintptr) bool { return len(g.holding(lo, n)) > 0 }
+func (g *registry) covers(lo, n uintptr) bool { return len(g.holding(lo, n)) > 0 }
 
 // published is a published run that holds [lo, lo+n) and is unchanged;
 // those that hold it but changed are retired.
-func (g *gpuReg) published(ipc gpuIPC, lo, n uintptr) *pageRun {
+func (g *registry) published(ipc ipcMaps, lo, n uintptr) *pageRun {
 	var found *pageRun
 	var stale []*pageRun
 	for _, r := range g.holding(lo, n) {
@@ -207,7 +208,7 @@ func (g *gpuReg) published(ipc gpuIPC, lo, n uintptr) *pageRun {
 // drop unpublishes the runs, releases their pages and retires their ids:
 // the peers drop their mappings at their next round. Runs a captured op
 // read are kept instead, pages and mappings, until the group goes.
-func (g *gpuReg) drop(ipc gpuIPC, runs []*pageRun) {
+func (g *registry) drop(ipc ipcMaps, runs []*pageRun) {
 	if len(runs) == 0 {
 		return
 	}
@@ -237,11 +238,11 @@ func (g *gpuReg) drop(ipc gpuIPC, runs []*pageRun) {
 // the memory is not paged VMM memory, or too many pages. Runs that
 // overlap the walked pages with others are retired (a run of the same
 // pages would have been found unchanged).
-func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pageRun, error) {
+func (g *registry) run(ipc ipcMaps, lo, n uintptr, world int, capturing bool) (*pageRun, error) {
 	if r := g.published(ipc, lo, n); r != nil {
 		return r, nil
 	}
-	base, pages, err := walkPages(ipc, lo, n, gpuMaxRunFDs/max(1, world-1))
+	base, pages, err := walkPages(ipc, lo, n, maxRunFDs/max(1, world-1))
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +259,7 @@ func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pag
 		}
 	}
 	var fresh *pageRun
-	if !capturing && len(g.runs)-len(stale) < gpuMaxRuns {
+	if !capturing && len(g.runs)-len(stale) < maxRuns {
 		g.nextRun++
 		fresh = &pageRun{id: pageRunBit | g.nextRun, base: base, size: size, pages: pages} // the walk's retains become its own
 		g.runs = append(g.runs, fresh)
@@ -267,22 +268,22 @@ func (g *gpuReg) run(ipc gpuIPC, lo, n uintptr, world int, capturing bool) (*pag
 	g.drop(ipc, stale)
 	if fresh == nil {
 		releasePages(ipc, pages)
-		return nil, fmt.Errorf("no new run while a graph is captured or with %d published", gpuMaxRuns)
+		return nil, fmt.Errorf("no new run while a graph is captured or with %d published", maxRuns)
 	}
 	g.runsMade.Add(1)
 	return fresh, nil
 }
 
 // sweep checks whole published runs other than skip, round robin, until
-// gpuSweepPages pages were checked, and retires those that changed.
-func (g *gpuReg) sweep(ipc gpuIPC, skip *pageRun) {
+// sweepPages pages were checked, and retires those that changed.
+func (g *registry) sweep(ipc ipcMaps, skip *pageRun) {
 	g.mu.Lock()
 	runs := slices.Clone(g.runs)
 	start := g.sweepAt
 	g.mu.Unlock()
 	var stale []*pageRun
 	checked := 0
-	for i := 0; i < len(runs) && checked < gpuSweepPages; i++ {
+	for i := 0; i < len(runs) && checked < sweepPages; i++ {
 		r := runs[(start+i)%len(runs)]
 		g.sweepAt = (start + i + 1) % len(runs)
 		if r == skip {
@@ -297,21 +298,21 @@ func (g *gpuReg) sweep(ipc gpuIPC, skip *pageRun) {
 }
 
 // bindRun records that every rank maps run r.
-func (g *gpuReg) bindRun(r *pageRun) {
+func (g *registry) bindRun(r *pageRun) {
 	g.mu.Lock()
 	r.bound = true
 	g.mu.Unlock()
 }
 
 // captureRun records that a captured op reads run r.
-func (g *gpuReg) captureRun(r *pageRun) {
+func (g *registry) captureRun(r *pageRun) {
 	g.mu.Lock()
 	r.captured = true
 	g.mu.Unlock()
 }
 
 // runBound says whether run r is bound.
-func (g *gpuReg) runBound(r *pageRun) bool {
+func (g *registry) runBound(r *pageRun) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return r.bound
@@ -319,7 +320,7 @@ func (g *gpuReg) runBound(r *pageRun) bool {
 
 // closeRuns releases every run's pages, kept ones too (the group goes;
 // its peers close their mappings themselves).
-func (g *gpuReg) closeRuns(ipc gpuIPC) {
+func (g *registry) closeRuns(ipc ipcMaps) {
 	g.mu.Lock()
 	runs := slices.Concat(g.runs, g.kept)
 	g.runs, g.kept = nil, nil
@@ -331,7 +332,7 @@ func (g *gpuReg) closeRuns(ipc gpuIPC) {
 
 // exportRun is the fds of run r's pages (the caller closes them) and the
 // body that announces their sizes; on error none stays open.
-func exportRun(ipc gpuIPC, r *pageRun) ([]int, []byte, error) {
+func exportRun(ipc ipcMaps, r *pageRun) ([]int, []byte, error) {
 	fds := make([]int, 0, len(r.pages))
 	for _, p := range r.pages {
 		fd, err := ipc.pageExport(p.h)
@@ -355,14 +356,14 @@ func sizesBody(sizes []uintptr) []byte {
 
 // announcedSizes reads what sizesBody wrote for m's fds, which must add up
 // to total bytes.
-func announcedSizes(m *fdxMsg, total uintptr) ([]uintptr, error) {
-	if len(m.fds) == 0 || len(m.body) != 8*len(m.fds) {
-		return nil, fmt.Errorf("%d fds and %d bytes of sizes", len(m.fds), len(m.body))
+func announcedSizes(m *comm.FDMsg, total uintptr) ([]uintptr, error) {
+	if len(m.FDs) == 0 || len(m.Body) != 8*len(m.FDs) {
+		return nil, fmt.Errorf("%d fds and %d bytes of sizes", len(m.FDs), len(m.Body))
 	}
-	sizes := make([]uintptr, len(m.fds))
+	sizes := make([]uintptr, len(m.FDs))
 	sum := uintptr(0)
 	for i := range sizes {
-		sizes[i] = uintptr(binary.LittleEndian.Uint64(m.body[8*i:]))
+		sizes[i] = uintptr(binary.LittleEndian.Uint64(m.Body[8*i:]))
 		sum += sizes[i]
 		if sizes[i] == 0 || sum < sizes[i] {
 			return nil, fmt.Errorf("announced sizes %v", sizes[:i+1])

@@ -1,194 +1,29 @@
-package gobackend
+package gpu
 
 import (
-	"encoding/binary"
-	"errors"
-	"fmt"
-	"math"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
-	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/stretchr/testify/require"
 )
-
-// postCUDAAll posts one CUDA op per rank concurrently (each PostCUDA runs
-// its op before it returns) and returns every rank's error.
-func postCUDAAll(eps []*Endpoint, device func(r int) int, stream func(r int) uintptr, mk func(r int) *Op) []error {
-	errs := make([]error, len(eps))
-	var wg sync.WaitGroup
-	for r, ep := range eps {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[r] = ep.PostCUDA(mk(r), device(r), stream(r), false)
-		}()
-	}
-	wg.Wait()
-	return errs
-}
-
-// cudaDevices is the number of usable CUDA devices, 0 without CUDA.
-func cudaDevices() int {
-	d, err := cuda.Load()
-	if err != nil {
-		return 0
-	}
-	n, err := d.DeviceCount()
-	if err != nil {
-		return 0
-	}
-	return n
-}
-
-func TestPostCUDARefusesOtherOpsLocally(t *testing.T) {
-	eps := group(t, 2, 5*time.Second)
-	buf := make([]float32, 8)
-	for _, op := range []*Op{
-		// NCCL reduces no int16, and has no bitwise ops.
-		{Kind: coll.ReduceScatter, DType: dtype.Int16, Count: 4, Out: addr(buf), InPieces: []Piece{{Addr: addr(buf), Count: 4}, {Addr: addr(buf[4:]), Count: 4}}},
-		{Kind: coll.AllReduce, DType: dtype.Int16, Count: 4, In: addr(buf), Out: addr(buf)},
-		{Kind: coll.AllReduce, DType: dtype.Int8, RedOp: dtype.BAnd, Count: 4, In: addr(buf), Out: addr(buf)},
-		{Kind: coll.AllReduce, DType: dtype.Int32, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
-		{Kind: coll.AllReduce, DType: dtype.Bool, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
-	} {
-		_, err := eps[0].PostCUDA(op, 0, 0, false)
-		require.Error(t, err, "%s %s", op.Kind, op.DType)
-		require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
-	}
-	// Nothing reached the peer: the group still runs host collectives.
-	errs := postAll(t, eps, func(r int) *Op {
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 4, In: addr(buf), Out: addr(buf)}
-	})
-	require.Equal(t, []error{nil, nil}, errs)
-}
-
-// Without CUDA every rank's setup fails locally; they still agree, and all
-// of them report NotSupported, for this op and every later CUDA op, while
-// host collectives keep working. On a GPU machine the test is skipped.
-func TestCUDASetupFailureIsAgreedAndSticky(t *testing.T) {
-	if cudaDevices() > 0 {
-		t.Skip("CUDA is available here; this test covers machines without it")
-	}
-	eps := group(t, 2, 10*time.Second)
-	bufs := [][]float32{{1, 2, 3}, {10, 20, 30}}
-	arOp := func(r int) *Op {
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 3, In: addr(bufs[r]), Out: addr(bufs[r])}
-	}
-	dev := func(int) int { return 0 }
-	str := func(int) uintptr { return 0 }
-	for try := 0; try < 2; try++ {
-		for r, err := range postCUDAAll(eps, dev, str, arOp) {
-			require.Error(t, err, "rank %d", r)
-			require.Equal(t, status.NotSupported, status.CodeOf(err), "rank %d: %v", r, err)
-			require.ErrorContains(t, err, "CUDA data plane is not available")
-		}
-	}
-	for r, err := range postCUDAAll(eps, dev, str, func(int) *Op { return &Op{Kind: coll.Barrier} }) {
-		require.Equal(t, status.NotSupported, status.CodeOf(err), "rank %d: %v", r, err)
-	}
-	require.Equal(t, []error{nil, nil}, postAll(t, eps, arOp))
-	require.Equal(t, []float32{11, 22, 33}, bufs[0])
-	require.EqualValues(t, 0, eps[0].StatsMap()["gpu_ops"])
-	require.EqualValues(t, -1, eps[0].StatsMap()["gpu_device"])
-}
-
-// On a machine with CUDA: two ranks of one process (on two devices when
-// there are two) all-reduce device buffers through the CUDA data plane.
-func TestCUDAAllReduce(t *testing.T) {
-	ndev := cudaDevices()
-	if ndev == 0 {
-		t.Skip("no CUDA device here")
-	}
-	d, err := cuda.Load()
-	require.NoError(t, err)
-	const world = 2
-	eps := group(t, world, 30*time.Second)
-	type rankBufs struct {
-		ctx cuda.Context
-		dev cuda.Device
-		buf uintptr
-		s   cuda.Stream
-	}
-	n := 4<<20 + 3
-	rb := make([]rankBufs, world)
-	for r := range rb {
-		dev, err := d.Device(r % ndev)
-		require.NoError(t, err)
-		ctx, err := d.RetainPrimaryContext(dev)
-		require.NoError(t, err)
-		t.Cleanup(func() { d.ReleasePrimaryContext(dev) })
-		buf, err := d.MemAlloc(ctx, uintptr(4*n))
-		require.NoError(t, err)
-		t.Cleanup(func() { d.MemFree(ctx, buf) })
-		s, err := d.StreamCreate(ctx, cuda.StreamNonBlocking)
-		require.NoError(t, err)
-		t.Cleanup(func() { d.StreamDestroy(ctx, s) })
-		rb[r] = rankBufs{ctx, dev, buf, s}
-	}
-	for _, count := range []int{1, 3, 1025, n} {
-		for _, op := range []dtype.RedOp{dtype.Sum, dtype.Avg, dtype.Max} {
-			t.Run(fmt.Sprintf("%s/%d", op, count), func(t *testing.T) {
-				host := make([][]byte, world)
-				for r := range host {
-					host[r] = make([]byte, 4*count)
-					for i := 0; i < count; i++ {
-						binary.LittleEndian.PutUint32(host[r][4*i:], math.Float32bits(float32(i%97+r)))
-					}
-					require.NoError(t, d.MemcpyHtoD(rb[r].ctx, rb[r].buf, host[r]))
-				}
-				errs := postCUDAAll(eps, func(r int) int { return r % ndev }, func(r int) uintptr { return uintptr(rb[r].s) },
-					func(r int) *Op {
-						return &Op{Kind: coll.AllReduce, DType: dtype.Float32, RedOp: op, Count: count, In: rb[r].buf, Out: rb[r].buf}
-					})
-				require.Equal(t, []error{nil, nil}, errs)
-				for r := range rb {
-					require.NoError(t, d.StreamSynchronize(rb[r].ctx, rb[r].s))
-					got := make([]byte, 4*count)
-					require.NoError(t, d.MemcpyDtoH(rb[r].ctx, got, rb[r].buf))
-					for i := 0; i < count; i++ {
-						a, b := float32(i%97), float32(i%97+1)
-						want := map[dtype.RedOp]float32{dtype.Sum: a + b, dtype.Avg: (a + b) / 2, dtype.Max: b}[op]
-						g := math.Float32frombits(binary.LittleEndian.Uint32(got[4*i:]))
-						if g != want {
-							require.Equal(t, want, g, "rank %d element %d", r, i)
-						}
-					}
-				}
-			})
-		}
-	}
-	errs := postCUDAAll(eps, func(r int) int { return r % ndev }, func(r int) uintptr { return uintptr(rb[r].s) },
-		func(int) *Op { return &Op{Kind: coll.Barrier} })
-	require.Equal(t, []error{nil, nil}, errs)
-	// A CUDA op on another device than the group's is refused.
-	if ndev > 1 {
-		_, err := eps[0].PostCUDA(&Op{Kind: coll.Barrier}, 1, 0, false)
-		require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
-		require.False(t, errors.Is(err, cuda.ErrNoCUDA))
-	}
-}
 
 // The LL and direct-copy tunables: LL_MAX is clamped to what the kernel's
 // area layout allows (0 turns it off), DIRECT_CE_MIN takes 0 (copy engines
 // always), and the defaults are the measured ones.
 func TestGPUConfigLLAndDirectCopy(t *testing.T) {
-	cfg := gpuConfigFromEnv()
+	cfg := ConfigFromEnv()
 	require.Equal(t, 256<<10, cfg.llMax)
 	require.Equal(t, 32<<20, cfg.directCEMin)
 	t.Setenv("GOSYM_GPU_LL_MAX", "1073741824")
 	t.Setenv("GOSYM_GPU_DIRECT_CE_MIN", "0")
-	cfg = gpuConfigFromEnv()
+	cfg = ConfigFromEnv()
 	require.Equal(t, cuda.LLMaxBytes, cfg.llMax)
 	require.Equal(t, 0, cfg.directCEMin)
 	t.Setenv("GOSYM_GPU_LL_MAX", "0")
-	require.Equal(t, 0, gpuConfigFromEnv().llMax)
-	tm := &gpuTeam{cfg: gpuConfig{llMax: 4096}, llArea: cuda.LLAreaBytes(2, 4096)}
+	require.Equal(t, 0, ConfigFromEnv().llMax)
+	tm := &Team{cfg: Config{llMax: 4096}, llArea: cuda.LLAreaBytes(2, 4096)}
 	require.True(t, tm.lowLatency(1))
 	require.True(t, tm.lowLatency(4096))
 	require.False(t, tm.lowLatency(4097))
@@ -203,10 +38,10 @@ func TestGPUConfigLLAndDirectCopy(t *testing.T) {
 // captureDirectMin; all_to_all with splits that differ from a2avDirectMin.
 // None is ever above directMin.
 func TestGPUDirectMinByKind(t *testing.T) {
-	cfg := gpuConfigFromEnv()
+	cfg := ConfigFromEnv()
 	require.Equal(t, 8<<20, cfg.directMin)
 	require.Equal(t, 4<<20, cfg.moveDirectMin)
-	tm := &gpuTeam{cfg: gpuConfig{directMin: 8 << 20, moveDirectMin: 4 << 20, twoShotMin: 2 << 20, captureDirectMin: 1}}
+	tm := &Team{cfg: Config{directMin: 8 << 20, moveDirectMin: 4 << 20, twoShotMin: 2 << 20, captureDirectMin: 1}}
 	want := map[coll.Kind][2]int{ // eager, captured
 		coll.AllReduce:     {2 << 20, 1},
 		coll.ReduceScatter: {8 << 20, 1},
@@ -218,13 +53,13 @@ func TestGPUDirectMinByKind(t *testing.T) {
 	for kind, w := range want {
 		for i, capturing := range []bool{false, true} {
 			tm.capturing = capturing
-			require.Equal(t, w[i], tm.directMin(&Op{Kind: kind}), "%v, capturing %v", kind, capturing)
+			require.Equal(t, w[i], tm.directMin(&coll.Op{Kind: kind}), "%v, capturing %v", kind, capturing)
 		}
 	}
 	// all_to_all whose splits differ: from a2avDirectMin, captured or not
 	require.Equal(t, 2<<20, cfg.a2avDirectMin)
 	tm.cfg.a2avDirectMin = 2 << 20
-	a2a := &Op{Kind: coll.AllToAll}
+	a2a := &coll.Op{Kind: coll.AllToAll}
 	for _, capturing := range []bool{false, true} {
 		tm.capturing = capturing
 		require.Equal(t, 2<<20, tm.allToAllDirectMin(a2a, true))
@@ -233,7 +68,7 @@ func TestGPUDirectMinByKind(t *testing.T) {
 	tm.cfg.directMin = 1 << 20 // a lower directMin wins over every kind's own
 	tm.capturing = false
 	for kind := range want {
-		require.LessOrEqual(t, tm.directMin(&Op{Kind: kind}), 1<<20, "%v", kind)
+		require.LessOrEqual(t, tm.directMin(&coll.Op{Kind: kind}), 1<<20, "%v", kind)
 	}
 	require.Equal(t, 1<<20, tm.allToAllDirectMin(a2a, true))
 }
@@ -255,31 +90,35 @@ func TestLLMoveParams(t *testing.T) {
 	}
 	for world := 2; world <= 4; world++ {
 		root := world - 1
-		ops := map[coll.Kind]func(r int) *Op{
-			coll.Broadcast: func(r int) *Op { return &Op{Kind: coll.Broadcast, Root: root, In: base(r, 1), Out: base(r, 2)} },
-			coll.AllGather: func(r int) *Op { return &Op{Kind: coll.AllGather, In: base(r, 1), OutPieces: pieces(r, 2)[:world]} },
-			coll.Gather: func(r int) *Op {
-				op := &Op{Kind: coll.Gather, Root: root, In: base(r, 1)}
+		ops := map[coll.Kind]func(r int) *coll.Op{
+			coll.Broadcast: func(r int) *coll.Op {
+				return &coll.Op{Kind: coll.Broadcast, Root: root, In: base(r, 1), Out: base(r, 2)}
+			},
+			coll.AllGather: func(r int) *coll.Op {
+				return &coll.Op{Kind: coll.AllGather, In: base(r, 1), OutPieces: pieces(r, 2)[:world]}
+			},
+			coll.Gather: func(r int) *coll.Op {
+				op := &coll.Op{Kind: coll.Gather, Root: root, In: base(r, 1)}
 				if r == root {
 					op.OutPieces = pieces(r, 2)[:world]
 				}
 				return op
 			},
-			coll.Scatter: func(r int) *Op {
-				op := &Op{Kind: coll.Scatter, Root: root, Out: base(r, 2)}
+			coll.Scatter: func(r int) *coll.Op {
+				op := &coll.Op{Kind: coll.Scatter, Root: root, Out: base(r, 2)}
 				if r == root {
 					op.InPieces = pieces(r, 1)[:world]
 				}
 				return op
 			},
-			coll.AllToAll: func(r int) *Op {
-				return &Op{Kind: coll.AllToAll, InPieces: pieces(r, 1)[:world], OutPieces: pieces(r, 2)[:world]}
+			coll.AllToAll: func(r int) *coll.Op {
+				return &coll.Op{Kind: coll.AllToAll, InPieces: pieces(r, 1)[:world], OutPieces: pieces(r, 2)[:world]}
 			},
 		}
 		for kind, mk := range ops {
 			ps := make([]cuda.LLMoveParams, world)
 			for r := range world {
-				tm := &gpuTeam{rank: r, world: world, cfg: gpuConfig{llMax: 4096}, llArea: cuda.LLAreaBytes(world, 4096)}
+				tm := &Team{rank: r, world: world, cfg: Config{llMax: 4096}, llArea: cuda.LLAreaBytes(world, 4096)}
 				op := mk(r)
 				op.DType, op.Count = dtype.Float32, count
 				if kind == coll.AllToAll {
@@ -311,16 +150,16 @@ func TestLLMoveParams(t *testing.T) {
 			}
 		}
 	}
-	tm := &gpuTeam{rank: 0, world: 2, cfg: gpuConfig{llMax: 4096}, llArea: cuda.LLAreaBytes(2, 4096)}
-	big := &Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 1025, In: 1, Out: 1}
+	tm := &Team{rank: 0, world: 2, cfg: Config{llMax: 4096}, llArea: cuda.LLAreaBytes(2, 4096)}
+	big := &coll.Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 1025, In: 1, Out: 1}
 	_, ok := tm.llMoveParams(big)
 	require.False(t, ok, "past LL_MAX")
-	uneven := &Op{Kind: coll.AllToAll, DType: dtype.Float32,
+	uneven := &coll.Op{Kind: coll.AllToAll, DType: dtype.Float32,
 		InPieces: []coll.Piece{{Addr: 8, Count: 1}, {Addr: 16, Count: 2}}, OutPieces: []coll.Piece{{Addr: 32, Count: 1}, {Addr: 40, Count: 2}}}
 	_, ok = tm.llMoveParams(uneven)
 	require.False(t, ok, "uneven all_to_all")
 	tm.llArea = 0
-	_, ok = tm.llMoveParams(&Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 1, In: 1, Out: 1})
+	_, ok = tm.llMoveParams(&coll.Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 1, In: 1, Out: 1})
 	require.False(t, ok, "no LL area")
 }
 
@@ -334,11 +173,11 @@ func TestA2AVParams(t *testing.T) {
 		split := func(q, r int) int { return (q*3 + r*5) % 7 * 37 } // elements q sends r, zeros included
 		ps := make([]cuda.A2AVParams, world)
 		for r := range world {
-			tm := &gpuTeam{rank: r, world: world, stage: stage, cfg: gpuConfig{a2avBlocks: 32, a2avSlot: 64 << 10}}
+			tm := &Team{rank: r, world: world, stage: stage, cfg: Config{a2avBlocks: 32, a2avSlot: 64 << 10}}
 			for q := range world {
 				tm.stages[q], tm.pads[q] = uintptr(q+1)<<40, uintptr(q+1)<<36
 			}
-			op := &Op{Kind: coll.AllToAll, DType: dtype.BFloat16}
+			op := &coll.Op{Kind: coll.AllToAll, DType: dtype.BFloat16}
 			var in, out uintptr
 			for q := range world {
 				op.InPieces = append(op.InPieces, coll.Piece{Addr: uintptr(r+1)<<32 + in, Count: split(r, q)})
@@ -368,8 +207,8 @@ func TestA2AVParams(t *testing.T) {
 		}
 	}
 	// A smaller setting caps the pair blocks; the slot is at most what was asked.
-	tm := &gpuTeam{rank: 0, world: 2, stage: 32 << 20, cfg: gpuConfig{a2avBlocks: 8, a2avSlot: 4096}}
-	p := tm.a2avParams(&Op{Kind: coll.AllToAll, DType: dtype.Float32, InPieces: make([]coll.Piece, 2), OutPieces: make([]coll.Piece, 2)})
+	tm := &Team{rank: 0, world: 2, stage: 32 << 20, cfg: Config{a2avBlocks: 8, a2avSlot: 4096}}
+	p := tm.a2avParams(&coll.Op{Kind: coll.AllToAll, DType: dtype.Float32, InPieces: make([]coll.Piece, 2), OutPieces: make([]coll.Piece, 2)})
 	require.EqualValues(t, 8, p.NB)
 	require.EqualValues(t, 4096, p.SlotBytes)
 	grid, _ := cuda.A2AVGrid(2, 8, 0)
@@ -380,7 +219,7 @@ func TestA2AVParams(t *testing.T) {
 
 // gs_a2av's settings are announced at setup; a rank whose differ is named.
 func TestGPUConfigSharedMismatch(t *testing.T) {
-	a := gpuConfig{a2avBlocks: 16, a2avSlot: 65536}
+	a := Config{a2avBlocks: 16, a2avSlot: 65536}
 	require.NoError(t, a.sharedMismatch(1, a.shared()))
 	b := a
 	b.a2avBlocks = 0

@@ -1,4 +1,4 @@
-package gobackend
+package memreg
 
 import (
 	"fmt"
@@ -9,34 +9,34 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
-// hostSource is a shareable host region (gosym.empty on CPU) as a view
-// source: each row maps a rank's whole memfd region MAP_FIXED into one
+// HostView is a shareable host region (gosym.empty on CPU) as a source of
+// the endpoint's contiguous views (gobackend/view.go): each row maps a rank's whole memfd region MAP_FIXED into one
 // reserved range. A value type: the same memh gives an equal source, which
 // keys the view cache.
-type hostSource struct {
+type HostView struct {
 	m    *Memh
 	size uintptr // the region's size
 	row  uintptr // the row stride: size rounded up to the page size
 	at   uintptr // the memh's offset in its region
 }
 
-// HostViewSource is m (an export of a gosym.empty region) as a view source.
-func HostViewSource(m *Memh) (viewSource, error) {
+// NewHostView is m (an export of a gosym.empty region) as a view source.
+func NewHostView(m *Memh) (HostView, error) {
 	fd, size, _, off, ok := m.Share()
 	if !ok {
-		return nil, status.Errorf(status.InvalidArg, "gosym: contiguous_view needs memory from gosym.empty (memh %d is not shareable)", m.ID())
+		return HostView{}, status.Errorf(status.InvalidArg, "gosym: contiguous_view needs memory from gosym.empty (memh %d is not shareable)", m.ID())
 	}
 	unix.Close(fd)
 	page := uintptr(unix.Getpagesize())
-	return hostSource{m: m, size: uintptr(size), row: (uintptr(size) + page - 1) / page * page, at: uintptr(off)}, nil
+	return HostView{m: m, size: uintptr(size), row: (uintptr(size) + page - 1) / page * page, at: uintptr(off)}, nil
 }
 
-func (h hostSource) rowBytes() uintptr { return h.row }
-func (h hostSource) origin() uintptr   { return h.at }
-func (h hostSource) device() int       { return -1 }
-func (h hostSource) idle()             {}
+func (h HostView) RowBytes() uintptr { return h.row }
+func (h HostView) Origin() uintptr   { return h.at }
+func (h HostView) Device() int       { return -1 }
+func (h HostView) Idle()             {}
 
-func (h hostSource) exportFD() (int, error) {
+func (h HostView) ExportFD() (int, error) {
 	fd, _, _, _, ok := h.m.Share()
 	if !ok {
 		return -1, fmt.Errorf("the region was unmapped")
@@ -44,8 +44,8 @@ func (h hostSource) exportFD() (int, error) {
 	return fd, nil
 }
 
-func (h hostSource) mapRows(rank int, fds []int) (uintptr, func(), error) {
-	own, err := h.exportFD()
+func (h HostView) MapRows(rank int, fds []int) (uintptr, func(), error) {
+	own, err := h.ExportFD()
 	if err != nil {
 		return 0, nil, err
 	}

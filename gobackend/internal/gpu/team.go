@@ -1,8 +1,10 @@
-package gobackend
+// Package gpu is the CUDA data plane of an endpoint: setup, devices and the
+// group's symmetric GPU buffers (here), the collectives (ops.go, direct.go,
+// sema.go), registered memory (reg.go, pages.go, mem.go) and the order of
+// ops across streams (order.go). It reaches its endpoint only through Group
+// and Peers (plane.go); all ops are stream-ordered on the caller's stream.
+package gpu
 
-// The CUDA data plane of an endpoint: setup, devices and the group's
-// symmetric GPU buffers. The collectives themselves are in gpu_ops.go; all
-// are stream-ordered on the caller's stream.
 //
 // The first CUDA op of a group sets it up on every rank (collectives run in
 // the same order everywhere, so every rank reaches that op): each rank
@@ -12,7 +14,7 @@ package gobackend
 // CUDA ops on that group with the same NotSupported error from then on, and
 // the host data plane keeps working.
 //
-// An op only enqueues work on the caller's stream (gpu_ops.go). The
+// An op only enqueues work on the caller's stream (ops.go). The
 // host never waits for the GPU, so the Work completes as soon as the work is
 // enqueued and the stream carries the ordering, as with NCCL; the same
 // enqueue sequence is what a CUDA graph captures.
@@ -25,36 +27,33 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
-	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
-// gpuArgs says where a posted CUDA op runs.
-type gpuArgs struct {
-	device    int         // CUDA device ordinal
-	stream    cuda.Stream // the caller's stream
-	capturing bool        // the caller says the stream is being captured (runGPU also asks the driver)
-	// task, when set, runs instead of an op: group-wide setup that must
+// Args says where a posted CUDA op runs.
+type Args struct {
+	Device    int         // CUDA device ordinal
+	Stream    cuda.Stream // the caller's stream
+	Capturing bool        // the caller says the stream is being captured (Run also asks the driver)
+	// Task, when set, runs instead of an op: group-wide setup that must
 	// happen in collective order (contiguous views).
-	task func(who symm.Who, deadline time.Time) error
+	Task func(who symm.Who, deadline time.Time) error
 }
 
-// gpuState is an endpoint's CUDA side. CUDA ops go through the collective
+// State is an endpoint's CUDA side. CUDA ops go through the collective
 // queue like every collective (they share its sequence numbers); their
 // device and stream wait in pending, by sequence number, until they run.
-type gpuState struct {
+type State struct {
 	mu       sync.Mutex
-	pending  map[uint64]gpuArgs
+	pending  map[uint64]Args
 	npending atomic.Int32
 
 	// Used only by whoever runs the collective queue, and by Destroy after
 	// the workers stopped.
-	team *gpuTeam
+	team *Team
 	err  error // why the data plane could not start on this group, or a kernel's error (sticky)
 	// errw is team.errw for readers off the queue (stats, DeviceError),
 	// under mu: close takes it away before freeing it.
@@ -62,39 +61,40 @@ type gpuState struct {
 
 	ops      atomic.Int64
 	captured atomic.Int64 // ops enqueued while their stream was being captured (a CUDA graph)
-	joins    atomic.Int64 // ops that waited for the group's previous op on another stream (gpu_order.go)
+	joins    atomic.Int64 // ops that waited for the group's previous op on another stream (order.go)
 	device   atomic.Int32 // ordinal + 1 once set up, for stats
 	stage    atomic.Int64
-	counters gpuCounters
-	algos    gpuAlgoStats // which reduction algorithm ran (gpu_sema.go)
-	nvls     atomic.Bool  // a multicast object is bound over the group's buffers
-	reg      gpuReg       // bindings of registered CUDA memory, peer mappings (gpu_reg.go)
+	counters Counters
+	algos    algoStats   // which reduction algorithm ran (sema.go)
+	nvls     atomic.Bool // a multicast object is bound over the group's buffers
+	reg      registry    // bindings of registered CUDA memory, peer mappings (reg.go)
 }
 
-// gpuCounters count what the data plane did, for the endpoint's stats.
-type gpuCounters struct {
-	directOps atomic.Int64 // ops that ran on the peers' own buffers (gpu_direct.go)
+// Counters count what the data plane did, for the endpoint's stats.
+type Counters struct {
+	directOps atomic.Int64 // ops that ran on the peers' own buffers (direct.go)
 	ipcOpens  atomic.Int64 // peer allocations mapped (cache misses)
 	ipcHits   atomic.Int64 // peer allocations found mapped
-	llMoves   atomic.Int64 // data movement by one gs_llmove launch (gpu_ops.go, llMove)
-	pacedA2A  atomic.Int64 // all_to_all by one gs_a2av launch (gpu_ops.go, allToAllPaced)
+	llMoves   atomic.Int64 // data movement by one gs_llmove launch (ops.go, llMove)
+	pacedA2A  atomic.Int64 // all_to_all by one gs_a2av launch (ops.go, allToAllPaced)
 }
 
-func (g *gpuState) add(seq uint64, a gpuArgs) {
+// Park keeps a's op (collective seq) until the queue runs it (Take).
+func (g *State) Park(seq uint64, a Args) {
 	g.mu.Lock()
 	if g.pending == nil {
-		g.pending = map[uint64]gpuArgs{}
+		g.pending = map[uint64]Args{}
 	}
 	g.pending[seq] = a
 	g.mu.Unlock()
 	g.npending.Add(1)
 }
 
-// take returns (and forgets) the CUDA arguments of collective seq, if it
+// Take returns (and forgets) the CUDA arguments of collective seq, if it
 // is a CUDA op. Host ops pay one atomic load.
-func (g *gpuState) take(seq uint64) (gpuArgs, bool) {
+func (g *State) Take(seq uint64) (Args, bool) {
 	if g.npending.Load() == 0 {
-		return gpuArgs{}, false
+		return Args{}, false
 	}
 	g.mu.Lock()
 	a, ok := g.pending[seq]
@@ -108,7 +108,8 @@ func (g *gpuState) take(seq uint64) (gpuArgs, bool) {
 	return a, ok
 }
 
-func (g *gpuState) close() {
+// Close frees the group's GPU buffers once the device is idle.
+func (g *State) Close() {
 	g.mu.Lock()
 	g.errw = nil
 	g.mu.Unlock()
@@ -118,7 +119,20 @@ func (g *gpuState) close() {
 	}
 }
 
-func (g *gpuState) stats(m map[string]any) {
+// Ordinal is the device of the group's CUDA ops on this rank, -1 before
+// the first.
+func (g *State) Ordinal() int { return int(g.device.Load()) - 1 }
+
+// Err is why the plane cannot run the group's CUDA ops (setup refused, a
+// kernel's error), nil while it can.
+func (g *State) Err() error { return g.err }
+
+// ClaimOrdinal records device d as the group's on this rank unless one is
+// (a p2p channel opened before any collective).
+func (g *State) ClaimOrdinal(d int) { g.device.CompareAndSwap(0, int32(d)+1) }
+
+// Stats adds the plane's counters to m.
+func (g *State) Stats(m map[string]any) {
 	m["gpu_ops"] = g.ops.Load()
 	m["gpu_captured_ops"] = g.captured.Load()
 	m["gpu_stream_joins"] = g.joins.Load()
@@ -135,180 +149,9 @@ func (g *gpuState) stats(m map[string]any) {
 	g.reg.stats(m)
 }
 
-// PostCUDA posts an op on CUDA device memory of device (an ordinal; a
-// negative device means host memory, as Post); capturing says the stream
-// is being captured into a CUDA graph. The op is enqueued on stream before
-// PostCUDA returns, after every collective posted before it (send and
-// recv: after the pair's earlier CUDA messages, see gpu_p2p.go); the
-// returned Work is already complete on the host.
-func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
-	if device < 0 {
-		return e.Post(op)
-	}
-	if op.Kind == coll.Recv && op.Peer == coll.AnySource {
-		return nil, status.Errorf(status.NotSupported, "gosym: recv from any source into CUDA memory: the engine matches CUDA messages per pair (the Python package learns the sender first)")
-	}
-	noteProcessDevice(device) // for the p2p responders of other groups
-	if op.Kind.IsP2P() {
-		return e.runP2PCUDA(op, device, stream, capturing)
-	}
-	if err := gpuKernelSupport(op); err != nil {
-		return nil, err
-	}
-	coll.Even(op, e.Size)
-	if err := coll.Check(op, e.Rank, e.Size); err != nil {
-		return nil, err
-	}
-	if err := checkUBR(op); err != nil {
-		return nil, err
-	}
-	// Refused before it takes a sequence number, so it never reaches the
-	// peers (an op that failed on one rank alone would put the ranks out of
-	// step). runGPU checks again in case the first CUDA op is still running.
-	if d := int(e.gpu.device.Load()) - 1; d >= 0 && d != device {
-		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
-			op.Kind, device, e.Name, d)
-	}
-	return e.runQueued(op, gpuArgs{device: device, stream: cuda.Stream(stream), capturing: capturing})
-}
-
-// runQueued runs op with its CUDA arguments in collective order, on this
-// thread, so a CUDA op is enqueued here, in stream order with whatever the
-// caller enqueues next. When the collective queue is idle (the common case:
-// the caller's previous op is done) op runs at once, as if queued and
-// drained, with no Work to queue and no arguments to park; else it is
-// queued behind the others and the queue runs here until it ran.
-func (e *Endpoint) runQueued(op *Op, a gpuArgs) (*Work, error) {
-	e.mu.Lock()
-	if err := e.usable(op.Kind); err != nil {
-		e.mu.Unlock()
-		return nil, err
-	}
-	e.seq++
-	w := &Work{op: *op}
-	w.op.Seq = e.seq
-	e.stats.Posted.Add(1)
-	if e.coll.claimIdle() { // nothing can be queued ahead of op: posts hold e.mu
-		e.mu.Unlock()
-		w.err = e.finished(e.runCollOp(&w.op, a, true))
-		e.coll.unclaim()
-		w.done = closedDone
-	} else {
-		w.q, w.done = e.coll, make(chan struct{})
-		e.gpu.add(w.op.Seq, a)
-		e.coll.push(w, false)
-		e.mu.Unlock()
-		w.Wait(-1)
-	}
-	if w.err != nil {
-		return nil, w.err
-	}
-	return w, nil
-}
-
-// RunCUDA is Run for an op that PostCUDA takes: a host op (device < 0) runs
-// to completion; a CUDA op is done on the host once it is enqueued.
-func (e *Endpoint) RunCUDA(op *Op, device int, stream uintptr, capturing bool) error {
-	if device < 0 {
-		return e.Run(op)
-	}
-	_, err := e.PostCUDA(op, device, stream, capturing)
-	return err
-}
-
-// runTask runs task on every rank in collective order, as the op named
-// name: it may talk to the peers (links, team barriers) like a collective.
-func (e *Endpoint) runTask(name string, task func(who symm.Who, deadline time.Time) error) error {
-	_, err := e.runQueued(&Op{Kind: coll.Barrier}, gpuArgs{device: -1, task: func(who symm.Who, deadline time.Time) error {
-		who.Op = name
-		return task(who, deadline)
-	}})
-	return err
-}
-
-// runGPU runs a CUDA op on the collective queue.
-func (e *Endpoint) runGPU(op *Op, a gpuArgs, deadline time.Time) error {
-	e.mu.Lock()
-	closed := e.closed
-	e.mu.Unlock()
-	if closed {
-		return status.Errorf(status.Closed, "gosym: %s on a destroyed group", op.Kind)
-	}
-	g := &e.gpu
-	if g.err != nil {
-		return g.err
-	}
-	if g.team == nil {
-		t, err := e.startGPU(a.device, op.Who(), deadline)
-		if err != nil {
-			if status.CodeOf(err) == status.NotSupported {
-				g.err = err
-			}
-			return err
-		}
-		// Every rank asks, so that the gate's answer is agreed; on the lent
-		// machines it is no (their safety variables) and nothing multicast
-		// is ever called.
-		mc, err := e.setupNVLS(t, op.Who(), deadline)
-		switch {
-		case err == nil:
-			t.nvls = mc
-			g.nvls.Store(true)
-		case status.CodeOf(err) != status.NotSupported: // links or barrier broke
-			t.close()
-			return err
-		}
-		t.counters, t.algos, t.reg = &g.counters, &g.algos, &g.reg
-		// Over the links, by the current op's deadline: set once, used by
-		// the few ops that bind a fresh VMM buffer.
-		t.swapFD = func(body []byte, fds []int) ([]fdxMsg, func(), error) { return e.swapFD(body, fds, t.deadline) }
-		g.team = t
-		g.mu.Lock()
-		g.errw = t.errw
-		g.mu.Unlock()
-		g.device.Store(int32(a.device) + 1)
-		g.stage.Store(int64(t.stage))
-	}
-	t := g.team
-	if a.device != t.g.ordinal {
-		return status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d (one device per rank and group)",
-			op.Kind, a.device, e.Name, t.g.ordinal)
-	}
-	if t.errw.Code() != 0 { // a kernel of an earlier op timed out: the pads are out of step
-		g.err = e.deviceError(t.errw, t.g.ordinal)
-		return g.err
-	}
-	// Asked here, not by every caller: one driver call, no Python round;
-	// the capture sequence orders the op (gpu_order.go).
-	capturing, capture, err := t.g.d.StreamCaptureInfo(t.g.ctx, a.stream)
-	if err != nil {
-		return status.Wrap(status.System, err, "gosym: %s on cuda:%d: asking whether the stream is being captured", op.Kind, a.device)
-	}
-	capturing = capturing || a.capturing
-	g.ops.Add(1)
-	if capturing {
-		g.captured.Add(1)
-	}
-	if err := t.order.before(t.g, a.stream, capture); err != nil {
-		return status.Wrap(status.System, err, "gosym: %s on cuda:%d: waiting for the group's previous op on another stream", op.Kind, a.device)
-	}
-	agree := func(meta []byte) ([][]byte, error) { return e.team.Barrier(meta, op.Who(), deadline) }
-	t.capturing, t.deadline = capturing, deadline
-	err = t.run(op, a.stream, agree)
-	if oerr := t.order.after(t.g, a.stream, capture); oerr != nil && err == nil {
-		err = status.Wrap(status.System, oerr, "gosym: %s on cuda:%d: recording the op's end for the group's next op", op.Kind, a.device)
-	}
-	g.joins.Store(int64(t.order.joins))
-	var coded *status.Error
-	if err != nil && !errors.As(err, &coded) {
-		return status.Wrap(status.System, err, "gosym: %s on cuda:%d", op.Who(), a.device)
-	}
-	return err
-}
-
-// gpuConfig holds the CUDA data plane's tunables, read when a group sets
+// Config holds the CUDA data plane's tunables, read when a group sets
 // it up. Every rank must read the same values: they decide launch shapes.
-type gpuConfig struct {
+type Config struct {
 	stageBytes int // GOSYM_GPU_STAGE_BYTES: one rank's staging; larger ops run in chunks
 	twoShotMin int // GOSYM_GPU_TWOSHOT_MIN: chunks of at least this many bytes run two-shot
 	bigBlocks  int // GOSYM_GPU_BLOCKS: block limit of chunks of at least twoShotMin bytes (bandwidth-bound)
@@ -341,8 +184,8 @@ type gpuConfig struct {
 	a2avBlocks, a2avSlot int
 }
 
-func gpuConfigFromEnv() gpuConfig {
-	return gpuConfig{
+func ConfigFromEnv() Config {
+	return Config{
 		stageBytes: config.GPUStageBytes.Get(),
 		twoShotMin: config.GPUTwoShotMin.Get(),
 		bigBlocks:  config.GPUBlocks.Or(cuda.MaxBlocks),
@@ -372,7 +215,7 @@ func gpuConfigFromEnv() gpuConfig {
 
 // shared is what of cfg every rank of a group must have the same, as
 // setup announces it: gs_a2av's shape (its pairs pace each other).
-func (c gpuConfig) shared() []byte {
+func (c Config) shared() []byte {
 	b := make([]byte, 16)
 	binary.LittleEndian.PutUint64(b, uint64(c.a2avBlocks))
 	binary.LittleEndian.PutUint64(b[8:], uint64(c.a2avSlot))
@@ -381,7 +224,7 @@ func (c gpuConfig) shared() []byte {
 
 // sharedMismatch explains a peer's announcement of shared() that differs
 // from this rank's.
-func (c gpuConfig) sharedMismatch(r int, theirs []byte) error {
+func (c Config) sharedMismatch(r int, theirs []byte) error {
 	if len(theirs) == 16 && string(theirs) == string(c.shared()) {
 		return nil
 	}
@@ -408,93 +251,16 @@ func a2avResident(want, world, resident int) (int, error) {
 	return min(want, fit), nil
 }
 
-// gpuHelloMagic marks a rank's announcement of its GPU buffer (its size,
+// helloMagic marks a rank's announcement of its GPU buffer (its size,
 // with its fd).
-const gpuHelloMagic = 0x50475347 // "GSGP"
-
-// startGPU sets up the group's CUDA data plane on every rank together.
-// Local failures do not stop this rank from taking part in the exchange and
-// the agreement barrier, so that the links and the barrier count stay in
-// step; they turn into NotSupported on every rank.
-func (e *Endpoint) startGPU(device int, who symm.Who, deadline time.Time) (*gpuTeam, error) {
-	who.Op += " (CUDA setup)"
-	if e.Size > cuda.MaxRanks { // the same answer on every rank: no exchange needed
-		return nil, status.Errorf(status.NotSupported, "gosym: the CUDA data plane handles groups of up to %d ranks, group %q has %d",
-			cuda.MaxRanks, e.Name, e.Size)
-	}
-	t, local := newGPUTeam(device, e.Rank, e.Size, gpuConfigFromEnv(), e.Timeout)
-	for i, sy := range t.symms() { // both exchanges run whatever happened locally
-		if err := e.shareSymm(t, sy, gpuHelloMagic+uint32(i), &local, deadline); err != nil {
-			t.close() // the links are out of step: the group cannot go on
-			return nil, status.Wrap(status.Peer, err, "gosym: %s", who)
-		}
-	}
-	if local == nil {
-		local = t.zeroPad()
-	}
-	if local != nil {
-		debugf("rank %d: CUDA data plane setup failed: %v", e.Rank, local)
-	}
-	failed, err := e.agreeAll(local == nil, who, deadline)
-	if err != nil {
-		t.close()
-		return nil, err
-	}
-	if len(failed) > 0 {
-		t.close()
-		why := fmt.Sprintf("ranks %v could not set it up", failed)
-		if local != nil {
-			why = fmt.Sprintf("%s; this rank: %v", why, local)
-		}
-		return nil, status.Errorf(status.NotSupported, "gosym: the CUDA data plane is not available on group %q (%s)", e.Name, why)
-	}
-	return t, nil
-}
-
-// shareSymm sends this rank's buffer of sy to every peer and maps theirs.
-// A local failure (already in *local, or met here) is recorded in *local
-// and this rank still takes part in the exchange; the error returned is a
-// link failure.
-func (e *Endpoint) shareSymm(t *gpuTeam, sy *gpuSymm, magic uint32, local *error, deadline time.Time) error {
-	fd := -1
-	if *local == nil {
-		fd, *local = t.exportFD(sy)
-	}
-	body := binary.LittleEndian.AppendUint64(nil, uint64(sy.size))
-	body = append(body, t.cfg.shared()...)
-	msgs, err := e.exchangeFD(magic, body, oneFD(fd), deadline)
-	if fd >= 0 {
-		unix.Close(fd)
-	}
-	if err != nil {
-		return err
-	}
-	defer closeFDX(msgs)
-	for r, m := range msgs {
-		switch {
-		case r == e.Rank || *local != nil:
-		case !m.ok:
-			*local = fmt.Errorf("rank %d could not set up its GPU %s buffer", r, sy.name)
-		case len(m.body) < 8:
-			*local = fmt.Errorf("rank %d announced its GPU %s buffer in %d bytes (another gosym version?)", r, sy.name, len(m.body))
-		case uintptr(binary.LittleEndian.Uint64(m.body)) != sy.size:
-			*local = fmt.Errorf("rank %d's GPU %s buffer has %d bytes, this rank's %d (different GPUs?)", r, sy.name,
-				binary.LittleEndian.Uint64(m.body), sy.size)
-		default:
-			if *local = t.cfg.sharedMismatch(r, m.body[8:]); *local == nil {
-				*local = t.importPeer(sy, r, m.fd())
-			}
-		}
-	}
-	return nil
-}
+const helloMagic = 0x50475347 // "GSGP"
 
 // ---- devices (process-wide) -----------------------------------------------------
 
-// gpuDevice is one CUDA device of this process: torch's primary context
+// Device is one CUDA device of this process: torch's primary context
 // (retained for the life of the process) and the compiled kernels, shared
 // by every group on the device.
-type gpuDevice struct {
+type Device struct {
 	d       *cuda.Driver
 	ordinal int
 	dev     cuda.Device
@@ -504,52 +270,52 @@ type gpuDevice struct {
 	memops  bool // the driver has the stream memory operations (the semaphore protocol)
 
 	mu   sync.Mutex
-	mods map[string]*gpuModule
+	mods map[string]*kernelModule
 }
 
-// gpuModule is one kernels/*.cu source, compiled once per process (NVRTC,
+// kernelModule is one kernels/*.cu source, compiled once per process (NVRTC,
 // cached on disk) and loaded once per device.
-type gpuModule struct {
+type kernelModule struct {
 	once sync.Once
 	m    *cuda.Module
 	err  error
 	fns  map[string]*cuda.Function // every kernel of the source, looked up by once
 }
 
-var gpuDevices struct {
+var openDevices struct {
 	mu sync.Mutex
-	m  map[int]*gpuDeviceOnce
+	m  map[int]*deviceOnce
 }
 
-type gpuDeviceOnce struct {
+type deviceOnce struct {
 	once sync.Once
-	g    *gpuDevice
+	g    *Device
 	err  error
 }
 
-var gpuCompiler struct {
+var compiler struct {
 	once sync.Once
 	c    *cuda.Compiler
 	err  error
 }
 
-// openGPU returns device ordinal, opening it on first use.
-func openGPU(ordinal int) (*gpuDevice, error) {
-	gpuDevices.mu.Lock()
-	if gpuDevices.m == nil {
-		gpuDevices.m = map[int]*gpuDeviceOnce{}
+// Open returns device ordinal, opening it on first use.
+func Open(ordinal int) (*Device, error) {
+	openDevices.mu.Lock()
+	if openDevices.m == nil {
+		openDevices.m = map[int]*deviceOnce{}
 	}
-	o := gpuDevices.m[ordinal]
+	o := openDevices.m[ordinal]
 	if o == nil {
-		o = &gpuDeviceOnce{}
-		gpuDevices.m[ordinal] = o
+		o = &deviceOnce{}
+		openDevices.m[ordinal] = o
 	}
-	gpuDevices.mu.Unlock()
-	o.once.Do(func() { o.g, o.err = newGPUDevice(ordinal) })
+	openDevices.mu.Unlock()
+	o.once.Do(func() { o.g, o.err = newDevice(ordinal) })
 	return o.g, o.err
 }
 
-func newGPUDevice(ordinal int) (*gpuDevice, error) {
+func newDevice(ordinal int) (*Device, error) {
 	d, err := cuda.Load()
 	if err != nil {
 		return nil, err
@@ -589,26 +355,26 @@ func newGPUDevice(ordinal int) (*gpuDevice, error) {
 		d.ReleasePrimaryContext(dev)
 		return nil, err
 	}
-	return &gpuDevice{d: d, ordinal: ordinal, dev: dev, ctx: ctx, arch: arch, gran: gran, memops: d.HasStreamMemOps(),
-		mods: map[string]*gpuModule{}}, nil
+	return &Device{d: d, ordinal: ordinal, dev: dev, ctx: ctx, arch: arch, gran: gran, memops: d.HasStreamMemOps(),
+		mods: map[string]*kernelModule{}}, nil
 }
 
-// module returns the loaded kernels of source, compiling them on first use.
-func (g *gpuDevice) module(source string) (*gpuModule, error) {
+// Module returns the loaded kernels of source, compiling them on first use.
+func (g *Device) Module(source string) (*kernelModule, error) {
 	g.mu.Lock()
 	m := g.mods[source]
 	if m == nil {
-		m = &gpuModule{fns: map[string]*cuda.Function{}}
+		m = &kernelModule{fns: map[string]*cuda.Function{}}
 		g.mods[source] = m
 	}
 	g.mu.Unlock()
 	m.once.Do(func() {
-		gpuCompiler.once.Do(func() {
+		compiler.once.Do(func() {
 			nv, err := cuda.LoadNVRTC()
-			gpuCompiler.c, gpuCompiler.err = &cuda.Compiler{NV: nv, Dir: cuda.DefaultCacheDir()}, err
+			compiler.c, compiler.err = &cuda.Compiler{NV: nv, Dir: cuda.DefaultCacheDir()}, err
 		})
-		if m.err = gpuCompiler.err; m.err == nil {
-			m.m, m.err = g.d.LoadKernels(g.ctx, gpuCompiler.c, g.arch, source)
+		if m.err = compiler.err; m.err == nil {
+			m.m, m.err = g.d.LoadKernels(g.ctx, compiler.c, g.arch, source)
 		}
 		// Every kernel is looked up now, not at its first launch. Under lazy
 		// loading (CUDA_MODULE_LOADING=LAZY, Linux's default since CUDA 12.2)
@@ -626,9 +392,9 @@ func (g *gpuDevice) module(source string) (*gpuModule, error) {
 	return m, m.err
 }
 
-// function returns kernel k of a module loaded by module.
-func (g *gpuDevice) function(k *cuda.Kernel) (*cuda.Function, error) {
-	m, err := g.module(k.Source)
+// Function returns kernel k of a module loaded by Module.
+func (g *Device) Function(k *cuda.Kernel) (*cuda.Function, error) {
+	m, err := g.Module(k.Source)
 	if err != nil {
 		return nil, err
 	}
@@ -638,65 +404,74 @@ func (g *gpuDevice) function(k *cuda.Kernel) (*cuda.Function, error) {
 	return nil, fmt.Errorf("gosym: kernel %s is not one of %s's", k.Name, k.Source)
 }
 
+// Driver is the CUDA driver the device runs on.
+func (g *Device) Driver() *cuda.Driver { return g.d }
+
+// Context is the device's primary context (torch's).
+func (g *Device) Context() cuda.Context { return g.ctx }
+
+// Ordinal is the device's CUDA ordinal.
+func (g *Device) Ordinal() int { return g.ordinal }
+
 // ---- the group's buffers --------------------------------------------------------
 
-// gpuTeam is one rank's view of a group's GPU buffers: its own (exported)
+// Team is one rank's view of a group's GPU buffers: its own (exported)
 // and every peer's (imported), each mapped at an address of this process.
 // Control (the signal pads the kernels' barriers and semaphores write) and
 // data (the staging) are separate allocations, so that nothing that moves
 // data can ever reach a pad, and a multicast object covers data alone.
-type gpuTeam struct {
-	g           *gpuDevice
-	cfg         gpuConfig
+type Team struct {
+	g           *Device
+	cfg         Config
 	rank, world int
-	ctrl, data  gpuSymm
+	ctrl, data  symmBuf
 	stage       uintptr // bytes of staging, a multiple of 16
-	llArea      uintptr // bytes of the LL area after the staging (0: none; gpu_ops.go, llReduce)
+	llArea      uintptr // bytes of the LL area after the staging (0: none; ops.go, llReduce)
 	timeoutNs   uint64
 	pads        [cuda.MaxRanks]uintptr
 	stages      [cuda.MaxRanks]uintptr
 	fns         map[*cuda.Kernel]*cuda.Function // this team's lookups, unlocked
 	used        bool                            // kernels were enqueued: close must wait for them
-	reg         *gpuReg                         // bindings and peer mappings (gpu_reg.go, gpu_direct.go)
-	counters    *gpuCounters
-	algos       *gpuAlgoStats
+	reg         *registry                       // bindings and peer mappings (reg.go, direct.go)
+	counters    *Counters
+	algos       *algoStats
 	capturing   bool            // the current op's stream is being captured (a CUDA graph)
 	deadline    time.Time       // the current op's
-	swapFD      gpuSwapFD       // the fd exchange over the links, by deadline (gpu_direct.go)
-	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (gpu_nvls.go)
-	order       gpuOrder        // the last op's stream and end event (gpu_order.go)
+	swapFD      swapFunc        // the fd exchange over the links, by deadline (direct.go)
+	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (nvls.go)
+	order       streamOrder     // the last op's stream and end event (order.go)
 
-	errw *cuda.ErrorWords // where this rank's kernels copy their errors (gpu_deverr.go)
+	errw *cuda.ErrorWords // where this rank's kernels copy their errors (deverr.go)
 }
 
-// gpuSymm is one symmetric allocation of a group: a buffer of size bytes on
+// symmBuf is one symmetric allocation of a group: a buffer of size bytes on
 // every rank, each mapped here.
-type gpuSymm struct {
+type symmBuf struct {
 	name string
 	size uintptr
-	bufs []gpuMapping // by rank
+	bufs []bufMapping // by rank
 }
 
 // symms lists the team's allocations, in the order setup shares them.
-func (t *gpuTeam) symms() []*gpuSymm { return []*gpuSymm{&t.ctrl, &t.data} }
+func (t *Team) symms() []*symmBuf { return []*symmBuf{&t.ctrl, &t.data} }
 
-// gpuMapping is one rank's buffer as mapped here; each field records a step
+// bufMapping is one rank's buffer as mapped here; each field records a step
 // to undo.
-type gpuMapping struct {
+type bufMapping struct {
 	h      cuda.AllocHandle
 	held   bool
 	va     uintptr
 	mapped bool
 }
 
-// newGPUTeam allocates and maps this rank's buffer and loads the kernels.
+// newTeam allocates and maps this rank's buffer and loads the kernels.
 // On error the team is still returned, for close.
-func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (*gpuTeam, error) {
-	t := &gpuTeam{cfg: cfg, rank: rank, world: world, timeoutNs: uint64(timeout.Nanoseconds()),
-		ctrl: gpuSymm{name: "control", bufs: make([]gpuMapping, world)},
-		data: gpuSymm{name: "data", bufs: make([]gpuMapping, world)},
+func newTeam(device, rank, world int, cfg Config, timeout time.Duration) (*Team, error) {
+	t := &Team{cfg: cfg, rank: rank, world: world, timeoutNs: uint64(timeout.Nanoseconds()),
+		ctrl: symmBuf{name: "control", bufs: make([]bufMapping, world)},
+		data: symmBuf{name: "data", bufs: make([]bufMapping, world)},
 		fns:  map[*cuda.Kernel]*cuda.Function{}}
-	g, err := openGPU(device)
+	g, err := Open(device)
 	if err != nil {
 		return t, err
 	}
@@ -714,7 +489,7 @@ func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (
 		srcs = append(srcs, cuda.A2AVKernel.Source)
 	}
 	for _, src := range srcs {
-		if _, err := g.module(src); err != nil {
+		if _, err := g.Module(src); err != nil {
 			return t, err
 		}
 	}
@@ -743,7 +518,7 @@ func newGPUTeam(device, rank, world int, cfg gpuConfig, timeout time.Duration) (
 
 // mapBuf maps rank r's buffer of sy (its handle already held) for this
 // device.
-func (t *gpuTeam) mapBuf(sy *gpuSymm, r int) error {
+func (t *Team) mapBuf(sy *symmBuf, r int) error {
 	g, b := t.g, &sy.bufs[r]
 	var err error
 	if b.va, err = g.d.MemAddressReserve(g.ctx, sy.size, g.gran); err != nil {
@@ -766,13 +541,13 @@ func (t *gpuTeam) mapBuf(sy *gpuSymm, r int) error {
 
 // exportFD returns a POSIX fd for this rank's buffer of sy, owned by the
 // caller.
-func (t *gpuTeam) exportFD(sy *gpuSymm) (int, error) {
+func (t *Team) exportFD(sy *symmBuf) (int, error) {
 	return t.g.d.MemExportFD(t.g.ctx, sy.bufs[t.rank].h)
 }
 
 // importPeer maps rank r's buffer of sy from the fd it sent (the caller
 // closes fd).
-func (t *gpuTeam) importPeer(sy *gpuSymm, r, fd int) error {
+func (t *Team) importPeer(sy *symmBuf, r, fd int) error {
 	h, err := t.g.d.MemImportFD(t.g.ctx, fd)
 	if err != nil {
 		return fmt.Errorf("import rank %d's GPU %s buffer: %w", r, sy.name, err)
@@ -788,7 +563,7 @@ func (t *gpuTeam) importPeer(sy *gpuSymm, r, fd int) error {
 // the barrier counters start at zero and only grow afterwards (so replayed
 // CUDA graphs stay in step). A private stream keeps the caller's streams
 // out of it.
-func (t *gpuTeam) zeroPad() error {
+func (t *Team) zeroPad() error {
 	g := t.g
 	s, err := g.d.StreamCreate(g.ctx, cuda.StreamNonBlocking)
 	if err != nil {
@@ -814,11 +589,11 @@ func (t *gpuTeam) zeroPad() error {
 	return g.d.StreamSynchronize(g.ctx, s)
 }
 
-func (t *gpuTeam) function(k *cuda.Kernel) (*cuda.Function, error) {
+func (t *Team) function(k *cuda.Kernel) (*cuda.Function, error) {
 	if f := t.fns[k]; f != nil {
 		return f, nil
 	}
-	f, err := t.g.function(k)
+	f, err := t.g.Function(k)
 	if err == nil {
 		t.fns[k] = f
 	}
@@ -827,26 +602,26 @@ func (t *gpuTeam) function(k *cuda.Kernel) (*cuda.Function, error) {
 
 // close waits until the device is idle (kernels on the caller's streams
 // may still read these buffers), then unmaps and releases everything.
-func (t *gpuTeam) close() {
+func (t *Team) close() {
 	g := t.g
 	if g == nil {
 		return
 	}
 	if t.used {
 		if err := g.d.CtxSynchronize(g.ctx); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
-			debugf("rank %d: cuCtxSynchronize before unmapping the GPU buffers: %v", t.rank, err)
+			dlog.Printf("rank %d: cuCtxSynchronize before unmapping the GPU buffers: %v", t.rank, err)
 		}
 	}
 	if t.nvls != nil { // the multicast object goes before the buffers it covers
 		if err := t.nvls.Close(); err != nil {
-			debugf("rank %d: releasing the multicast object: %v", t.rank, err)
+			dlog.Printf("rank %d: releasing the multicast object: %v", t.rank, err)
 		}
 		t.nvls = nil
 	}
 	t.closeIPC()
 	t.order.close(g)
 	if err := t.errw.Close(); err != nil {
-		debugf("rank %d: freeing the host error block: %v", t.rank, err)
+		dlog.Printf("rank %d: freeing the host error block: %v", t.rank, err)
 	}
 	t.errw = nil
 	for _, sy := range t.symms() {
@@ -861,7 +636,7 @@ func (t *gpuTeam) close() {
 			if b.held {
 				g.d.MemRelease(g.ctx, b.h)
 			}
-			*b = gpuMapping{}
+			*b = bufMapping{}
 		}
 	}
 }

@@ -1,0 +1,149 @@
+package gobackend
+
+// The endpoint's side of the CUDA data plane (internal/gpu): CUDA ops enter
+// the collective queue here and run in their turn on the caller's thread,
+// so each is enqueued on the caller's stream before PostCUDA returns.
+
+import (
+	"time"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/comm"
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/gpu"
+	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/gosym/gosym/gobackend/internal/symm"
+)
+
+// PostCUDA posts an op on CUDA device memory of device (an ordinal; a
+// negative device means host memory, as Post); capturing says the stream
+// is being captured into a CUDA graph. The op is enqueued on stream before
+// PostCUDA returns, after every collective posted before it (send and
+// recv: after the pair's earlier CUDA messages, see cuda_p2p.go); the
+// returned Work is already complete on the host.
+func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
+	if device < 0 {
+		return e.Post(op)
+	}
+	if op.Kind == coll.Recv && op.Peer == coll.AnySource {
+		return nil, status.Errorf(status.NotSupported, "gosym: recv from any source into CUDA memory: the engine matches CUDA messages per pair (the Python package learns the sender first)")
+	}
+	noteProcessDevice(device) // for the p2p responders of other groups
+	if op.Kind.IsP2P() {
+		return e.runP2PCUDA(op, device, stream, capturing)
+	}
+	if err := gpu.KernelSupport(op); err != nil {
+		return nil, err
+	}
+	coll.Even(op, e.Size)
+	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+		return nil, err
+	}
+	if err := checkUBR(op); err != nil {
+		return nil, err
+	}
+	// Refused before it takes a sequence number, so it never reaches the
+	// peers (an op that failed on one rank alone would put the ranks out of
+	// step). runGPU checks again in case the first CUDA op is still running.
+	if d := e.gpu.Ordinal(); d >= 0 && d != device {
+		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
+			op.Kind, device, e.Name, d)
+	}
+	return e.runQueued(op, gpu.Args{Device: device, Stream: cuda.Stream(stream), Capturing: capturing})
+}
+
+// runQueued runs op with its CUDA arguments in collective order, on this
+// thread, so a CUDA op is enqueued here, in stream order with whatever the
+// caller enqueues next. When the collective queue is idle (the common case:
+// the caller's previous op is done) op runs at once, as if queued and
+// drained, with no Work to queue and no arguments to park; else it is
+// queued behind the others and the queue runs here until it ran.
+func (e *Endpoint) runQueued(op *Op, a gpu.Args) (*Work, error) {
+	e.mu.Lock()
+	if err := e.usable(op.Kind); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	e.seq++
+	w := &Work{op: *op}
+	w.op.Seq = e.seq
+	e.stats.Posted.Add(1)
+	if e.coll.claimIdle() { // nothing can be queued ahead of op: posts hold e.mu
+		e.mu.Unlock()
+		w.err = e.finished(e.runCollOp(&w.op, a, true))
+		e.coll.unclaim()
+		w.done = closedDone
+	} else {
+		w.q, w.done = e.coll, make(chan struct{})
+		e.gpu.Park(w.op.Seq, a)
+		e.coll.push(w, false)
+		e.mu.Unlock()
+		w.Wait(-1)
+	}
+	if w.err != nil {
+		return nil, w.err
+	}
+	return w, nil
+}
+
+// RunCUDA is Run for an op that PostCUDA takes: a host op (device < 0) runs
+// to completion; a CUDA op is done on the host once it is enqueued.
+func (e *Endpoint) RunCUDA(op *Op, device int, stream uintptr, capturing bool) error {
+	if device < 0 {
+		return e.Run(op)
+	}
+	_, err := e.PostCUDA(op, device, stream, capturing)
+	return err
+}
+
+// runTask runs task on every rank in collective order, as the op named
+// name: it may talk to the peers (links, team barriers) like a collective.
+func (e *Endpoint) runTask(name string, task func(who symm.Who, deadline time.Time) error) error {
+	_, err := e.runQueued(&Op{Kind: coll.Barrier}, gpu.Args{Device: -1, Task: func(who symm.Who, deadline time.Time) error {
+		who.Op = name
+		return task(who, deadline)
+	}})
+	return err
+}
+
+// runGPU runs a CUDA op on the collective queue.
+func (e *Endpoint) runGPU(op *Op, a gpu.Args, deadline time.Time) error {
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return status.Errorf(status.Closed, "gosym: %s on a destroyed group", op.Kind)
+	}
+	return e.gpu.Run(e.gpuGroup(), op, a, deadline)
+}
+
+// gpuGroup is this endpoint as the CUDA plane sees it.
+func (e *Endpoint) gpuGroup() gpu.Group {
+	return gpu.Group{Name: e.Name, Rank: e.Rank, World: e.Size, Timeout: e.Timeout, Peers: gpuPeers{e}}
+}
+
+// gpuPeers is gpu.Peers over the endpoint's links and host barrier.
+type gpuPeers struct{ e *Endpoint }
+
+func (p gpuPeers) ExchangeFD(magic uint32, body []byte, fds []int, deadline time.Time) ([]comm.FDMsg, error) {
+	return p.e.exchangeFD(magic, body, fds, deadline)
+}
+
+func (p gpuPeers) AgreeAll(ok bool, who symm.Who, deadline time.Time) ([]int, error) {
+	return p.e.agreeAll(ok, who, deadline)
+}
+
+func (p gpuPeers) Barrier(meta []byte, who symm.Who, deadline time.Time) ([][]byte, error) {
+	return p.e.team.Barrier(meta, who, deadline)
+}
+
+// DeviceError is the error a CUDA kernel of this group recorded on this
+// rank (a peer that did not arrive in time, a p2p message that did not
+// match), nil if none. It reads host memory only: callers use it after
+// waiting on the GPU (a barrier).
+func (e *Endpoint) DeviceError() error {
+	if err := e.gpu.DeviceError(e.gpuGroup()); err != nil {
+		return err
+	}
+	return e.p2p.deviceError(e)
+}
