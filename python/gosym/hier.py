@@ -38,7 +38,8 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _lib, _settings
 from ._dtypes import reduce_op, reduce_types
-from .backend import ProcessGroupGosym, _one, _op_device, _raw_stream, _same_dtype
+from ._tensors import _one, _op_device, _same_dtype
+from .backend import ProcessGroupGosym, _raw_stream
 from .work import _settle, cuda_work
 
 HOST_ENV = "GOSYM_HOST_ID"
