@@ -7,7 +7,7 @@ from array import array
 
 import torch
 
-from . import _lib
+from . import descriptors
 from ._dtypes import DTYPES as _DTYPES
 from ._dtypes import move_dtype, reduce_op, reduce_types
 
@@ -89,10 +89,10 @@ def _dst(t, cb, init):
     return tmp
 
 
-def _in_place_types(op, buf, opts):
-    """(dtype code, elements per torch element, GOSYM_RED_*, scale) of op (a reduction, or
-    a broadcast) in place on buf."""
-    if op == _lib.OP_BROADCAST:
+def _in_place_types(build, buf, opts):
+    """(dtype code, elements per torch element, GOSYM_RED_*, scale) of the op that build
+    (descriptors.all_reduce, reduce or broadcast) describes, in place on buf."""
+    if build is descriptors.broadcast:
         code, mult = move_dtype(buf)
         return code, mult, 0, 1.0
     red, scale = reduce_op(opts.reduceOp)

@@ -15,7 +15,7 @@ from array import array
 
 import torch
 
-from . import _lib
+from . import _lib, descriptors
 from ._dtypes import move_dtype
 from ._tensors import _dst, _one
 from .work import Work, _Op
@@ -42,8 +42,8 @@ def recv_anysource(pg, tensors, tag):
     dst = _dst(t, cb, False)
     code, mult = move_dtype(dst)
     src = array("i", [-1])
-    desc = _lib.pack_desc(_lib.OP_RECV, code, 0, 1.0, 0, _lib.ANY_SOURCE, tag, dst.numel() * mult,
-                          src.buffer_info()[0], dst.data_ptr(), 0, 0, 0, 0)
+    desc = descriptors.recv_anysource(dtype=code, tag=tag, count=dst.numel() * mult,
+                                      dst=dst.data_ptr(), sender_at=src.buffer_info()[0])
     handle = _lib.post(pg._endpoint(), desc)
     w = AnySourceWork()
     w._op = _Op((handle,), tensors, (dst, src), cb or None, pg._completer)

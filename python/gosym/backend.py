@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from . import _lib, _settings
+from . import _lib, _settings, descriptors
 from . import anysource as _anysource
 from . import monitored as _monitored
 from . import profiling as _profiling
@@ -38,9 +38,6 @@ from ._tensors import (_check, _dst, _even_pieces, _in_place_types, _one, _op_de
                        _pieces, _same_dtype, _src)
 from .work import Completer, CudaSideWork, _Op, cuda_work, work_of
 
-_pack = _lib.pack_desc
-_pack_raw = _lib.DESC.pack  # pack_desc's struct, for the one path that packs without it
-_DESC_SIZE = _lib.DESC_SIZE
 _post = _lib.post
 _run = _lib.run
 _STREAM_AT = _lib.STREAM_AT
@@ -60,9 +57,9 @@ def _debug(msg: str) -> None:
         print(f"[gosym pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
 
 
-def _packed(built):
-    """Two-buffer ops' (fields, src, dst, cb) as _works takes them: (desc, keep, cb)."""
-    return [(_pack(*f), (src, dst), cb) for f, src, dst, cb in built]
+def _as_works(built):
+    """Two-buffer ops' (desc, src, dst, cb) as _works takes them: (desc, keep, cb)."""
+    return [(desc, (src, dst), cb) for desc, src, dst, cb in built]
 
 
 def _destroy(handle: int, completer: Completer, name: str) -> None:
@@ -291,55 +288,57 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     # ---- ops on one buffer, in place ----------------------------------------
 
-    def _in_place(self, op, t, opts, root, dense=False):
-        """The desc fields of op (a reduction, or a broadcast) in place on t, the buffer
-        the engine works on and its copy-backs: t itself when dense (a contiguous strided
-        tensor, checked by the caller), else what _dst makes of it."""
+    def _in_place(self, build, t, opts, root, dense=False):
+        """The host desc of build's op (descriptors.all_reduce, reduce or broadcast) in
+        place on t, the buffer the engine works on and its copy-backs: t itself when dense
+        (a contiguous strided tensor, checked by the caller), else what _dst makes of it."""
         cb = []
         buf = t if dense else _dst(t, cb, True)
-        code, mult, red, scale = _in_place_types(op, buf, opts)
-        a = buf.data_ptr()
-        return (op, code, red, scale, root, 0, 0, buf.numel() * mult, a, a, 0, 0, 0, 0), buf, cb
+        code, mult, red, scale = _in_place_types(build, buf, opts)
+        desc = build(dtype=code, count=buf.numel() * mult, addr=buf.data_ptr(), red_op=red,
+                     scale=scale, root=root)
+        return desc, buf, cb
 
-    def _buffer_op(self, op, tensors, opts, root, what):
-        """all_reduce, reduce (op a reduction) and broadcast: one tensor, in place. A dense
-        contiguous CUDA tensor takes a short path: its desc is packed with its stream at
-        once and posted by one native call (small eager CUDA ops are bound by the host,
-        where every Python frame shows). On the group's device with no CUDA send or
-        receive pending, the common case, that happens right here, with no further frame
-        (on 2xH200 the frames this skips cost ~0.5 us of a ~12 us dist.all_reduce); the
-        first op of a group goes through _cuda_now, the rest through _work."""
+    def _buffer_op(self, build, tensors, opts, root, what):
+        """all_reduce, reduce and broadcast (build: the op's builder in descriptors): one
+        tensor, in place. A dense contiguous CUDA tensor takes a short path: its desc is
+        packed with its stream at once and posted by one native call (small eager CUDA ops
+        are bound by the host, where every Python frame shows). On the group's device with
+        no CUDA send or receive pending, the common case, that happens right here, with no
+        further frame but the builder's (on 2xH200 the frames this skips cost ~0.5 us of a
+        ~12 us dist.all_reduce); the first op of a group goes through _cuda_op, the rest
+        through _work."""
         t = _one(tensors, what)
         fast = t.__class__ is _Tensor and t.is_cuda and t.layout is _strided and t.is_contiguous()
         if fast and not self._pending:
             idx = t.get_device()
             if idx == self._cuda:
-                code, mult, red, scale = _in_place_types(op, t, opts)
-                a, raw = t.data_ptr(), _raw_stream(idx)
-                _run(self._h, _pack_raw(_DESC_SIZE, op, code, red, scale, root, 0, 0, t.numel() * mult, a, a,
-                                        0, 0, 0, 0, raw, idx, 0))
+                code, mult, red, scale = _in_place_types(build, t, opts)
+                raw = _raw_stream(idx)
+                _run(self._h, build(dtype=code, count=t.numel() * mult, addr=t.data_ptr(),
+                                    red_op=red, scale=scale, root=root, stream=raw, device=idx))
                 return cuda_work(tensors, idx, raw) if opts.asyncOp else None
-        if t.layout is _sparse_coo and op == _lib.OP_ALLREDUCE:
+        if t.layout is _sparse_coo and build is descriptors.all_reduce:
             return self._sparse_allreduce(t, tensors, opts)
-        fields, buf, cb = self._in_place(op, t, opts, root, fast)
+        desc, buf, cb = self._in_place(build, t, opts, root, fast)
         if not fast:
-            return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
-        return self._cuda_now(fields, tensors, t.get_device(), opts.asyncOp)
+            return self._work(desc, tensors, buf, cb, opts.asyncOp)
+        return self._cuda_op(desc, tensors, t.get_device(), None, opts.asyncOp)
 
-    def _pair_op(self, fields, src, dst, cb, out, async_op, pieces=()):
+    def _pair_op(self, desc, src, dst, cb, out, async_op, pieces=()):
         """A two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
-        all_to_all_single) given its desc fields: src is read, dst written, cb dst's
+        all_to_all_single) given its host desc: src is read, dst written, cb dst's
         copy-back, pieces the arrays the desc points to. Buffers on one CUDA device with
-        no copy-back, the common case, take _buffer_op's short path (the engine is done
-        with the arrays when it returns); the rest goes through _work."""
+        no copy-back, the common case, go straight to the caller's stream (the engine is
+        done with the arrays when it returns); the rest goes through _work."""
         if not cb and src.is_cuda:
             idx = src.get_device()
             if dst.get_device() == idx:
-                return self._cuda_now(fields, out, idx, async_op)
-        return self._work(_pack(*fields), out, (src, dst, *pieces), cb, async_op)
+                return self._cuda_op(desc, out, idx, None, async_op)
+        return self._work(desc, out, (src, dst, *pieces), cb, async_op)
 
     def allreduce(self, tensors, opts=_AR):
-        return self._buffer_op(_lib.OP_ALLREDUCE, tensors, opts, 0, "allreduce")
+        return self._buffer_op(descriptors.all_reduce, tensors, opts, 0, "allreduce")
 
     def _sparse_allreduce(self, t, tensors, opts):
         """SUM of sparse COO tensors (DDP's sparse gradients), as gloo does it: every rank's
@@ -391,19 +390,11 @@ class ProcessGroupGosym(dist.ProcessGroup):
             self._flush_p2p()
         return _raw_stream(idx)
 
-    def _cuda_now(self, fields, out, idx, async_op):
-        """The short path: the desc of fields, packed with the caller's stream on CUDA
-        device idx, posted by one native call (small eager CUDA ops are bound by the host,
-        where every Python frame shows). A synchronous caller gets None (see _work)."""
-        raw = self._cuda_stream(idx)
-        self._cuda_post(_pack(*fields, raw, idx), idx)
-        return cuda_work(out, idx, raw) if async_op else None
-
     def _cuda_op(self, desc, out, idx, cb, async_op=True):
-        """Enqueues one op on CUDA device idx, on the caller's current stream. Its
-        temporaries may go as soon as this returns: the caching allocator reuses them only
-        in the order of that stream. Copy-backs into non-contiguous outputs are enqueued
-        right after the op. A synchronous caller gets None (see _work)."""
+        """Enqueues one op (its host desc) on CUDA device idx, on the caller's current
+        stream. Its temporaries may go as soon as this returns: the caching allocator reuses
+        them only in the order of that stream. Copy-backs into non-contiguous outputs are
+        enqueued right after the op. A synchronous caller gets None (see _work)."""
         raw = self._cuda_stream(idx)
         self._cuda_post(desc[:_STREAM_AT] + _tail(raw, idx, 0), idx)
         if cb:
@@ -419,7 +410,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")
-        return self._buffer_op(_lib.OP_REDUCE, tensors, opts, root, "reduce")
+        return self._buffer_op(descriptors.reduce, tensors, opts, root, "reduce")
 
     def allreduce_coalesced(self, tensors, opts=_ARC):
         """One allreduce over the tensors packed into one buffer, unpacked on completion."""
@@ -435,14 +426,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
             n = t.numel()
             cb.append((t, flat[off:off + n].view(t.shape)))
             off += n
-        fields, buf, _ = self._in_place(_lib.OP_ALLREDUCE, flat, opts, 0)
-        return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
+        desc, buf, _ = self._in_place(descriptors.all_reduce, flat, opts, 0)
+        return self._work(desc, tensors, buf, cb, opts.asyncOp)
 
     def broadcast(self, tensors, opts=_BC):
         root = self._root(opts.rootRank, "broadcast")
         if opts.rootTensor != 0:
             raise ValueError(f"gosym: broadcast: rootTensor must be 0, got {opts.rootTensor}")
-        return self._buffer_op(_lib.OP_BROADCAST, tensors, opts, root, "broadcast")
+        return self._buffer_op(descriptors.broadcast, tensors, opts, root, "broadcast")
 
     # ---- allgather ------------------------------------------------------------
 
@@ -464,8 +455,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
             bufs.append(d)
             pairs += (d.data_ptr(), n * mult)
         arr, ap = _pieces(pairs)
-        desc = _pack(_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(), 0,
-                     0, ap, 0, world)
+        desc = descriptors.all_gather(dtype=code, count=n * mult, src=src.data_ptr(),
+                                      out_pieces=ap, n_out=world)
         return desc, (src, bufs, arr), cb
 
     def allgather(self, output_tensors, input_tensors, opts=_AG):
@@ -486,8 +477,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return self._works(built, output_lists)
 
     def _allgather_base_desc(self, out, inp):
-        """all_gather_into_tensor's desc fields, buffers and copy-backs (as _pair_op takes
-        them)."""
+        """all_gather_into_tensor's desc, buffers and copy-backs (as _pair_op takes them)."""
         world = self._size
         _same_dtype(inp, out, "all_gather_into_tensor")
         src = _src(inp)
@@ -498,9 +488,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         cb = []
         dst = _dst(out, cb, False)
         code, mult = move_dtype(src)
-        # No output pieces: the engine puts rank r's part at dst + r * n elements.
-        return (_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(),
-                dst.data_ptr(), 0, 0, 0, 0), src, dst, cb
+        desc = descriptors.all_gather(dtype=code, count=n * mult, src=src.data_ptr(),
+                                      dst=dst.data_ptr())
+        return desc, src, dst, cb
 
     def _allgather_base(self, output, input, opts=_AG):  # noqa: A002 - torch's names
         return self._pair_op(*self._allgather_base_desc(output, input), [output], opts.asyncOp)
@@ -510,7 +500,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             raise ValueError(f"gosym: all_gather_into_tensor_coalesced: {len(outputs)} "
                              f"outputs for {len(inputs)} inputs")
         built = [self._allgather_base_desc(o, i) for o, i in zip(outputs, inputs)]
-        return self._works(_packed(built), outputs)
+        return self._works(_as_works(built), outputs)
 
     # ---- reduce-scatter ---------------------------------------------------------
 
@@ -536,13 +526,12 @@ class ProcessGroupGosym(dist.ProcessGroup):
         arr, ap = _pieces(pairs)
         cb = []
         dst = _dst(out, cb, False)
-        desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n * mult, 0, dst.data_ptr(),
-                     ap, 0, world, 0)
+        desc = descriptors.reduce_scatter(dtype=code, red_op=red, scale=scale, count=n * mult,
+                                          dst=dst.data_ptr(), in_pieces=ap, n_in=world)
         return self._work(desc, output_tensors, (srcs, dst, arr), cb, opts.asyncOp)
 
     def _reduce_scatter_base_desc(self, out, inp, opts):
-        """reduce_scatter_tensor's desc fields, buffers and copy-backs (as _pair_op takes
-        them)."""
+        """reduce_scatter_tensor's desc, buffers and copy-backs (as _pair_op takes them)."""
         world = self._size
         _same_dtype(out, inp, "reduce_scatter_tensor")
         red, scale = reduce_op(opts.reduceOp)
@@ -554,9 +543,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         src = _src(inp)
         cb = []
         dst = _dst(out, cb, False)
-        # No input pieces: the engine reduces src + r * n elements into rank r.
-        return (_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n * mult, src.data_ptr(),
-                dst.data_ptr(), 0, 0, 0, 0), src, dst, cb
+        desc = descriptors.reduce_scatter(dtype=code, red_op=red, scale=scale, count=n * mult,
+                                          src=src.data_ptr(), dst=dst.data_ptr())
+        return desc, src, dst, cb
 
     def _reduce_scatter_base(self, output, input, opts=_RS):  # noqa: A002
         built = self._reduce_scatter_base_desc(output, input, opts)
@@ -567,7 +556,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             raise ValueError(f"gosym: reduce_scatter_tensor_coalesced: {len(outputs)} "
                              f"outputs for {len(inputs)} inputs")
         built = [self._reduce_scatter_base_desc(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._works(_packed(built), outputs)
+        return self._works(_as_works(built), outputs)
 
     # ---- all-to-all -------------------------------------------------------------
 
@@ -618,14 +607,13 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if not input_split_sizes and not output_split_sizes:
             n = self._even_count(src, "input")
             if self._even_count(dst, "output") == n:  # the engine splits both buffers
-                return self._pair_op((_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, n * mult,
-                                      src.data_ptr(), dst.data_ptr(), 0, 0, 0, 0),
-                                     src, dst, cb, [output], opts.asyncOp)
+                desc = descriptors.all_to_all(dtype=code, count=n * mult, src=src.data_ptr(),
+                                              dst=dst.data_ptr())
+                return self._pair_op(desc, src, dst, cb, [output], opts.asyncOp)
         in_arr, ip = self._a2a_pieces(src, input_split_sizes, "input", mult)
         out_arr, op = self._a2a_pieces(dst, output_split_sizes, "output", mult)
-        world = self._size
-        return self._pair_op((_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world,
-                              world), src, dst, cb, [output], opts.asyncOp, (in_arr, out_arr))
+        desc = descriptors.all_to_all_v(dtype=code, in_pieces=ip, out_pieces=op, world=self._size)
+        return self._pair_op(desc, src, dst, cb, [output], opts.asyncOp, (in_arr, out_arr))
 
     def alltoall(self, output_tensors, input_tensors, opts=_A2A):
         world = self._size
@@ -647,7 +635,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             outs += (d.data_ptr(), d.numel() * mult)
         in_arr, ip = _pieces(ins)
         out_arr, op = _pieces(outs)
-        desc = _pack(_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world, world)
+        desc = descriptors.all_to_all_v(dtype=code, in_pieces=ip, out_pieces=op, world=world)
         return self._work(desc, output_tensors, (srcs, dsts, in_arr, out_arr), cb, opts.asyncOp)
 
     # ---- rooted data movement -------------------------------------------------------
@@ -675,8 +663,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
                 pairs += (d.data_ptr(), n * mult)
             arr, ap = _pieces(pairs)
             n_out = world
-        desc = _pack(_lib.OP_GATHER, code, 0, 1.0, root, 0, 0, n * mult, src.data_ptr(), 0,
-                     0, ap, 0, n_out)
+        desc = descriptors.gather(dtype=code, root=root, count=n * mult, src=src.data_ptr(),
+                                  out_pieces=ap, n_out=n_out)
         out = output_tensors[0] if self._rank == root else output_tensors  # as gloo's future
         return self._work(desc, out, (src, bufs, arr), cb, opts.asyncOp)
 
@@ -705,8 +693,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
                 pairs += (s.data_ptr(), n * mult)
             arr, ip = _pieces(pairs)
             n_in = world
-        desc = _pack(_lib.OP_SCATTER, code, 0, 1.0, root, 0, 0, n * mult, 0, dst.data_ptr(),
-                     ip, 0, n_in, 0)
+        desc = descriptors.scatter(dtype=code, root=root, count=n * mult, dst=dst.data_ptr(),
+                                   in_pieces=ip, n_in=n_in)
         return self._work(desc, output_tensors, (srcs, dst, arr), cb, opts.asyncOp)
 
     # ---- point to point, barrier ------------------------------------------------------
@@ -715,23 +703,23 @@ class ProcessGroupGosym(dist.ProcessGroup):
         peer = self._peer(dstRank, "send")
         t = _one(tensors, "send")
         if isinstance(t, _Tensor) and t.is_cuda:
-            return self._cuda_p2p(_lib.OP_SEND, t, peer, tag, tensors)
+            return self._cuda_p2p(False, t, peer, tag, tensors)
         src = _src(t)
         code, mult = move_dtype(src)
-        desc = _pack(_lib.OP_SEND, code, 0, 1.0, 0, peer, tag, src.numel() * mult,
-                     src.data_ptr(), 0, 0, 0, 0, 0)
+        desc = descriptors.send(dtype=code, peer=peer, tag=tag, count=src.numel() * mult,
+                                src=src.data_ptr())
         return self._work(desc, tensors, src, None)
 
     def recv(self, tensors, srcRank, tag):  # noqa: N803
         peer = self._peer(srcRank, "recv")
         t = _one(tensors, "recv")
         if isinstance(t, _Tensor) and t.is_cuda:
-            return self._cuda_p2p(_lib.OP_RECV, t, peer, tag, tensors)
+            return self._cuda_p2p(True, t, peer, tag, tensors)
         cb = []
         dst = _dst(t, cb, False)
         code, mult = move_dtype(dst)
-        desc = _pack(_lib.OP_RECV, code, 0, 1.0, 0, peer, tag, dst.numel() * mult, 0,
-                     dst.data_ptr(), 0, 0, 0, 0)
+        desc = descriptors.recv(dtype=code, peer=peer, tag=tag, count=dst.numel() * mult,
+                                dst=dst.data_ptr())
         return self._work(desc, tensors, dst, cb)
 
     def _p2p_stream(self, idx, recv, peer):
@@ -748,10 +736,11 @@ class ProcessGroupGosym(dist.ProcessGroup):
             pair = self._streams[(idx, peer)] = (torch.cuda.Stream(idx), torch.cuda.Stream(idx))
         return pair[recv]
 
-    def _cuda_p2p(self, op, t, peer, tag, out):
-        """A CUDA send or recv, to run on the group's internal stream for it after the
-        caller's current stream as it is now (an event: capture-legal). Its Work's wait()
-        makes the caller's current stream wait for it, as ProcessGroupNCCL's do.
+    def _cuda_p2p(self, recv, t, peer, tag, out):
+        """A CUDA send (recv False) or recv, to run on the group's internal stream for it
+        after the caller's current stream as it is now (an event: capture-legal). Its
+        Work's wait() makes the caller's current stream wait for it, as
+        ProcessGroupNCCL's do.
 
         The kernel is not launched here but when a wait(), is_completed() or the group's
         next CUDA collective flushes the pending sends and receives, in post order. A
@@ -768,18 +757,17 @@ class ProcessGroupGosym(dist.ProcessGroup):
         them before it ran."""
         _check(t)
         idx = self._cuda_index(t.get_device())
-        recv = op == _lib.OP_RECV
         if not recv:
             buf = t if t.is_contiguous() else t.contiguous()
-            addrs = (buf.data_ptr(), 0)
         else:
             buf = t if t.is_contiguous() else torch.empty_like(
                 t, memory_format=torch.contiguous_format)
-            addrs = (0, buf.data_ptr())
         code, mult = move_dtype(buf)
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(idx))
-        desc = _pack(op, code, 0, 1.0, 0, peer, tag, buf.numel() * mult, *addrs, 0, 0, 0, 0)
+        fields = {"dtype": code, "peer": peer, "tag": tag, "count": buf.numel() * mult}
+        desc = (descriptors.recv(dst=buf.data_ptr(), **fields) if recv
+                else descriptors.send(src=buf.data_ptr(), **fields))
         w = CudaSideWork(out, idx, self._p2p_stream(idx, recv, peer), self)
         self._pending.append((w, desc, ready, buf, t if recv and buf is not t else None))
         return w
@@ -828,8 +816,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         raw = _raw_stream(idx)
         if self._pending:
             self._flush_p2p()
-        self._cuda_post(_pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, raw, idx),
-                        self._cuda_index(idx))
+        self._cuda_post(descriptors.barrier(stream=raw, device=idx), self._cuda_index(idx))
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(idx))  # the stream raw names
         return cuda_work([], idx, raw, ev, self._device_error)
@@ -852,8 +839,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return self._cuda
 
     def _host_barrier(self, async_op=True):
-        desc = _pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        return self._work(desc, [], None, None, async_op)
+        return self._work(descriptors.barrier(), [], None, None, async_op)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """gloo's monitored barrier over send/recv (gosym.monitored): fails once timeout
