@@ -19,17 +19,14 @@ first CUDA op.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
-import sys
 import weakref
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from . import _lib, _settings, descriptors
+from . import _endpoint, _lib, descriptors
 from . import anysource as _anysource
 from . import monitored as _monitored
 from . import profiling as _profiling
@@ -46,67 +43,14 @@ _capturing = torch.cuda.is_current_stream_capturing
 _strided = torch.strided
 _sparse_coo = torch.sparse_coo
 _Tensor = torch.Tensor
-_DEBUG = _settings.debug()
 # The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
 # not called, at import: querying CUDA here would initialise it before a fork.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _debug(msg: str) -> None:
-    if _DEBUG:
-        print(f"[gosym pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
-
-
 def _as_works(built):
     """Two-buffer ops' (desc, src, dst, cb) as _works takes them: (desc, keep, cb)."""
     return [(desc, (src, dst), cb) for desc, src, dst, cb in built]
-
-
-def _destroy(handle: int, completer: Completer, name: str) -> None:
-    """Endpoint finalizer: explicit shutdown, garbage collection or interpreter exit."""
-    st = _lib.endpoint_destroy(handle)
-    completer.close()
-    _debug(f"endpoint {name} destroyed (status {st})")
-
-
-def _bootstrap(store, rank, size, timeout, name) -> int:
-    """create -> allgather the blobs through the store -> connect; returns the endpoint."""
-    timeout_ms = max(1, int(timeout.total_seconds() * 1000))
-    out = ctypes.c_uint64()
-    _lib.check(_lib.endpoint_create(rank, size, timeout_ms, name.encode(), ctypes.byref(out)),
-               f"creating the endpoint of group {name!r}")
-    handle = out.value
-    try:
-        blob = _lib.read_bytes(_lib.endpoint_blob, handle)
-        # A store prefix outlives a group (destroy_process_group + init again on the
-        # agent's store), so every creation uses fresh keys. Each rank counts its own
-        # creations on this prefix; all ranks of a group create the same sequence.
-        gen = store.add(f"gosym/gen/{rank}", 1)
-        prefix = f"gosym/{gen}/blob/"
-        keys = [f"{prefix}{r}" for r in range(size)]
-        store.set(keys[rank], blob)
-        try:
-            store.wait(keys, timeout)
-        except Exception as e:  # noqa: BLE001 - re-raised with the missing ranks
-            missing = [r for r in range(size) if not store.check([keys[r]])]
-            raise dist.DistBackendError(
-                f"gosym: group {name!r} (rank {rank} of {size}): ranks {missing} did not "
-                f"publish their bootstrap blob within {timeout} ({e})") from e
-        blobs = store.multi_get(keys)
-        lens = (ctypes.c_uint64 * size)(*[len(b) for b in blobs])
-        _debug(f"group {name!r} rank {rank}/{size}: connecting (blobs {list(lens)})")
-        _lib.check(_lib.endpoint_connect(handle, b"".join(blobs), lens, size),
-                   f"connecting group {name!r} (rank {rank} of {size})")
-    except BaseException:
-        _lib.endpoint_destroy(handle)
-        raise
-    # connect returned, so every peer has read every blob: drop ours to keep the store small.
-    try:
-        store.delete_key(keys[rank])
-    except Exception:  # noqa: BLE001 - a store without delete_key just keeps it
-        pass
-    _debug(f"group {name!r} rank {rank}/{size}: connected, endpoint {handle}")
-    return handle
 
 
 _AR = _c10d.AllreduceOptions()
@@ -150,9 +94,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
         self._streams = {}  # (device index, peer) -> (send stream, recv stream) of CUDA p2p
         self._pending = []  # CUDA sends and receives not launched yet (_cuda_p2p)
-        self._h = _bootstrap(store, rank, size, timeout, name)
+        self._h = _endpoint.bootstrap(store, rank, size, timeout, name)
         self._completer = Completer(name)
-        self._finalizer = weakref.finalize(self, _destroy, self._h, self._completer, name)
+        self._finalizer = weakref.finalize(self, _endpoint.destroy, self._h, self._completer, name)
 
     # ---- identity, lifetime -------------------------------------------------
 
