@@ -31,21 +31,16 @@ from . import anysource as _anysource
 from . import monitored as _monitored
 from . import profiling as _profiling
 from ._dtypes import move_dtype, reduce_op, reduce_types
+from ._streams import CudaStreams, _raw_stream
 from ._tensors import (_check, _dst, _even_pieces, _in_place_types, _one, _op_device, _padded,
                        _pieces, _same_dtype, _src)
-from .work import Completer, CudaSideWork, _Op, cuda_work, work_of
+from .work import Completer, _Op, cuda_work, work_of
 
 _post = _lib.post
 _run = _lib.run
-_STREAM_AT = _lib.STREAM_AT
-_tail = _lib.stream_tail
-_capturing = torch.cuda.is_current_stream_capturing
 _strided = torch.strided
 _sparse_coo = torch.sparse_coo
 _Tensor = torch.Tensor
-# The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
-# not called, at import: querying CUDA here would initialise it before a fork.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _as_works(built):
@@ -90,11 +85,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._store = store  # split_group's children bootstrap through it
         self._split_count = 0
-        self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
-        self._streams = {}  # (device index, peer) -> (send stream, recv stream) of CUDA p2p
-        self._pending = []  # CUDA sends and receives not launched yet (_cuda_p2p)
         self._h = _endpoint.bootstrap(store, rank, size, timeout, name)
+        self._streams = CudaStreams(self._h, self)
         self._completer = Completer(name)
         self._finalizer = weakref.finalize(self, _endpoint.destroy, self._h, self._completer, name)
 
@@ -162,9 +155,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         destroy_process_group() calls it; so does garbage collection or exit, via the finalizer.
         CUDA sends and receives still pending are launched first, as a caller that never
         waited for them would expect of any backend."""
-        if self._pending and self._h:
-            self._flush_p2p()
-        self._h = 0
+        if self._streams.pending and self._h:
+            self._streams.flush()
+        self._h = self._streams.h = 0
         self._finalizer()
 
     def abort(self):
@@ -190,7 +183,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         left to wait for (a CUDA op is on the caller's current stream)."""
         dev = _op_device(keep)
         if dev >= 0:
-            return self._cuda_op(desc, out, dev, cb, async_op)
+            return self._streams.op(desc, out, dev, cb, async_op)
         if not async_op:
             _run(self._h, desc)
             if cb:
@@ -203,7 +196,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         """Posts several (desc, keep, cb) together as one Work."""
         dev = _op_device([k for _, k, _ in built])
         if dev >= 0:
-            return self._cuda_works(built, out, dev)
+            return self._streams.ops(built, out, dev)
         handles, keep, cb = [], [], []
         try:
             for desc, k, c in built:
@@ -250,13 +243,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
         are bound by the host, where every Python frame shows). On the group's device with
         no CUDA send or receive pending, the common case, that happens right here, with no
         further frame but the builder's (on 2xH200 the frames this skips cost ~0.5 us of a
-        ~12 us dist.all_reduce); the first op of a group goes through _cuda_op, the rest
-        through _work."""
+        ~12 us dist.all_reduce); the first op of a group goes through CudaStreams.op, the
+        rest through _work."""
         t = _one(tensors, what)
         fast = t.__class__ is _Tensor and t.is_cuda and t.layout is _strided and t.is_contiguous()
-        if fast and not self._pending:
+        streams = self._streams
+        if fast and not streams.pending:
             idx = t.get_device()
-            if idx == self._cuda:
+            if idx == streams.device:
                 code, mult, red, scale = _in_place_types(build, t, opts)
                 raw = _raw_stream(idx)
                 _run(self._h, build(dtype=code, count=t.numel() * mult, addr=t.data_ptr(),
@@ -267,7 +261,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         desc, buf, cb = self._in_place(build, t, opts, root, fast)
         if not fast:
             return self._work(desc, tensors, buf, cb, opts.asyncOp)
-        return self._cuda_op(desc, tensors, t.get_device(), None, opts.asyncOp)
+        return streams.op(desc, tensors, t.get_device(), None, opts.asyncOp)
 
     def _pair_op(self, desc, src, dst, cb, out, async_op, pieces=()):
         """A two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
@@ -278,7 +272,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if not cb and src.is_cuda:
             idx = src.get_device()
             if dst.get_device() == idx:
-                return self._cuda_op(desc, out, idx, None, async_op)
+                return self._streams.op(desc, out, idx, None, async_op)
         return self._work(desc, out, (src, dst, *pieces), cb, async_op)
 
     def allreduce(self, tensors, opts=_AR):
@@ -308,49 +302,6 @@ class ProcessGroupGosym(dist.ProcessGroup):
                                         x.shape).coalesce()
         t.copy_(total)
         return work_of(_Op((), tensors, None, None, self._completer)) if opts.asyncOp else None
-
-    # ---- the CUDA data plane ----------------------------------------------------
-
-    def _cuda_index(self, idx):
-        """idx, checked against the device this group's CUDA ops already run on."""
-        if self._cuda is not None and idx != self._cuda:
-            raise ValueError(f"gosym: group {self._name!r} runs on cuda:{self._cuda} on this "
-                             f"rank; got a tensor on cuda:{idx} (one device per rank and group)")
-        return idx
-
-    def _cuda_post(self, desc, idx):
-        """Enqueues a CUDA op: one native call (post, wait, release), since a CUDA op is
-        done on the host once it is enqueued on its stream."""
-        _run(self._h, desc)
-        self._cuda = idx
-
-    def _cuda_stream(self, idx):
-        """The caller's current stream on CUDA device idx (checked against the group's
-        device), once the pending CUDA sends and receives are launched: where a CUDA
-        collective goes. The engine asks the driver whether it is being captured."""
-        if idx != self._cuda:
-            self._cuda_index(idx)
-        if self._pending:
-            self._flush_p2p()
-        return _raw_stream(idx)
-
-    def _cuda_op(self, desc, out, idx, cb, async_op=True):
-        """Enqueues one op (its host desc) on CUDA device idx, on the caller's current
-        stream. Its temporaries may go as soon as this returns: the caching allocator reuses
-        them only in the order of that stream. Copy-backs into non-contiguous outputs are
-        enqueued right after the op. A synchronous caller gets None (see _work)."""
-        raw = self._cuda_stream(idx)
-        self._cuda_post(desc[:_STREAM_AT] + _tail(raw, idx, 0), idx)
-        if cb:
-            for t, tmp in cb:
-                t.copy_(tmp)
-        return cuda_work(out, idx, raw) if async_op else None
-
-    def _cuda_works(self, built, out, idx):
-        """Enqueues several ops on CUDA device idx as one Work (see _cuda_op)."""
-        for desc, _, cb in built:
-            self._cuda_op(desc, None, idx, cb, False)
-        return cuda_work(out, idx, _raw_stream(idx))
 
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")
@@ -647,7 +598,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         peer = self._peer(dstRank, "send")
         t = _one(tensors, "send")
         if isinstance(t, _Tensor) and t.is_cuda:
-            return self._cuda_p2p(False, t, peer, tag, tensors)
+            return self._streams.p2p(False, t, peer, tag, tensors)
         src = _src(t)
         code, mult = move_dtype(src)
         desc = descriptors.send(dtype=code, peer=peer, tag=tag, count=src.numel() * mult,
@@ -658,93 +609,13 @@ class ProcessGroupGosym(dist.ProcessGroup):
         peer = self._peer(srcRank, "recv")
         t = _one(tensors, "recv")
         if isinstance(t, _Tensor) and t.is_cuda:
-            return self._cuda_p2p(True, t, peer, tag, tensors)
+            return self._streams.p2p(True, t, peer, tag, tensors)
         cb = []
         dst = _dst(t, cb, False)
         code, mult = move_dtype(dst)
         desc = descriptors.recv(dtype=code, peer=peer, tag=tag, count=dst.numel() * mult,
                                 dst=dst.data_ptr())
         return self._work(desc, tensors, dst, cb)
-
-    def _p2p_stream(self, idx, recv, peer):
-        """The group's internal send (recv False) or receive stream with peer on device
-        idx. Sends and receives run there, each after the caller's current stream, not on
-        it, one stream per peer and direction, as NCCL's per-pair streams and grouped
-        p2p let any order of posts complete: on one stream, the ring isend(next);
-        irecv(prev) posted by every rank would queue each receive behind a send that
-        waits for the peer's receive once the message outgrows the channel's slots, and
-        on one send stream for all peers, all-pairs exchanges posted in rotated orders
-        would wait on each other in a cycle."""
-        pair = self._streams.get((idx, peer))
-        if pair is None:
-            pair = self._streams[(idx, peer)] = (torch.cuda.Stream(idx), torch.cuda.Stream(idx))
-        return pair[recv]
-
-    def _cuda_p2p(self, recv, t, peer, tag, out):
-        """A CUDA send (recv False) or recv, to run on the group's internal stream for it
-        after the caller's current stream as it is now (an event: capture-legal). Its
-        Work's wait() makes the caller's current stream wait for it, as
-        ProcessGroupNCCL's do.
-
-        The kernel is not launched here but when a wait(), is_completed() or the group's
-        next CUDA collective flushes the pending sends and receives, in post order. A
-        launched receive spins on the GPU until its peer sends, and any host call that
-        synchronises the device waits for it: CUDA's lazy module loading does, at the
-        first launch of each kernel. A peer blocked the same way before it posts the
-        matching send would deadlock the pair until the kernels time out. Deferring
-        keeps whatever the caller runs between its posts out of that window; the flush
-        enqueues every kernel before the copy-backs into non-contiguous destinations.
-
-        A non-contiguous source is copied on the current stream first; a non-contiguous
-        destination is received into a temporary that the internal stream copies back.
-        The tensors are recorded on that stream, so the caching allocator does not reuse
-        them before it ran."""
-        _check(t)
-        idx = self._cuda_index(t.get_device())
-        if not recv:
-            buf = t if t.is_contiguous() else t.contiguous()
-        else:
-            buf = t if t.is_contiguous() else torch.empty_like(
-                t, memory_format=torch.contiguous_format)
-        code, mult = move_dtype(buf)
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(idx))
-        fields = {"dtype": code, "peer": peer, "tag": tag, "count": buf.numel() * mult}
-        desc = (descriptors.recv(dst=buf.data_ptr(), **fields) if recv
-                else descriptors.send(src=buf.data_ptr(), **fields))
-        w = CudaSideWork(out, idx, self._p2p_stream(idx, recv, peer), self)
-        self._pending.append((w, desc, ready, buf, t if recv and buf is not t else None))
-        return w
-
-    def _flush_p2p(self):
-        """Launches the pending CUDA sends and receives (see _cuda_p2p), then the
-        copy-backs, and gives each Work the event its wait() joins. If a launch fails,
-        it and the ops after it fail with that error: their wait() raises it, not the
-        caller that happened to flush."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return
-        flags = _lib.OP_CAPTURING if _capturing() else 0
-        copies = []
-        for i, (w, desc, ready, buf, dst) in enumerate(pending):
-            side = w._side
-            side.wait_event(ready)
-            try:
-                self._cuda_post(_lib.on_stream(desc, side.cuda_stream, w._idx, flags), w._idx)
-            except Exception as e:  # noqa: BLE001 - raised by the failed works' wait()
-                for x in pending[i:]:
-                    x[0]._err = e
-                break
-            buf.record_stream(side)
-            if dst is None:
-                w._done = side.record_event()
-            else:
-                copies.append((w, buf, dst))
-        for w, buf, dst in copies:
-            with torch.cuda.stream(w._side):
-                dst.copy_(buf)
-            dst.record_stream(w._side)
-            w._done = w._side.record_event()
 
     def recv_anysource(self, tensors, tag):
         """A host receive from any rank (gosym.anysource); its Work's _source_rank() is the sender."""
@@ -758,9 +629,10 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if idx is None:
             return self._host_barrier(opts.asyncOp)
         raw = _raw_stream(idx)
-        if self._pending:
-            self._flush_p2p()
-        self._cuda_post(descriptors.barrier(stream=raw, device=idx), self._cuda_index(idx))
+        streams = self._streams
+        if streams.pending:
+            streams.flush()
+        streams.post(descriptors.barrier(stream=raw, device=idx), streams.index(idx))
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(idx))  # the stream raw names
         return cuda_work([], idx, raw, ev, self._device_error)
@@ -777,10 +649,11 @@ class ProcessGroupGosym(dist.ProcessGroup):
     def _barrier_device(self, opts):
         d = opts.device
         if d is not None and d.type == "cuda":
-            return self._cuda_index(d.index if d.index is not None else torch.cuda.current_device())
+            idx = d.index if d.index is not None else torch.cuda.current_device()
+            return self._streams.index(idx)
         if opts.device_ids:
-            return self._cuda_index(opts.device_ids[0])
-        return self._cuda
+            return self._streams.index(opts.device_ids[0])
+        return self._streams.device
 
     def _host_barrier(self, async_op=True):
         return self._work(descriptors.barrier(), [], None, None, async_op)
