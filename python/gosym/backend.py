@@ -15,6 +15,10 @@ at once and the stream carries the ordering. send/recv run on the group's intern
 send and receive streams, after the caller's stream, and their Work's wait() joins the
 caller's stream back. A group runs on one CUDA device per rank: the device of its
 first CUDA op.
+
+Beside this module: tensor checks and marshalling in _tensors, descriptors in descriptors,
+the endpoint's bootstrap in _endpoint, CUDA streams and the send/recv launch in _streams, the
+sparse all_reduce in sparse.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from . import _endpoint, _lib, descriptors
 from . import anysource as _anysource
 from . import monitored as _monitored
 from . import profiling as _profiling
+from . import sparse as _sparse
 from ._dtypes import move_dtype, reduce_op, reduce_types
 from ._streams import CudaStreams, _raw_stream
-from ._tensors import (_check, _dst, _even_pieces, _in_place_types, _one, _op_device, _padded,
-                       _pieces, _same_dtype, _src)
+from ._tensors import (_check, _dst, _even_pieces, _in_place_types, _one, _op_device, _pieces,
+                       _same_dtype, _src)
 from .work import Completer, _Op, cuda_work, work_of
 
 _post = _lib.post
@@ -58,8 +63,6 @@ _A2A = _c10d.AllToAllOptions()
 _GA = _c10d.GatherOptions()
 _SC = _c10d.ScatterOptions()
 _BA = _c10d.BarrierOptions()
-_SYNC_AG = _c10d.AllgatherOptions()  # the internal all_gathers of a sparse all_reduce
-_SYNC_AG.asyncOp = False
 
 
 class ProcessGroupGosym(dist.ProcessGroup):
@@ -257,7 +260,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
                                     red_op=red, scale=scale, root=root, stream=raw, device=idx))
                 return cuda_work(tensors, idx, raw) if opts.asyncOp else None
         if t.layout is _sparse_coo and build is descriptors.all_reduce:
-            return self._sparse_allreduce(t, tensors, opts)
+            return _sparse.sparse_allreduce(self, t, tensors, opts)
         desc, buf, cb = self._in_place(build, t, opts, root, fast)
         if not fast:
             return self._work(desc, tensors, buf, cb, opts.asyncOp)
@@ -277,31 +280,6 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=_AR):
         return self._buffer_op(descriptors.all_reduce, tensors, opts, 0, "allreduce")
-
-    def _sparse_allreduce(self, t, tensors, opts):
-        """SUM of sparse COO tensors (DDP's sparse gradients), as gloo does it: every rank's
-        indices and values are gathered (padded to the largest count), summed into one
-        coalesced tensor and copied into t. Synchronous; the Work is done."""
-        red, _ = reduce_op(opts.reduceOp)
-        if red != _lib.RED["SUM"]:
-            raise ValueError(f"gosym: all_reduce of sparse tensors supports SUM only, got "
-                             f"{opts.reduceOp.op}")
-        x = t.coalesce()
-        idx, val = x.indices(), x.values()
-        world = self._size
-        counts = idx.new_empty(world)
-        self._allgather_base(counts, idx.new_tensor([idx.shape[1]]), _SYNC_AG)
-        most = int(counts.max())
-        pad_idx = idx.new_zeros((world, idx.shape[0], most))
-        pad_val = val.new_zeros((world, most, *val.shape[1:]))
-        self._allgather_base(pad_idx, _padded(idx, 1, most), _SYNC_AG)
-        self._allgather_base(pad_val, _padded(val, 0, most), _SYNC_AG)
-        n = counts.tolist()
-        total = torch.sparse_coo_tensor(torch.cat([pad_idx[r][:, :n[r]] for r in range(world)], 1),
-                                        torch.cat([pad_val[r][:n[r]] for r in range(world)]),
-                                        x.shape).coalesce()
-        t.copy_(total)
-        return work_of(_Op((), tensors, None, None, self._completer)) if opts.asyncOp else None
 
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")
