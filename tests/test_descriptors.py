@@ -35,9 +35,13 @@ def pairs(v, on=()):
     for name, op in (("all_reduce", OP_ALLREDUCE), ("reduce", OP_REDUCE),
                      ("broadcast", OP_BROADCAST)):
         r = {"red_op": 0, "scale": 1.0} if name == "broadcast" else red
-        new = getattr(D, name)(dtype=v.dtype, count=v.count, addr=v.a, root=v.root, **r, **s)
-        out.append((name, new, (op, v.dtype, r["red_op"], r["scale"], v.root, 0, 0, v.count, v.a,
-                                v.a, 0, 0, 0, 0)))
+        old = (op, v.dtype, r["red_op"], r["scale"], v.root, 0, 0, v.count, v.a, v.a, 0, 0, 0, 0)
+        build = getattr(D, name)
+        out.append((name, build(dtype=v.dtype, count=v.count, addr=v.a, root=v.root, **r, **s),
+                    old))
+        # as the in-place CUDA short path calls it
+        out.append((name, build(v.dtype, v.count, v.a, r["red_op"], r["scale"], v.root, *on),
+                    old))
     out += [
         ("all_gather", D.all_gather(dtype=v.dtype, count=v.count, src=v.a, out_pieces=v.p,
                                     n_out=v.world, **s),

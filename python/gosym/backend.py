@@ -256,8 +256,10 @@ class ProcessGroupGosym(dist.ProcessGroup):
             if idx == streams.device:
                 code, mult, red, scale = _in_place_types(build, t, opts)
                 raw = _raw_stream(idx)
-                _run(self._h, build(dtype=code, count=t.numel() * mult, addr=t.data_ptr(),
-                                    red_op=red, scale=scale, root=root, stream=raw, device=idx))
+                # In build's order (dtype, count, addr, red_op, scale, root, stream, device):
+                # eight keywords cost several times the builder's frame (descriptors._in_place).
+                _run(self._h, build(code, t.numel() * mult, t.data_ptr(), red, scale, root, raw,
+                                    idx))
                 return cuda_work(tensors, idx, raw) if opts.asyncOp else None
         if t.layout is _sparse_coo and build is descriptors.all_reduce:
             return _sparse.sparse_allreduce(self, t, tensors, opts)

@@ -17,7 +17,9 @@ _pack = DESC.pack  # gosym_op_desc's fields in order, then flags (always 0 here)
 
 
 def _in_place(op, name):
-    def build(*, dtype, count, addr, red_op=0, scale=1.0, root=0, stream=0, device=-1):
+    # Not keyword-only: the in-place CUDA short path passes its arguments in order, where
+    # eight keywords would cost several times the builder's own frame.
+    def build(dtype, count, addr, red_op=0, scale=1.0, root=0, stream=0, device=-1):
         return _pack(DESC_SIZE, op, dtype, red_op, scale, root, 0, 0, count, addr, addr,
                      0, 0, 0, 0, stream, device, 0)
 
