@@ -15,8 +15,9 @@ from array import array
 
 import torch
 
-from . import _lib
+from . import _lib, descriptors
 from ._dtypes import move_dtype
+from ._tensors import _dst, _one
 from .work import Work, _Op
 
 
@@ -30,20 +31,19 @@ class AnySourceWork(Work):
         return self._src[0]
 
 
-def recv_anysource(pg, tensors, tag, one, dst_of):
-    """pg's recv_anysource: one(tensors, what) is its single tensor, dst_of(t, cb, init) the
-    contiguous buffer to receive into (backend._one, backend._dst)."""
-    t = one(tensors, "recv")
+def recv_anysource(pg, tensors, tag):
+    """pg.recv_anysource (see the module's doc)."""
+    t = _one(tensors, "recv")
     if isinstance(t, torch.Tensor) and t.is_cuda:
         raise NotImplementedError("gosym: recv from any source into a CUDA tensor is not "
                                   "supported (as with NCCL); pass src, or receive into a CPU "
                                   "tensor")
     cb = []
-    dst = dst_of(t, cb, False)
+    dst = _dst(t, cb, False)
     code, mult = move_dtype(dst)
     src = array("i", [-1])
-    desc = _lib.pack_desc(_lib.OP_RECV, code, 0, 1.0, 0, _lib.ANY_SOURCE, tag, dst.numel() * mult,
-                          src.buffer_info()[0], dst.data_ptr(), 0, 0, 0, 0)
+    desc = descriptors.recv_anysource(dtype=code, tag=tag, count=dst.numel() * mult,
+                                      dst=dst.data_ptr(), sender_at=src.buffer_info()[0])
     handle = _lib.post(pg._endpoint(), desc)
     w = AnySourceWork()
     w._op = _Op((handle,), tensors, (dst, src), cb or None, pg._completer)

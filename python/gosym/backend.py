@@ -15,222 +15,42 @@ at once and the stream carries the ordering. send/recv run on the group's intern
 send and receive streams, after the caller's stream, and their Work's wait() joins the
 caller's stream back. A group runs on one CUDA device per rank: the device of its
 first CUDA op.
+
+Beside this module: tensor checks and marshalling in _tensors, descriptors in descriptors,
+the endpoint's bootstrap in _endpoint, CUDA streams and the send/recv launch in _streams, the
+sparse all_reduce in sparse.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
-import sys
 import weakref
-from array import array
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from . import _lib, _settings
+from . import _endpoint, _lib, descriptors
 from . import anysource as _anysource
 from . import monitored as _monitored
 from . import profiling as _profiling
-from ._dtypes import DTYPES as _DTYPES
+from . import sparse as _sparse
 from ._dtypes import move_dtype, reduce_op, reduce_types
-from .work import Completer, CudaSideWork, _Op, cuda_work, work_of
+from ._streams import CudaStreams, _raw_stream
+from ._tensors import (_check, _dst, _even_pieces, _in_place_types, _one, _op_device, _pieces,
+                       _same_dtype, _src)
+from .work import Completer, _Op, cuda_work, work_of
 
-_pack = _lib.pack_desc
-_pack_raw = _lib.DESC.pack  # pack_desc's struct, for the one path that packs without it
-_DESC_SIZE = _lib.DESC_SIZE
 _post = _lib.post
 _run = _lib.run
-_STREAM_AT = _lib.STREAM_AT
-_tail = _lib.stream_tail
-_capturing = torch.cuda.is_current_stream_capturing
 _strided = torch.strided
 _sparse_coo = torch.sparse_coo
 _Tensor = torch.Tensor
-_DEBUG = _settings.debug()
-# The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
-# not called, at import: querying CUDA here would initialise it before a fork.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _debug(msg: str) -> None:
-    if _DEBUG:
-        print(f"[gosym pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
-
-
-def _check(t) -> None:
-    """The one place that decides whether gosym can address a tensor's memory: host
-    memory, or CUDA memory (the CUDA data plane; _op_device keeps one op on one device)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"gosym: expected a torch.Tensor, got {type(t).__name__}")
-    if not (t.is_cpu or t.is_cuda):
-        raise NotImplementedError(f"gosym: tensors on device {t.device} are not supported")
-    if t.layout is not _strided:
-        raise TypeError(f"gosym: only strided (dense) tensors are supported, got {t.layout}")
-
-
-def _op_device(keep):
-    """-1 when every tensor an op touches (those in keep, nested in lists and tuples) is in
-    host memory, else the CUDA device index they all share: the engine reads addresses as
-    the op's device says, so a mix is refused here. On the path of every op: exact type
-    tests first, one pass, no set."""
-    if isinstance(keep, _Tensor):  # the common single-buffer op
-        return keep.get_device()
-    if keep.__class__ is tuple and len(keep) == 2:  # (src, dst) of the common two-buffer ops
-        a, b = keep
-        if a.__class__ is _Tensor and b.__class__ is _Tensor:
-            d = a.get_device()
-            if b.get_device() != d:
-                raise _mixed(keep)
-            return d
-    dev = None
-    todo = [keep]
-    for x in todo:  # grows as nested lists and tuples are met
-        c = x.__class__
-        if c is tuple or c is list:
-            todo += x
-        elif c is _Tensor or isinstance(x, _Tensor):
-            d = x.get_device()
-            if dev is None:
-                dev = d
-            elif d != dev:
-                raise _mixed(keep)
-        elif isinstance(x, (list, tuple)):
-            todo += x
-    return -1 if dev is None else dev
-
-
-def _mixed(keep):
-    """The error for an op whose tensors (in keep) lie on several devices."""
-    devs, stack = set(), [keep]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, _Tensor):
-            devs.add(x.get_device())
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-    devs = sorted(devs)
-    names = ", ".join("cpu" if d < 0 else f"cuda:{d}" for d in devs)
-    return ValueError(f"gosym: the tensors of one op must be on one device, got {names}")
-
-
-def _src(t):
-    """A contiguous tensor holding t's data, for the engine to read."""
-    _check(t)
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _dst(t, cb, init):
-    """A contiguous tensor for the engine to write t's result into. For a
-    non-contiguous t that is a temporary (holding t's data when init is set) and
-    (t, temporary) is appended to the copy-back list cb."""
-    _check(t)
-    if t.is_contiguous():
-        return t
-    tmp = t.contiguous() if init else torch.empty_like(t, memory_format=torch.contiguous_format)
-    cb.append((t, tmp))
-    return tmp
-
-
-def _in_place_types(op, buf, opts):
-    """(dtype code, elements per torch element, GOSYM_RED_*, scale) of op (a reduction, or
-    a broadcast) in place on buf."""
-    if op == _lib.OP_BROADCAST:
-        code, mult = move_dtype(buf)
-        return code, mult, 0, 1.0
-    red, scale = reduce_op(opts.reduceOp)
-    code = _DTYPES.get(buf.dtype)  # reduce_types' common case, without its frame
-    if code is not None:
-        return code, 1, red, scale
-    return *reduce_types(buf, red), red, scale
-
-
-def _padded(t, dim, n):
-    """t with zeros appended along dim up to n (its own storage when it is that long)."""
-    if t.shape[dim] == n:
-        return t.contiguous()
-    shape = list(t.shape)
-    shape[dim] = n
-    out = t.new_zeros(shape)
-    out.narrow(dim, 0, t.shape[dim]).copy_(t)
-    return out
-
-
-def _one(seq, what):
-    """The single element of a per-process tensor list (one device per process)."""
-    if len(seq) != 1:
-        raise ValueError(f"gosym: {what} takes exactly one tensor (list) per process, got "
-                         f"{len(seq)}")
-    return seq[0]
-
-
-def _same_dtype(a, b, what):
-    if a.dtype != b.dtype:
-        raise TypeError(f"gosym: {what}: dtype mismatch, {a.dtype} vs {b.dtype}")
-
-
-def _pieces(pairs):
-    """A flat uint64 (addr, count) array and its address, for in_pieces/out_pieces."""
-    arr = array("Q", pairs)
-    return arr, arr.buffer_info()[0]
-
-
-def _even_pieces(base, step_bytes, count, world):
-    return _pieces([v for r in range(world) for v in (base + r * step_bytes, count)])
-
-
-def _packed(built):
-    """Two-buffer ops' (fields, src, dst, cb) as _works takes them: (desc, keep, cb)."""
-    return [(_pack(*f), (src, dst), cb) for f, src, dst, cb in built]
-
-
-def _destroy(handle: int, completer: Completer, name: str) -> None:
-    """Endpoint finalizer: explicit shutdown, garbage collection or interpreter exit."""
-    st = _lib.endpoint_destroy(handle)
-    completer.close()
-    _debug(f"endpoint {name} destroyed (status {st})")
-
-
-def _bootstrap(store, rank, size, timeout, name) -> int:
-    """create -> allgather the blobs through the store -> connect; returns the endpoint."""
-    timeout_ms = max(1, int(timeout.total_seconds() * 1000))
-    out = ctypes.c_uint64()
-    _lib.check(_lib.endpoint_create(rank, size, timeout_ms, name.encode(), ctypes.byref(out)),
-               f"creating the endpoint of group {name!r}")
-    handle = out.value
-    try:
-        blob = _lib.read_bytes(_lib.endpoint_blob, handle)
-        # A store prefix outlives a group (destroy_process_group + init again on the
-        # agent's store), so every creation uses fresh keys. Each rank counts its own
-        # creations on this prefix; all ranks of a group create the same sequence.
-        gen = store.add(f"gosym/gen/{rank}", 1)
-        prefix = f"gosym/{gen}/blob/"
-        keys = [f"{prefix}{r}" for r in range(size)]
-        store.set(keys[rank], blob)
-        try:
-            store.wait(keys, timeout)
-        except Exception as e:  # noqa: BLE001 - re-raised with the missing ranks
-            missing = [r for r in range(size) if not store.check([keys[r]])]
-            raise dist.DistBackendError(
-                f"gosym: group {name!r} (rank {rank} of {size}): ranks {missing} did not "
-                f"publish their bootstrap blob within {timeout} ({e})") from e
-        blobs = store.multi_get(keys)
-        lens = (ctypes.c_uint64 * size)(*[len(b) for b in blobs])
-        _debug(f"group {name!r} rank {rank}/{size}: connecting (blobs {list(lens)})")
-        _lib.check(_lib.endpoint_connect(handle, b"".join(blobs), lens, size),
-                   f"connecting group {name!r} (rank {rank} of {size})")
-    except BaseException:
-        _lib.endpoint_destroy(handle)
-        raise
-    # connect returned, so every peer has read every blob: drop ours to keep the store small.
-    try:
-        store.delete_key(keys[rank])
-    except Exception:  # noqa: BLE001 - a store without delete_key just keeps it
-        pass
-    _debug(f"group {name!r} rank {rank}/{size}: connected, endpoint {handle}")
-    return handle
+def _as_works(built):
+    """Two-buffer ops' (desc, src, dst, cb) as _works takes them: (desc, keep, cb)."""
+    return [(desc, (src, dst), cb) for desc, src, dst, cb in built]
 
 
 _AR = _c10d.AllreduceOptions()
@@ -243,8 +63,6 @@ _A2A = _c10d.AllToAllOptions()
 _GA = _c10d.GatherOptions()
 _SC = _c10d.ScatterOptions()
 _BA = _c10d.BarrierOptions()
-_SYNC_AG = _c10d.AllgatherOptions()  # the internal all_gathers of a sparse all_reduce
-_SYNC_AG.asyncOp = False
 
 
 class ProcessGroupGosym(dist.ProcessGroup):
@@ -270,13 +88,11 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._store = store  # split_group's children bootstrap through it
         self._split_count = 0
-        self._cuda = None  # the CUDA device index of this rank's CUDA ops, once one ran
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
-        self._streams = {}  # (device index, peer) -> (send stream, recv stream) of CUDA p2p
-        self._pending = []  # CUDA sends and receives not launched yet (_cuda_p2p)
-        self._h = _bootstrap(store, rank, size, timeout, name)
+        self._h = _endpoint.bootstrap(store, rank, size, timeout, name)
+        self._streams = CudaStreams(self._h, self)
         self._completer = Completer(name)
-        self._finalizer = weakref.finalize(self, _destroy, self._h, self._completer, name)
+        self._finalizer = weakref.finalize(self, _endpoint.destroy, self._h, self._completer, name)
 
     # ---- identity, lifetime -------------------------------------------------
 
@@ -342,9 +158,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         destroy_process_group() calls it; so does garbage collection or exit, via the finalizer.
         CUDA sends and receives still pending are launched first, as a caller that never
         waited for them would expect of any backend."""
-        if self._pending and self._h:
-            self._flush_p2p()
-        self._h = 0
+        if self._streams.pending and self._h:
+            self._streams.flush()
+        self._h = self._streams.h = 0
         self._finalizer()
 
     def abort(self):
@@ -370,7 +186,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         left to wait for (a CUDA op is on the caller's current stream)."""
         dev = _op_device(keep)
         if dev >= 0:
-            return self._cuda_op(desc, out, dev, cb, async_op)
+            return self._streams.op(desc, out, dev, cb, async_op)
         if not async_op:
             _run(self._h, desc)
             if cb:
@@ -383,7 +199,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         """Posts several (desc, keep, cb) together as one Work."""
         dev = _op_device([k for _, k, _ in built])
         if dev >= 0:
-            return self._cuda_works(built, out, dev)
+            return self._streams.ops(built, out, dev)
         handles, keep, cb = [], [], []
         try:
             for desc, k, c in built:
@@ -412,135 +228,64 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     # ---- ops on one buffer, in place ----------------------------------------
 
-    def _in_place(self, op, t, opts, root, dense=False):
-        """The desc fields of op (a reduction, or a broadcast) in place on t, the buffer
-        the engine works on and its copy-backs: t itself when dense (a contiguous strided
-        tensor, checked by the caller), else what _dst makes of it."""
+    def _in_place(self, build, t, opts, root, dense=False):
+        """The host desc of build's op (descriptors.all_reduce, reduce or broadcast) in
+        place on t, the buffer the engine works on and its copy-backs: t itself when dense
+        (a contiguous strided tensor, checked by the caller), else what _dst makes of it."""
         cb = []
         buf = t if dense else _dst(t, cb, True)
-        code, mult, red, scale = _in_place_types(op, buf, opts)
-        a = buf.data_ptr()
-        return (op, code, red, scale, root, 0, 0, buf.numel() * mult, a, a, 0, 0, 0, 0), buf, cb
+        code, mult, red, scale = _in_place_types(build, buf, opts)
+        desc = build(dtype=code, count=buf.numel() * mult, addr=buf.data_ptr(), red_op=red,
+                     scale=scale, root=root)
+        return desc, buf, cb
 
-    def _buffer_op(self, op, tensors, opts, root, what):
-        """all_reduce, reduce (op a reduction) and broadcast: one tensor, in place. A dense
-        contiguous CUDA tensor takes a short path: its desc is packed with its stream at
-        once and posted by one native call (small eager CUDA ops are bound by the host,
-        where every Python frame shows). On the group's device with no CUDA send or
-        receive pending, the common case, that happens right here, with no further frame
-        (on 2xH200 the frames this skips cost ~0.5 us of a ~12 us dist.all_reduce); the
-        first op of a group goes through _cuda_now, the rest through _work."""
+    def _buffer_op(self, build, tensors, opts, root, what):
+        """all_reduce, reduce and broadcast (build: the op's builder in descriptors): one
+        tensor, in place. A dense contiguous CUDA tensor takes a short path: its desc is
+        packed with its stream at once and posted by one native call (small eager CUDA ops
+        are bound by the host, where every Python frame shows). On the group's device with
+        no CUDA send or receive pending, the common case, that happens right here, with no
+        further frame but the builder's (on 2xH200 the frames this skips cost ~0.5 us of a
+        ~12 us dist.all_reduce); the first op of a group goes through CudaStreams.op, the
+        rest through _work."""
         t = _one(tensors, what)
         fast = t.__class__ is _Tensor and t.is_cuda and t.layout is _strided and t.is_contiguous()
-        if fast and not self._pending:
+        streams = self._streams
+        if fast and not streams.pending:
             idx = t.get_device()
-            if idx == self._cuda:
-                code, mult, red, scale = _in_place_types(op, t, opts)
-                a, raw = t.data_ptr(), _raw_stream(idx)
-                _run(self._h, _pack_raw(_DESC_SIZE, op, code, red, scale, root, 0, 0, t.numel() * mult, a, a,
-                                        0, 0, 0, 0, raw, idx, 0))
+            if idx == streams.device:
+                code, mult, red, scale = _in_place_types(build, t, opts)
+                raw = _raw_stream(idx)
+                # In build's order (dtype, count, addr, red_op, scale, root, stream, device):
+                # eight keywords cost several times the builder's frame (descriptors._in_place).
+                _run(self._h, build(code, t.numel() * mult, t.data_ptr(), red, scale, root, raw,
+                                    idx))
                 return cuda_work(tensors, idx, raw) if opts.asyncOp else None
-        if t.layout is _sparse_coo and op == _lib.OP_ALLREDUCE:
-            return self._sparse_allreduce(t, tensors, opts)
-        fields, buf, cb = self._in_place(op, t, opts, root, fast)
+        if t.layout is _sparse_coo and build is descriptors.all_reduce:
+            return _sparse.sparse_allreduce(self, t, tensors, opts)
+        desc, buf, cb = self._in_place(build, t, opts, root, fast)
         if not fast:
-            return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
-        return self._cuda_now(fields, tensors, t.get_device(), opts.asyncOp)
+            return self._work(desc, tensors, buf, cb, opts.asyncOp)
+        return streams.op(desc, tensors, t.get_device(), None, opts.asyncOp)
 
-    def _pair_op(self, fields, src, dst, cb, out, async_op, pieces=()):
+    def _pair_op(self, desc, src, dst, cb, out, async_op, pieces=()):
         """A two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
-        all_to_all_single) given its desc fields: src is read, dst written, cb dst's
+        all_to_all_single) given its host desc: src is read, dst written, cb dst's
         copy-back, pieces the arrays the desc points to. Buffers on one CUDA device with
-        no copy-back, the common case, take _buffer_op's short path (the engine is done
-        with the arrays when it returns); the rest goes through _work."""
+        no copy-back, the common case, go straight to the caller's stream (the engine is
+        done with the arrays when it returns); the rest goes through _work."""
         if not cb and src.is_cuda:
             idx = src.get_device()
             if dst.get_device() == idx:
-                return self._cuda_now(fields, out, idx, async_op)
-        return self._work(_pack(*fields), out, (src, dst, *pieces), cb, async_op)
+                return self._streams.op(desc, out, idx, None, async_op)
+        return self._work(desc, out, (src, dst, *pieces), cb, async_op)
 
     def allreduce(self, tensors, opts=_AR):
-        return self._buffer_op(_lib.OP_ALLREDUCE, tensors, opts, 0, "allreduce")
-
-    def _sparse_allreduce(self, t, tensors, opts):
-        """SUM of sparse COO tensors (DDP's sparse gradients), as gloo does it: every rank's
-        indices and values are gathered (padded to the largest count), summed into one
-        coalesced tensor and copied into t. Synchronous; the Work is done."""
-        red, _ = reduce_op(opts.reduceOp)
-        if red != _lib.RED["SUM"]:
-            raise ValueError(f"gosym: all_reduce of sparse tensors supports SUM only, got "
-                             f"{opts.reduceOp.op}")
-        x = t.coalesce()
-        idx, val = x.indices(), x.values()
-        world = self._size
-        counts = idx.new_empty(world)
-        self._allgather_base(counts, idx.new_tensor([idx.shape[1]]), _SYNC_AG)
-        most = int(counts.max())
-        pad_idx = idx.new_zeros((world, idx.shape[0], most))
-        pad_val = val.new_zeros((world, most, *val.shape[1:]))
-        self._allgather_base(pad_idx, _padded(idx, 1, most), _SYNC_AG)
-        self._allgather_base(pad_val, _padded(val, 0, most), _SYNC_AG)
-        n = counts.tolist()
-        total = torch.sparse_coo_tensor(torch.cat([pad_idx[r][:, :n[r]] for r in range(world)], 1),
-                                        torch.cat([pad_val[r][:n[r]] for r in range(world)]),
-                                        x.shape).coalesce()
-        t.copy_(total)
-        return work_of(_Op((), tensors, None, None, self._completer)) if opts.asyncOp else None
-
-    # ---- the CUDA data plane ----------------------------------------------------
-
-    def _cuda_index(self, idx):
-        """idx, checked against the device this group's CUDA ops already run on."""
-        if self._cuda is not None and idx != self._cuda:
-            raise ValueError(f"gosym: group {self._name!r} runs on cuda:{self._cuda} on this "
-                             f"rank; got a tensor on cuda:{idx} (one device per rank and group)")
-        return idx
-
-    def _cuda_post(self, desc, idx):
-        """Enqueues a CUDA op: one native call (post, wait, release), since a CUDA op is
-        done on the host once it is enqueued on its stream."""
-        _run(self._h, desc)
-        self._cuda = idx
-
-    def _cuda_stream(self, idx):
-        """The caller's current stream on CUDA device idx (checked against the group's
-        device), once the pending CUDA sends and receives are launched: where a CUDA
-        collective goes. The engine asks the driver whether it is being captured."""
-        if idx != self._cuda:
-            self._cuda_index(idx)
-        if self._pending:
-            self._flush_p2p()
-        return _raw_stream(idx)
-
-    def _cuda_now(self, fields, out, idx, async_op):
-        """The short path: the desc of fields, packed with the caller's stream on CUDA
-        device idx, posted by one native call (small eager CUDA ops are bound by the host,
-        where every Python frame shows). A synchronous caller gets None (see _work)."""
-        raw = self._cuda_stream(idx)
-        self._cuda_post(_pack(*fields, raw, idx), idx)
-        return cuda_work(out, idx, raw) if async_op else None
-
-    def _cuda_op(self, desc, out, idx, cb, async_op=True):
-        """Enqueues one op on CUDA device idx, on the caller's current stream. Its
-        temporaries may go as soon as this returns: the caching allocator reuses them only
-        in the order of that stream. Copy-backs into non-contiguous outputs are enqueued
-        right after the op. A synchronous caller gets None (see _work)."""
-        raw = self._cuda_stream(idx)
-        self._cuda_post(desc[:_STREAM_AT] + _tail(raw, idx, 0), idx)
-        if cb:
-            for t, tmp in cb:
-                t.copy_(tmp)
-        return cuda_work(out, idx, raw) if async_op else None
-
-    def _cuda_works(self, built, out, idx):
-        """Enqueues several ops on CUDA device idx as one Work (see _cuda_op)."""
-        for desc, _, cb in built:
-            self._cuda_op(desc, None, idx, cb, False)
-        return cuda_work(out, idx, _raw_stream(idx))
+        return self._buffer_op(descriptors.all_reduce, tensors, opts, 0, "allreduce")
 
     def reduce(self, tensors, opts=_RD):
         root = self._root(opts.rootRank, "reduce")
-        return self._buffer_op(_lib.OP_REDUCE, tensors, opts, root, "reduce")
+        return self._buffer_op(descriptors.reduce, tensors, opts, root, "reduce")
 
     def allreduce_coalesced(self, tensors, opts=_ARC):
         """One allreduce over the tensors packed into one buffer, unpacked on completion."""
@@ -556,14 +301,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
             n = t.numel()
             cb.append((t, flat[off:off + n].view(t.shape)))
             off += n
-        fields, buf, _ = self._in_place(_lib.OP_ALLREDUCE, flat, opts, 0)
-        return self._work(_pack(*fields), tensors, buf, cb, opts.asyncOp)
+        desc, buf, _ = self._in_place(descriptors.all_reduce, flat, opts, 0)
+        return self._work(desc, tensors, buf, cb, opts.asyncOp)
 
     def broadcast(self, tensors, opts=_BC):
         root = self._root(opts.rootRank, "broadcast")
         if opts.rootTensor != 0:
             raise ValueError(f"gosym: broadcast: rootTensor must be 0, got {opts.rootTensor}")
-        return self._buffer_op(_lib.OP_BROADCAST, tensors, opts, root, "broadcast")
+        return self._buffer_op(descriptors.broadcast, tensors, opts, root, "broadcast")
 
     # ---- allgather ------------------------------------------------------------
 
@@ -585,8 +330,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
             bufs.append(d)
             pairs += (d.data_ptr(), n * mult)
         arr, ap = _pieces(pairs)
-        desc = _pack(_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(), 0,
-                     0, ap, 0, world)
+        desc = descriptors.all_gather(dtype=code, count=n * mult, src=src.data_ptr(),
+                                      out_pieces=ap, n_out=world)
         return desc, (src, bufs, arr), cb
 
     def allgather(self, output_tensors, input_tensors, opts=_AG):
@@ -607,8 +352,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return self._works(built, output_lists)
 
     def _allgather_base_desc(self, out, inp):
-        """all_gather_into_tensor's desc fields, buffers and copy-backs (as _pair_op takes
-        them)."""
+        """all_gather_into_tensor's desc, buffers and copy-backs (as _pair_op takes them)."""
         world = self._size
         _same_dtype(inp, out, "all_gather_into_tensor")
         src = _src(inp)
@@ -619,9 +363,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         cb = []
         dst = _dst(out, cb, False)
         code, mult = move_dtype(src)
-        # No output pieces: the engine puts rank r's part at dst + r * n elements.
-        return (_lib.OP_ALLGATHER, code, 0, 1.0, 0, 0, 0, n * mult, src.data_ptr(),
-                dst.data_ptr(), 0, 0, 0, 0), src, dst, cb
+        desc = descriptors.all_gather(dtype=code, count=n * mult, src=src.data_ptr(),
+                                      dst=dst.data_ptr())
+        return desc, src, dst, cb
 
     def _allgather_base(self, output, input, opts=_AG):  # noqa: A002 - torch's names
         return self._pair_op(*self._allgather_base_desc(output, input), [output], opts.asyncOp)
@@ -631,7 +375,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             raise ValueError(f"gosym: all_gather_into_tensor_coalesced: {len(outputs)} "
                              f"outputs for {len(inputs)} inputs")
         built = [self._allgather_base_desc(o, i) for o, i in zip(outputs, inputs)]
-        return self._works(_packed(built), outputs)
+        return self._works(_as_works(built), outputs)
 
     # ---- reduce-scatter ---------------------------------------------------------
 
@@ -657,13 +401,12 @@ class ProcessGroupGosym(dist.ProcessGroup):
         arr, ap = _pieces(pairs)
         cb = []
         dst = _dst(out, cb, False)
-        desc = _pack(_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n * mult, 0, dst.data_ptr(),
-                     ap, 0, world, 0)
+        desc = descriptors.reduce_scatter(dtype=code, red_op=red, scale=scale, count=n * mult,
+                                          dst=dst.data_ptr(), in_pieces=ap, n_in=world)
         return self._work(desc, output_tensors, (srcs, dst, arr), cb, opts.asyncOp)
 
     def _reduce_scatter_base_desc(self, out, inp, opts):
-        """reduce_scatter_tensor's desc fields, buffers and copy-backs (as _pair_op takes
-        them)."""
+        """reduce_scatter_tensor's desc, buffers and copy-backs (as _pair_op takes them)."""
         world = self._size
         _same_dtype(out, inp, "reduce_scatter_tensor")
         red, scale = reduce_op(opts.reduceOp)
@@ -675,9 +418,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         src = _src(inp)
         cb = []
         dst = _dst(out, cb, False)
-        # No input pieces: the engine reduces src + r * n elements into rank r.
-        return (_lib.OP_REDUCE_SCATTER, code, red, scale, 0, 0, 0, n * mult, src.data_ptr(),
-                dst.data_ptr(), 0, 0, 0, 0), src, dst, cb
+        desc = descriptors.reduce_scatter(dtype=code, red_op=red, scale=scale, count=n * mult,
+                                          src=src.data_ptr(), dst=dst.data_ptr())
+        return desc, src, dst, cb
 
     def _reduce_scatter_base(self, output, input, opts=_RS):  # noqa: A002
         built = self._reduce_scatter_base_desc(output, input, opts)
@@ -688,7 +431,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             raise ValueError(f"gosym: reduce_scatter_tensor_coalesced: {len(outputs)} "
                              f"outputs for {len(inputs)} inputs")
         built = [self._reduce_scatter_base_desc(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._works(_packed(built), outputs)
+        return self._works(_as_works(built), outputs)
 
     # ---- all-to-all -------------------------------------------------------------
 
@@ -739,14 +482,13 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if not input_split_sizes and not output_split_sizes:
             n = self._even_count(src, "input")
             if self._even_count(dst, "output") == n:  # the engine splits both buffers
-                return self._pair_op((_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, n * mult,
-                                      src.data_ptr(), dst.data_ptr(), 0, 0, 0, 0),
-                                     src, dst, cb, [output], opts.asyncOp)
+                desc = descriptors.all_to_all(dtype=code, count=n * mult, src=src.data_ptr(),
+                                              dst=dst.data_ptr())
+                return self._pair_op(desc, src, dst, cb, [output], opts.asyncOp)
         in_arr, ip = self._a2a_pieces(src, input_split_sizes, "input", mult)
         out_arr, op = self._a2a_pieces(dst, output_split_sizes, "output", mult)
-        world = self._size
-        return self._pair_op((_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world,
-                              world), src, dst, cb, [output], opts.asyncOp, (in_arr, out_arr))
+        desc = descriptors.all_to_all_v(dtype=code, in_pieces=ip, out_pieces=op, world=self._size)
+        return self._pair_op(desc, src, dst, cb, [output], opts.asyncOp, (in_arr, out_arr))
 
     def alltoall(self, output_tensors, input_tensors, opts=_A2A):
         world = self._size
@@ -768,7 +510,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
             outs += (d.data_ptr(), d.numel() * mult)
         in_arr, ip = _pieces(ins)
         out_arr, op = _pieces(outs)
-        desc = _pack(_lib.OP_ALLTOALL, code, 0, 1.0, 0, 0, 0, 0, 0, 0, ip, op, world, world)
+        desc = descriptors.all_to_all_v(dtype=code, in_pieces=ip, out_pieces=op, world=world)
         return self._work(desc, output_tensors, (srcs, dsts, in_arr, out_arr), cb, opts.asyncOp)
 
     # ---- rooted data movement -------------------------------------------------------
@@ -796,8 +538,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
                 pairs += (d.data_ptr(), n * mult)
             arr, ap = _pieces(pairs)
             n_out = world
-        desc = _pack(_lib.OP_GATHER, code, 0, 1.0, root, 0, 0, n * mult, src.data_ptr(), 0,
-                     0, ap, 0, n_out)
+        desc = descriptors.gather(dtype=code, root=root, count=n * mult, src=src.data_ptr(),
+                                  out_pieces=ap, n_out=n_out)
         out = output_tensors[0] if self._rank == root else output_tensors  # as gloo's future
         return self._work(desc, out, (src, bufs, arr), cb, opts.asyncOp)
 
@@ -826,8 +568,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
                 pairs += (s.data_ptr(), n * mult)
             arr, ip = _pieces(pairs)
             n_in = world
-        desc = _pack(_lib.OP_SCATTER, code, 0, 1.0, root, 0, 0, n * mult, 0, dst.data_ptr(),
-                     ip, 0, n_in, 0)
+        desc = descriptors.scatter(dtype=code, root=root, count=n * mult, dst=dst.data_ptr(),
+                                   in_pieces=ip, n_in=n_in)
         return self._work(desc, output_tensors, (srcs, dst, arr), cb, opts.asyncOp)
 
     # ---- point to point, barrier ------------------------------------------------------
@@ -836,108 +578,28 @@ class ProcessGroupGosym(dist.ProcessGroup):
         peer = self._peer(dstRank, "send")
         t = _one(tensors, "send")
         if isinstance(t, _Tensor) and t.is_cuda:
-            return self._cuda_p2p(_lib.OP_SEND, t, peer, tag, tensors)
+            return self._streams.p2p(False, t, peer, tag, tensors)
         src = _src(t)
         code, mult = move_dtype(src)
-        desc = _pack(_lib.OP_SEND, code, 0, 1.0, 0, peer, tag, src.numel() * mult,
-                     src.data_ptr(), 0, 0, 0, 0, 0)
+        desc = descriptors.send(dtype=code, peer=peer, tag=tag, count=src.numel() * mult,
+                                src=src.data_ptr())
         return self._work(desc, tensors, src, None)
 
     def recv(self, tensors, srcRank, tag):  # noqa: N803
         peer = self._peer(srcRank, "recv")
         t = _one(tensors, "recv")
         if isinstance(t, _Tensor) and t.is_cuda:
-            return self._cuda_p2p(_lib.OP_RECV, t, peer, tag, tensors)
+            return self._streams.p2p(True, t, peer, tag, tensors)
         cb = []
         dst = _dst(t, cb, False)
         code, mult = move_dtype(dst)
-        desc = _pack(_lib.OP_RECV, code, 0, 1.0, 0, peer, tag, dst.numel() * mult, 0,
-                     dst.data_ptr(), 0, 0, 0, 0)
+        desc = descriptors.recv(dtype=code, peer=peer, tag=tag, count=dst.numel() * mult,
+                                dst=dst.data_ptr())
         return self._work(desc, tensors, dst, cb)
-
-    def _p2p_stream(self, idx, recv, peer):
-        """The group's internal send (recv False) or receive stream with peer on device
-        idx. Sends and receives run there, each after the caller's current stream, not on
-        it, one stream per peer and direction, as NCCL's per-pair streams and grouped
-        p2p let any order of posts complete: on one stream, the ring isend(next);
-        irecv(prev) posted by every rank would queue each receive behind a send that
-        waits for the peer's receive once the message outgrows the channel's slots, and
-        on one send stream for all peers, all-pairs exchanges posted in rotated orders
-        would wait on each other in a cycle."""
-        pair = self._streams.get((idx, peer))
-        if pair is None:
-            pair = self._streams[(idx, peer)] = (torch.cuda.Stream(idx), torch.cuda.Stream(idx))
-        return pair[recv]
-
-    def _cuda_p2p(self, op, t, peer, tag, out):
-        """A CUDA send or recv, to run on the group's internal stream for it after the
-        caller's current stream as it is now (an event: capture-legal). Its Work's wait()
-        makes the caller's current stream wait for it, as ProcessGroupNCCL's do.
-
-        The kernel is not launched here but when a wait(), is_completed() or the group's
-        next CUDA collective flushes the pending sends and receives, in post order. A
-        launched receive spins on the GPU until its peer sends, and any host call that
-        synchronises the device waits for it: CUDA's lazy module loading does, at the
-        first launch of each kernel. A peer blocked the same way before it posts the
-        matching send would deadlock the pair until the kernels time out. Deferring
-        keeps whatever the caller runs between its posts out of that window; the flush
-        enqueues every kernel before the copy-backs into non-contiguous destinations.
-
-        A non-contiguous source is copied on the current stream first; a non-contiguous
-        destination is received into a temporary that the internal stream copies back.
-        The tensors are recorded on that stream, so the caching allocator does not reuse
-        them before it ran."""
-        _check(t)
-        idx = self._cuda_index(t.get_device())
-        recv = op == _lib.OP_RECV
-        if not recv:
-            buf = t if t.is_contiguous() else t.contiguous()
-            addrs = (buf.data_ptr(), 0)
-        else:
-            buf = t if t.is_contiguous() else torch.empty_like(
-                t, memory_format=torch.contiguous_format)
-            addrs = (0, buf.data_ptr())
-        code, mult = move_dtype(buf)
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(idx))
-        desc = _pack(op, code, 0, 1.0, 0, peer, tag, buf.numel() * mult, *addrs, 0, 0, 0, 0)
-        w = CudaSideWork(out, idx, self._p2p_stream(idx, recv, peer), self)
-        self._pending.append((w, desc, ready, buf, t if recv and buf is not t else None))
-        return w
-
-    def _flush_p2p(self):
-        """Launches the pending CUDA sends and receives (see _cuda_p2p), then the
-        copy-backs, and gives each Work the event its wait() joins. If a launch fails,
-        it and the ops after it fail with that error: their wait() raises it, not the
-        caller that happened to flush."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return
-        flags = _lib.OP_CAPTURING if _capturing() else 0
-        copies = []
-        for i, (w, desc, ready, buf, dst) in enumerate(pending):
-            side = w._side
-            side.wait_event(ready)
-            try:
-                self._cuda_post(_lib.on_stream(desc, side.cuda_stream, w._idx, flags), w._idx)
-            except Exception as e:  # noqa: BLE001 - raised by the failed works' wait()
-                for x in pending[i:]:
-                    x[0]._err = e
-                break
-            buf.record_stream(side)
-            if dst is None:
-                w._done = side.record_event()
-            else:
-                copies.append((w, buf, dst))
-        for w, buf, dst in copies:
-            with torch.cuda.stream(w._side):
-                dst.copy_(buf)
-            dst.record_stream(w._side)
-            w._done = w._side.record_event()
 
     def recv_anysource(self, tensors, tag):
         """A host receive from any rank (gosym.anysource); its Work's _source_rank() is the sender."""
-        return _anysource.recv_anysource(self, tensors, tag, _one, _dst)
+        return _anysource.recv_anysource(self, tensors, tag)
 
     def barrier(self, opts=_BA):
         """On a CUDA device (opts.device, else the device this group's CUDA ops run on, as
@@ -947,10 +609,10 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if idx is None:
             return self._host_barrier(opts.asyncOp)
         raw = _raw_stream(idx)
-        if self._pending:
-            self._flush_p2p()
-        self._cuda_post(_pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, raw, idx),
-                        self._cuda_index(idx))
+        streams = self._streams
+        if streams.pending:
+            streams.flush()
+        streams.post(descriptors.barrier(stream=raw, device=idx), streams.index(idx))
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(idx))  # the stream raw names
         return cuda_work([], idx, raw, ev, self._device_error)
@@ -967,14 +629,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
     def _barrier_device(self, opts):
         d = opts.device
         if d is not None and d.type == "cuda":
-            return self._cuda_index(d.index if d.index is not None else torch.cuda.current_device())
+            idx = d.index if d.index is not None else torch.cuda.current_device()
+            return self._streams.index(idx)
         if opts.device_ids:
-            return self._cuda_index(opts.device_ids[0])
-        return self._cuda
+            return self._streams.index(opts.device_ids[0])
+        return self._streams.device
 
     def _host_barrier(self, async_op=True):
-        desc = _pack(_lib.OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        return self._work(desc, [], None, None, async_op)
+        return self._work(descriptors.barrier(), [], None, None, async_op)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """gloo's monitored barrier over send/recv (gosym.monitored): fails once timeout

@@ -38,7 +38,9 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _lib, _settings
 from ._dtypes import reduce_op, reduce_types
-from .backend import ProcessGroupGosym, _one, _op_device, _raw_stream, _same_dtype
+from ._streams import _raw_stream
+from ._tensors import _one, _op_device, _same_dtype
+from .backend import ProcessGroupGosym
 from .work import _settle, cuda_work
 
 HOST_ENV = "GOSYM_HOST_ID"
@@ -321,7 +323,7 @@ class HierGroup(ProcessGroupGosym):
         self._rail_min, self._chunk, self._report_s = _tunables()
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
-        self._h, self._cuda, self._pending = 0, None, []
+        self._h, self._cuda = 0, None
         self._hosts = hosts
         self._where = {r: (h, li) for h, rs in enumerate(hosts) for li, r in enumerate(rs)}
         self._host, self._lidx = self._where[rank]

@@ -308,7 +308,7 @@ class CudaSideWork(CudaWork):
     """A CUDA send or recv of group `pg`, to run on one of its internal streams (`side`)
     after the caller's stream. Its kernel is launched when the group flushes its pending
     sends and receives (the first wait(), is_completed() or CUDA collective after the
-    post; backend._cuda_p2p says why), which records `_done` after it. wait() makes the
+    post; _streams.CudaStreams.p2p says why), which records `_done` after it. wait() makes the
     caller's current stream wait for `_done` (ProcessGroupNCCL's semantics; capture-legal,
     so a CUDA graph may capture the op and its wait, which joins `side` back into the
     capture), or raises the error that kept the op from being launched."""
@@ -323,7 +323,7 @@ class CudaSideWork(CudaWork):
 
     def _launched(self):
         if self._done is None and self._err is None:
-            self._pg._flush_p2p()
+            self._pg._streams.flush()
         if self._err is not None:
             raise self._err
 

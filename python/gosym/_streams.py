@@ -1,0 +1,165 @@
+"""Where a group's CUDA ops go on this rank: collectives on the caller's current stream,
+sends and receives on the group's internal streams, launched late (CudaStreams.p2p says why).
+
+The launch policy stays in Python: it needs torch's Stream and Event objects, the caching
+allocator's record_stream, and the order of the caller's posts, none of which the engine sees.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from . import _lib, descriptors
+from ._dtypes import move_dtype
+from ._tensors import _check
+from .work import CudaSideWork, cuda_work
+
+_run = _lib.run
+_STREAM_AT = _lib.STREAM_AT
+_tail = _lib.stream_tail
+_capturing = torch.cuda.is_current_stream_capturing
+# The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
+# not called, at import: querying CUDA here would initialise it before a fork.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+class CudaStreams:
+    """The CUDA side of one ProcessGroupGosym, which holds it: the one device its CUDA ops
+    run on (`device`, set by the first), its internal send and receive streams, and the
+    sends and receives posted but not launched yet (`pending`)."""
+
+    __slots__ = ("h", "device", "pending", "_pairs", "_group")
+
+    def __init__(self, h, group):
+        self.h = h  # the group's endpoint; the group zeroes it at shutdown
+        self.device = None
+        self.pending = []
+        self._pairs = {}  # (device index, peer) -> (send stream, recv stream)
+        # Weak: a dropped group must not wait for the cycle collector to destroy its endpoint.
+        self._group = weakref.ref(group)
+
+    def index(self, idx):
+        """idx, checked against the device this group's CUDA ops already run on."""
+        if self.device is not None and idx != self.device:
+            raise ValueError(f"gosym: group {self._group()._name!r} runs on cuda:{self.device} "
+                             f"on this rank; got a tensor on cuda:{idx} (one device per rank "
+                             f"and group)")
+        return idx
+
+    def post(self, desc, idx):
+        """Enqueues a CUDA op: one native call (post, wait, release), since a CUDA op is
+        done on the host once it is enqueued on its stream."""
+        _run(self.h, desc)
+        self.device = idx
+
+    def stream(self, idx):
+        """The caller's current stream on CUDA device idx (checked against the group's
+        device), once the pending sends and receives are launched: where a CUDA
+        collective goes. The engine asks the driver whether it is being captured."""
+        if idx != self.device:
+            self.index(idx)
+        if self.pending:
+            self.flush()
+        return _raw_stream(idx)
+
+    def op(self, desc, out, idx, cb, async_op=True):
+        """Enqueues one op (its host desc) on CUDA device idx, on the caller's current
+        stream. Its temporaries may go as soon as this returns: the caching allocator
+        reuses them only in the order of that stream. Copy-backs into non-contiguous
+        outputs are enqueued right after the op. A synchronous caller gets None (see
+        ProcessGroupGosym._work)."""
+        raw = self.stream(idx)
+        self.post(desc[:_STREAM_AT] + _tail(raw, idx, 0), idx)
+        if cb:
+            for t, tmp in cb:
+                t.copy_(tmp)
+        return cuda_work(out, idx, raw) if async_op else None
+
+    def ops(self, built, out, idx):
+        """Enqueues several (desc, keep, cb) on CUDA device idx as one Work (see op)."""
+        for desc, _, cb in built:
+            self.op(desc, None, idx, cb, False)
+        return cuda_work(out, idx, _raw_stream(idx))
+
+    def _side(self, idx, recv, peer):
+        """The group's internal send (recv False) or receive stream with peer on device
+        idx. Sends and receives run there, each after the caller's current stream, not on
+        it, one stream per peer and direction, as NCCL's per-pair streams and grouped
+        p2p let any order of posts complete: on one stream, the ring isend(next);
+        irecv(prev) posted by every rank would queue each receive behind a send that
+        waits for the peer's receive once the message outgrows the channel's slots, and
+        on one send stream for all peers, all-pairs exchanges posted in rotated orders
+        would wait on each other in a cycle."""
+        pair = self._pairs.get((idx, peer))
+        if pair is None:
+            pair = self._pairs[(idx, peer)] = (torch.cuda.Stream(idx), torch.cuda.Stream(idx))
+        return pair[recv]
+
+    def p2p(self, recv, t, peer, tag, out):
+        """A CUDA send (recv False) or recv, to run on the group's internal stream for it
+        after the caller's current stream as it is now (an event: capture-legal). Its
+        Work's wait() makes the caller's current stream wait for it, as
+        ProcessGroupNCCL's do.
+
+        The kernel is not launched here but when a wait(), is_completed() or the group's
+        next CUDA collective flushes the pending sends and receives, in post order. A
+        launched receive spins on the GPU until its peer sends, and any host call that
+        synchronises the device waits for it: CUDA's lazy module loading does, at the
+        first launch of each kernel. A peer blocked the same way before it posts the
+        matching send would deadlock the pair until the kernels time out. Deferring
+        keeps whatever the caller runs between its posts out of that window; the flush
+        enqueues every kernel before the copy-backs into non-contiguous destinations.
+
+        A non-contiguous source is copied on the current stream first; a non-contiguous
+        destination is received into a temporary that the internal stream copies back.
+        The tensors are recorded on that stream, so the caching allocator does not reuse
+        them before it ran."""
+        _check(t)
+        idx = self.index(t.get_device())
+        if not recv:
+            buf = t if t.is_contiguous() else t.contiguous()
+        else:
+            buf = t if t.is_contiguous() else torch.empty_like(
+                t, memory_format=torch.contiguous_format)
+        code, mult = move_dtype(buf)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(idx))
+        fields = {"dtype": code, "peer": peer, "tag": tag, "count": buf.numel() * mult}
+        desc = (descriptors.recv(dst=buf.data_ptr(), **fields) if recv
+                else descriptors.send(src=buf.data_ptr(), **fields))
+        # The Work holds the group, not this: a pending op keeps the group alive.
+        w = CudaSideWork(out, idx, self._side(idx, recv, peer), self._group())
+        self.pending.append((w, desc, ready, buf, t if recv and buf is not t else None))
+        return w
+
+    def flush(self):
+        """Launches the pending sends and receives (see p2p), then the copy-backs, and
+        gives each Work the event its wait() joins. If a launch fails, it and the ops
+        after it fail with that error: their wait() raises it, not the caller that
+        happened to flush."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        flags = _lib.OP_CAPTURING if _capturing() else 0
+        copies = []
+        for i, (w, desc, ready, buf, dst) in enumerate(pending):
+            side = w._side
+            side.wait_event(ready)
+            try:
+                self.post(_lib.on_stream(desc, side.cuda_stream, w._idx, flags), w._idx)
+            except Exception as e:  # noqa: BLE001 - raised by the failed works' wait()
+                for x in pending[i:]:
+                    x[0]._err = e
+                break
+            buf.record_stream(side)
+            if dst is None:
+                w._done = side.record_event()
+            else:
+                copies.append((w, buf, dst))
+        for w, buf, dst in copies:
+            with torch.cuda.stream(w._side):
+                dst.copy_(buf)
+            dst.record_stream(w._side)
+            w._done = w._side.record_event()
