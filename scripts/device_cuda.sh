@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [check] [test] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [test] [clients] [hier] [conform] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,36 @@ for s in "${steps[@]}"; do
 		rc=$?
 		echo "exit $rc"; grep -E "FAIL|passed|failed" "$out/gpu_check.out" | tail -15
 		summary+=("cudacheck: exit $rc, $(grep -E "passed|failed" "$out/gpu_check.out" | tail -1)") ;;
+	warm)
+		# two ranks compile the kernels into the cache (NVRTC, about a minute) before many do at once
+		echo "== warm the kernel cache"
+		timeout 200 torchrun --nproc-per-node 2 scripts/sanitize_cuda.py ops 2>&1 | tail -3 ;;
+	clients | hier)
+		# real clients (FSDP2, DTensor, DDP, pipelining, DCP, compile) against NCCL at the suite's
+		# worlds; or two simulated hosts of half the GPUs each, NCCL between them
+		sel=(tests/test_clients.py -k cuda) && [[ $s == hier ]] && sel=(tests/test_hier.py -k cuda tests/test_conformance.py)
+		echo "== pytest ${sel[*]}"
+		timeout 560 python3 -m pytest -q -rfE --timeout=540 -p no:cacheprovider "${sel[@]}" \
+			--junitxml="$out/$s.xml" 2>&1 | tail -40 | tee /tmp/gosym-pytest.tail
+		summary+=("$s: $(tail -1 /tmp/gosym-pytest.tail)") ;;
+	conform)
+		# torch's own suite, NCCL's selection, world 2: NCCL on GPUs 0,1 and gosym on GPUs 2,3 at
+		# once (4 GPUs), or one after the other; outcomes compared here afterwards
+		[[ -d build/pydeps ]] && export PYTHONPATH=$PYTHONPATH:build/pydeps
+		echo "== torch's distributed suite on CUDA, world 2, nccl and gosym"
+		if (($(nvidia-smi -L | wc -l) >= 4)); then
+			CUDA_VISIBLE_DEVICES=0,1 timeout 560 python3 tests/conformance/run_dist_suite.py --device cuda --backend nccl \
+				--test-timeout 60 --json "$out/conform-nccl-w2.json" >"$out/conform-nccl.log" 2>&1 &
+			CUDA_VISIBLE_DEVICES=2,3 timeout 560 python3 tests/conformance/run_dist_suite.py --device cuda --backend gosym \
+				--test-timeout 60 --json "$out/conform-gosym-w2.json" >"$out/conform-gosym.log" 2>&1
+			wait
+		else
+			for b in nccl gosym; do
+				timeout 280 python3 tests/conformance/run_dist_suite.py --device cuda --backend $b --test-timeout 60 \
+					--json "$out/conform-$b-w2.json" >"$out/conform-$b.log" 2>&1
+			done
+		fi
+		for b in nccl gosym; do summary+=("conform $b: $(grep -E '^'$b' \(cuda' "$out/conform-$b.log" | tail -1)"); done ;;
 	test)
 		echo "== pytest tests/test_cuda*.py"
 		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
