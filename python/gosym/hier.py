@@ -495,7 +495,7 @@ class HierGroup(ProcessGroupGosym):
 
     def _inter_allreduce(self, pg, buf, op):
         w, back = _red_wire(buf)
-        pg.allreduce([w], _opts(_c10d.AllreduceOptions, reduceOp=op)).wait()
+        _wait(pg.allreduce([w], _opts(_c10d.AllreduceOptions, reduceOp=op)))
         if back:
             buf.copy_(w)
 
@@ -624,8 +624,8 @@ class HierGroup(ProcessGroupGosym):
             self._host_reduce(buf, lop, scale)
             if self._lidx == 0:
                 w, back = _red_wire(buf)
-                self._group("rail", dev).reduce([w], _opts(_c10d.ReduceOptions, reduceOp=iop,
-                                                           rootRank=hr)).wait()
+                _wait(self._group("rail", dev).reduce([w], _opts(_c10d.ReduceOptions, reduceOp=iop,
+                                                                 rootRank=hr)))
                 if back:
                     buf.copy_(w)
             if self._host == hr:
@@ -645,8 +645,8 @@ class HierGroup(ProcessGroupGosym):
             if self._host == hr:
                 self._local_bcast(buf, lr)
             if self._lidx == 0:
-                self._group("rail", dev).broadcast(
-                    [buf], _opts(_c10d.BroadcastOptions, rootRank=hr)).wait()
+                _wait(self._group("rail", dev).broadcast(
+                    [buf], _opts(_c10d.BroadcastOptions, rootRank=hr)))
             if self._host != hr:
                 self._local_bcast(buf, 0)
 
@@ -671,7 +671,7 @@ class HierGroup(ProcessGroupGosym):
             # the rail's pieces (one per host), then the host's rails: (local index, host)
             hosts = len(self._hosts)
             r1 = inp.new_empty(hosts * m)
-            self._group("rail", dev)._allgather_base(r1, inp, _opts(_c10d.AllgatherOptions)).wait()
+            _wait(self._group("rail", dev)._allgather_base(r1, inp, _opts(_c10d.AllgatherOptions)))
             r2 = inp.new_empty(self._size * m)
             _wait(self._local._allgather_base(r2, r1, _opts(_c10d.AllgatherOptions)))
             rows.index_copy_(0, self._order(dev), r2.view(self._size, m))
@@ -686,7 +686,7 @@ class HierGroup(ProcessGroupGosym):
             hb[:m].copy_(inp)
         lb = inp.new_empty(len(self._hosts) * most * m)
         if self._lidx == 0:
-            self._group("rail", dev)._allgather_base(lb, hb, _opts(_c10d.AllgatherOptions)).wait()
+            _wait(self._group("rail", dev)._allgather_base(lb, hb, _opts(_c10d.AllgatherOptions)))
         self._local_bcast(lb, 0)
         pos = [h * most + li for h, rs in enumerate(self._hosts) for li in range(len(rs))]
         ranks = [r for rs in self._hosts for r in rs]
@@ -747,8 +747,8 @@ class HierGroup(ProcessGroupGosym):
                 shard, y, _opts(_c10d.ReduceScatterOptions, reduceOp=lop)))
             ws, back = _red_wire(shard)
             wo = out.new_empty(m, dtype=ws.dtype) if back else _red_wire(out)[0]
-            self._group("rail", dev)._reduce_scatter_base(
-                wo, ws, _opts(_c10d.ReduceScatterOptions, reduceOp=iop)).wait()
+            _wait(self._group("rail", dev)._reduce_scatter_base(
+                wo, ws, _opts(_c10d.ReduceScatterOptions, reduceOp=iop)))
             if back:
                 out.copy_(wo)
         else:
@@ -818,9 +818,9 @@ class HierGroup(ProcessGroupGosym):
         def run(dev):
             cb = []
             out = _contig(output, cb)
-            self._group("flat", dev).alltoall_base(
+            _wait(self._group("flat", dev).alltoall_base(
                 _bytes(out), _bytes(input.contiguous()), list(output_split_sizes),
-                list(input_split_sizes), _opts(_c10d.AllToAllOptions)).wait()
+                list(input_split_sizes), _opts(_c10d.AllToAllOptions)))
             _copy_back(cb)
 
         return self._post("all_to_all_single", (output, input), [output], run, opts.asyncOp)
@@ -837,10 +837,10 @@ class HierGroup(ProcessGroupGosym):
         def run(dev):
             src = torch.cat([t.reshape(-1) for t in input_tensors])
             dst = src.new_empty(sum(t.numel() for t in output_tensors))
-            self._group("flat", dev).alltoall_base(
+            _wait(self._group("flat", dev).alltoall_base(
                 _bytes(dst.view(-1, 1)), _bytes(src.view(-1, 1)),
                 [t.numel() for t in output_tensors], [t.numel() for t in input_tensors],
-                _opts(_c10d.AllToAllOptions)).wait()
+                _opts(_c10d.AllToAllOptions)))
             off = 0
             for t in output_tensors:
                 t.copy_(dst[off:off + t.numel()].view(t.shape))
@@ -859,9 +859,9 @@ class HierGroup(ProcessGroupGosym):
 
         def run(dev):
             bufs = [t.new_empty(t.numel()) for _ in outs]
-            self._group("flat", dev).gather(
+            _wait(self._group("flat", dev).gather(
                 [[_bytes(b) for b in bufs]] if bufs else [], [_bytes(t.contiguous().view(-1))],
-                _opts(_c10d.GatherOptions, rootRank=root)).wait()
+                _opts(_c10d.GatherOptions, rootRank=root)))
             for o, b in zip(outs, bufs):
                 o.copy_(b.view(o.shape))
 
@@ -878,9 +878,9 @@ class HierGroup(ProcessGroupGosym):
 
         def run(dev):
             buf = out.new_empty(out.numel())
-            self._group("flat", dev).scatter(
+            _wait(self._group("flat", dev).scatter(
                 [_bytes(buf)], [[_bytes(i.contiguous().view(-1)) for i in ins]] if ins else [],
-                _opts(_c10d.ScatterOptions, rootRank=root)).wait()
+                _opts(_c10d.ScatterOptions, rootRank=root)))
             out.copy_(buf.view(out.shape))
 
         return self._post("scatter", (out, ins), output_tensors, run, opts.asyncOp)
@@ -904,7 +904,7 @@ class HierGroup(ProcessGroupGosym):
         if t.is_contiguous():
             return pg.recv([_bytes(t)], peer, tag)
         buf = t.contiguous()
-        pg.recv([_bytes(buf)], peer, tag).wait()
+        _wait(pg.recv([_bytes(buf)], peer, tag))
         t.copy_(buf)
         w = HierWork(tensors)
         w._finish(None)
@@ -927,7 +927,7 @@ class HierGroup(ProcessGroupGosym):
             if self._n > 1:
                 _wait(self._local.barrier(_opts(_c10d.BarrierOptions)))
             if self._lidx == 0:
-                self._group("rail", "cpu").barrier(_opts(_c10d.BarrierOptions)).wait()
+                _wait(self._group("rail", "cpu").barrier(_opts(_c10d.BarrierOptions)))
             if self._n > 1:
                 _wait(self._local.barrier(_opts(_c10d.BarrierOptions)))
 
