@@ -137,6 +137,12 @@ func (p gpuPeers) Barrier(meta []byte, who symm.Who, deadline time.Time) ([][]by
 	return p.e.team.Barrier(meta, who, deadline)
 }
 
+func (p gpuPeers) Sign(seq, sig uint64) (int, uint64, []int) { return p.e.team.Sign(seq, sig) }
+
+func (p gpuPeers) SigOf(r int, seq uint64) (uint64, bool) { return p.e.team.SigOf(r, seq) }
+
+func (p gpuPeers) Refuse(seq uint64) { p.e.team.Refuse(seq) }
+
 // DeviceError is the error a CUDA kernel of this group recorded on this
 // rank (a peer that did not arrive in time, a p2p message that did not
 // match), nil if none. It reads host memory only: callers use it after

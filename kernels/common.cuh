@@ -113,12 +113,31 @@ __device__ __forceinline__ bool gs_config_ok(gs_u32 *const *pads, int world, int
 	return true;
 }
 
+// A peer's host left an abort on pad (a rank that refused the op, its
+// arguments differing: gobackend/internal/symm/sig.go): recorded as this
+// rank's error (the detail is on the pad before the code), and the wait
+// gives up.
+__device__ __forceinline__ bool gs_aborted(gs_u32 *pad) {
+	if (!pad)
+		return false;
+	const gs_u32 code = gs_ld_acquire(pad + GS_PAD_ABORT);
+	if (code == 0)
+		return false;
+	gs_record_error(pad, code, gs_ld_acquire(pad + GS_PAD_ABORT_DETAIL), 0);
+	return true;
+}
+
 // Spins until ready() holds; false if that took longer than timeout_ns (0
-// waits forever). The one deadline loop of every wait: flags (gs_poll) and
-// LL lines (ll.cuh).
-template <class Ready> __device__ __forceinline__ bool gs_wait(Ready ready, gs_u64 timeout_ns) {
+// waits forever) or an abort was left on pad (this rank's own pad; null
+// for waits that no collective's refusal concerns). The one deadline loop
+// of every wait: flags (gs_poll) and LL lines (ll.cuh). The abort word is
+// read every 64th turn: a wait that ends soon never reads it.
+template <class Ready>
+__device__ __forceinline__ bool gs_wait(Ready ready, gs_u64 timeout_ns, gs_u32 *pad) {
 	gs_u64 start = 0;
-	while (!ready()) {
+	for (gs_u32 turn = 1; !ready(); turn++) {
+		if ((turn & 63u) == 0 && gs_aborted(pad))
+			return false;
 		if (timeout_ns == 0)
 			continue;
 		const gs_u64 now = gs_globaltimer();
@@ -131,10 +150,10 @@ template <class Ready> __device__ __forceinline__ bool gs_wait(Ready ready, gs_u
 }
 
 // Polls *flag (acquire) until done(value); false if that took longer than
-// timeout_ns (0 waits forever).
+// timeout_ns (0 waits forever) or pad was aborted (gs_wait).
 template <class Done>
-__device__ __forceinline__ bool gs_poll(const gs_u32 *flag, Done done, gs_u64 timeout_ns) {
-	return gs_wait([&] { return done(gs_ld_acquire(flag)); }, timeout_ns);
+__device__ __forceinline__ bool gs_poll(const gs_u32 *flag, Done done, gs_u64 timeout_ns, gs_u32 *pad) {
+	return gs_wait([&] { return done(gs_ld_acquire(flag)); }, timeout_ns, pad);
 }
 
 // A barrier flag has reached want (cyclic comparison).
@@ -166,7 +185,7 @@ __device__ __forceinline__ bool gs_block_barrier(gs_u32 *const *pads, int world,
 		const gs_u32 want = *counter + 1u;
 		*counter = want;
 		gs_st_release(pads[t] + GS_PAD_FLAGS + slot + rank, want);
-		if (!gs_poll(own + GS_PAD_FLAGS + slot + t, GsReached{want}, timeout_ns)) {
+		if (!gs_poll(own + GS_PAD_FLAGS + slot + t, GsReached{want}, timeout_ns, own)) {
 			gs_record_error(own, GS_ERR_TIMEOUT, (blockIdx.x << 8) | (gs_u32)t, 1u << t);
 			failed = 1;
 		}

@@ -158,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(32) gs_sema_wait(gs_sema_params p) 
 	if (t >= GS_MAX_RANKS || ((p.mask >> t) & 1u) == 0)
 		return;
 	gs_u32 *sem = p.pad + p.word + t;
-	if (!gs_poll(sem, GsIsSet{}, p.timeout_ns)) {
+	if (!gs_poll(sem, GsIsSet{}, p.timeout_ns, p.pad)) {
 		gs_record_error(p.pad, GS_ERR_TIMEOUT, ((gs_u32)p.word << 8) | (gs_u32)t, 1u << t);
 		return;
 	}

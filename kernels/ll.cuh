@@ -143,7 +143,7 @@ __device__ __forceinline__ bool gs_ll_begin(gs_u32 *const *pads, int world, int 
 // false, with the wait named in the pad's error words, after timeout_ns.
 __device__ __forceinline__ bool gs_ll_wait(const GsLL &ll, const char *line, gs_u64 &data,
                                            gs_u64 timeout_ns, gs_u32 *pad, int q) {
-	if (gs_wait([&] { return gs_ll_load(line, ll.flag, data); }, timeout_ns))
+	if (gs_wait([&] { return gs_ll_load(line, ll.flag, data); }, timeout_ns, pad))
 		return true;
 	gs_record_error(pad, GS_ERR_TIMEOUT, GS_LL_WAIT | (blockIdx.x << 8) | (gs_u32)q, 1u << q);
 	return false;

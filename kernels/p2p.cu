@@ -196,7 +196,7 @@ __device__ __forceinline__ char *gs_p2p_slot(const gs_p2p_params &p, gs_u32 s) {
 __device__ __forceinline__ bool gs_p2p_wait(const gs_p2p_params &p, const gs_u32 *flag, gs_u32 want,
                                             gs_u32 what) {
 	int failed = 0;
-	if (threadIdx.x == 0 && !gs_poll(flag, GsReached{want}, p.timeout_ns)) {
+	if (threadIdx.x == 0 && !gs_poll(flag, GsReached{want}, p.timeout_ns, nullptr)) {
 		gs_p2p_error(p, GS_ERR_TIMEOUT, (blockIdx.x << 8) | what, 0, 0, 0, 0);
 		failed = 1;
 	}
@@ -301,7 +301,7 @@ __device__ __forceinline__ bool gs_a2av_config_ok(const gs_a2av_params &p) {
 __device__ __forceinline__ bool gs_a2av_wait(const gs_a2av_params &p, const gs_u32 *flag, gs_u32 want,
                                              gs_u32 what, int q, gs_u32 b) {
 	int failed = 0;
-	if (threadIdx.x == 0 && !gs_poll(flag, GsReached{want}, p.timeout_ns)) {
+	if (threadIdx.x == 0 && !gs_poll(flag, GsReached{want}, p.timeout_ns, p.pads[p.rank])) {
 		gs_record_error(p.pads[p.rank], GS_ERR_TIMEOUT, GS_A2AV_DETAIL | (what << 16) | (b << 8) | (gs_u32)q,
 		                1u << q);
 		failed = 1;

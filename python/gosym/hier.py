@@ -161,6 +161,10 @@ def _split_op(op, t):
     red, scale = reduce_op(op)
     reduce_types(t, red)  # raises for dtypes and ops gosym cannot reduce
     name = _RED_NAMES[red]
+    if t.is_cuda and t.dtype == torch.int16:
+        # refused at the call, as gosym's CUDA kernels and NCCL refuse it: the group goes on
+        raise NotImplementedError(f"gosym: {name} of int16 CUDA tensors is not supported (nor "
+                                  "by NCCL); int16 reduces on CPU tensors")
     if t.is_cuda and name in ("BAND", "BOR", "BXOR"):
         raise ValueError(f"gosym: {name} of CUDA tensors across hosts is not supported: NCCL, "
                          "the inter-host engine, has no bitwise reductions")

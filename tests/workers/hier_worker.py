@@ -63,6 +63,7 @@ class Ops:
 
     def __init__(self, ck, rank, world, gloo, dev):
         self.ck, self.rank, self.world, self.gloo, self.dev = ck, rank, world, gloo, dev
+        self.ref_ok = True
 
     def inputs(self, case, n, dtype, opname=""):
         if dtype.is_complex:
@@ -77,12 +78,20 @@ class Ops:
         exp = real(exp)
         why = wc.compare(got, exp, tol)
         self.ck.check(f"{case} [gosym]", why is None, why or "")
+        if not self.ref_ok:
+            self.ck.info.setdefault("reference_lacks", []).append(f"{case}: not asked")
+            return
         try:
-            ref = fn(self.gloo)
+            ref = real(fn(self.gloo))
         except (RuntimeError, ValueError, TypeError) as e:
             self.ck.info.setdefault("reference_lacks", []).append(f"{case}: {str(e)[:80]}")
             return
-        why = wc.compare(got, real(ref), tol)
+        if wc.compare(ref, exp, tol) is not None:
+            # a second opinion only where it is right itself: NCCL 2.28 through torch 2.11
+            # returns zeros for bf16 PREMUL_SUM with a host factor
+            self.ck.info.setdefault("reference_off", []).append(case)
+            return
+        why = wc.compare(got, ref, tol)
         self.ck.check(f"{case} [vs reference]", why is None, why or "")
 
     def root(self, case):
@@ -94,6 +103,10 @@ class Ops:
             self.ck.expect_error("BAND of CUDA tensors across hosts", dist.all_reduce, t,
                                  op=dist.ReduceOp.BAND)
         for dtype in DTYPES:
+            # NCCL has no int16: torch 2.11 raises inside an open ncclGroupStart for some ops
+            # (all_to_all, gather), which leaves later NCCL calls of this thread batched, the
+            # inter-host steps of gosym's next ops among them. So no NCCL reference for it.
+            self.ref_ok = not (self.dev.type == "cuda" and dtype == torch.int16)
             for n in SIZES:
                 self.reductions(dtype, n)
                 self.moves(dtype, n)
@@ -103,6 +116,11 @@ class Ops:
         names = COMPLEX_OPS if dtype.is_complex else [o for o in REDOPS if supported(dtype, o)]
         if self.dev.type == "cuda":  # NCCL, the inter-host engine, has no bitwise reductions
             names = [o for o in names if o not in BITWISE]
+        if self.dev.type == "cuda" and dtype == torch.int16:  # as NCCL: refused, group goes on
+            t = self.inputs("int16", n, dtype)[self.rank]
+            e = self.ck.expect_error(f"all_reduce {d} n={n} refused on CUDA", dist.all_reduce, t)
+            self.ck.check(f"all_reduce {d} n={n}: says int16", "int16" in str(e), str(e))
+            return
         for opname in names:
             case = f"all_reduce {d} n={n} {opname}"
             xs = self.inputs(case, n, dtype, opname)

@@ -26,6 +26,12 @@ const (
 	// kernels also copy their error words, a pinned host block the host
 	// reads without a driver call (ErrorWords); 0 while there is none.
 	PadHostErrorWord = PadErrorWord + 4
+	// Set by a peer's host (a rank that refused the op: its arguments
+	// differ, symm/sig.go) through its mapping of this pad, detail first:
+	// every wait of a kernel on this pad sees the code, records it as its
+	// own error and returns (gs_wait), so no kernel waits for that rank.
+	PadAbortWord       = PadErrorWord + 6
+	PadAbortDetailWord = PadErrorWord + 7
 	// Semaphores of the stream-ordered protocol (sema.go), after the barrier
 	// and error words, on a 64-byte boundary: word PadSemaReadyWord+r is
 	// set by rank r when its input is staged for us, PadSemaDoneWord+r
@@ -75,6 +81,10 @@ const (
 	// that waited for a peer's lines), with block << 8 | rank.
 	LLWaitDetail = 1 << 24
 	LLMaxBytes   = LLBlocks * LLLines * 8 // the largest input gs_ll takes
+	// SigDetail: set in the detail of the abort a rank that refused a
+	// collective leaves on its peers' pads, with rank << 16 | seq & 0xffff
+	// (the op's sequence number: its signatures say what differed).
+	SigDetail = 1 << 26
 
 	// The host error block (ErrorWords), in 32-bit words: the same three
 	// as the pad's, code last (the kernel publishes it after the others).
@@ -128,7 +138,7 @@ const (
 )
 
 const (
-	padErrorEnd         = PadHostErrorWord + 2 // one past the error words and the host pointer
+	padErrorEnd         = PadAbortDetailWord + 1 // one past the error words, the host pointer and the abort words
 	padUsedWords        = PadA2AVHdrWord + 2*MaxRanks*A2AVBlocks
 	defaultReduceBlocks = 24 // PyTorch's one-shot limit (register-heavy kernels)
 	defaultCopyBlocks   = 32
@@ -148,6 +158,7 @@ const (
 	// The host pointer comes after the error words, 8-byte aligned.
 	_ = uint(PadHostErrorWord - PadErrorMissingWord - 1)
 	_ = uint(0 - PadHostErrorWord%2)
+	_ = uint(PadAbortWord - PadHostErrorWord - 2)
 	// The semaphores come after the error words, whole, 64-byte aligned.
 	_ = uint(PadSemaReadyWord - padErrorEnd)
 	_ = uint(PadSemaDoneWord - PadSemaReadyWord - MaxRanks)
@@ -180,6 +191,8 @@ var headerConsts = []struct {
 	{"GS_PAD_ERROR_DETAIL", PadErrorDetailWord},
 	{"GS_PAD_ERROR_MISSING", PadErrorMissingWord},
 	{"GS_PAD_HOST_ERROR", PadHostErrorWord},
+	{"GS_PAD_ABORT", PadAbortWord},
+	{"GS_PAD_ABORT_DETAIL", PadAbortDetailWord},
 	{"GS_HOST_ERROR_CODE", HostErrorCode},
 	{"GS_HOST_ERROR_DETAIL", HostErrorDetail},
 	{"GS_HOST_ERROR_MISSING", HostErrorMissing},

@@ -14,10 +14,14 @@ import (
 
 // deviceError is the group's error for what a kernel recorded in w, nil
 // while nothing is recorded.
-func deviceError(grp Group, w *cuda.ErrorWords, ordinal int) error {
+func deviceError(grp Group, w *cuda.ErrorWords, ordinal int, seq uint64) error {
 	de, set := w.Load()
 	if !set {
 		return nil
+	}
+	if de.Code == cuda.ErrMismatch && de.Detail&cuda.SigDetail != 0 {
+		return status.Errorf(status.Mismatch, "gosym: a CUDA collective of group %q on cuda:%d: %s; "+
+			"the group cannot run CUDA ops any more", grp.Name, ordinal, refusedBy(grp, de.Detail, seq))
 	}
 	if de.Code == cuda.ErrTimeout {
 		return status.Errorf(status.Timeout, "gosym: a CUDA collective of group %q on cuda:%d: Timed out after %v waiting for ranks %v (%s); "+
@@ -39,7 +43,7 @@ func (g *State) DeviceError(grp Group) error {
 	if g.errw == nil {
 		return nil
 	}
-	return deviceError(grp, g.errw, g.Ordinal())
+	return deviceError(grp, g.errw, g.Ordinal(), g.seq.Load())
 }
 
 // deviceErrorCode is the recorded code for stats, 0 while none.

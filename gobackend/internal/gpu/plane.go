@@ -40,6 +40,11 @@ type Peers interface {
 	AgreeAll(ok bool, who symm.Who, deadline time.Time) ([]int, error)
 	// Barrier publishes meta and returns every rank's, by rank.
 	Barrier(meta []byte, who symm.Who, deadline time.Time) ([][]byte, error)
+	// Sign, SigOf and Refuse are the collectives' signatures (symm.Team's):
+	// not collective, they never wait.
+	Sign(seq, sig uint64) (peer int, theirs uint64, posted []int)
+	SigOf(r int, seq uint64) (uint64, bool)
+	Refuse(seq uint64)
 }
 
 // vmmMagic marks the fd exchange that binds fresh VMM memory to a group
@@ -102,9 +107,14 @@ func (g *State) Run(grp Group, op *coll.Op, a Args, deadline time.Time) error {
 			op.Kind, a.Device, grp.Name, t.g.ordinal)
 	}
 	if t.errw.Code() != 0 { // a kernel of an earlier op timed out: the pads are out of step
-		g.err = deviceError(grp, t.errw, t.g.ordinal)
+		g.err = deviceError(grp, t.errw, t.g.ordinal, g.seq.Load())
 		return g.err
 	}
+	if err := t.checkSig(grp, op); err != nil {
+		g.err = err
+		return err
+	}
+	g.seq.Store(op.Seq)
 	// Asked here, not by every caller: one driver call, no Python round;
 	// the capture sequence orders the op (order.go).
 	capturing, capture, err := t.g.d.StreamCaptureInfo(t.g.ctx, a.Stream)

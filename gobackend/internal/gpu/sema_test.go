@@ -151,3 +151,9 @@ func TestNVLSPeers(t *testing.T) {
 		require.Equal(t, [][]int{bad, bad, bad}, failed)
 	}
 }
+
+// The simulated ranks compare no signatures (symm/sig.go is tested over
+// real teams in gobackend).
+func (memPeers) Sign(uint64, uint64) (int, uint64, []int) { return -1, 0, nil }
+func (memPeers) SigOf(int, uint64) (uint64, bool)         { return 0, false }
+func (memPeers) Refuse(uint64)                            {}

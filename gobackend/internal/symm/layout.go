@@ -17,8 +17,9 @@ import (
 const (
 	lineSize     = 64
 	ctrlMagic    = 0x4c525443 // "CTRL"
-	ctrlVersion  = 3
+	ctrlVersion  = 4
 	offMagic     = 0
+	offRefused   = 16 // in the header line: the collective this rank refused (sig.go), 0 if none
 	offStep      = 1 * lineSize // barrier arrivals, monotonic (serial arithmetic)
 	offWaiters   = 2 * lineSize // peers sleeping on a word of this region
 	offClosed    = 3 * lineSize // set when the owner destroys the endpoint
@@ -46,7 +47,7 @@ type Layout struct {
 	Slots      int // sync slots (N): publication s uses slot s mod N
 	SlotBytes  int // bytes of one sync slot's metadata (after its stamp line)
 
-	offHdr, offBells, offSlots, CtrlBytes int
+	offHdr, offBells, offSlots, offSigs, CtrlBytes int
 	offBoxes, DataBytes                   int
 
 	// Settings is what else every rank must share (the engine's agreed
@@ -66,7 +67,8 @@ func NewLayout(world, stageBytes, boxBytes, slots int) Layout {
 	l.offHdr = offP2P + world*p2pWordsSize
 	l.offBells = l.offHdr + world*2*p2pHdrSize
 	l.offSlots = l.offBells + roundUp(4*world, lineSize)
-	l.CtrlBytes = roundUp(l.offSlots+l.Slots*(lineSize+l.SlotBytes), 4096)
+	l.offSigs = l.offSlots + l.Slots*(lineSize+l.SlotBytes)
+	l.CtrlBytes = roundUp(l.offSigs+SigRing*sigBytes, 4096)
 	l.offBoxes = 2 * l.StageBytes
 	l.DataBytes = l.offBoxes + world*2*l.BoxBytes
 	return l

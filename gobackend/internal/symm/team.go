@@ -380,7 +380,7 @@ func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Ti
 			return nil
 		}
 		if i&1023 == 0 {
-			if time.Now().After(spinEnd) || t.aborted.Load() {
+			if time.Now().After(spinEnd) || t.aborted.Load() || atomic.LoadUint32(t.ctrl[r].Word32(offRefused)) != 0 {
 				break
 			}
 			host.Yield()
@@ -400,6 +400,9 @@ func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Ti
 		}
 		if atomic.LoadUint32(closed) != 0 {
 			return status.Errorf(status.Peer, "gosym: %s: rank %d destroyed the group while rank %d waited for it", who, r, t.Rank)
+		}
+		if err := t.refused(r, who); err != nil {
+			return err
 		}
 		now := time.Now()
 		if now.After(deadline) {

@@ -1,0 +1,148 @@
+package gpu
+
+// Collectives whose arguments differ between ranks. A CUDA collective
+// needs no host round, so nothing else would notice: a rank with another
+// count launches another grid and its peers wait for lines that never
+// come. Run publishes each op's signature (symm/sig.go) before it enqueues
+// anything; a rank that finds a peer's differs refuses the op, tells the
+// peers that already enqueued theirs through their pads (their kernels'
+// waits give up, gs_wait), and breaks the group on every rank: an op the
+// peers' kernels started and left is out of step for good, as after a
+// device timeout.
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/status"
+)
+
+// The fields of a signature, low bits first. Each field is its value + 1,
+// 0 where the op does not compare it; a count with no dtype is in bytes.
+const (
+	sigKindBits, sigDTypeBits, sigRedBits, sigRootBits = 6, 6, 4, 10
+	sigDTypeShift                                      = sigKindBits
+	sigRedShift                                        = sigDTypeShift + sigDTypeBits
+	sigRootShift                                       = sigRedShift + sigRedBits
+	sigCountShift                                      = sigRootShift + sigRootBits
+	sigCountMax                                        = 1<<(64-sigCountShift) - 2
+)
+
+// signature is what every rank must pass alike for op: the kind; for
+// reductions the dtype, the operator and the count; for data movement the
+// bytes; the root. Counts that may differ between ranks (all_to_all's
+// splits, uneven all_gather and reduce_scatter pieces, gather and scatter)
+// are not compared: gs_a2av checks splits itself.
+func signature(op *coll.Op) uint64 {
+	var dt, red, root, count uint64
+	elems := op.Count
+	switch op.Kind {
+	case coll.AllReduce, coll.Reduce, coll.ReduceScatter:
+		dt, red = uint64(op.DType)+1, uint64(op.RedOp)+1
+	case coll.Broadcast, coll.AllGather:
+		elems *= op.DType.Size()
+	default:
+		elems = -1
+	}
+	if op.Kind == coll.ReduceScatter && !even(op.InPieces, op.Count) || op.Kind == coll.AllGather && !even(op.OutPieces, op.Count) {
+		elems = -1
+	}
+	if elems >= 0 {
+		count = uint64(min(elems, sigCountMax)) + 1
+	}
+	switch op.Kind {
+	case coll.Reduce, coll.Broadcast, coll.Gather, coll.Scatter:
+		root = uint64(op.Root) + 1
+	}
+	return uint64(op.Kind) | dt<<sigDTypeShift | red<<sigRedShift | root<<sigRootShift | count<<sigCountShift
+}
+
+func even(ps []coll.Piece, n int) bool {
+	for _, p := range ps {
+		if p.Count != n {
+			return false
+		}
+	}
+	return true
+}
+
+// describeSig says what sig holds, as a user passed it.
+func describeSig(sig uint64) string {
+	field := func(shift, bits int) uint64 { return sig >> shift & (1<<bits - 1) }
+	parts := []string{coll.Kind(field(0, sigKindBits)).String()}
+	dt, red, root, count := field(sigDTypeShift, sigDTypeBits), field(sigRedShift, sigRedBits), field(sigRootShift, sigRootBits), sig>>sigCountShift
+	switch {
+	case count != 0 && dt != 0:
+		parts = append(parts, fmt.Sprintf("%d elements of %s", count-1, dtype.DType(dt-1).String()))
+	case count != 0:
+		parts = append(parts, fmt.Sprintf("%d bytes", count-1))
+	case dt != 0:
+		parts = append(parts, dtype.DType(dt-1).String())
+	}
+	if red != 0 {
+		parts = append(parts, dtype.RedOp(red-1).String())
+	}
+	if root != 0 {
+		parts = append(parts, fmt.Sprintf("root %d", root-1))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// checkSig publishes op's signature; when a peer's differs it refuses op
+// (symm.Team.Refuse), aborts the kernels of the peers that already
+// enqueued it, and returns the error naming both.
+func (t *Team) checkSig(grp Group, op *coll.Op) error {
+	mine := signature(op)
+	peer, theirs, posted := grp.Peers.Sign(op.Seq, mine)
+	if peer < 0 {
+		return nil
+	}
+	grp.Peers.Refuse(op.Seq)
+	aerr := t.abortPeers(posted, cuda.SigDetail|uint32(grp.Rank)<<16|uint32(op.Seq&0xffff))
+	err := status.Errorf(status.Mismatch, "gosym: %s (seq %d) of group %q on CUDA tensors: the ranks' arguments differ: rank %d passed %s; rank %d (this rank) passed %s; "+
+		"the group cannot run CUDA ops any more", op.Kind, op.Seq, grp.Name, peer, describeSig(theirs), grp.Rank, describeSig(mine))
+	if aerr != nil {
+		return status.Wrap(status.Mismatch, aerr, "%v (telling ranks %v failed)", err, posted)
+	}
+	return err
+}
+
+// abortPeers leaves an abort with detail on each of ranks' pads (detail
+// first; a private stream keeps the caller's streams out of it).
+func (t *Team) abortPeers(ranks []int, detail uint32) error {
+	if len(ranks) == 0 {
+		return nil
+	}
+	g := t.g
+	s, err := g.d.StreamCreate(g.ctx, cuda.StreamNonBlocking)
+	if err != nil {
+		return err
+	}
+	defer g.d.StreamDestroy(g.ctx, s)
+	for _, q := range ranks {
+		for _, w := range [][2]uint32{{cuda.PadAbortDetailWord, detail}, {cuda.PadAbortWord, cuda.ErrMismatch}} {
+			if err := g.d.MemsetD32Async(g.ctx, t.pads[q]+4*uintptr(w[0]), w[1], 1, s); err != nil {
+				return err
+			}
+		}
+	}
+	return g.d.StreamSynchronize(g.ctx, s)
+}
+
+// refusedBy is the message of a kernel error that a peer's refusal left
+// (detail has cuda.SigDetail), naming both ranks' arguments where the
+// signatures are still published; seq is the latest op this rank ran.
+func refusedBy(grp Group, detail uint32, seq uint64) string {
+	peer := int(detail >> 16 & 0xff)
+	at := seq - (seq-uint64(detail&0xffff))&0xffff // the latest op with those low bits
+	mine, ok1 := grp.Peers.SigOf(grp.Rank, at)
+	theirs, ok2 := grp.Peers.SigOf(peer, at)
+	if !ok1 || !ok2 {
+		return fmt.Sprintf("rank %d refused collective %d: the ranks' arguments differ (its error names them)", peer, at)
+	}
+	return fmt.Sprintf("the ranks' arguments differ in collective %d: rank %d passed %s; rank %d (this rank) passed %s",
+		at, peer, describeSig(theirs), grp.Rank, describeSig(mine))
+}
