@@ -61,9 +61,9 @@ type State struct {
 
 	ops      atomic.Int64
 	seq      atomic.Uint64 // the latest op's sequence number (a peer's refusal names it by its low bits)
-	captured atomic.Int64 // ops enqueued while their stream was being captured (a CUDA graph)
-	joins    atomic.Int64 // ops that waited for the group's previous op on another stream (order.go)
-	device   atomic.Int32 // ordinal + 1 once set up, for stats
+	captured atomic.Int64  // ops enqueued while their stream was being captured (a CUDA graph)
+	joins    atomic.Int64  // ops that waited for the group's previous op on another stream (order.go)
+	device   atomic.Int32  // ordinal + 1 once set up, for stats
 	stage    atomic.Int64
 	counters Counters
 	algos    algoStats   // which reduction algorithm ran (sema.go)

@@ -19,7 +19,7 @@ const (
 	ctrlMagic    = 0x4c525443 // "CTRL"
 	ctrlVersion  = 4
 	offMagic     = 0
-	offRefused   = 16 // in the header line: the collective this rank refused (sig.go), 0 if none
+	offRefused   = 16           // in the header line: the collective this rank refused (sig.go), 0 if none
 	offStep      = 1 * lineSize // barrier arrivals, monotonic (serial arithmetic)
 	offWaiters   = 2 * lineSize // peers sleeping on a word of this region
 	offClosed    = 3 * lineSize // set when the owner destroys the endpoint
@@ -48,7 +48,7 @@ type Layout struct {
 	SlotBytes  int // bytes of one sync slot's metadata (after its stamp line)
 
 	offHdr, offBells, offSlots, offSigs, CtrlBytes int
-	offBoxes, DataBytes                   int
+	offBoxes, DataBytes                            int
 
 	// Settings is what else every rank must share (the engine's agreed
 	// settings, internal/config), sent with the regions; CheckSettings
