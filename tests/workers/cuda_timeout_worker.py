@@ -12,7 +12,9 @@ small all_reduce on a third group (the LL kernel: no barrier, each kernel waits 
 late rank's lines): the early ranks' next op names the late rank and the LL wait, the
 late rank gets the right sum (the others' lines had arrived). The same once more with a
 small all_gather on a fourth group (gs_llmove: the same lines and waits). All ranks then
-meet on the default group and destroy everything.
+meet on the default group and destroy everything. Last, on a fifth group with a long
+timeout, the last rank passes another count to an all_reduce: every rank raises a
+ValueError naming both counts within seconds.
 """
 
 from __future__ import annotations
@@ -115,6 +117,39 @@ def ll_scenario(ck, rank, dev, short, gather=False):
              f"the lines of rank {late}" in str(e), repr(e))
 
 
+def mismatch_scenario(ck, rank, dev, group):
+    """One rank passes another count to a small CUDA all_reduce of group (long timeout): every
+    rank raises a ValueError naming both ranks' counts within seconds, the odd rank (it posts
+    last and refuses the op) at the call, the others, whose kernels it aborted, at their next
+    op; the group stays failed (gobackend/internal/gpu/sig.go)."""
+    world = dist.get_world_size()
+    odd, n = world - 1, 1024
+    z = torch.ones(n, device=dev)
+    dist.all_reduce(z, group=group)  # sets up this group's CUDA data plane
+    torch.cuda.synchronize()
+    dist.barrier()
+    x = torch.ones(n // 2 if rank == odd else n, device=dev)
+    if rank == odd:
+        time.sleep(1.0)  # the others enqueue theirs first
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x, group=group)
+        e = None
+    except ValueError as err:
+        e = err
+    ck.check("mismatch: the odd rank refuses at the call", (e is not None) == (rank == odd), repr(e))
+    torch.cuda.synchronize()  # an aborted kernel ends at once
+    if e is None:
+        e = ck.expect_error("mismatch: next op", dist.all_reduce, z, group=group)
+    took = time.monotonic() - t0
+    msg = str(e)
+    ck.check("mismatch: a ValueError", isinstance(e, ValueError), repr(e))
+    ck.check("mismatch: names both ranks' counts", "arguments differ" in msg and f"{n} elements of float32" in msg
+             and f"{n // 2} elements of float32" in msg, msg)
+    ck.check("mismatch: within seconds, not the group's timeout", took < 20, f"{took:.1f} s")
+    ck.expect_error("mismatch: the group stays failed", dist.all_reduce, z, group=group)
+
+
 def main():
     args = wc.setup()
     dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # torchrun sets it
@@ -127,6 +162,7 @@ def main():
     short = dist.new_group(timeout=datetime.timedelta(seconds=SHORT_S))
     short_ll = dist.new_group(timeout=datetime.timedelta(seconds=SHORT_S))
     short_llmove = dist.new_group(timeout=datetime.timedelta(seconds=SHORT_S))
+    odd_args = dist.new_group(timeout=datetime.timedelta(seconds=60))
     ck.run("scenario", scenario, ck, rank, dev, short)
     ck.run("meet", dist.barrier)
     torch.cuda.synchronize()
@@ -135,6 +171,9 @@ def main():
     torch.cuda.synchronize()
     ck.run("LL gather scenario", ll_scenario, ck, rank, dev, short_llmove, gather=True)
     ck.run("meet at last", dist.barrier)
+    torch.cuda.synchronize()
+    ck.run("mismatch scenario", mismatch_scenario, ck, rank, dev, odd_args)
+    ck.run("meet after the mismatch", dist.barrier)
     torch.cuda.synchronize()
     t0 = time.monotonic()
     ck.run("destroy", dist.destroy_process_group)

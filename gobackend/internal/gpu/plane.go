@@ -132,6 +132,9 @@ func (g *State) Run(grp Group, op *coll.Op, a Args, deadline time.Time) error {
 	agree := func(meta []byte) ([][]byte, error) { return grp.Peers.Barrier(meta, op.Who(), deadline) }
 	t.capturing, t.deadline = capturing, deadline
 	err = t.run(op, a.Stream, agree)
+	if rerr := explainRefusal(grp, op, err); rerr != nil { // a peer refused op: the group is out of step
+		err, g.err = rerr, rerr
+	}
 	if oerr := t.order.after(t.g, a.Stream, capture); oerr != nil && err == nil {
 		err = status.Wrap(status.System, oerr, "gosym: %s on cuda:%d: recording the op's end for the group's next op", op.Kind, a.Device)
 	}

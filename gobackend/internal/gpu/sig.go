@@ -102,12 +102,36 @@ func (t *Team) checkSig(grp Group, op *coll.Op) error {
 	}
 	grp.Peers.Refuse(op.Seq)
 	aerr := t.abortPeers(posted, cuda.SigDetail|uint32(grp.Rank)<<16|uint32(op.Seq&0xffff))
-	err := status.Errorf(status.Mismatch, "gosym: %s (seq %d) of group %q on CUDA tensors: the ranks' arguments differ: rank %d passed %s; rank %d (this rank) passed %s; "+
-		"the group cannot run CUDA ops any more", op.Kind, op.Seq, grp.Name, peer, describeSig(theirs), grp.Rank, describeSig(mine))
+	err := mismatchError(grp, op, differ(peer, theirs, grp.Rank, mine))
 	if aerr != nil {
 		return status.Wrap(status.Mismatch, aerr, "%v (telling ranks %v failed)", err, posted)
 	}
 	return err
+}
+
+func differ(peer int, theirs uint64, me int, mine uint64) string {
+	return fmt.Sprintf("the ranks' arguments differ: rank %d passed %s; rank %d (this rank) passed %s", peer, describeSig(theirs), me, describeSig(mine))
+}
+
+func mismatchError(grp Group, op *coll.Op, why string) error {
+	return status.Errorf(status.Mismatch, "gosym: %s (seq %d) of group %q on CUDA tensors: %s; the group cannot run CUDA ops any more",
+		op.Kind, op.Seq, grp.Name, why)
+}
+
+// explainRefusal is the error of op's host round (an agreement of the
+// direct path, say) when it failed because a peer refused op: both ranks'
+// arguments; nil for other errors.
+func explainRefusal(grp Group, op *coll.Op, err error) error {
+	if status.CodeOf(err) != status.Mismatch {
+		return nil
+	}
+	mine := signature(op)
+	for r := range grp.World {
+		if theirs, ok := grp.Peers.SigOf(r, op.Seq); ok && r != grp.Rank && theirs != mine {
+			return mismatchError(grp, op, differ(r, theirs, grp.Rank, mine))
+		}
+	}
+	return nil
 }
 
 // abortPeers leaves an abort with detail on each of ranks' pads (detail
@@ -143,6 +167,5 @@ func refusedBy(grp Group, detail uint32, seq uint64) string {
 	if !ok1 || !ok2 {
 		return fmt.Sprintf("rank %d refused collective %d: the ranks' arguments differ (its error names them)", peer, at)
 	}
-	return fmt.Sprintf("the ranks' arguments differ in collective %d: rank %d passed %s; rank %d (this rank) passed %s",
-		at, peer, describeSig(theirs), grp.Rank, describeSig(mine))
+	return fmt.Sprintf("collective %d: %s", at, differ(peer, theirs, grp.Rank, mine))
 }
