@@ -214,7 +214,8 @@ def test_device_timeout_names_the_peer(tmp_path):
     rank; the barrier's wait and the next CUDA op on each of them raise an error naming
     it, stats show it, and all ranks then meet on the default group and destroy cleanly;
     the same for a small all_reduce (the LL kernel's wait for the peer's lines) on another
-    group, and for a small all_gather (the LL move kernel) on a fourth
+    group, and for a small all_gather (the LL move kernel) on a fourth; then an all_reduce whose
+    count differs on the last rank fails on every rank within seconds, naming both counts
     (workers/cuda_timeout_worker.py)."""
     world = _world()
     need_gpus(world)

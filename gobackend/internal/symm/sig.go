@@ -17,9 +17,9 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
-// SigRing is how many collectives' signatures a rank keeps: a peer more
-// than this many ops ahead or behind is not compared from this side (it
-// compares when it posts).
+// SigRing is how many collectives' signatures a rank keeps: two ranks
+// that post an op more than this many ops apart do not compare it (their
+// kernels' timeout still ends a wait for it).
 const SigRing = 256
 
 const sigBytes = 16 // the signature, then the op's sequence number
