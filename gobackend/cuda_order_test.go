@@ -51,6 +51,17 @@ func newSimRanks(t *testing.T, world, streams int) []*simRank {
 	return ranks
 }
 
+// simWorld is the fake driver's device count (at least 2): one simulated
+// rank per device.
+func simWorld(t *testing.T) int {
+	d, err := cuda.Load()
+	require.NoError(t, err)
+	world, err := d.DeviceCount()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, world, 2)
+	return world
+}
+
 // drain waits for every stream of every rank, failing the test (and ending
 // its process) with the ranks still busy after d.
 func drain(t *testing.T, ranks []*simRank, d time.Duration) {
@@ -98,11 +109,7 @@ func TestGPUOrderAcrossStreams(t *testing.T) {
 	if cudatest.InFakeChild(t) {
 		return
 	}
-	d, err := cuda.Load()
-	require.NoError(t, err)
-	world, err := d.DeviceCount()
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, world, 2)
+	world := simWorld(t)
 	eps := group(t, world, 20*time.Second)
 	ranks := newSimRanks(t, world, 2)
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
-	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 )
@@ -23,11 +22,7 @@ func TestGPUMismatchedArgsNamedOnEveryRank(t *testing.T) {
 	if cudatest.InFakeChild(t) {
 		return
 	}
-	d, err := cuda.Load()
-	require.NoError(t, err)
-	world, err := d.DeviceCount()
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, world, 2)
+	world := simWorld(t)
 	ranks := newSimRanks(t, world, 1)
 	const n = 64
 	for _, c := range []struct {
