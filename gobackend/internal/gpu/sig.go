@@ -135,25 +135,22 @@ func explainRefusal(grp Group, op *coll.Op, err error) error {
 }
 
 // abortPeers leaves an abort with detail on each of ranks' pads (detail
-// first; a private stream keeps the caller's streams out of it).
+// first).
 func (t *Team) abortPeers(ranks []int, detail uint32) error {
 	if len(ranks) == 0 {
 		return nil
 	}
 	g := t.g
-	s, err := g.d.StreamCreate(g.ctx, cuda.StreamNonBlocking)
-	if err != nil {
-		return err
-	}
-	defer g.d.StreamDestroy(g.ctx, s)
-	for _, q := range ranks {
-		for _, w := range [][2]uint32{{cuda.PadAbortDetailWord, detail}, {cuda.PadAbortWord, cuda.ErrMismatch}} {
-			if err := g.d.MemsetD32Async(g.ctx, t.pads[q]+4*uintptr(w[0]), w[1], 1, s); err != nil {
-				return err
+	return g.privately(func(s cuda.Stream) error {
+		for _, q := range ranks {
+			for _, w := range [][2]uint32{{cuda.PadAbortDetailWord, detail}, {cuda.PadAbortWord, cuda.ErrMismatch}} {
+				if err := g.d.MemsetD32Async(g.ctx, t.pads[q]+4*uintptr(w[0]), w[1], 1, s); err != nil {
+					return err
+				}
 			}
 		}
-	}
-	return g.d.StreamSynchronize(g.ctx, s)
+		return nil
+	})
 }
 
 // refusedBy is the message of a kernel error that a peer's refusal left

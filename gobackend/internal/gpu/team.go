@@ -562,30 +562,40 @@ func (t *Team) importPeer(sy *symmBuf, r, fd int) error {
 
 // zeroPad clears this rank's signal pad before any peer may write to it:
 // the barrier counters start at zero and only grow afterwards (so replayed
-// CUDA graphs stay in step). A private stream keeps the caller's streams
-// out of it.
+// CUDA graphs stay in step).
 func (t *Team) zeroPad() error {
 	g := t.g
+	return g.privately(func(s cuda.Stream) error {
+		if err := g.d.MemsetD32Async(g.ctx, t.pads[t.rank], 0, t.ctrl.size/4, s); err != nil {
+			return err
+		}
+		// The LL area too: its lines' flags start below every launch's flag.
+		if t.llArea > 0 {
+			if err := g.d.MemsetD32Async(g.ctx, t.stages[t.rank]+t.stage, 0, t.llArea/4, s); err != nil {
+				return err
+			}
+		}
+		// The pad names the host error block (two words, low first).
+		at, hp := t.pads[t.rank]+4*cuda.PadHostErrorWord, uint64(t.errw.Device())
+		for i, v := range []uint32{uint32(hp), uint32(hp >> 32)} {
+			if err := g.d.MemsetD32Async(g.ctx, at+uintptr(4*i), v, 1, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// privately runs enqueue on a stream of its own and waits for it: the
+// caller's streams, which may hold kernels waiting for peers, stay out of it.
+func (g *Device) privately(enqueue func(s cuda.Stream) error) error {
 	s, err := g.d.StreamCreate(g.ctx, cuda.StreamNonBlocking)
 	if err != nil {
 		return err
 	}
 	defer g.d.StreamDestroy(g.ctx, s)
-	if err := g.d.MemsetD32Async(g.ctx, t.pads[t.rank], 0, t.ctrl.size/4, s); err != nil {
+	if err := enqueue(s); err != nil {
 		return err
-	}
-	// The LL area too: its lines' flags start below every launch's flag.
-	if t.llArea > 0 {
-		if err := g.d.MemsetD32Async(g.ctx, t.stages[t.rank]+t.stage, 0, t.llArea/4, s); err != nil {
-			return err
-		}
-	}
-	// The pad names the host error block (two words, low first).
-	at, hp := t.pads[t.rank]+4*cuda.PadHostErrorWord, uint64(t.errw.Device())
-	for i, v := range []uint32{uint32(hp), uint32(hp >> 32)} {
-		if err := g.d.MemsetD32Async(g.ctx, at+uintptr(4*i), v, 1, s); err != nil {
-			return err
-		}
 	}
 	return g.d.StreamSynchronize(g.ctx, s)
 }
