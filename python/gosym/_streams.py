@@ -7,16 +7,19 @@ allocator's record_stream, and the order of the caller's posts, none of which th
 
 from __future__ import annotations
 
+import collections
 import weakref
 
 import torch
 
 from . import _lib, descriptors
+from . import selfp2p as _selfp2p
 from ._dtypes import move_dtype
 from ._tensors import _check
 from .work import CudaSideWork, cuda_work
 
 _run = _lib.run
+SelfPost = collections.namedtuple("SelfPost", "recv tag")  # a pending op with this rank itself
 _STREAM_AT = _lib.STREAM_AT
 _tail = _lib.stream_tail
 _capturing = torch.cuda.is_current_stream_capturing
@@ -30,12 +33,13 @@ class CudaStreams:
     run on (`device`, set by the first), its internal send and receive streams, and the
     sends and receives posted but not launched yet (`pending`)."""
 
-    __slots__ = ("h", "device", "pending", "_pairs", "_group")
+    __slots__ = ("h", "device", "pending", "_pairs", "_group", "_selfq")
 
     def __init__(self, h, group):
         self.h = h  # the group's endpoint; the group zeroes it at shutdown
         self.device = None
         self.pending = []
+        self._selfq = {}  # sends to and receives from this rank itself not matched yet
         self._pairs = {}  # (device index, peer) -> (send stream, recv stream)
         # Weak: a dropped group must not wait for the cycle collector to destroy its endpoint.
         self._group = weakref.ref(group)
@@ -118,6 +122,12 @@ class CudaStreams:
         them before it ran."""
         _check(t)
         idx = self.index(t.get_device())
+        if peer is None:  # this rank itself: matched at the flush (gosym.selfp2p)
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(idx))
+            w = CudaSideWork(out, idx, self._side(idx, recv, None), self._group())
+            self.pending.append((w, SelfPost(recv, tag), ready, t, None))
+            return w
         if not recv:
             buf = t if t.is_contiguous() else t.contiguous()
         else:
@@ -134,6 +144,26 @@ class CudaStreams:
         self.pending.append((w, desc, ready, buf, t if recv and buf is not t else None))
         return w
 
+    def _to_self(self, w, post, ready, t):
+        """Matches a send to or recv from this rank itself with its partner (gosym.selfp2p),
+        and copies on the receive's internal stream once both posters' streams reached
+        their posts; unmatched, it waits for its partner's flush."""
+        other = _selfp2p.pair_up(self._selfq, post.recv, (w, ready, t), post.tag)
+        if other is None:
+            return
+        (sw, sready, src), (rw, rready, dst) = (other, (w, ready, t)) if post.recv else ((w, ready, t), other)
+        sw._err = rw._err = _selfp2p.mismatch(src, dst, post.tag)
+        if sw._err is not None:
+            return
+        side = rw._side
+        side.wait_event(sready)
+        side.wait_event(rready)
+        with torch.cuda.stream(side):
+            dst.copy_(src.reshape(dst.shape))
+        src.record_stream(side)
+        dst.record_stream(side)
+        sw._done = rw._done = side.record_event()
+
     def flush(self):
         """Launches the pending sends and receives (see p2p), then the copy-backs, and
         gives each Work the event its wait() joins. If a launch fails, it and the ops
@@ -145,6 +175,9 @@ class CudaStreams:
         flags = _lib.OP_CAPTURING if _capturing() else 0
         copies = []
         for i, (w, desc, ready, buf, dst) in enumerate(pending):
+            if desc.__class__ is SelfPost:
+                self._to_self(w, desc, ready, buf)
+                continue
             side = w._side
             side.wait_event(ready)
             try:

@@ -32,8 +32,10 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _endpoint, _lib, descriptors
 from . import anysource as _anysource
+from . import forms as _forms
 from . import monitored as _monitored
 from . import profiling as _profiling
+from . import selfp2p as _selfp2p
 from . import sparse as _sparse
 from ._dtypes import move_dtype, reduce_op, reduce_types
 from ._streams import CudaStreams, _raw_stream
@@ -91,6 +93,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
         self._h = _endpoint.bootstrap(store, rank, size, timeout, name)
         self._streams = CudaStreams(self._h, self)
+        self._self = None  # host sends to itself not matched yet (selfp2p.HostSelf)
         self._completer = Completer(name)
         self._finalizer = weakref.finalize(self, _endpoint.destroy, self._h, self._completer, name)
 
@@ -222,8 +225,6 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if not 0 <= peer < self._size:
             raise ValueError(f"gosym: {what}: peer rank {peer} is out of range for a group "
                              f"of size {self._size}")
-        if peer == self._rank:
-            raise ValueError(f"gosym: {what}: rank {peer} cannot {what} to/from itself")
         return peer
 
     # ---- ops on one buffer, in place ----------------------------------------
@@ -336,9 +337,26 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts=_AG):
         outs = _one(output_tensors, "all_gather")
-        desc, keep, cb = self._allgather_desc(outs, _one(input_tensors, "all_gather"))
+        t = _one(input_tensors, "all_gather")
+        if len(outs) == self._size and any(o.numel() != t.numel() for o in outs):
+            return self._allgather_v(outs, t)
+        desc, keep, cb = self._allgather_desc(outs, t)
         # The future's value is the gathered list, as gloo's (not the list of lists).
         return self._work(desc, outs, keep, cb, opts.asyncOp)
+
+    def _allgather_v(self, outs, t):
+        """all_gather into outputs of unequal sizes, output j as long as rank j's input (NCCL's
+        all_gather_v, which torch reaches through allgather): as NCCL does it, a broadcast
+        from each rank, all posted as one Work."""
+        mine = outs[self._rank]
+        if mine.numel() != t.numel():
+            raise ValueError(f"gosym: all_gather: this rank's output tensor has {mine.numel()} "
+                             f"elements, its input has {t.numel()}")
+        for o in outs:
+            _same_dtype(t, o, "all_gather")
+        mine.copy_(t)  # on a CUDA tensor's current stream, before the broadcasts
+        return self._works([self._in_place(descriptors.broadcast, o, _BC, j)
+                            for j, o in enumerate(outs)], outs)
 
     def allgather_coalesced(self, output_lists, input_list, opts=_AG):
         """torch's layout: one output list per rank, output_lists[r][i] is rank r's input i."""
@@ -386,6 +404,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if len(ins) != world:
             raise ValueError(f"gosym: reduce_scatter: input list has {len(ins)} tensors, the "
                              f"group has {world} ranks")
+        if any(t.numel() != out.numel() for t in ins):
+            return self._reduce_scatter_v(out, ins, opts)
         red, scale = reduce_op(opts.reduceOp)
         code, mult = reduce_types(out, red)
         n = out.numel()
@@ -404,6 +424,25 @@ class ProcessGroupGosym(dist.ProcessGroup):
         desc = descriptors.reduce_scatter(dtype=code, red_op=red, scale=scale, count=n * mult,
                                           dst=dst.data_ptr(), in_pieces=ap, n_in=world)
         return self._work(desc, output_tensors, (srcs, dst, arr), cb, opts.asyncOp)
+
+    def _reduce_scatter_v(self, out, ins, opts):
+        """reduce_scatter from inputs of unequal sizes, input j as long as rank j's output
+        (NCCL's reduce_scatter_v): as NCCL does it, a reduce to each rank, all posted as one
+        Work, here on copies of the inputs (a reduce works in place); this rank's result is
+        copied into out once done."""
+        mine = ins[self._rank]
+        if mine.numel() != out.numel():
+            raise ValueError(f"gosym: reduce_scatter: this rank's input tensor has "
+                             f"{mine.numel()} elements, its output has {out.numel()}")
+        built = []
+        for j, t in enumerate(ins):
+            _same_dtype(out, t, "reduce_scatter")
+            desc, buf, cb = self._in_place(descriptors.reduce, t.clone(memory_format=torch.contiguous_format),
+                                           opts, j, True)
+            if j == self._rank:
+                cb = [(out, buf.view(out.shape))]
+            built.append((desc, buf, cb))
+        return self._works(built, [out])
 
     def _reduce_scatter_base_desc(self, out, inp, opts):
         """reduce_scatter_tensor's desc, buffers and copy-backs (as _pair_op takes them)."""
@@ -577,6 +616,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
     def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names
         peer = self._peer(dstRank, "send")
         t = _one(tensors, "send")
+        if peer == self._rank:
+            return self._to_self(False, t, tag, tensors)
         if isinstance(t, _Tensor) and t.is_cuda:
             return self._streams.p2p(False, t, peer, tag, tensors)
         src = _src(t)
@@ -588,6 +629,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
     def recv(self, tensors, srcRank, tag):  # noqa: N803
         peer = self._peer(srcRank, "recv")
         t = _one(tensors, "recv")
+        if peer == self._rank:
+            return self._to_self(True, t, tag, tensors)
         if isinstance(t, _Tensor) and t.is_cuda:
             return self._streams.p2p(True, t, peer, tag, tensors)
         cb = []
@@ -596,6 +639,16 @@ class ProcessGroupGosym(dist.ProcessGroup):
         desc = descriptors.recv(dtype=code, peer=peer, tag=tag, count=dst.numel() * mult,
                                 dst=dst.data_ptr())
         return self._work(desc, tensors, dst, cb)
+
+    def _to_self(self, recv, t, tag, out):
+        """A send to or recv from this rank itself (gosym.selfp2p): a CUDA one goes with the
+        group's other pending sends and receives, a host one is matched here."""
+        _check(t)
+        if t.is_cuda:
+            return self._streams.p2p(recv, t, None, tag, out)
+        if self._self is None:
+            self._self = _selfp2p.HostSelf(self._timeout)
+        return self._self.post(recv, t, tag, out)
 
     def recv_anysource(self, tensors, tag):
         """A host receive from any rank (gosym.anysource); its Work's _source_rank() is the sender."""
@@ -645,6 +698,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
 
 _profiling.instrument(ProcessGroupGosym)
+_forms.accept(ProcessGroupGosym)
 
 
 def _create(dist_backend_opts, backend_options=None):

@@ -37,11 +37,12 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from . import _lib, _settings
+from . import forms as _forms
 from ._dtypes import reduce_op, reduce_types
 from ._streams import _raw_stream
 from ._tensors import _one, _op_device, _same_dtype
 from .backend import ProcessGroupGosym
-from .work import _settle, cuda_work
+from .work import EventWork, cuda_work
 
 HOST_ENV = "GOSYM_HOST_ID"
 
@@ -216,59 +217,6 @@ def _divide(t, n):
         t.copy_(torch.div(t, n, rounding_mode="trunc"))
 
 
-class HierWork(dist._Work):
-    """A host-side op of a HierGroup, run by its worker thread: wait(), is_completed(),
-    get_future() as gloo's."""
-
-    def __init__(self, out):
-        super().__init__()
-        self._out, self._exc, self._fut = out, None, None
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-
-    def _finish(self, exc):
-        with self._lock:
-            self._exc = exc
-            self._done.set()
-            fut = self._fut
-        if fut is not None:
-            _settle(fut, self._out, exc)
-
-    def wait(self, timeout=_ZERO):
-        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
-        if not self._done.wait(secs or None):
-            raise _DistBackendError(f"gosym: wait timed out after {secs} s; the operation is "
-                                    "still running")
-        if self._exc is not None:
-            raise self._exc
-        return True
-
-    def synchronize(self):
-        self.wait()
-
-    def is_completed(self):
-        return self._done.is_set()
-
-    def is_success(self):
-        return self._done.is_set() and self._exc is None
-
-    def exception(self):
-        return self._exc
-
-    def result(self):
-        return self._out
-
-    def get_future(self):
-        with self._lock:
-            if self._fut is not None:
-                return self._fut
-            fut = self._fut = torch.futures.Future()
-            done = self._done.is_set()
-        if done:
-            _settle(fut, self._out, self._exc)
-        return fut
-
-
 class _Runner:
     """The thread that runs a HierGroup's host-side ops one after another, in post order:
     every rank posts the inner groups' ops in the same order, whatever its caller does
@@ -292,7 +240,7 @@ class _Runner:
     def drain(self):
         """Blocks until every op posted so far ran."""
         if self._thread is not None and not self.on_thread():
-            w = HierWork(None)
+            w = EventWork(None)
             self._q.put((lambda: None, w))
             w.wait()
 
@@ -447,7 +395,7 @@ class HierGroup(ProcessGroupGosym):
             self._cuda = dev
             run()
             return cuda_work(out, dev, _raw_stream(dev)) if async_op else None
-        w = HierWork(out)
+        w = EventWork(out)
         if self._runner.on_thread():
             try:
                 run()
@@ -910,7 +858,7 @@ class HierGroup(ProcessGroupGosym):
         buf = t.contiguous()
         _wait(pg.recv([_bytes(buf)], peer, tag))
         t.copy_(buf)
-        w = HierWork(tensors)
+        w = EventWork(tensors)
         w._finish(None)
         return w
 
@@ -939,3 +887,6 @@ class HierGroup(ProcessGroupGosym):
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         self.barrier().wait(timeout if timeout is not None else _ZERO)
+
+
+_forms.accept(HierGroup)

@@ -9,6 +9,7 @@ to give the claim up. The lock below is never held across a native call.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -25,6 +26,22 @@ _ZERO = timedelta(0)
 _lock = threading.RLock()
 _CLOSE_JOIN_S = 30.0  # a completer's last settle, at endpoint destroy
 _DistBackendError = getattr(dist, "DistBackendError", RuntimeError)
+# Works that Python dropped before anyone waited on them or took their future, kept a while
+# longer: C++ may still hold one (DDP keeps the Work of its join all_reduce, made in the
+# forward pass, to wait on and read in the backward pass). torch reaches a Work written in
+# Python only while its Python object lives (pybind11 looks the methods up on it); once it
+# is gone, torch's base Work::wait() waits forever. __del__ puts such a Work here, which
+# revives it until this many later ones pushed it out.
+_UNWAITED = collections.deque(maxlen=64)
+
+
+def _keep_unwaited(w) -> None:
+    """Keeps w (being finalized) alive while C++ may use it (see _UNWAITED)."""
+    if not getattr(w, "_waited", False):
+        try:
+            _UNWAITED.append(w)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to use it
+            pass
 
 
 class _Op:
@@ -243,7 +260,7 @@ class CudaWork(dist._Work):
     barrier, then raises the error its kernel recorded (a rank that did not arrive within
     the group's timeout)."""
 
-    __slots__ = ("_out", "_idx", "_raw", "_event", "_check", "_end")
+    __slots__ = ("_out", "_idx", "_raw", "_event", "_check", "_end", "_waited")
 
     def _stream(self):
         if self._raw == 0:  # the legacy default stream, torch's default
@@ -251,6 +268,7 @@ class CudaWork(dist._Work):
         return torch.cuda.ExternalStream(self._raw, device=torch.device("cuda", self._idx))
 
     def wait(self, timeout=_ZERO):
+        self._waited = True
         if self._event is not None:
             self._event.synchronize()
             if self._check is not None:
@@ -281,10 +299,14 @@ class CudaWork(dist._Work):
 
     def get_future(self):
         """A Future holding the outputs, ready for whoever follows the op's stream."""
+        self._waited = True
         fut = torch.futures.Future(devices=[self._idx])
         with torch.cuda.stream(self._stream()):
             fut.set_result(self._out)
         return fut
+
+    def __del__(self):
+        _keep_unwaited(self)
 
     def __repr__(self):
         return f"<gosym.CudaWork cuda:{self._idx}>"
@@ -326,12 +348,17 @@ class CudaSideWork(CudaWork):
             self._pg._streams.flush()
         if self._err is not None:
             raise self._err
+        if self._done is None:  # a send to or recv from this rank itself, partner not posted
+            raise dist.DistBackendError(
+                "gosym: a send to or recv from this rank itself waited on before its partner "
+                "was posted: it could never complete (post both, then wait)")
 
     def _stream(self):
         self._launched()
         return self._side
 
     def wait(self, timeout=_ZERO):
+        self._waited = True
         self._launched()
         torch.cuda.current_stream(self._idx).wait_event(self._done)
         return True
@@ -349,9 +376,10 @@ class Work(dist._Work):
     Made by work_of: a Python __init__ (which must call the pybind base's) costs more
     than the rest of a small op's Python side."""
 
-    __slots__ = ("_op",)
+    __slots__ = ("_op", "_waited")
 
     def wait(self, timeout=_ZERO):
+        self._waited = True
         op = self._op
         if not op.done:
             op.wait(-1 if not timeout else _to_ms(timeout))
@@ -379,9 +407,11 @@ class Work(dist._Work):
         return self._op.out
 
     def get_future(self):
+        self._waited = True
         return self._op.future()
 
     def __del__(self):
+        _keep_unwaited(self)
         # Dropped before completion (e.g. an isend nobody waits on): the engine may still
         # write to the tensors, so let the completer hold them until the op finishes.
         op = getattr(self, "_op", None)
@@ -395,6 +425,66 @@ class Work(dist._Work):
         op = self._op
         state = "pending" if not op.done else ("failed" if op.exc is not None else "done")
         return f"<gosym.Work {state}>"
+
+
+class EventWork(dist._Work):
+    """An op that a thread of gosym's finishes (a HierGroup's host-side op, a send to this
+    rank itself): wait(), is_completed(), get_future() as gloo's. wait() without a timeout
+    waits up to `limit` (None: for ever), then raises a DistBackendError saying `late`."""
+
+    def __init__(self, out, limit=None, late="the operation is still running"):
+        super().__init__()
+        self._out, self._exc, self._fut = out, None, None
+        self._limit, self._late = limit, late
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+
+    def _finish(self, exc=None):
+        with self._lock:
+            self._exc = exc
+            self._done.set()
+            fut = self._fut
+        if fut is not None:
+            _settle(fut, self._out, exc)
+
+    def wait(self, timeout=_ZERO):
+        self._waited = True
+        t = timeout or self._limit
+        secs = t.total_seconds() if isinstance(t, timedelta) else float(t or 0)
+        if not self._done.wait(secs or None):
+            raise _DistBackendError(f"gosym: Timed out after {secs:g} s waiting: {self._late}")
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def synchronize(self):
+        self.wait()
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self):
+        return self._out
+
+    def get_future(self):
+        self._waited = True
+        with self._lock:
+            if self._fut is not None:
+                return self._fut
+            fut = self._fut = torch.futures.Future()
+            done = self._done.is_set()
+        if done:
+            _settle(fut, self._out, self._exc)
+        return fut
+
+    def __del__(self):
+        _keep_unwaited(self)
 
 
 def _join_closed(op: _Op) -> None:

@@ -160,6 +160,135 @@ def profiled(ck, rank, world, case):
                     ck.check(f"{case}/{name}/{op}: shapes", e.input_shapes == [[3, 4]], str(e.input_shapes))
 
 
+def ints(case, r, n, dev):
+    """Rank r's integer-valued float64 data for case (sums exact in any order)."""
+    g = torch.Generator().manual_seed(wc.seed_of(case, r))
+    return torch.randint(-50, 50, (n,), generator=g).double().to(dev)
+
+
+def call_forms(ck, rank, world, dev, case):
+    """torch's short call forms of the ProcessGroup methods (pg.allreduce(tensor), ...) on
+    gosym's group give what their full forms give: the results' float64 references."""
+    pg = dist.group.WORLD
+    n = 6
+    every = [ints(case, r, n, dev) for r in range(world)]
+    total = sum(every)
+    forms = {
+        "allreduce(tensor)": (lambda t: pg.allreduce(t), lambda: total),
+        "allreduce(tensors, op)": (lambda t: pg.allreduce([t], dist.ReduceOp.MAX),
+                                   lambda: torch.stack(every).amax(0)),
+        "allreduce(tensor, op=)": (lambda t: pg.allreduce(t, op=dist.ReduceOp.MIN),
+                                   lambda: torch.stack(every).amin(0)),
+        "broadcast(tensor, root)": (lambda t: pg.broadcast(t, world - 1), lambda: every[-1]),
+        "reduce(tensor, root, op)": (lambda t: pg.reduce(t, 0, dist.ReduceOp.SUM),
+                                     lambda: total if rank == 0 else None),
+    }
+    for name, (call, want) in forms.items():
+        t = every[rank].clone()
+        call(t).wait()
+        exp = want()
+        if exp is not None:
+            why = wc.compare(t, exp)
+            ck.check(f"{case}: {name}", why is None, why or "")
+    outs = [poison_like(every[0]) for _ in range(world)]
+    pg.allgather(outs, every[rank]).wait()
+    for r in range(world):
+        why = wc.compare(outs[r], every[r])
+        ck.check(f"{case}: allgather(outputs, tensor) from {r}", why is None, why or "")
+    out = poison_like(every[0])
+    pg.reduce_scatter(out, [every[rank] * (j + 1) for j in range(world)], dist.ReduceOp.SUM).wait()
+    why = wc.compare(out, total * (rank + 1))
+    ck.check(f"{case}: reduce_scatter(output, inputs, op)", why is None, why or "")
+    pg.barrier(timeout=datetime.timedelta(seconds=30)).wait()
+    e = ck.expect_error(f"{case}: a form torch does not bind", pg.allreduce, "x")
+    ck.check(f"{case}: TypeError naming the forms", isinstance(e, TypeError) and "(tensor, op, timeout)" in str(e), repr(e))
+
+
+def uneven(ck, rank, world, dev, case):
+    """all_gather into outputs of unequal sizes (rank j's output j as long as its input) and
+    reduce_scatter from inputs of unequal sizes, as NCCL takes them, against float64
+    references; non-contiguous outputs too."""
+    rows = [j + 1 for j in range(world)]
+    every = [ints(f"{case}/ag", r, rows[r] * 3, dev).view(rows[r], 3) for r in range(world)]
+    for async_op in (True, False):
+        flat = torch.full((sum(rows), 3), float("nan"), dtype=torch.float64, device=dev)
+        w = dist.all_gather(list(torch.split(flat, rows)), every[rank], async_op=async_op)
+        if async_op:
+            w.wait()
+        why = wc.compare(flat, torch.cat(every))
+        ck.check(f"{case}: all_gather_v (async {async_op})", why is None, why or "")
+    outs = [poison_like(e.t()).t() for e in every]  # non-contiguous views
+    dist.all_gather(outs, every[rank])
+    why = wc.compare(torch.cat(outs), torch.cat(every))
+    ck.check(f"{case}: all_gather_v, non-contiguous outputs", why is None, why or "")
+    for op, fold in ((dist.ReduceOp.SUM, lambda x: x.sum(0)), (dist.ReduceOp.MAX, lambda x: x.amax(0)),
+                     (dist.ReduceOp.AVG, lambda x: x.sum(0) / world)):
+        ins = [ints(f"{case}/rs/{j}", rank, rows[j] * 2, dev) for j in range(world)]
+        keep = [t.clone() for t in ins]
+        out = torch.full((rows[rank] * 2,), float("nan"), dtype=torch.float64, device=dev)
+        dist.reduce_scatter(out, ins, op=op)
+        exp = fold(torch.stack([ints(f"{case}/rs/{rank}", r, rows[rank] * 2, dev) for r in range(world)]))
+        why = wc.compare(out, exp, torch.full_like(exp, 1e-12))
+        ck.check(f"{case}: reduce_scatter_v {op}", why is None, why or "")
+        ck.check(f"{case}: reduce_scatter_v {op} leaves the inputs", all(torch.equal(a, b) for a, b in zip(ins, keep)))
+    e = ck.expect_error(f"{case}: own output of the wrong size", dist.all_gather,
+                        [torch.empty(rows[r] + (r == rank), 3, dtype=torch.float64, device=dev)
+                         for r in range(world)], every[rank])
+    ck.check(f"{case}: says which", e is not None and "this rank's output" in str(e), str(e))
+
+
+def self_p2p(ck, rank, world, dev, case):
+    """batch_isend_irecv over every rank, this one included (its recv posted before its
+    send), as NCCL runs it; then a send to itself before its recv; then a recv from itself
+    with no send, which fails once waited on instead of hanging."""
+    n = 33
+    ops, got = [], {}
+    for r in range(world):
+        got[r] = torch.full((n,), float("nan"), dtype=torch.float64, device=dev)
+        ops.append(dist.P2POp(dist.irecv, got[r], r))
+    for r in range(world):
+        ops.append(dist.P2POp(dist.isend, ints(f"{case}/{rank}->{r}", 0, n, dev), r))
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    for r in range(world):
+        why = wc.compare(got[r], ints(f"{case}/{r}->{rank}", 0, n, dev))
+        ck.check(f"{case}: from {r}{' (itself)' if r == rank else ''}", why is None, why or "")
+    src, dst = ints(f"{case}/again", rank, n, dev), torch.zeros(n, dtype=torch.float64, device=dev)
+    ws = dist.isend(src, rank, tag=4)
+    wr = dist.irecv(dst, rank, tag=4)
+    ws.wait()
+    wr.wait()
+    why = wc.compare(dst, src)
+    ck.check(f"{case}: send, then recv, to itself", why is None, why or "")
+    pg = dist.new_group(backend="gosym", timeout=datetime.timedelta(seconds=1))
+    lone = dist.irecv(torch.zeros(n, dtype=torch.float64, device=dev), rank, group=pg, tag=8)
+    e = ck.expect_error(f"{case}: recv from itself with no send", lone.wait)
+    ck.check(f"{case}: a DistBackendError", isinstance(e, dist.DistBackendError), repr(e))
+    dist.barrier()
+
+
+def ddp_join(ck, rank, world, dev, case):
+    """DDP under join() with uneven inputs (rank 0 stops two steps early): with
+    divide_by_initial_world_size=False the grad is every active rank's mean, with True the
+    sum over active ranks divided by the world size (DDP reads the join all_reduce's Work,
+    made in forward, in backward: torch's test_ddp_grad_div_uneven_inputs)."""
+    torch.manual_seed(0)
+    net = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Linear(5, 5, bias=False).to(dev), device_ids=[dev] if dev.type == "cuda" else None,
+        bucket_cap_mb=1)
+    inp = torch.ones(1, 5, device=dev) * 50
+    steps = 3 if rank == 0 else 5
+    for static in (False, True):
+        with net.join(divide_by_initial_world_size=static):
+            for i in range(steps):
+                net(inp).sum().backward()
+                active = world if i < 3 else world - 1
+                want = torch.full((5, 5), 50.0 * (active / world if static else 1.0), device=dev)
+                why = wc.compare(net.module.weight.grad, want, torch.full_like(want, 1e-4))
+                ck.check(f"{case}: divide_by_initial_world_size={static}, step {i}", why is None, why or "")
+                net.zero_grad()
+
+
 def cuda_cases(ck, rank, world, dev):
     """On CUDA: a receive from any source is refused clearly (as NCCL refuses it) and the
     group goes on; CUDA ops record their gosym:<op> ranges, as host ops."""
@@ -177,6 +306,9 @@ def cuda_cases(ck, rank, world, dev):
         torch.cuda.synchronize(dev)
     names = [e.name for e in p.events() if e.name.startswith("gosym:")]
     ck.check("cuda ranges", sorted(names) == ["gosym:all_reduce", "gosym:broadcast"], str(names))
+    for part in (call_forms, uneven, self_p2p, ddp_join):
+        ck.run(f"cuda/{part.__name__}", part, ck, rank, world, dev, f"cuda/{part.__name__}")
+        torch.cuda.synchronize(dev)
 
 
 def main():
@@ -200,6 +332,8 @@ def main():
     ck.run("monitored_barrier", monitored, ck, rank, world, "monitored_barrier")
     ck.run("profiler", profiled, ck, rank, world, "profiler")
     ck.run("timeout", timeout_error, ck, rank, world, "timeout")
+    for part in (call_forms, uneven, self_p2p, ddp_join):
+        ck.run(part.__name__, part, ck, rank, world, torch.device("cpu"), part.__name__)
     wc.print_summary(ck, "conformance")
     wc.write_result(ck.result())
     dist.destroy_process_group()
