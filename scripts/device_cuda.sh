@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [test] [clients] [hier] [conform] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [test] [clients] [hier] [conform] [hostbench] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,23 +43,46 @@ for s in "${steps[@]}"; do
 			--junitxml="$out/$s.xml" 2>&1 | tail -40 | tee /tmp/gosym-pytest.tail
 		summary+=("$s: $(tail -1 /tmp/gosym-pytest.tail)") ;;
 	conform)
-		# torch's own suite, NCCL's selection, world 2: NCCL on GPUs 0,1 and gosym on GPUs 2,3 at
-		# once (4 GPUs), or one after the other; outcomes compared here afterwards
+		# torch's own suite, NCCL's selection, NCCL and gosym, at world 2 and (4 GPUs) world 4:
+		# every run in shards, all at once on shared GPUs (outcomes are written test by test, so
+		# a shard cut off at the limit keeps what it finished), then merged and compared
 		[[ -d build/pydeps ]] && export PYTHONPATH=$PYTHONPATH:build/pydeps
-		echo "== torch's distributed suite on CUDA, world 2, nccl and gosym"
-		if (($(nvidia-smi -L | wc -l) >= 4)); then
-			CUDA_VISIBLE_DEVICES=0,1 timeout 560 python3 tests/conformance/run_dist_suite.py --device cuda --backend nccl \
-				--test-timeout 60 --json "$out/conform-nccl-w2.json" >"$out/conform-nccl.log" 2>&1 &
-			CUDA_VISIBLE_DEVICES=2,3 timeout 560 python3 tests/conformance/run_dist_suite.py --device cuda --backend gosym \
-				--test-timeout 60 --json "$out/conform-gosym-w2.json" >"$out/conform-gosym.log" 2>&1
-			wait
-		else
+		ngpu=$(nvidia-smi -L | wc -l) shards=${GOSYM_CONFORM_SHARDS:-3} cf=/tmp/gosym-conform
+		worlds=(2) && ((ngpu >= 4)) && worlds=(2 4)
+		# GOSYM_CONFORM_K_FILE: a file holding a -k pattern (a rerun of some tests)
+		sel=() && [[ -n ${GOSYM_CONFORM_K_FILE-} ]] && sel=(-k "$(<"$GOSYM_CONFORM_K_FILE")")
+		mkdir -p $cf
+		echo "== torch's distributed suite on CUDA, worlds ${worlds[*]}, nccl and gosym, $shards shards each"
+		for w in "${worlds[@]}"; do
 			for b in nccl gosym; do
-				timeout 280 python3 tests/conformance/run_dist_suite.py --device cuda --backend $b --test-timeout 60 \
-					--json "$out/conform-$b-w2.json" >"$out/conform-$b.log" 2>&1
+				for ((i = 0; i < shards; i++)); do
+					first=$(((i * w) % ngpu))
+					((first + w > ngpu)) && first=0
+					CUDA_VISIBLE_DEVICES=$(seq -s, $first $((first + w - 1))) timeout "${GOSYM_CONFORM_S:-480}" \
+						python3 tests/conformance/run_dist_suite.py --device cuda --backend $b --world $w \
+						--shard $i/$shards "${sel[@]}" --test-timeout 120 --json $cf/$b-w$w-$i.json >$cf/$b-w$w-$i.log 2>&1 &
+				done
 			done
-		fi
-		for b in nccl gosym; do summary+=("conform $b: $(grep -E '^'$b' \(cuda' "$out/conform-$b.log" | tail -1)"); done ;;
+		done
+		wait
+		for w in "${worlds[@]}"; do
+			for b in nccl gosym; do
+				against=() && [[ $b == gosym ]] && against=(--against "$out/conform-nccl-w$w.json")
+				python3 tests/conformance/run_dist_suite.py --device cuda --backend $b --world $w \
+					--outcomes $cf/$b-w$w-*.json --json "$out/conform-$b-w$w.json" "${against[@]}" 2>&1 |
+					grep -v "^note:" | tee $cf/$b-w$w-merged.log | tail -60
+				summary+=("conform $b w$w: $(grep -E "^$b \(cuda" $cf/$b-w$w-merged.log)")
+			done
+		done
+		tar czf "$out/conform-logs.tgz" -C $cf . ;;
+	hostbench)
+		# two simulated hosts of half the GPUs each (at most 2): gosym inside a host and NCCL
+		# between them, against flat NCCL over the same ranks (NCCL sees two hosts too)
+		per=$(($(nvidia-smi -L | wc -l) >= 4 ? 2 : 1))
+		echo "== bench across two simulated hosts, $per GPU(s) each: gosym (hierarchical) against flat NCCL"
+		timeout 300 python3 tests/simhosts.py --hosts $per,$per --gpus -- python3 -m gosym.bench --device cuda \
+			--backends gosym,nccl --batch 10 --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
+			--sizes 4K,64K,1M,16M,64M --target-time 0.1 --json "$out/bench-hier-cuda-${per}x2.json" 2>&1 | rows ;;
 	test)
 		echo "== pytest tests/test_cuda*.py"
 		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \

@@ -17,6 +17,11 @@ reference's.
     python tests/conformance/run_dist_suite.py --device cuda --backend nccl --world 2 --json nccl2.json
     python tests/conformance/run_dist_suite.py --device cuda --backend gosym --world 2 --against nccl2.json
 
+    # a long run in shards at once, then merged (and compared, or written as expected):
+    python tests/conformance/run_dist_suite.py --backend gosym --shard 0/2 --json g0.json &
+    python tests/conformance/run_dist_suite.py --backend gosym --shard 1/2 --json g1.json; wait
+    python tests/conformance/run_dist_suite.py --backend gosym --outcomes g0.json g1.json
+
 A comparison fails when a test's outcome on the backend differs from the reference's, except
 for the tests listed in restricted.json (torch itself restricts them to gloo or NCCL), whose
 expected outcome is given there with the reason (where the reference runs them; where it skips
@@ -53,7 +58,11 @@ def _parse(argv):
     p.add_argument("-k", dest="pattern", default=None, help="run the tests whose name matches")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="run every N-th test from the I-th (0-based): to split a long run")
-    p.add_argument("--json", type=Path, help="write the outcomes here")
+    p.add_argument("--json", type=Path, help="write the outcomes here (after every test, so a run "
+                   "that is killed leaves those it finished)")
+    p.add_argument("--outcomes", type=Path, nargs="+", metavar="JSON",
+                   help="run nothing: take the outcomes from these runs' --json (the shards of one "
+                        "run, merged), then write and compare them as a run's")
     p.add_argument("--against", type=Path,
                    help="a reference run's --json or an expected file: fail on outcomes that "
                         "differ from it (default: expected/<reference>-<device>-w<world>.json "
@@ -86,10 +95,11 @@ def _environment(args):
 class _Result(unittest.TestResult):
     """Each test's outcome, reason or error tail, and seconds."""
 
-    def __init__(self, log):
+    def __init__(self, log, save):
         super().__init__()
         self.outcomes = {}
         self._log = log
+        self._save = save
         self._t0 = 0.0
 
     def startTest(self, test):
@@ -103,6 +113,7 @@ class _Result(unittest.TestResult):
         self._log(f"{name}: {outcome} ({secs:.1f} s){' - ' + detail.splitlines()[0] if detail and outcome == 'skipped' else ''}")
         if outcome == "failed":
             self._log("    " + detail[-3000:].replace("\n", "\n    "))
+        self._save(self.outcomes, done=False)
 
     def addSuccess(self, test):
         self._put(test, "passed")
@@ -123,8 +134,9 @@ class _Result(unittest.TestResult):
         self._put(test, "failed", "unexpected success")
 
 
-def run(args):
-    """Runs the selected tests; returns {test: outcome record}."""
+def run(args, save):
+    """Runs the selected tests; returns {test: outcome record}. save(outcomes, done) is
+    called after each test."""
     try:
         import expecttest  # noqa: F401 - torch's test utilities import it
     except ImportError:
@@ -147,7 +159,7 @@ def run(args):
     log(f"torch {dist_suite.torch.__version__}: {len(names)} tests on {args.backend} "
         f"({args.device}, world {args.world}, {REFERENCE[args.device]}'s selection)")
     suite = unittest.TestSuite(dist_suite.TestDistBackendConformance(n) for n in names)
-    result = _Result(log)
+    result = _Result(log, save)
     suite.run(result)
     return result.outcomes
 
@@ -214,28 +226,60 @@ def restricted_for(device):
     return {k: v for k, v in data.items() if not k.startswith("_") and v.get("device", "cpu") == device}
 
 
+def _counts(outcomes):
+    return {k: sum(1 for o in outcomes.values() if o["outcome"] == k)
+            for k in ("passed", "failed", "skipped")}
+
+
+def merged(paths, args):
+    """The outcomes of several runs' --json (one run's shards), and whether together they are
+    one whole run (every shard, no -k, all finished); refuses runs of another backend, device
+    or world size."""
+    outcomes, whole, shards = {}, True, set()
+    for path in paths:
+        run_ = json.loads(path.read_text())
+        got = (run_["backend"], run_["device"], run_["world"])
+        if got != (args.backend, args.device, args.world):
+            sys.exit(f"{path}: a run of {got}, not {(args.backend, args.device, args.world)}")
+        outcomes.update(run_["tests"])
+        whole = whole and run_.get("done", True) and not run_.get("pattern")
+        shards.add(run_.get("shard") or "0/1")
+    n = len(shards)
+    whole = whole and shards == {f"{i}/{n}" for i in range(n)}
+    return outcomes, whole
+
+
 def main(argv=None):
     args = _parse(argv)
     _environment(args)
     t0 = time.monotonic()
-    outcomes = run(args)
-    if args.list:
-        return 0
-    wall = time.monotonic() - t0
-    counts = {k: sum(1 for o in outcomes.values() if o["outcome"] == k)
-              for k in ("passed", "failed", "skipped")}
-    print(f"{args.backend} ({args.device}, world {args.world}): {counts['passed']} passed, "
-          f"{counts['failed']} failed, {counts['skipped']} skipped in {wall:.0f} s", flush=True)
     import torch
 
-    if args.json:
-        args.json.write_text(json.dumps({"backend": args.backend, "device": args.device,
-                                         "world": args.world, "torch": torch.__version__,
-                                         "counts": counts, "wall_s": round(wall, 1),
-                                         "tests": outcomes}, indent=1))
+    def save(outcomes, done):
+        if args.json:
+            args.json.write_text(json.dumps({
+                "backend": args.backend, "device": args.device, "world": args.world,
+                "torch": torch.__version__, "shard": args.shard, "pattern": args.pattern,
+                "done": done, "counts": _counts(outcomes),
+                "wall_s": round(time.monotonic() - t0, 1), "tests": outcomes}, indent=1))
+
+    if args.outcomes:
+        outcomes, done = merged(args.outcomes, args)  # done: whole
+    else:
+        outcomes, done = run(args, save), True
+    if args.list:
+        return 0
+    counts = _counts(outcomes)
+    print(f"{args.backend} ({args.device}, world {args.world}): {counts['passed']} passed, "
+          f"{counts['failed']} failed, {counts['skipped']} skipped "
+          + (f"in {time.monotonic() - t0:.0f} s" if not args.outcomes else
+             f"(merged from {len(args.outcomes)} runs{'' if done else ', not all finished'})"),
+          flush=True)
+    save(outcomes, done)
+    partial = args.pattern or args.shard or not done
     reference = REFERENCE[args.device]
     if args.write_expected:
-        if args.backend != reference or args.pattern or args.shard:
+        if args.backend != reference or partial:
             print(f"--write-expected takes a full run of the reference ({reference})")
             return 2
         write_expected(args, outcomes, torch.__version__)
@@ -253,7 +297,7 @@ def main(argv=None):
         return 1
     restricted = restricted_for(args.device) if args.backend != reference else {}
     bad, notes = compare(outcomes, ref["tests"], args.backend, restricted)
-    if not args.pattern and not args.shard:  # a test the reference has and this run lacks
+    if not partial:  # a test the reference has and this run lacks
         bad += [f"{n}: not run on {args.backend}" for n in ref["tests"] if n not in outcomes]
     ref_counts = {k: sum(1 for o in ref["tests"].values() if o["outcome"] == k)
                   for k in ("passed", "failed", "skipped")}
