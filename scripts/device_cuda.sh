@@ -52,6 +52,9 @@ for s in "${steps[@]}"; do
 		# GOSYM_CONFORM_K_FILE: a file holding a -k pattern (a rerun of some tests)
 		sel=() && [[ -n ${GOSYM_CONFORM_K_FILE-} ]] && sel=(-k "$(<"$GOSYM_CONFORM_K_FILE")")
 		mkdir -p $cf
+		# a cold kernel cache costs each rank's first CUDA op a minute of NVRTC under this load,
+		# past the suite's 60 s group timeout: two ranks fill it first
+		timeout 200 torchrun --nproc-per-node 2 scripts/sanitize_cuda.py ops >$cf/warm.log 2>&1
 		echo "== torch's distributed suite on CUDA, worlds ${worlds[*]}, nccl and gosym, $shards shards each"
 		for w in "${worlds[@]}"; do
 			for b in nccl gosym; do
