@@ -85,7 +85,7 @@ for s in "${steps[@]}"; do
 		echo "== bench across two simulated hosts, $per GPU(s) each: gosym (hierarchical) against flat NCCL"
 		timeout 300 python3 tests/simhosts.py --hosts $per,$per --gpus -- python3 -m gosym.bench --device cuda \
 			--backends gosym,nccl --batch 10 --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
-			--sizes 4K,64K,1M,16M,64M --target-time 0.1 --json "$out/bench-hier-cuda-${per}x2.json" 2>&1 | rows ;;
+			--sizes 4K,64K,1M,16M,64M --target-time 0.1 --json "$out/bench-hier-cuda-${per}x2.json" 2>&1 | tail -30 ;;
 	test)
 		echo "== pytest tests/test_cuda*.py"
 		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \

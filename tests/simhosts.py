@@ -7,7 +7,8 @@ not cross network namespaces, so a group over both is a real two-host group to g
 Gloo and NCCL talk over the veth pair (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Needs root
 (ip netns, unshare); ``unavailable()`` says why not where it cannot be made.
 
-As a script it runs a command on every rank, or once per host (torchrun):
+As a script it runs a command on every rank, or once per host (torchrun); where namespaces
+cannot be made, on IdHosts (below):
 
     python tests/simhosts.py --hosts 2,2 -- python -m gosym.bench --ops all_reduce
     python tests/simhosts.py --hosts 2,2 --per-host -- python -m torch.distributed.run \\
@@ -141,8 +142,8 @@ class SimHosts:
 
 class IdHosts(SimHosts):
     """SimHosts' interface without namespaces: every rank on this machine, told apart into
-    hosts by GOSYM_HOST_ID alone (gosym links a host's ranks, Gloo and NCCL the rest over
-    loopback). Where namespaces cannot be made; NCCL then sees one machine."""
+    hosts by GOSYM_HOST_ID and NCCL_HOSTID (gosym links a host's ranks, Gloo and NCCL the rest
+    over loopback). Where namespaces cannot be made (the GPU machine has no `ip`)."""
 
     def __init__(self, counts, gpus=False):
         super().__init__(counts, gpus)
@@ -159,7 +160,9 @@ class IdHosts(SimHosts):
         env = super().host_env(host)
         for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             env.pop(k)
-        env.update(GOSYM_HOST_ID=self.hostname[host], MASTER_PORT=self.port)
+        # NCCL_HOSTID: NCCL sees two hosts too (its network transport between them)
+        env.update(GOSYM_HOST_ID=self.hostname[host], NCCL_HOSTID=self.hostname[host],
+                   MASTER_PORT=self.port)
         return env
 
 
@@ -177,8 +180,9 @@ def main(argv=None):
         p.error("no command")
     why = unavailable()
     if why:
-        sys.exit(f"simhosts: {why}")
-    with SimHosts([int(x) for x in a.hosts.split(",")], a.gpus) as hosts:
+        print(f"simhosts: {why}; the hosts are told apart by GOSYM_HOST_ID and NCCL_HOSTID",
+              file=sys.stderr)
+    with (IdHosts if why else SimHosts)([int(x) for x in a.hosts.split(",")], a.gpus) as hosts:
         procs = []
         if a.per_host:
             for h in range(2):

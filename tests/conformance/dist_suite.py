@@ -34,6 +34,11 @@ import torch  # noqa: E402
 import torch.multiprocessing as tmp  # noqa: E402
 from torch.testing._internal.distributed import distributed_test as dt  # noqa: E402
 
+# The port a few tests rendezvous on besides the group's file:// store (MASTER_PORT + 1; torch
+# fixes MASTER_PORT at 29500): the runner picks a free one, so that runs at once do not meet.
+if os.environ.get("GOSYM_CONFORMANCE_PORT"):
+    dt.MASTER_PORT = int(os.environ["GOSYM_CONFORMANCE_PORT"])
+
 # Lists of the backends whose profiling the suite checks (event names "<backend>:<op>").
 PROFILING_LISTS = ("PROFILING_SUPPORTED_BACKENDS", "CUDA_PROFILING_SUPPORTED_BACKENDS",
                    "SEND_RECV_PROFILING_SUPPORTED_BACKENDS")

@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import sys
 import time
 import traceback
@@ -75,6 +76,21 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
+def _free_port():
+    """A port free now, with the one above it (see dist_suite's GOSYM_CONFORMANCE_PORT)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                    return port
+                except OSError:
+                    continue
+    sys.exit("run_dist_suite: found no two free ports in a row")
+
+
 def _environment(args):
     """The variables the suite and the ranks read; set before dist_suite is imported (the
     forkserver that it starts inherits them)."""
@@ -82,6 +98,7 @@ def _environment(args):
     os.environ["GOSYM_CONFORMANCE_RUNTIME"] = args.backend
     os.environ["WORLD_SIZE"] = str(args.world)
     os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(args.test_timeout)
+    os.environ.setdefault("GOSYM_CONFORMANCE_PORT", str(_free_port()))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
     os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")
