@@ -96,12 +96,20 @@ var (
 		"Extra `go build` flags for the pip build (setup.py), e.g. -mod=vendor.")
 	_ = textRow("GOSYM_PYTEST_K", "", Build,
 		"A pytest -k filter for scripts/device_cuda.sh.")
+	_ = textRow("GOSYM_CONFORM_SHARDS", "3", Build,
+		"Shards per backend and world size of scripts/device_cuda.sh conform (all run at once).")
+	_ = textRow("GOSYM_CONFORM_S", "480", Build,
+		"Seconds each shard of scripts/device_cuda.sh conform may run (it keeps the tests it finished).")
+	_ = textRow("GOSYM_CONFORM_K_FILE", "", Build,
+		"A file holding a -k pattern for scripts/device_cuda.sh conform (a rerun of some tests).")
 	_ = textRow("GOSYM_CUDACHECK", "build/cudacheck", Build,
 		"The cudacheck binary scripts/gpu_check.sh runs.")
 	_ = textRow("GOSYM_TEST_OUT", "a per-test directory", Tests,
 		"Where a test's workers write their results (set by tests/conftest.py).")
 	_ = textRow("GOSYM_CONFORMANCE_RUNTIME", "the reference backend", Tests,
 		"The backend whose process groups torch's suite creates in tests/conformance (set by run_dist_suite.py --backend).")
+	_ = textRow("GOSYM_CONFORMANCE_PORT", "a free port", Tests,
+		"The MASTER_PORT of torch's suite in tests/conformance (a few tests rendezvous on the port above it; set by run_dist_suite.py).")
 	_ = enumRow("GOSYM_CONFORMANCE_REFERENCE", "0", []string{"0", "1"}, false, Tests,
 		"1: tests/test_conformance.py also checks gloo's outcomes at world 3 against the committed ones (world 2 always).")
 	_ = textRow("GOSYM_TEST_BACKEND", "gosym", Tests,
