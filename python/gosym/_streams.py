@@ -19,9 +19,9 @@ from ._tensors import _check
 from .work import CudaSideWork, cuda_work
 
 _run = _lib.run
-SelfPost = collections.namedtuple("SelfPost", "recv tag")  # a pending op with this rank itself
 _STREAM_AT = _lib.STREAM_AT
 _tail = _lib.stream_tail
+SelfPost = collections.namedtuple("SelfPost", "recv tag")  # a pending op with this rank itself
 _capturing = torch.cuda.is_current_stream_capturing
 # The caller's current CUstream of a device, as an int (no Stream object built). Looked up,
 # not called, at import: querying CUDA here would initialise it before a fork.
@@ -151,7 +151,8 @@ class CudaStreams:
         other = _selfp2p.pair_up(self._selfq, post.recv, (w, ready, t), post.tag)
         if other is None:
             return
-        (sw, sready, src), (rw, rready, dst) = (other, (w, ready, t)) if post.recv else ((w, ready, t), other)
+        mine = (w, ready, t)
+        (sw, sready, src), (rw, rready, dst) = (other, mine) if post.recv else (mine, other)
         sw._err = rw._err = _selfp2p.mismatch(src, dst, post.tag)
         if sw._err is not None:
             return

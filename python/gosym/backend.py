@@ -437,8 +437,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         built = []
         for j, t in enumerate(ins):
             _same_dtype(out, t, "reduce_scatter")
-            desc, buf, cb = self._in_place(descriptors.reduce, t.clone(memory_format=torch.contiguous_format),
-                                           opts, j, True)
+            buf = t.clone(memory_format=torch.contiguous_format)
+            desc, buf, cb = self._in_place(descriptors.reduce, buf, opts, j, True)
             if j == self._rank:
                 cb = [(out, buf.view(out.shape))]
             built.append((desc, buf, cb))
@@ -643,9 +643,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
     def _to_self(self, recv, t, tag, out):
         """A send to or recv from this rank itself (gosym.selfp2p): a CUDA one goes with the
         group's other pending sends and receives, a host one is matched here."""
-        _check(t)
         if t.is_cuda:
             return self._streams.p2p(recv, t, None, tag, out)
+        _check(t)
         if self._self is None:
             self._self = _selfp2p.HostSelf(self._timeout)
         return self._self.post(recv, t, tag, out)

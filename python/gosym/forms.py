@@ -42,8 +42,9 @@ KINDS = {
 }
 
 
-# method -> (the full form's positional kinds, then its options class), then the short forms:
-# [(parameters as (name, kind, default or _REQUIRED)), builder of the full form's arguments].
+# method -> (the full form's positional parameters as (torch's name, kind), before its options
+# `opts` of the class given next), then the short forms: [(parameters as (name, kind, default
+# or _REQUIRED)), builder of the full form's arguments].
 _REQUIRED = object()
 _SUM = _c10d.ReduceOp.SUM
 _T = ("timeout", "timeout", None)
@@ -60,45 +61,46 @@ def _opts(cls, v, **fields):
 
 
 FORMS = {
-    "allreduce": (("L",), _c10d.AllreduceOptions, [
+    "allreduce": ((("tensors", "L"),), _c10d.AllreduceOptions, [
         ((("tensors", "L", _REQUIRED), ("op", "op", _SUM), _T),
          lambda v: (v["tensors"], _opts(_c10d.AllreduceOptions, v, reduceOp=v["op"]))),
         ((("tensor", "T", _REQUIRED), ("op", "op", _SUM), _T),
          lambda v: ([v["tensor"]], _opts(_c10d.AllreduceOptions, v, reduceOp=v["op"]))),
     ]),
-    "broadcast": (("L",), _c10d.BroadcastOptions, [
+    "broadcast": ((("tensors", "L"),), _c10d.BroadcastOptions, [
         ((("tensor", "T", _REQUIRED), ("root", "int", _REQUIRED), _T),
          lambda v: ([v["tensor"]], _opts(_c10d.BroadcastOptions, v, rootRank=v["root"],
                                             rootTensor=0))),
     ]),
-    "reduce": (("L",), _c10d.ReduceOptions, [
+    "reduce": ((("tensors", "L"),), _c10d.ReduceOptions, [
         ((("tensor", "T", _REQUIRED), ("root", "int", _REQUIRED), ("op", "op", _SUM), _T),
          lambda v: ([v["tensor"]], _opts(_c10d.ReduceOptions, v, rootRank=v["root"],
                                             rootTensor=0, reduceOp=v["op"]))),
     ]),
-    "allgather": (("LL", "L"), _c10d.AllgatherOptions, [
+    "allgather": ((("output_tensors", "LL"), ("input_tensors", "L")), _c10d.AllgatherOptions, [
         ((("output_tensors", "L", _REQUIRED), ("input_tensor", "T", _REQUIRED), _T),
          lambda v: ([v["output_tensors"]], [v["input_tensor"]],
                     _opts(_c10d.AllgatherOptions, v))),
     ]),
-    "gather": (("LL", "L"), _c10d.GatherOptions, [
+    "gather": ((("output_tensors", "LL"), ("input_tensors", "L")), _c10d.GatherOptions, [
         ((("output_tensors", "L", _REQUIRED), ("input_tensor", "T", _REQUIRED),
           ("root", "int", _REQUIRED), _T),
          lambda v: ([v["output_tensors"]], [v["input_tensor"]],
                     _opts(_c10d.GatherOptions, v, rootRank=v["root"]))),
     ]),
-    "scatter": (("L", "LL"), _c10d.ScatterOptions, [
+    "scatter": ((("output_tensors", "L"), ("input_tensors", "LL")), _c10d.ScatterOptions, [
         ((("output_tensor", "T", _REQUIRED), ("input_tensors", "L", _REQUIRED),
           ("root", "int", _REQUIRED), _T),
          lambda v: ([v["output_tensor"]], [v["input_tensors"]],
                     _opts(_c10d.ScatterOptions, v, rootRank=v["root"]))),
     ]),
-    "reduce_scatter": (("L", "LL"), _c10d.ReduceScatterOptions, [
+    "reduce_scatter": ((("output_tensors", "L"), ("input_tensors", "LL")), _c10d.ReduceScatterOptions, [
         ((("output", "T", _REQUIRED), ("input", "L", _REQUIRED), ("op", "op", _SUM), _T),
          lambda v: ([v["output"]], [v["input"]],
                     _opts(_c10d.ReduceScatterOptions, v, reduceOp=v["op"]))),
     ]),
-    "alltoall_base": (("T", "T", "ints", "ints"), _c10d.AllToAllOptions, [
+    "alltoall_base": ((("output", "T"), ("input", "T"), ("output_split_sizes", "ints"),
+                       ("input_split_sizes", "ints")), _c10d.AllToAllOptions, [
         ((("output", "T", _REQUIRED), ("input", "T", _REQUIRED),
           ("output_split_sizes", "ints", _REQUIRED), ("input_split_sizes", "ints", _REQUIRED), _T),
          lambda v: (v["output"], v["input"], v["output_split_sizes"], v["input_split_sizes"],
@@ -107,17 +109,6 @@ FORMS = {
     "barrier": ((), _c10d.BarrierOptions, [
         ((_T,), lambda v: (_opts(_c10d.BarrierOptions, v),)),
     ]),
-}
-
-# The full forms' parameter names (torch's), for calls that name them.
-_FULL_NAMES = {
-    "allreduce": ("tensors", "opts"), "broadcast": ("tensors", "opts"),
-    "reduce": ("tensors", "opts"), "allgather": ("output_tensors", "input_tensors", "opts"),
-    "gather": ("output_tensors", "input_tensors", "opts"),
-    "scatter": ("output_tensors", "input_tensors", "opts"),
-    "reduce_scatter": ("output_tensors", "input_tensors", "opts"),
-    "alltoall_base": ("output", "input", "output_split_sizes", "input_split_sizes", "opts"),
-    "barrier": ("opts",),
 }
 
 
@@ -146,10 +137,9 @@ def _bind(params, args, kwargs):
 
 def full_form(method, args, kwargs):
     """The full form's positional arguments of a call of method in any form torch binds."""
-    kinds, opts_cls, shorts = FORMS[method]
-    names = _FULL_NAMES[method]
-    full = [(n, k, _REQUIRED) for n, k in zip(names, kinds)]
-    full.append((names[-1], lambda x: isinstance(x, opts_cls), opts_cls()))
+    params, opts_cls, shorts = FORMS[method]
+    full = [(n, k, _REQUIRED) for n, k in params] + [("opts", lambda x: isinstance(x, opts_cls), opts_cls())]
+    names = [n for n, _, _ in full]
     v = _bind(full, args, kwargs)
     if v is not None:
         return tuple(v[n] for n in names)
@@ -184,8 +174,8 @@ def _full_check(kinds, opts_cls):
 
 
 def _wrap(fn, method):
-    kinds, opts_cls, _ = FORMS[method]
-    is_full = _full_check(kinds, opts_cls)
+    params, opts_cls, _ = FORMS[method]
+    is_full = _full_check([k for _, k in params], opts_cls)
 
     def op(self, *args, **kwargs):
         if not kwargs and is_full(args):

@@ -1,9 +1,9 @@
 """Sends and receives that a rank posts to itself.
 
 NCCL runs them (a batch_isend_irecv over every rank includes one), as a copy once both the
-send and the receive are posted; the engine's links join two ranks, so gosym matches them here instead: per tag,
-in post order, the n-th send to itself with the n-th receive from itself, whichever came
-first. Host tensors are copied when the second of the pair is posted (HostSelf); CUDA ones
+send and the receive are posted; the engine's links join two ranks, so gosym matches them
+here instead: per tag, in post order, the n-th send to itself with the n-th receive from
+itself, whichever came first. Host tensors are copied when the second of the pair is posted (HostSelf); CUDA ones
 are matched when the group launches its pending sends and receives, and copied on the
 group's internal stream after both posters' streams (_streams.CudaStreams.flush). A Work
 whose partner never comes fails its wait() after the group's timeout, naming the tag,
@@ -37,9 +37,9 @@ class HostSelf:
         self._lock = threading.Lock()
 
     def post(self, recv, t, tag, out):
-        other = "send to" if recv else "recv from"
-        w = EventWork(out, self._timeout, f"{'recv from' if recv else 'send to'} this rank itself "
-                                          f"(tag {tag}): no matching {other} itself was posted")
+        mine, partner = ("recv from", "send to") if recv else ("send to", "recv from")
+        w = EventWork(out, self._timeout, f"{mine} this rank itself (tag {tag}): no matching "
+                                          f"{partner} itself was posted")
         with self._lock:
             other = pair_up(self._queues, recv, (w, t), tag)
         if other is not None:

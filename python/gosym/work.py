@@ -349,7 +349,7 @@ class CudaSideWork(CudaWork):
         if self._err is not None:
             raise self._err
         if self._done is None:  # a send to or recv from this rank itself, partner not posted
-            raise dist.DistBackendError(
+            raise _DistBackendError(
                 "gosym: a send to or recv from this rank itself waited on before its partner "
                 "was posted: it could never complete (post both, then wait)")
 

@@ -125,5 +125,6 @@ def preload():
     the suite's import initializes CUDA (its decorators query the devices), which no forked
     rank could use, so there each rank imports the suite itself."""
     ctx = tmp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"] + ([] if REFERENCE == "nccl" else [__name__]))
+    suite = [] if REFERENCE == "nccl" else [__name__]
+    ctx.set_forkserver_preload(["torch", "torch.distributed", *suite])
     return ctx

@@ -316,8 +316,7 @@ def main(argv=None):
     bad, notes = compare(outcomes, ref["tests"], args.backend, restricted)
     if not partial:  # a test the reference has and this run lacks
         bad += [f"{n}: not run on {args.backend}" for n in ref["tests"] if n not in outcomes]
-    ref_counts = {k: sum(1 for o in ref["tests"].values() if o["outcome"] == k)
-                  for k in ("passed", "failed", "skipped")}
+    ref_counts = _counts(ref["tests"])
     print(f"reference {ref['backend']} ({against.name}): {ref_counts}")
     for line in notes:
         print("note:", line)
