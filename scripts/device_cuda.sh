@@ -38,6 +38,13 @@ for s in "${steps[@]}"; do
 		# real clients (FSDP2, DTensor, DDP, pipelining, DCP, compile) against NCCL at the suite's
 		# worlds; or two simulated hosts of half the GPUs each, NCCL between them
 		sel=(tests/test_clients.py -k cuda) && [[ $s == hier ]] && sel=(tests/test_hier.py -k cuda tests/test_conformance.py)
+		if [[ $s == hier ]] && (($(nvidia-smi -L | wc -l) >= 4)); then
+			# two of the GPUs alone: two simulated hosts of one GPU each (the 2-GPU kind's case)
+			echo "== pytest tests/test_hier.py -k cuda_across_hosts on GPUs 0,1 (2 hosts x 1 GPU)"
+			CUDA_VISIBLE_DEVICES=0,1 timeout 300 python3 -m pytest -q -rfE --timeout=280 -p no:cacheprovider \
+				tests/test_hier.py -k cuda_across_hosts --junitxml="$out/hier-2x1.xml" 2>&1 | tail -20 | tee /tmp/gosym-pytest.tail
+			summary+=("hier 2x1: $(tail -1 /tmp/gosym-pytest.tail)")
+		fi
 		echo "== pytest ${sel[*]}"
 		timeout 560 python3 -m pytest -q -rfE --timeout=540 -p no:cacheprovider "${sel[@]}" \
 			--junitxml="$out/$s.xml" 2>&1 | tail -40 | tee /tmp/gosym-pytest.tail
