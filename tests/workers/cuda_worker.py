@@ -966,7 +966,10 @@ def main():
 
         stats = gosym.stats()
         ck.check("stats: gpu_device", stats.get("gpu_device") == dev.index, str(stats))
-        ck.check("stats: gpu_ops", stats.get("gpu_ops", 0) > 1000, str(stats))
+        # nearly every op this worker posted ran on the CUDA plane (the rest: a few barriers); a
+        # fixed count would depend on which parts ran (CUDA_WORKER_PARTS)
+        posted, on_gpu = stats.get("posted", 0), stats.get("gpu_ops", 0)
+        ck.check("stats: gpu_ops", posted >= 100 and on_gpu >= 0.9 * posted, str(stats))
     torch.cuda.synchronize()
     wc.write_result(ck.result(digests=digests, graph=graph_status, stats=stats))
     wc.print_summary(ck, "cuda")
