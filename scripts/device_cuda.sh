@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [test] [clients] [hier] [conform] [hostbench] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [test] [clients] [hier] [fuzz] [conform] [hostbench] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,10 +34,12 @@ for s in "${steps[@]}"; do
 		# two ranks compile the kernels into the cache (NVRTC, about a minute) before many do at once
 		echo "== warm the kernel cache"
 		timeout 200 torchrun --nproc-per-node 2 scripts/sanitize_cuda.py ops 2>&1 | tail -3 ;;
-	clients | hier)
+	clients | hier | fuzz)
 		# real clients (FSDP2, DTensor, DDP, pipelining, DCP, compile) against NCCL at the suite's
-		# worlds; or two simulated hosts of half the GPUs each, NCCL between them
-		sel=(tests/test_clients.py -k cuda) && [[ $s == hier ]] && sel=(tests/test_hier.py -k cuda tests/test_conformance.py)
+		# worlds; or two simulated hosts of half the GPUs each, NCCL between them; or the fuzzer's
+		# random programs on CUDA tensors (every GPU, and across two simulated hosts)
+		sel=(tests/test_clients.py -k cuda) && [[ $s == hier ]] && sel=(tests/test_hier.py -k "cuda and not fuzz" tests/test_conformance.py)
+		[[ $s == fuzz ]] && sel=(tests/test_fuzz.py tests/test_hier.py -k "fuzz and cuda")
 		if [[ $s == hier ]] && (($(nvidia-smi -L | wc -l) >= 4)); then
 			# two of the GPUs alone: two simulated hosts of one GPU each (the 2-GPU kind's case)
 			echo "== pytest tests/test_hier.py -k cuda_across_hosts on GPUs 0,1 (2 hosts x 1 GPU)"

@@ -130,3 +130,27 @@ def test_host_id_override(outdir):
     res = run_hosts((1, 2), "hier_worker", ["--hosts", "1,2", "--parts", "layout,async,p2p,groups",
                                             "--timeout", 60], outdir, timeout=300, kind=IdHosts)
     res.assert_ok()
+
+
+@pytest.mark.parametrize("counts", [(2, 2), (1, 2)], ids=["2x2", "1+2"])
+def test_fuzz_across_hosts(counts, outdir):
+    """workers/fuzz_worker.py's random programs on a group across two hosts (network
+    namespaces where they can be made, else host ids): subgroups within and across the
+    hosts, async, strided, uneven (_v) forms, against float64 references."""
+    res = run_hosts(counts, "fuzz_worker", ["--seed", 303, "--ops", 300, "--timeout", 60], outdir,
+                    timeout=600, kind=SimHosts if _WHY is None else IdHosts)
+    res.assert_ok()
+    assert all(r["passed"] >= 50 for r in res.results), "suspiciously few checks"
+
+
+@pytest.mark.gpu
+def test_cuda_fuzz_across_hosts(outdir):
+    """The fuzzer on CUDA tensors across two simulated hosts of half the GPUs each."""
+    gpus = cuda_device_count()
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs, found {gpus}")
+    per = min(gpus // 2, 2)
+    res = run_hosts((per, per), "fuzz_worker", ["--seed", 303, "--ops", 300, "--cuda", "--timeout", 180],
+                    outdir, timeout=900, gpus=True, kind=SimHosts if _WHY is None else IdHosts)
+    res.assert_ok()
+    assert all(r["passed"] >= 50 for r in res.results), "suspiciously few checks"

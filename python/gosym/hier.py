@@ -362,16 +362,24 @@ class HierGroup(ProcessGroupGosym):
 
     # ---- running ops -----------------------------------------------------------
 
-    def _per_rank(self, ts, like, what, kind):
-        """Checks ts, an op's list of one tensor per rank, against like (dtype and size)."""
+    def _per_rank(self, ts, like, what, kind, uneven=False):
+        """Checks ts, an op's list of one tensor per rank, against like: the dtype, and the
+        size at this rank's place (the others may differ: NCCL's all_gather_v and
+        reduce_scatter_v, which torch reaches through these list forms) or, unless uneven,
+        everywhere. Returns the largest size: the _v forms pad every rank's part to it."""
         if len(ts) != self._size:
             raise ValueError(f"gosym: {what}: {kind} list has {len(ts)} tensors, the group has "
                              f"{self._size} ranks")
         for x in ts:
             _same_dtype(like, x, what)
+        if ts[self._rank].numel() != like.numel():
+            raise ValueError(f"gosym: {what}: {kind} tensor {self._rank} (this rank's) has "
+                             f"{ts[self._rank].numel()} elements, expected {like.numel()}")
+        for x in ts if not uneven else ():
             if x.numel() != like.numel():
                 raise ValueError(f"gosym: {what}: {kind} tensor has {x.numel()} elements, "
                                  f"expected {like.numel()}")
+        return max(x.numel() for x in ts)
 
     def _post(self, what, keep, out, fn, async_op=True):
         """Runs fn(dev) (the op's steps) as op `what`: CUDA ops (keep's tensors on a GPU)
@@ -667,13 +675,16 @@ class HierGroup(ProcessGroupGosym):
         opts = opts or _c10d.AllgatherOptions()
         outs = _one(output_tensors, "all_gather")
         t = _one(input_tensors, "all_gather")
-        self._per_rank(outs, t, "all_gather", "output")
+        m = self._per_rank(outs, t, "all_gather", "output", uneven=True)
 
         def run(dev):
-            flat = t.new_empty(self._size * t.numel())
-            self._gather_rows(_bytes(flat).view(-1), _bytes(t.contiguous().view(-1)).view(-1), dev)
-            for r, o in enumerate(flat.view(self._size, t.numel())):
-                outs[r].copy_(o.view(outs[r].shape))
+            src = t.contiguous().view(-1)
+            if m != src.numel():
+                src = torch.cat([src, src.new_zeros(m - src.numel())])
+            flat = t.new_empty(self._size * m)
+            self._gather_rows(_bytes(flat).view(-1), _bytes(src).view(-1), dev)
+            for r, o in enumerate(flat.view(self._size, m)):
+                outs[r].copy_(o[:outs[r].numel()].view(outs[r].shape))
 
         return self._post("all_gather", (outs, t), outs, run, opts.asyncOp)
 
@@ -733,15 +744,17 @@ class HierGroup(ProcessGroupGosym):
         opts = opts or _c10d.ReduceScatterOptions()
         out = _one(output_tensors, "reduce_scatter")
         ins = _one(input_lists, "reduce_scatter")
-        self._per_rank(ins, out, "reduce_scatter", "input")
+        m = self._per_rank(ins, out, "reduce_scatter", "input", uneven=True)
         _split_op(opts.reduceOp, out)
         op = opts.reduceOp
 
         def run(dev):
-            flat = torch.cat([t.reshape(-1) for t in ins])
-            buf = out.new_empty(out.numel())
-            self._scatter_rows(buf, flat, op, dev)
-            out.copy_(buf.view(out.shape))
+            flat = out.new_zeros(self._size, m)
+            for row, t in zip(flat, ins):
+                row[:t.numel()].copy_(t.reshape(-1))
+            buf = out.new_empty(m)
+            self._scatter_rows(buf, flat.view(-1), op, dev)
+            out.copy_(buf[:out.numel()].view(out.shape))
 
         return self._post("reduce_scatter", (out, ins), output_tensors, run, opts.asyncOp)
 

@@ -159,7 +159,8 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 
 
 def digest(t: torch.Tensor) -> str:
-    t = t.detach().reshape(-1).contiguous().cpu()
+    # a fresh contiguous copy: contiguous() keeps a size-1 view's stride, which view() refuses
+    t = t.detach().reshape(-1).cpu().clone(memory_format=torch.contiguous_format)
     return hashlib.sha1(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
 
 
