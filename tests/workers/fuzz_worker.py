@@ -26,7 +26,7 @@ INT_OPS = ["SUM", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR"]
 CUDA_INT_OPS = ["SUM", "MAX", "MIN", "PRODUCT"]  # NCCL has no bitwise reductions
 KINDS = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_v", "all_gather_into_tensor",
          "reduce_scatter", "reduce_scatter_v", "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "gather",
-         "scatter", "p2p", "barrier"]
+         "scatter", "p2p", "p2p_all", "coalesced", "objects", "barrier"]
 # element counts: mostly small, some past the staging and direct thresholds
 SIZES = [(0.06, lambda r: r.choice([0, 1, 2])), (0.44, lambda r: r.randint(3, 600)),
          (0.3, lambda r: r.randint(600, 20000)), (0.15, lambda r: r.randint(20000, 300000)),
@@ -52,7 +52,7 @@ def draw_size(r: random.Random) -> int:
 def poisoned(n: int, dtype: torch.dtype) -> torch.Tensor:
     """n elements no correct op leaves as they are: NaN; for integers an unlikely value
     (a legitimate result equal to it would only hide an unwritten element)."""
-    if dtype.is_floating_point:
+    if dtype.is_floating_point or dtype.is_complex:
         return torch.full((n,), float("nan"), dtype=dtype)
     if dtype == torch.bool:
         return torch.ones(n, dtype=dtype)
@@ -62,7 +62,8 @@ def poisoned(n: int, dtype: torch.dtype) -> torch.Tensor:
 def reduce64(xs: list[torch.Tensor], op: str, dtype: torch.dtype) -> torch.Tensor:
     """The reference reduction of every rank's input: float64 for floats, wrapping int64
     for integers (as the engines wrap), cast to the output dtype for integers only."""
-    s = torch.stack([x.double() if dtype.is_floating_point else x.to(torch.int64) for x in xs])
+    wide = torch.complex128 if dtype.is_complex else torch.float64 if dtype.is_floating_point else torch.int64
+    s = torch.stack([x.to(wide) for x in xs])
     if op in ("SUM", "AVG"):
         out = s.sum(0)
         out = out / len(xs) if op == "AVG" else out
@@ -78,7 +79,7 @@ def reduce64(xs: list[torch.Tensor], op: str, dtype: torch.dtype) -> torch.Tenso
             out = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op](out, x)
     if dtype == torch.bool:
         return out != 0
-    return out if dtype.is_floating_point else out.to(dtype)
+    return out if dtype.is_floating_point or dtype.is_complex else out.to(dtype)
 
 
 def close(got: torch.Tensor, ref: torch.Tensor, xs: list[torch.Tensor], op: str) -> tuple[bool, str]:
@@ -87,6 +88,9 @@ def close(got: torch.Tensor, ref: torch.Tensor, xs: list[torch.Tensor], op: str)
     got = got.detach().cpu()
     if got.shape != ref.shape:
         return False, f"shape {tuple(got.shape)}, want {tuple(ref.shape)}"
+    if got.is_complex():  # (real, imaginary) pairs, each within the float bound
+        got, ref = torch.view_as_real(got.resolve_conj()), torch.view_as_real(ref)
+        xs = [torch.view_as_real(x) for x in xs]
     if got.numel() == 0:
         return True, ""
     if not got.dtype.is_floating_point:
@@ -127,7 +131,8 @@ class Program:
             members = sorted(self.r.sample(range(world), n))
             self.groups.append((dist.new_group(members), members))
         self.checker_pg = dist.new_group(backend="gloo")
-        self.dtypes = list(wc.ALL_DTYPES)
+        self.dtypes = list(wc.ALL_DTYPES) + [torch.complex64]
+        self.cur = dev  # the device of the op being drawn (a CUDA program runs some on the CPU)
         if args.cuda and args.backend == "gosym":
             import gosym
 
@@ -137,13 +142,17 @@ class Program:
     # -- data ---------------------------------------------------------------------------
     def inp(self, step, r, n, dtype, op=None, tag="x") -> torch.Tensor:
         """Rank r's input of a step, rebuilt identically anywhere (on the CPU)."""
+        if dtype.is_complex:
+            parts = wc.make_input(f"fuzz/{self.args.seed}/{step}/{tag}", r, 2 * n, torch.float32)
+            return torch.view_as_complex(parts.view(n, 2))
         x = wc.make_input(f"fuzz/{self.args.seed}/{step}/{tag}", r, n, dtype, op or "")
         if not dtype.is_floating_point and dtype != torch.bool and op == "PRODUCT":
             return x % 4 + 1  # small factors keep the wrapping product interesting, not zero
         return x
 
     def put(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.dev) if self.args.cuda else t
+        """A copy of t on the op's device: the reference's inputs stay as drawn."""
+        return t.to(self.cur, copy=True)
 
     def buffer(self, n, dtype, strided):
         """An output of n elements, poisoned; strided: every other element of a buffer twice
@@ -206,20 +215,30 @@ class Program:
         ops = FLOAT_OPS if dtype.is_floating_point else (CUDA_INT_OPS if self.args.cuda else INT_OPS)
         if dtype == torch.bool:
             ops = ["MAX", "MIN"]
+        if dtype.is_complex:  # as NCCL: complex sums only
+            ops = ["SUM", "AVG"]
         op = r.choice(ops)
         root = r.randrange(len(members))
         shift = r.randint(1, max(1, len(members) - 1))
         splits = [[r.randint(0, max(1, n // max(1, len(members)))) for _ in members] for _ in members]
         sizes = [r.randint(0, max(1, n)) for _ in members]
         batch = r.random() < 0.5
+        variant = r.randrange(4)  # coalesced: which op; objects: which call
+        count = r.randint(1, 4)
+        on_cpu = bool(self.side) and r.random() < 0.15
+        if kind == "objects":
+            is_async = False  # the object calls have no async form
         case = f"seed {self.args.seed} step {step} {kind} {wc.dname(dtype)} n={n} op={op} group={gi}{members}" \
-               f"{' async' if is_async else ''}{' strided' if strided else ''}{f' stream{stream}' if stream else ''}"
+               f"{' async' if is_async else ''}{' strided' if strided else ''}{f' stream{stream}' if stream else ''}" \
+               f"{' cpu' if on_cpu else ''} variant={variant} count={count}"
         if self.rank not in members:
             return
         self.counts[kind] = self.counts.get(kind, 0) + 1
         me = members.index(self.rank)
         ctx = dict(step=step, case=case, group=group, members=members, me=me, dtype=dtype, n=n, op=op,
-                   root=root, shift=shift, splits=splits, sizes=sizes, strided=strided, batch=batch)
+                   root=root, shift=shift, splits=splits, sizes=sizes, strided=strided, batch=batch,
+                   variant=variant, count=count)
+        self.cur = torch.device("cpu") if on_cpu else self.dev
         issue, check = getattr(self, "op_" + kind)(**ctx)
         try:
             if stream:
@@ -252,7 +271,7 @@ class Program:
         if base is not None:
             rest = base[1::2].cpu()
             fill = poisoned(rest.numel(), rest.dtype)
-            same = rest.isnan() if rest.dtype.is_floating_point else rest == fill
+            same = rest.isnan() if rest.dtype.is_floating_point or rest.is_complex() else rest == fill
             self.ck.check(case + " (strided gaps kept)", bool(same.all()), "an element between the view's was written")
 
     @staticmethod
@@ -326,6 +345,7 @@ class Program:
 
         def check():
             self.expect(case, out, ref, [ref])
+            self.expect(f"{case} input kept", t, xs[me], [xs[me]])
             self.record(f"{step}", out)
         return (lambda a: self._call(dist.all_gather_into_tensor, a, out, t, group=group)), check
 
@@ -339,6 +359,7 @@ class Program:
 
         def check():
             self.expect(case, out, ref, part, op)
+            self.expect(f"{case} input kept", t, xs[me], [xs[me]])
         return (lambda a: self._call(dist.reduce_scatter_tensor, a, out, t, op=getattr(R, op), group=group)), check
 
     def op_reduce_scatter(self, step, case, group, members, me, dtype, n, op, strided, sizes=None, **_):
@@ -373,6 +394,7 @@ class Program:
 
         def check():
             self.expect(case, out, ref, [ref])
+            self.expect(f"{case} input kept", t, xs[me], [xs[me]])
         return (lambda a: self._call(dist.all_to_all_single, a, out, t, output_split_sizes=outs,
                                      input_split_sizes=ins, group=group)), check
 
@@ -437,6 +459,96 @@ class Program:
 
         def check():
             self.expect(case, out, want, [want])
+        return issue, check
+
+    def op_p2p_all(self, step, case, group, members, me, dtype, n, **_):
+        """One batch: every member sends to and receives from every other member."""
+        x = self.inp(step, self.rank, n, dtype)
+        peers = [m for m in members if m != self.rank]
+        outs = {p: self.buffer(n, dtype, False)[0] for p in peers}
+
+        def issue(is_async):
+            ops = [o for p in peers for o in (dist.P2POp(dist.isend, self.put(x), p, group=group),
+                                              dist.P2POp(dist.irecv, outs[p], p, group=group))]
+            works = dist.batch_isend_irecv(ops) if ops else []
+            if is_async:
+                return Both(works)
+            for w in works:
+                w.wait()
+            return None
+
+        def check():
+            for p in peers:
+                want = self.inp(step, p, n, dtype)
+                self.expect(f"{case} from {p}", outs[p], want, [want])
+        return issue, check
+
+    def op_coalesced(self, step, case, group, members, me, dtype, n, op, variant, count, **_):
+        """count ops of one kind in torch's coalescing manager: all_reduce,
+        all_gather_into_tensor or reduce_scatter_tensor (variant), sizes n, n/2, n/3..."""
+        k, which = len(members), ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")[variant % 3]
+        ns = [n // (i + 1) for i in range(count)]
+        calls, checks = [], []
+        for i, m in enumerate(ns):
+            c = f"{case} {which} #{i}"
+            if which == "all_reduce":
+                xs = [self.inp(step, q, m, dtype, op, tag=f"c{i}") for q in members]
+                t = self.put(xs[me])
+                calls.append(lambda t=t: dist.all_reduce(t, op=getattr(R, op), group=group))
+                checks.append(lambda c=c, t=t, xs=xs: self.expect(c, t, reduce64(xs, op, dtype), xs, op))
+            elif which == "all_gather_into_tensor":
+                xs = [self.inp(step, q, m, dtype, tag=f"c{i}") for q in members]
+                t, out = self.put(xs[me]), self.buffer(m * k, dtype, False)[0]
+                calls.append(lambda t=t, out=out: dist.all_gather_into_tensor(out, t, group=group))
+                ref = torch.cat(xs)
+                checks.append(lambda c=c, out=out, ref=ref: self.expect(c, out, ref, [ref]))
+            else:
+                xs = [self.inp(step, q, m * k, dtype, op, tag=f"c{i}") for q in members]
+                t, out = self.put(xs[me]), self.buffer(m, dtype, False)[0]
+                calls.append(lambda t=t, out=out: dist.reduce_scatter_tensor(out, t, op=getattr(R, op), group=group))
+                part = [x[me * m:(me + 1) * m] for x in xs]
+                checks.append(lambda c=c, out=out, part=part: self.expect(c, out, reduce64(part, op, dtype), part, op))
+
+        def issue(is_async):
+            with dist._coalescing_manager(group=group, async_ops=is_async) as cm:
+                for call in calls:
+                    call()
+            return Both(cm.works) if is_async else None
+
+        def check():
+            for c in checks:
+                c()
+        return issue, check
+
+    def op_objects(self, step, case, group, members, me, root, variant, **_):
+        """The object calls (pickled through the group's tensors): all_gather_object,
+        broadcast_object_list, gather_object, scatter_object_list (variant)."""
+        k, src = len(members), members[root]
+
+        def obj(q, j=0):
+            return {"rank": q, "step": step, "to": j, "data": list(range((step * 7 + q) % 50)), "s": "x" * (q + j)}
+        got = {}
+
+        def issue(_):
+            if variant == 0:
+                got["v"] = [None] * k
+                dist.all_gather_object(got["v"], obj(self.rank), group=group)
+            elif variant == 1:
+                got["v"] = [obj(src, 1), obj(src, 2)] if self.rank == src else [None, None]
+                dist.broadcast_object_list(got["v"], src=src, group=group)
+            elif variant == 2:
+                got["v"] = [None] * k if self.rank == src else None
+                dist.gather_object(obj(self.rank), got["v"], dst=src, group=group)
+            else:
+                got["v"] = [None]
+                dist.scatter_object_list(got["v"], [obj(src, j) for j in range(k)] if self.rank == src else None,
+                                         src=src, group=group)
+            return None
+
+        def check():
+            want = {0: [obj(q) for q in members], 1: [obj(src, 1), obj(src, 2)],
+                    2: [obj(q) for q in members] if self.rank == src else None, 3: [obj(src, me)]}[variant]
+            self.ck.check(case, got["v"] == want, f"got {str(got['v'])[:200]}, want {str(want)[:200]}")
         return issue, check
 
     def op_barrier(self, group, **_):
