@@ -180,17 +180,25 @@ class Program:
         self.compare_digests()
 
     def settle(self, k):
-        """Waits for k pending ops, in random order, by wait() or through the future."""
+        """Waits for k pending ops, in random order, by wait() or through the future; on
+        CUDA some collectives by a device synchronisation alone before the check (an NCCL
+        collective is enqueued at its call, so that completes it; wait() comes after)."""
         order = self.local.sample(range(len(self.pending)), k)
-        via_future = [self.local.random() < 0.3 for _ in order]
+        how = [self.local.choices(("wait", "future", "device"), (0.6, 0.25, 0.15))[0] for _ in order]
         done = [self.pending[i] for i in order]
         self.pending = [p for i, p in enumerate(self.pending) if i not in set(order)]
-        for (case, work, check), fut in zip(done, via_future):
+        for (case, work, check), via in zip(done, how):
             if work is None:
                 self.ck.fail(case, "async_op=True returned no Work")
                 continue
             try:
-                if fut:
+                if via == "device" and self.args.cuda and " p2p" not in case:
+                    # (CUDA send/recv launch at wait() or the next collective: see _streams.p2p)
+                    torch.cuda.synchronize()
+                    self.ck.run(case + " (after a device synchronize)", check)
+                    work.wait()
+                    continue
+                if via == "future":
                     work.get_future().wait()
                     if self.args.cuda:
                         # a future's value is ready for the current stream once wait() returned
