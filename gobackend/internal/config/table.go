@@ -112,6 +112,10 @@ var (
 		"The MASTER_PORT of torch's suite in tests/conformance (a few tests rendezvous on the port above it; set by run_dist_suite.py).")
 	_ = enumRow("GOSYM_CONFORMANCE_REFERENCE", "0", []string{"0", "1"}, false, Tests,
 		"1: tests/test_conformance.py also checks gloo's outcomes at world 3 against the committed ones (world 2 always).")
+	_ = textRow("GOSYM_FUZZ_SEEDS", "101,202", Tests,
+		"tests/test_fuzz.py's seeds, comma-separated: each runs one random program (workers/fuzz_worker.py) per world.")
+	_ = textRow("GOSYM_FUZZ_OPS", "300", Tests,
+		"The number of ops in each of tests/test_fuzz.py's random programs.")
 	_ = textRow("GOSYM_TEST_BACKEND", "gosym", Tests,
 		"gloo runs the pytest workers on gloo: a check of the tests themselves.")
 	_ = textRow("GOSYM_TEST_FAKE_CUDA", "", Tests,
