@@ -1,5 +1,5 @@
 """The fuzzer (workers/fuzz_worker.py): random programs of every collective and p2p op
-over the world and random subgroups, sync and async, strided, every dtype and size class,
+over the world and random subgroups, sync and async, on one thread or several, strided, every dtype and size class,
 each result against a float64 reference and across ranks bit for bit. Fixed seeds here, so
 a failure replays; GOSYM_FUZZ_SEEDS (comma-separated) runs others, GOSYM_FUZZ_OPS longer
 programs. test_hier.py runs it across simulated hosts."""
@@ -31,12 +31,20 @@ def test_fuzz(world, seed, outdir):
     check(run_torchrun("fuzz_worker", world, fuzz_args(seed, "--timeout", 60), timeout=600, outdir=outdir))
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_fuzz_threads(world, outdir):
+    """Three programs at once, each on its own thread and groups (as torch allows)."""
+    check(run_torchrun("fuzz_worker", world, fuzz_args(SEEDS[0], "--threads", 3, "--timeout", 60), timeout=600,
+                       outdir=outdir))
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_fuzz_cuda(seed, outdir):
-    """One rank per GPU, ops on the current and on side streams."""
+def test_fuzz_cuda(seed, threads, outdir):
+    """One rank per GPU, ops on the current and on side streams, some on the CPU."""
     world = cuda_device_count()
     if world < 2:
         pytest.skip(f"needs 2 GPUs, found {world}")
-    check(run_torchrun("fuzz_worker", world, fuzz_args(seed, "--cuda", "--timeout", 180), timeout=900,
-                       outdir=outdir))
+    check(run_torchrun("fuzz_worker", world, fuzz_args(seed, "--cuda", "--threads", threads, "--timeout", 180),
+                       timeout=900, outdir=outdir))

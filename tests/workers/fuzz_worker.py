@@ -15,6 +15,7 @@ A failure names the seed and the step, so one program replays it.
 from __future__ import annotations
 
 import random
+import threading
 
 import torch
 import torch.distributed as dist
@@ -38,6 +39,7 @@ def add_args(p):
     p.add_argument("--ops", type=int, default=200)
     p.add_argument("--cuda", action="store_true")
     p.add_argument("--groups", type=int, default=3, help="random subgroups besides the world")
+    p.add_argument("--threads", type=int, default=1, help="programs run at once, one per thread")
 
 
 def draw_size(r: random.Random) -> int:
@@ -115,17 +117,19 @@ def close(got: torch.Tensor, ref: torch.Tensor, xs: list[torch.Tensor], op: str)
 class Program:
     """Draws and runs the ops; checks each when its result is due."""
 
-    def __init__(self, args, rank, world, dev):
-        self.args, self.rank, self.world, self.dev = args, rank, world, dev
-        self.r = random.Random(args.seed)  # the program: drawn alike on every rank
-        self.local = random.Random(args.seed * 1009 + rank)  # this rank's own order of waits
+    def __init__(self, args, rank, world, dev, seed, own_world=False):
+        """own_world: the program's "world" is a group of its own (programs run at once on
+        several threads share no group, as torch requires)."""
+        self.args, self.rank, self.world, self.dev, self.seed = args, rank, world, dev, seed
+        self.r = random.Random(seed)  # the program: drawn alike on every rank
+        self.local = random.Random(seed * 1009 + rank)  # this rank's own order of waits
         self.ck = wc.Checker(rank)
         self.pending: list = []  # (case, work, check)
         self.digests: dict[str, str] = {}
         self.counts: dict[str, int] = {}
         self.side = [torch.cuda.Stream(dev) for _ in range(2)] if args.cuda else []
         # the world, then subgroups: every rank calls new_group for each, in the same order
-        self.groups = [(None, list(range(world)))]
+        self.groups = [(dist.new_group(list(range(world))) if own_world else None, list(range(world)))]
         for _ in range(args.groups):
             n = self.r.randint(1, world)
             members = sorted(self.r.sample(range(world), n))
@@ -143,9 +147,9 @@ class Program:
     def inp(self, step, r, n, dtype, op=None, tag="x") -> torch.Tensor:
         """Rank r's input of a step, rebuilt identically anywhere (on the CPU)."""
         if dtype.is_complex:
-            parts = wc.make_input(f"fuzz/{self.args.seed}/{step}/{tag}", r, 2 * n, torch.float32)
+            parts = wc.make_input(f"fuzz/{self.seed}/{step}/{tag}", r, 2 * n, torch.float32)
             return torch.view_as_complex(parts.view(n, 2))
-        x = wc.make_input(f"fuzz/{self.args.seed}/{step}/{tag}", r, n, dtype, op or "")
+        x = wc.make_input(f"fuzz/{self.seed}/{step}/{tag}", r, n, dtype, op or "")
         if not dtype.is_floating_point and dtype != torch.bool and op == "PRODUCT":
             return x % 4 + 1  # small factors keep the wrapping product interesting, not zero
         return x
@@ -236,7 +240,7 @@ class Program:
         on_cpu = bool(self.side) and r.random() < 0.15
         if kind == "objects":
             is_async = False  # the object calls have no async form
-        case = f"seed {self.args.seed} step {step} {kind} {wc.dname(dtype)} n={n} op={op} group={gi}{members}" \
+        case = f"seed {self.seed} step {step} {kind} {wc.dname(dtype)} n={n} op={op} group={gi}{members}" \
                f"{' async' if is_async else ''}{' strided' if strided else ''}{f' stream{stream}' if stream else ''}" \
                f"{' cpu' if on_cpu else ''} variant={variant} count={count}"
         if self.rank not in members:
@@ -569,7 +573,7 @@ class Program:
         dist.all_gather_object(every, self.digests, group=self.checker_pg)
         for key, mine in self.digests.items():
             others = [(r, d[key]) for r, d in enumerate(every) if key in d and d[key] != mine]
-            self.ck.check(f"seed {self.args.seed} step {key}: same bits on every member", not others,
+            self.ck.check(f"seed {self.seed} step {key}: same bits on every member", not others,
                           f"ranks {[r for r, _ in others]} differ from rank {self.rank}")
 
 
@@ -591,6 +595,24 @@ class Both:
         return None
 
 
+def run_all(progs):
+    """Runs the programs, at once on threads of their own when there are several."""
+    def run(p):
+        try:
+            if p.args.cuda:
+                torch.cuda.set_device(p.dev)
+            p.run()
+        except Exception as e:  # noqa: BLE001 - reported
+            p.ck.fail(f"seed {p.seed}", f"the program raised {wc.error_text(e)}")
+    if len(progs) == 1:
+        return run(progs[0])
+    threads = [threading.Thread(target=run, args=(p,), name=f"fuzz-{p.seed}") for p in progs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def main():
     args = wc.setup(add_args)
     if args.cuda:
@@ -598,13 +620,19 @@ def main():
     else:
         rank, world = wc.init(args.backend, args.timeout)
         dev = torch.device("cpu")
-    prog = Program(args, rank, world, dev)
-    prog.run()
+    # groups are made here, program by program, in the same order on every rank
+    progs = [Program(args, rank, world, dev, args.seed + 7919 * i, own_world=args.threads > 1)
+             for i in range(args.threads)]
+    run_all(progs)
     if args.cuda:
         torch.cuda.synchronize()
-    prog.ck.info["ops_run"] = prog.counts
-    wc.write_result(prog.ck.result(digests=prog.digests))
-    wc.print_summary(prog.ck, f"fuzz seed {args.seed}")
+    ck = wc.Checker(rank)
+    for p in progs:
+        ck.failures += p.ck.failures
+        ck.passed += p.ck.passed
+        ck.info.setdefault("ops_run", {})[p.seed] = p.counts
+    wc.write_result(ck.result(digests={f"{p.seed}/{k}": v for p in progs for k, v in p.digests.items()}))
+    wc.print_summary(ck, f"fuzz seed {args.seed}" + (f" x{args.threads} threads" if args.threads > 1 else ""))
     dist.destroy_process_group()
 
 
