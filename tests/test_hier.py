@@ -9,9 +9,13 @@ import sys
 import pytest
 from conftest import WORKERS, Job, base_env, cuda_device_count, run_python, run_torchrun
 from simhosts import IdHosts, SimHosts, unavailable
+from test_fuzz import check as check_fuzz
+from test_fuzz import fuzz_args
 
 _WHY = unavailable()
 needs_netns = pytest.mark.skipif(_WHY is not None, reason=f"simulated hosts: {_WHY}")
+# hosts for the tests that run anywhere: namespaces where they can be made, else host ids
+ANY_HOSTS = SimHosts if _WHY is None else IdHosts
 # Small thresholds, so that the test's sizes take the rails in several ragged chunks.
 HIER_ENV = {"GOSYM_HIER_RAIL_MIN": "4096", "GOSYM_HIER_CHUNK": "4096", "GOSYM_HIER_REPORT_S": "8"}
 
@@ -108,18 +112,23 @@ def test_one_host_is_unchanged(outdir):
     res.assert_ok()
 
 
+def gpus_per_host() -> int:
+    """Two simulated hosts get half the GPUs each, at most 2 (skips below 2 GPUs)."""
+    gpus = cuda_device_count()
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs, found {gpus}")
+    return min(gpus // 2, 2)
+
+
 @pytest.mark.gpu
 def test_cuda_across_hosts(outdir):
     """Two simulated hosts with half the GPUs each (1 or 2 per host): gosym inside a host,
     NCCL between; every CUDA op x dtype against flat NCCL on the same ranks. Where network
     namespaces cannot be made, the hosts are told apart by GOSYM_HOST_ID alone."""
-    gpus = cuda_device_count()
-    if gpus < 2:
-        pytest.skip(f"needs 2 GPUs, found {gpus}")
-    per = min(gpus // 2, 2)
+    per = gpus_per_host()
     res = run_hosts((per, per), "hier_worker", ["--hosts", f"{per},{per}", "--device", "cuda",
                                                 "--parts", "layout,ops,p2p", "--timeout", 120],
-                    outdir, timeout=900, gpus=True, kind=SimHosts if _WHY is None else IdHosts)
+                    outdir, timeout=900, gpus=True, kind=ANY_HOSTS)
     res.assert_ok()
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
 
@@ -137,20 +146,13 @@ def test_fuzz_across_hosts(counts, outdir):
     """workers/fuzz_worker.py's random programs on a group across two hosts (network
     namespaces where they can be made, else host ids): subgroups within and across the
     hosts, async, strided, uneven (_v) forms, against float64 references."""
-    res = run_hosts(counts, "fuzz_worker", ["--seed", 303, "--ops", 300, "--timeout", 60], outdir,
-                    timeout=600, kind=SimHosts if _WHY is None else IdHosts)
-    res.assert_ok()
-    assert all(r["passed"] >= 50 for r in res.results), "suspiciously few checks"
+    check_fuzz(run_hosts(counts, "fuzz_worker", fuzz_args(303, "--timeout", 60), outdir, timeout=600,
+                         kind=ANY_HOSTS))
 
 
 @pytest.mark.gpu
 def test_cuda_fuzz_across_hosts(outdir):
     """The fuzzer on CUDA tensors across two simulated hosts of half the GPUs each."""
-    gpus = cuda_device_count()
-    if gpus < 2:
-        pytest.skip(f"needs 2 GPUs, found {gpus}")
-    per = min(gpus // 2, 2)
-    res = run_hosts((per, per), "fuzz_worker", ["--seed", 303, "--ops", 300, "--cuda", "--timeout", 180],
-                    outdir, timeout=900, gpus=True, kind=SimHosts if _WHY is None else IdHosts)
-    res.assert_ok()
-    assert all(r["passed"] >= 50 for r in res.results), "suspiciously few checks"
+    per = gpus_per_host()
+    check_fuzz(run_hosts((per, per), "fuzz_worker", fuzz_args(303, "--cuda", "--timeout", 180), outdir,
+                         timeout=900, gpus=True, kind=ANY_HOSTS))

@@ -8,7 +8,7 @@ checked against a float64 (integers: exact, wrapping) reference computed locally
 outputs poisoned first; results every member holds are compared bit for bit across the
 group's ranks at the end (through a gloo group, not the group under test).
 
-Run: torchrun --nproc-per-node N tests/workers/fuzz_worker.py --seed S --ops K [--cuda]
+Run: torchrun --nproc-per-node N tests/workers/fuzz_worker.py --seed S --ops K [--cuda] [--threads T]
 A failure names the seed and the step, so one program replays it.
 """
 
@@ -338,16 +338,14 @@ class Program:
             self.record(f"{step}", torch.cat([o.cpu() for o, _ in outs]) if outs else torch.empty(0))
         return xs, [o for o, _ in outs], check
 
-    def op_all_gather(self, step, case, group, members, me, dtype, n, strided, **_):
-        xs, outs, check = self._gather_list(step, case, members, dtype, [n] * len(members), strided)
+    def op_all_gather(self, step, case, group, members, me, dtype, n, strided, sizes=None, **_):
+        xs, outs, check = self._gather_list(step, case, members, dtype, sizes or [n] * len(members), strided)
         t = self.put(xs[me])
         return (lambda a: self._call(dist.all_gather, a, outs, t, group=group)), check
 
-    def op_all_gather_v(self, step, case, group, members, me, dtype, sizes, strided, **_):
+    def op_all_gather_v(self, sizes, **kw):
         """all_gather of unequal sizes (NCCL's _v form)."""
-        xs, outs, check = self._gather_list(step, case, members, dtype, sizes, strided)
-        t = self.put(xs[me])
-        return (lambda a: self._call(dist.all_gather, a, outs, t, group=group)), check
+        return self.op_all_gather(sizes=sizes, **kw)
 
     def op_all_gather_into_tensor(self, step, case, group, members, me, dtype, n, **_):
         xs = [self.inp(step, m, n, dtype) for m in members]
