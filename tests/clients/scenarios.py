@@ -317,11 +317,14 @@ def split(ctx):
 
 
 def _split_values(ctx) -> list[float]:
-    """Halves, the whole world, and ranks {0, 1} alone (the others must get None); at
-    an even world, a 2-D DeviceMesh's groups."""
+    """Halves, the whole world, ranks {0, 1} alone (the others must get None), then
+    every other rank (after a split that left ranks out: torch names the groups from
+    what each rank registered, which then differs between their members); at an even
+    world, a 2-D DeviceMesh's groups."""
     w = ctx.world
     out = []
-    layouts = [[list(range(0, w // 2)), list(range(w // 2, w))], [list(range(w))], [[0, 1]]]
+    layouts = [[list(range(0, w // 2)), list(range(w // 2, w))], [list(range(w))], [[0, 1]],
+               [list(range(j, w, 2)) for j in range(2)]]
     for i, splits in enumerate(layouts):
         mine = next((r for r in splits if ctx.rank in r), None)
         if ctx.backend == "gloo":
