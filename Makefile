@@ -55,7 +55,19 @@ check-go:
 
 lib: $(LIB)
 
-$(LIB): $(LIB_SRCS) | check-go
+# Every kernel compiled ahead of time (gobackend/cmd/kernelgen), with the
+# venv's NVRTC when there is one; the library embeds the images. Without
+# NVRTC kernelgen writes no stamp (it runs again next time) and the library
+# compiles at run time.
+PREBUILT_STAMP := kernels/prebuilt/.stamp
+KERNELGEN_SRCS := $(shell find kernels gobackend/cmd/kernelgen gobackend/internal/cuda -type f \( \
+	-name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -not -name '*_test.go' 2>/dev/null)
+
+$(PREBUILT_STAMP): $(KERNELGEN_SRCS) | check-go
+	$(if $(VENV_NVRTC),GOSYM_NVRTC="$${GOSYM_NVRTC:-$(VENV_NVRTC)}") CGO_ENABLED=1 $(GO) run $(GO_BUILD_FLAGS) \
+		./gobackend/cmd/kernelgen -out kernels/prebuilt -stamp $@
+
+$(LIB): $(LIB_SRCS) $(PREBUILT_STAMP) | check-go
 	CGO_ENABLED=1 $(GO) build $(GO_BUILD_FLAGS) -buildmode=c-shared -o $@ ./cabi
 
 # torch's wheel brings NVRTC (nvidia/cu13): with it the Go tests compile every
@@ -100,5 +112,6 @@ print-venv:
 	@echo "$(GOSYM_VENV)"
 
 clean:
-	rm -rf build dist .pytest_cache python/gosym.egg-info $(LIB) python/gosym/libgosym.h
+	rm -rf build dist .pytest_cache python/gosym.egg-info $(LIB) python/gosym/libgosym.h \
+		kernels/prebuilt/*.img $(PREBUILT_STAMP)
 	find python tests scripts -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,5 +1,7 @@
-// Package kernels holds the CUDA C++ sources of gosym's device code. They are
-// compiled at run time by NVRTC for the device's architecture (see package
+// Package kernels holds the CUDA C++ sources of gosym's device code and the
+// images compiled from them ahead of time (prebuilt/, written by
+// gobackend/cmd/kernelgen during the build). A device none of the images fits
+// compiles the sources at run time with NVRTC (see package
 // gobackend/internal/cuda), so they use no system headers: every type and
 // intrinsic they need is a compiler builtin or declared in common.cuh.
 //
@@ -19,6 +21,13 @@ import (
 //
 //go:embed *.cu *.cuh
 var FS embed.FS
+
+// Prebuilt holds prebuilt/<source>.<target>.img, the images kernelgen
+// compiled when the library was built (none where the build had no NVRTC).
+// Its README keeps the pattern matching in a tree without images.
+//
+//go:embed prebuilt
+var Prebuilt embed.FS
 
 // Sources lists the compilable files (*.cu), sorted.
 func Sources() []string {

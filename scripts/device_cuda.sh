@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [test] [clients] [hier] [fuzz] [conform] [hostbench] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -95,6 +95,22 @@ for s in "${steps[@]}"; do
 		timeout 300 python3 tests/simhosts.py --hosts $per,$per --gpus -- python3 -m gosym.bench --device cuda \
 			--backends gosym,nccl --batch 10 --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
 			--sizes 4K,64K,1M,16M,64M --target-time 0.1 --json "$out/bench-hier-cuda-${per}x2.json" 2>&1 | tail -30 ;;
+	nvswitch)
+		# what SM push/pull and the copy engines move per pair, all-to-all and from one root
+		echo "== NVSwitch copy probe (scripts/nvswitch_probe.cu)"
+		nvidia-smi topo -m | head -$(($(nvidia-smi -L | wc -l) + 1))
+		nvcc -O3 -arch=sm_90 -o /tmp/nvswitch_probe scripts/nvswitch_probe.cu &&
+			timeout 200 /tmp/nvswitch_probe "${GOSYM_PROBE_MIB:-256}" | tee "$out/nvswitch_probe.txt" ;;
+	fuzz-slow)
+		# the CUDA fuzzer at every GPU, each step slower than 1 s named (where a run stalls)
+		ngpu=$(nvidia-smi -L | wc -l)
+		echo "== fuzzer on CUDA at world $ngpu, seed ${GOSYM_FUZZ_SEED:-101}, threads ${GOSYM_FUZZ_THREADS:-1}"
+		mkdir -p /tmp/fuzz-slow
+		GOSYM_FUZZ_SLOW_S=1 GOSYM_TEST_OUT=/tmp/fuzz-slow timeout "${GOSYM_FUZZ_S:-240}" torchrun --nproc-per-node "$ngpu" \
+			tests/workers/fuzz_worker.py --cuda --seed "${GOSYM_FUZZ_SEED:-101}" --ops "${GOSYM_FUZZ_OPS:-300}" \
+			--threads "${GOSYM_FUZZ_THREADS:-1}" --timeout 60 >/tmp/fuzz-slow/log 2>&1
+		echo "exit $?"; grep -E "^fuzz rank|rror|FAIL" /tmp/fuzz-slow/log | tail -40
+		cp /tmp/fuzz-slow/log "$out/fuzz-slow.log" ;;
 	test)
 		echo "== pytest tests/test_cuda*.py"
 		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \

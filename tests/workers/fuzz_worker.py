@@ -14,8 +14,11 @@ A failure names the seed and the step, so one program replays it.
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -176,10 +179,16 @@ class Program:
 
     # -- running ------------------------------------------------------------------------
     def run(self):
+        slow = float(os.environ.get("GOSYM_FUZZ_SLOW_S", "0"))  # report steps slower than this
         for step in range(self.args.ops):
+            t0 = time.monotonic()
             self.step(step)
             if self.pending and self.local.random() < 0.3:
                 self.settle(self.local.randint(1, len(self.pending)))
+            dt = time.monotonic() - t0
+            if slow and (dt > slow or step % 100 == 0):
+                print(f"fuzz rank {self.rank}: {dt:.3f} s: {getattr(self, 'last_case', step)}", file=sys.stderr,
+                      flush=True)
         self.settle(len(self.pending))
         self.compare_digests()
 
@@ -243,6 +252,7 @@ class Program:
         case = f"seed {self.seed} step {step} {kind} {wc.dname(dtype)} n={n} op={op} group={gi}{members}" \
                f"{' async' if is_async else ''}{' strided' if strided else ''}{f' stream{stream}' if stream else ''}" \
                f"{' cpu' if on_cpu else ''} variant={variant} count={count}"
+        self.last_case = case
         if self.rank not in members:
             return
         self.counts[kind] = self.counts.get(kind, 0) + 1

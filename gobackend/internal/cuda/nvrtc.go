@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -252,24 +253,27 @@ func (nv *NVRTC) programLog(prog C.nvrtcProgram) string {
 
 // ---- the compile cache ----------------------------------------------------------
 
-// Compiler compiles with NVRTC through an on-disk cache: a compiled image is
-// stored under Dir, keyed by a hash of everything that determines it, and a
-// later compilation of the same input reads it back. Entries carry a
-// checksum; a damaged one is compiled again and replaced. Cache trouble
-// never fails a compilation.
+// Compiler gives a source's kernel image for a device: one the build
+// compiled ahead of time (Prebuilt) when one fits, else NVRTC's through an
+// on-disk cache: a compiled image is stored under Dir, keyed by a hash of
+// everything that determines it, and a later compilation of the same input
+// reads it back. Entries carry a checksum; a damaged one is compiled again
+// and replaced. Cache trouble never fails a compilation.
 type Compiler struct {
-	NV  *NVRTC
-	Dir string // "" disables the cache
+	NV       *NVRTC // nil: no NVRTC (NVErr says why); only prebuilt images
+	NVErr    error
+	Dir      string // "" disables the cache
+	Prebuilt fs.FS  // nil: none
 
-	hits, misses, corrupt atomic.Int64
+	hits, misses, corrupt, prebuilt atomic.Int64
 }
 
 // CacheStats counts cache outcomes (for tests and diagnostics).
-type CacheStats struct{ Hits, Misses, Corrupt int64 }
+type CacheStats struct{ Hits, Misses, Corrupt, Prebuilt int64 }
 
 // Stats returns the cache counters.
 func (c *Compiler) Stats() CacheStats {
-	return CacheStats{c.hits.Load(), c.misses.Load(), c.corrupt.Load()}
+	return CacheStats{c.hits.Load(), c.misses.Load(), c.corrupt.Load(), c.prebuilt.Load()}
 }
 
 // DefaultCacheDir is $GOSYM_KERNEL_CACHE, else $XDG_CACHE_HOME/gosym/kernels,
@@ -290,20 +294,23 @@ func DefaultCacheDir() string {
 var defaultCompiler struct {
 	once sync.Once
 	c    *Compiler
-	err  error
+}
+
+// DefaultCompiler is the process's: the library's prebuilt images, then
+// NVRTC (when it loads) with the default cache directory.
+func DefaultCompiler() *Compiler {
+	defaultCompiler.once.Do(func() {
+		c := &Compiler{Dir: DefaultCacheDir(), Prebuilt: kernelsPrebuilt}
+		c.NV, c.NVErr = LoadNVRTC()
+		defaultCompiler.c = c
+	})
+	return defaultCompiler.c
 }
 
 // Compile compiles src (named name in diagnostics) for compute capability
-// arch with the process's NVRTC and the default cache directory.
+// arch with the process's compiler.
 func Compile(src, name string, arch int) ([]byte, error) {
-	defaultCompiler.once.Do(func() {
-		nv, err := LoadNVRTC()
-		defaultCompiler.c, defaultCompiler.err = &Compiler{NV: nv, Dir: DefaultCacheDir()}, err
-	})
-	if defaultCompiler.err != nil {
-		return nil, defaultCompiler.err
-	}
-	return defaultCompiler.c.Compile(src, name, arch)
+	return DefaultCompiler().Compile(src, name, arch)
 }
 
 const cacheMagic = "gosym-kernel-cache-v1\n"
@@ -321,6 +328,20 @@ func (c *Compiler) Key(src, name string, arch int) string {
 
 // Compile returns the image (CUBIN, or NUL-terminated PTX) for src.
 func (c *Compiler) Compile(src, name string, arch int) ([]byte, error) {
+	if img, _, ok := prebuiltFor(c.Prebuilt, src, name, arch); ok {
+		c.prebuilt.Add(1)
+		return img, nil
+	}
+	if c.Prebuilt != nil {
+		noteFallback(name, arch, c.NVErr)
+	}
+	if c.NV == nil {
+		err := c.NVErr
+		if err == nil {
+			err = fmt.Errorf("%w: no NVRTC", ErrNoCUDA)
+		}
+		return nil, fmt.Errorf("no prebuilt kernel image of %s fits sm_%d: %w", name, arch, err)
+	}
 	if c.Dir == "" {
 		c.misses.Add(1)
 		return c.NV.compile(src, name, arch)

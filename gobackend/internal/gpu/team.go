@@ -294,12 +294,6 @@ type deviceOnce struct {
 	err  error
 }
 
-var compiler struct {
-	once sync.Once
-	c    *cuda.Compiler
-	err  error
-}
-
 // Open returns device ordinal, opening it on first use.
 func Open(ordinal int) (*Device, error) {
 	openDevices.mu.Lock()
@@ -370,13 +364,7 @@ func (g *Device) Module(source string) (*kernelModule, error) {
 	}
 	g.mu.Unlock()
 	m.once.Do(func() {
-		compiler.once.Do(func() {
-			nv, err := cuda.LoadNVRTC()
-			compiler.c, compiler.err = &cuda.Compiler{NV: nv, Dir: cuda.DefaultCacheDir()}, err
-		})
-		if m.err = compiler.err; m.err == nil {
-			m.m, m.err = g.d.LoadKernels(g.ctx, compiler.c, g.arch, source)
-		}
+		m.m, m.err = g.d.LoadKernels(g.ctx, cuda.DefaultCompiler(), g.arch, source)
 		// Every kernel is looked up now, not at its first launch. Under lazy
 		// loading (CUDA_MODULE_LOADING=LAZY, Linux's default since CUDA 12.2)
 		// cuModuleGetFunction is what puts a kernel on the device, and that
