@@ -1,5 +1,6 @@
 """Where a group's CUDA ops go on this rank: collectives on the caller's current stream,
-sends and receives on the group's internal streams, launched late (CudaStreams.p2p says why).
+sends and receives on the group's internal streams, each enqueued when it is posted, as
+NCCL enqueues them.
 
 The launch policy stays in Python: it needs torch's Stream and Event objects, the caching
 allocator's record_stream, and the order of the caller's posts, none of which the engine sees.
@@ -107,14 +108,13 @@ class CudaStreams:
         Work's wait() makes the caller's current stream wait for it, as
         ProcessGroupNCCL's do.
 
-        The kernel is not launched here but when a wait(), is_completed() or the group's
-        next CUDA collective flushes the pending sends and receives, in post order. A
-        launched receive spins on the GPU until its peer sends, and any host call that
-        synchronises the device waits for it: CUDA's lazy module loading does, at the
-        first launch of each kernel. A peer blocked the same way before it posts the
-        matching send would deadlock the pair until the kernels time out. Deferring
-        keeps whatever the caller runs between its posts out of that window; the flush
-        enqueues every kernel before the copy-backs into non-contiguous destinations.
+        The kernel is enqueued here, before this returns, as NCCL enqueues at the call:
+        a caller that posts and then only synchronises the device (or drops the Work)
+        gets the transfer. A launched receive spins on the GPU until its peer sends, so
+        nothing of gosym's may load a module while one runs (CUDA's lazy loading waits
+        for the device there): the engine loads every module of its own at group setup.
+        Posts that wait on each other (a ring of isend/irecv) complete in any order,
+        each pair and direction on its own stream.
 
         A non-contiguous source is copied on the current stream first; a non-contiguous
         destination is received into a temporary that the internal stream copies back.
@@ -127,6 +127,7 @@ class CudaStreams:
             ready.record(torch.cuda.current_stream(idx))
             w = CudaSideWork(out, idx, self._side(idx, recv, None), self._group())
             self.pending.append((w, SelfPost(recv, tag), ready, t, None))
+            self.flush()
             return w
         if not recv:
             buf = t if t.is_contiguous() else t.contiguous()
@@ -142,6 +143,7 @@ class CudaStreams:
         # The Work holds the group, not this: a pending op keeps the group alive.
         w = CudaSideWork(out, idx, self._side(idx, recv, peer), self._group())
         self.pending.append((w, desc, ready, buf, t if recv and buf is not t else None))
+        self.flush()
         return w
 
     def _to_self(self, w, post, ready, t):

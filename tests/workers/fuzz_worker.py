@@ -205,8 +205,8 @@ class Program:
                 self.ck.fail(case, "async_op=True returned no Work")
                 continue
             try:
-                if via == "device" and self.args.cuda and " p2p" not in case:
-                    # (CUDA send/recv launch at wait() or the next collective: see _streams.p2p)
+                if via == "device" and self.args.cuda:
+                    # sends and receives too: NCCL enqueues every op at its call
                     torch.cuda.synchronize()
                     self.ck.run(case + " (after a device synchronize)", check)
                     work.wait()
@@ -253,6 +253,8 @@ class Program:
                f"{' async' if is_async else ''}{' strided' if strided else ''}{f' stream{stream}' if stream else ''}" \
                f"{' cpu' if on_cpu else ''} variant={variant} count={count}"
         self.last_case = case
+        if os.environ.get("GOSYM_FUZZ_TRACE") == "1":  # every step named as it starts
+            print(f"fuzz rank {self.rank}: begins {case}", file=sys.stderr, flush=True)
         if self.rank not in members:
             return
         self.counts[kind] = self.counts.get(kind, 0) + 1
@@ -623,6 +625,10 @@ def run_all(progs):
 
 def main():
     args = wc.setup(add_args)
+    if os.environ.get("GOSYM_FUZZ_STACKS_S"):  # every thread's Python stack, if still running then
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["GOSYM_FUZZ_STACKS_S"]), exit=False)
     if args.cuda:
         rank, world, dev, _ = wc.init_cuda(args)
     else:

@@ -85,6 +85,9 @@ func reduceKernelName(a Algo, typ, op string) string {
 	return "gs_" + a.String() + "_" + typ + "_" + op
 }
 
+// ReduceSource holds the one- and two-shot reduction kernels.
+const ReduceSource = "allreduce.cu"
+
 // NVLSSource holds the multimem (NVLink SHARP) kernels. It compiles for
 // sm_90 and newer only, and nothing launches its kernels unless a multicast
 // object exists, which only MulticastAllowed can let happen.
@@ -108,7 +111,7 @@ func buildKernels() []*Kernel {
 	for _, a := range []Algo{OneShot, TwoShot, Pull, LL} {
 		for _, t := range reduceTypes {
 			for _, op := range []string{"sum", "prod", "min", "max"} {
-				ks = append(ks, &Kernel{Name: reduceKernelName(a, t.name, op), Source: "allreduce.cu",
+				ks = append(ks, &Kernel{Name: reduceKernelName(a, t.name, op), Source: ReduceSource,
 					Params: []*Struct{arLayout}})
 			}
 		}

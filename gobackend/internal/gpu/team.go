@@ -306,8 +306,28 @@ func Open(ordinal int) (*Device, error) {
 		openDevices.m[ordinal] = o
 	}
 	openDevices.mu.Unlock()
-	o.once.Do(func() { o.g, o.err = newDevice(ordinal) })
+	o.once.Do(func() {
+		if o.g, o.err = newDevice(ordinal); o.err == nil {
+			o.err = o.g.loadModules()
+		}
+	})
 	return o.g, o.err
+}
+
+// loadModules loads every module a group may use when the device is
+// opened, before any kernel of ours runs on it: not at first use, which may
+// be under graph capture, or while a receive of this rank spins on the
+// device (sends and receives are enqueued at their call), where CUDA's lazy
+// loading would wait for that kernel while its sender may be waiting for
+// this rank. NVLS's module is loaded only where multicast is allowed
+// (nvls.go).
+func (g *Device) loadModules() error {
+	for _, src := range []string{cuda.ReduceSource, cuda.BarrierKernel.Source, cuda.P2PSendKernel.Source} {
+		if _, err := g.Module(src); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func newDevice(ordinal int) (*Device, error) {
@@ -472,16 +492,6 @@ func newTeam(device, rank, world int, cfg Config, timeout time.Duration) (*Team,
 		t.llArea = cuda.LLAreaBytes(world, cfg.llMax)
 	}
 	t.data.size = round(t.stage + t.llArea)
-	// Loaded now, not at first use, which may be under graph capture.
-	srcs := []string{"allreduce.cu", cuda.BarrierKernel.Source}
-	if cfg.a2avBlocks > 0 {
-		srcs = append(srcs, cuda.A2AVKernel.Source)
-	}
-	for _, src := range srcs {
-		if _, err := g.Module(src); err != nil {
-			return t, err
-		}
-	}
 	if cfg.a2avBlocks > 0 && world > 1 {
 		f, err := t.function(cuda.A2AVKernel)
 		if err != nil {
