@@ -70,3 +70,17 @@ def test_client_matches_reference(device, world, name, client_pairs):
     o = client_pairs.outcome(device, world, name)
     assert o.ok, (f"{name} at world {world} on {device}: gosym vs {h.REFERENCE[device]}: max rel diff "
                   f"{o.max_rel}\n" + "\n".join(o.problems))
+
+
+def test_hung_scenario_named_and_job_resumed(tmp_path, monkeypatch):
+    """A scenario that never finishes is reported by name on every rank, and the
+    scenarios after it still run (a new launch), instead of the job's deadline taking
+    every scenario of the pair with it."""
+    monkeypatch.setattr(h, "SCENARIO_TIMEOUT_S", 8.0)
+    run = h.run_job("cpu", 2, "gosym", ["split", "stall", "funcol_eager"], tmp_path, timeout=120)
+    for r in range(2):
+        assert run.entry(r, "split")["values"], run.entry(r, "split")
+        stalled = run.entry(r, "stall")
+        assert stalled["values"] is None and stalled.get("hung"), stalled
+        assert "stall" in stalled["error"], stalled
+        assert run.entry(r, "funcol_eager")["values"], run.entry(r, "funcol_eager")

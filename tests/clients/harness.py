@@ -11,6 +11,7 @@ equal. Torch-free (the pytest process and the table CLI import it).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import os
@@ -33,6 +34,8 @@ RTOL = 1e-5
 # the next scenario), and the launcher's deadline for one job; the environment overrides.
 GROUP_TIMEOUT_S = float(os.environ.get("GOSYM_CLIENTS_GROUP_TIMEOUT", 60))
 JOB_TIMEOUT_S = float(os.environ.get("GOSYM_CLIENTS_JOB_TIMEOUT", 400))
+# A scenario that runs longer is reported hung by name, and the job resumes after it.
+SCENARIO_TIMEOUT_S = float(os.environ.get("GOSYM_CLIENTS_SCENARIO_TIMEOUT", 150))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +117,8 @@ def applicable(device: str, world: int, names=None) -> list[str]:
 
 @dataclasses.dataclass
 class JobRun:
-    """One backend's launch: per rank, {scenario: {"values", "error", "seconds"}}."""
+    """One backend's launches: per rank, {scenario: {"values", "error", "seconds"}}; an
+    entry marked "started" is a scenario that rank began and never finished."""
 
     backend: str
     ranks: list[dict | None]
@@ -128,15 +132,48 @@ class JobRun:
 
 def run_job(device: str, world: int, backend: str, names: list[str], outdir: Path,
             timeout: float | None = None) -> JobRun:
-    """Launches the scenarios ``names`` on ``world`` ranks of ``backend``."""
+    """Launches the scenarios ``names`` on ``world`` ranks of ``backend``. A scenario that
+    hangs (the worker's per-scenario deadline, or the job's) is reported by name, and a
+    new launch runs the scenarios after it, so one hang costs no other scenario."""
     timeout = timeout or JOB_TIMEOUT_S
-    outdir = Path(outdir) / f"{device}-w{world}-{backend}"
+    ranks: list[dict | None] = [None] * world
+    problems, seconds, left = [], 0.0, list(names)
+    while left:
+        run = _launch(device, world, backend, left, Path(outdir) / f"{device}-w{world}-{backend}-{len(names) - len(left)}",
+                      timeout)
+        seconds += run.seconds
+        for r, res in enumerate(run.ranks):
+            if res is not None:
+                merged = ranks[r] or {"rank": r, "backend": backend, "scenarios": {}}
+                merged["scenarios"].update(res.get("scenarios", {}))
+                ranks[r] = merged
+        done = [n for n in left if all(e is not None and not e.get("started") for e in
+                                       (run.entry(r, n) for r in range(world)))]
+        if run.problem:
+            problems.append(run.problem)
+        if len(done) == len(left):
+            break
+        # the first scenario some rank did not finish is the one that hung or crashed the job
+        stuck = next(n for n in left if n not in done)
+        for r in range(world):
+            e = run.entry(r, stuck)
+            if e is None or e.get("started"):
+                ranks[r] = ranks[r] or {"rank": r, "backend": backend, "scenarios": {}}
+                why = (e or {}).get("error") or (f"{stuck} did not finish on rank {r}: the job ended "
+                                                  f"({(run.problem or '').splitlines()[0] if run.problem else 'no result'})")
+                ranks[r]["scenarios"][stuck] = {"values": None, "error": why, "hung": True}
+        left = left[left.index(stuck) + 1:]
+    return JobRun(backend, ranks, "\n".join(problems) or None, seconds)
+
+
+def _launch(device: str, world: int, backend: str, names: list[str], outdir: Path, timeout: float) -> JobRun:
+    """One launch of the worker for ``names``."""
     scratch = outdir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     for old in outdir.glob("rank*.json"):  # a rerun into the same directory
         old.unlink()
     args = ["--backend", backend, "--device", device, "--scenarios", ",".join(names),
-            "--scratch", scratch, "--timeout", GROUP_TIMEOUT_S]
+            "--scratch", scratch, "--timeout", GROUP_TIMEOUT_S, "--scenario-timeout", SCENARIO_TIMEOUT_S]
     job = Job(str(WORKER), world, args, outdir=outdir, timeout=timeout, launcher="spawn")
     try:
         res = job.wait()
@@ -213,6 +250,8 @@ def compare(name: str, device: str, world: int, ref: JobRun, got: JobRun) -> Out
 
 def run_pair(device: str, world: int, names: list[str], outdir: Path) -> list[Outcome]:
     """The reference job and the gosym job of ``names`` at ``world``; an Outcome per name."""
-    ref = run_job(device, world, REFERENCE[device], names, outdir)
-    got = run_job(device, world, "gosym", names, outdir)
+    # at once: the pair costs one job's time (the GPUs are shared, and compared values
+    # do not depend on timing)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        ref, got = pool.map(lambda b: run_job(device, world, b, names, outdir), (REFERENCE[device], "gosym"))
     return [compare(n, device, world, ref, got) for n in names]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import time
 
 import torch
 import torch.distributed as dist
@@ -357,3 +358,12 @@ def _split_values(ctx) -> list[float]:
             dist.all_reduce(t, group=m.get_group(dim))
             out.extend(t.double().cpu().tolist())
     return out
+
+
+def stall(ctx):
+    """Not a client: the harness's own test of a hung scenario. The last rank sleeps and
+    the others wait for it in a collective, as a hang in a real client would look."""
+    if ctx.rank == ctx.world - 1:
+        time.sleep(3600)
+    dist.barrier()
+    return [0.0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -30,6 +31,24 @@ def _args(p):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--scenarios", required=True, help="comma-separated scenario names")
     p.add_argument("--scratch", required=True, help="a directory all ranks share")
+    p.add_argument("--scenario-timeout", type=float, default=150.0,
+                   help="seconds a scenario may take before this rank reports it hung and exits")
+
+
+def _deadline(rank, name, seconds, results, backend):
+    """A timer that records scenario name as hung and ends this rank (os._exit: a rank
+    stuck in a collective cannot unwind) if it runs past seconds."""
+    def fire():
+        results[name] = {"values": None, "started": True, "hung": True,
+                         "error": f"{name} did not finish within {seconds:g} s on rank {rank} (hung)"}
+        wc.write_result({"rank": rank, "failures": [], "backend": backend, "scenarios": results})
+        print(f"[rank {rank}] {name} on {backend} did not finish within {seconds:g} s: exiting",
+              file=sys.stderr, flush=True)
+        os._exit(3)
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
 
 
 def main():
@@ -54,6 +73,11 @@ def main():
     for name in args.scenarios.split(","):
         t0 = time.monotonic()
         entry = {"values": None, "error": None}
+        # Marked before it runs: a scenario that hangs is named by the harness, which
+        # resumes the job after it (a hung collective may never raise).
+        results[name] = {"values": None, "error": None, "started": True}
+        wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results})
+        watchdog = _deadline(rank, name, args.scenario_timeout, results, args.backend)
         try:
             entry["values"] = getattr(sc, name)(ctx)
             if dev.type == "cuda":
@@ -61,6 +85,7 @@ def main():
         except Exception as e:  # noqa: BLE001 - reported per scenario
             entry["error"] = f"{wc.error_text(e)}\n{traceback.format_exc(limit=-6)}"
             print(f"[rank {rank}] {name} on {args.backend} raised:\n{entry['error']}", file=sys.stderr)
+        watchdog.cancel()
         entry["seconds"] = round(time.monotonic() - t0, 2)
         results[name] = entry
         # Written after every scenario, so a later hang keeps the earlier results.

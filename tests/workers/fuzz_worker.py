@@ -206,8 +206,15 @@ class Program:
                 continue
             try:
                 if via == "device" and self.args.cuda:
-                    # sends and receives too: NCCL enqueues every op at its call
-                    torch.cuda.synchronize()
+                    # sends and receives too: NCCL enqueues every op at its call. With
+                    # programs on other threads only this thread's stream (an op on a side
+                    # stream is joined to it): a device-wide synchronize would also wait
+                    # for another program's kernels, whose peers may be waiting for this
+                    # thread's next post (a deadlock on NCCL as well).
+                    if self.args.threads > 1:
+                        torch.cuda.current_stream().synchronize()
+                    else:
+                        torch.cuda.synchronize()
                     self.ck.run(case + " (after a device synchronize)", check)
                     work.wait()
                     continue
@@ -611,6 +618,12 @@ def run_all(progs):
         try:
             if p.args.cuda:
                 torch.cuda.set_device(p.dev)
+                if len(progs) > 1:
+                    # each program on a stream of its own, as a threaded program must: on
+                    # one shared stream the programs' ops interleave in another order on
+                    # each rank, and each waits behind another group's op that waits for
+                    # a peer still behind this one (NCCL deadlocks there too)
+                    torch.cuda.set_stream(torch.cuda.Stream(p.dev))
             p.run()
         except Exception as e:  # noqa: BLE001 - reported
             p.ck.fail(f"seed {p.seed}", f"the program raised {wc.error_text(e)}")
