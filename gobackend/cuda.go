@@ -7,10 +7,10 @@ package gobackend
 import (
 	"time"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/gpu"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -25,7 +25,7 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) 
 	if device < 0 {
 		return e.Post(op)
 	}
-	if op.Kind == coll.Recv && op.Peer == coll.AnySource {
+	if op.Kind == ops.Recv && op.Peer == ops.AnySource {
 		return nil, status.Errorf(status.NotSupported, "gosym: recv from any source into CUDA memory: the engine matches CUDA messages per pair (the Python package learns the sender first)")
 	}
 	noteProcessDevice(device) // for the p2p responders of other groups
@@ -35,8 +35,8 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) 
 	if err := gpu.KernelSupport(op); err != nil {
 		return nil, err
 	}
-	coll.Even(op, e.Size)
-	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+	ops.Even(op, e.Size)
+	if err := ops.Check(op, e.Rank, e.Size); err != nil {
 		return nil, err
 	}
 	if err := checkUBR(op); err != nil {
@@ -99,7 +99,7 @@ func (e *Endpoint) RunCUDA(op *Op, device int, stream uintptr, capturing bool) e
 // runTask runs task on every rank in collective order, as the op named
 // name: it may talk to the peers (links, team barriers) like a collective.
 func (e *Endpoint) runTask(name string, task func(who symm.Who, deadline time.Time) error) error {
-	_, err := e.runQueued(&Op{Kind: coll.Barrier}, gpu.Args{Device: -1, Task: func(who symm.Who, deadline time.Time) error {
+	_, err := e.runQueued(&Op{Kind: ops.Barrier}, gpu.Args{Device: -1, Task: func(who symm.Who, deadline time.Time) error {
 		who.Op = name
 		return task(who, deadline)
 	}})

@@ -48,12 +48,12 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/gpu"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -100,7 +100,7 @@ func checkUserTag(op *Op) error {
 
 // p2pWho names a send or recv with its peer, for errors.
 func p2pWho(op *Op) string {
-	if op.Kind == coll.Send {
+	if op.Kind == ops.Send {
 		return fmt.Sprintf("send to rank %d", op.Peer)
 	}
 	return fmt.Sprintf("recv from rank %d", op.Peer)
@@ -113,7 +113,7 @@ func p2pWho(op *Op) string {
 // that expected another drains the message and writes nothing). The
 // returned Work is complete.
 func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
-	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+	if err := ops.Check(op, e.Rank, e.Size); err != nil {
 		return nil, err
 	}
 	if err := checkUserTag(op); err != nil {
@@ -141,7 +141,7 @@ func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool
 	timeout := uint64(e.Timeout.Nanoseconds())
 	p.used.Store(true)
 	count := &e.p2p.sends
-	if op.Kind == coll.Send {
+	if op.Kind == ops.Send {
 		err = p.ch.Send(p.send, cuda.Stream(stream), op.In, n, op.Tag, timeout)
 	} else {
 		count = &e.p2p.recvs
@@ -429,17 +429,17 @@ func (m *p2pMailbox) Exchange(step string, msg []byte) ([]byte, error) {
 	out, in := make([]byte, p2pFrameBytes), make([]byte, p2pFrameBytes)
 	binary.LittleEndian.PutUint32(out, uint32(len(msg)))
 	copy(out[4:], msg)
-	op := func(k coll.Kind, buf []byte) Op {
+	op := func(k ops.Kind, buf []byte) Op {
 		a := uintptr(unsafe.Pointer(&buf[0]))
 		o := Op{Kind: k, DType: dtype.Uint8, Peer: m.peer, Tag: p2pSetupTag, Count: len(buf)}
-		if k == coll.Send {
+		if k == ops.Send {
 			o.In = a
 		} else {
 			o.Out = a
 		}
 		return o
 	}
-	so, ro := op(coll.Send, out), op(coll.Recv, in)
+	so, ro := op(ops.Send, out), op(ops.Recv, in)
 	sw, err := m.e.post(&so, true)
 	if err != nil {
 		return nil, err

@@ -9,9 +9,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -22,10 +22,10 @@ import (
 func TestP2PMailboxExchange(t *testing.T) {
 	eps := group(t, 2, 10*time.Second)
 	early := []float32{1, 2, 3}
-	s, err := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 3, In: addr(early), Tag: 5})
+	s, err := eps[0].Post(&Op{Kind: ops.Send, Peer: 1, Count: 3, In: addr(early), Tag: 5})
 	require.NoError(t, err)
 	during, gotDuring := []float32{7, 8}, poisoned(2)
-	r, err := eps[0].Post(&Op{Kind: coll.Recv, Peer: 1, Count: 2, Out: addr(gotDuring), Tag: 6})
+	r, err := eps[0].Post(&Op{Kind: ops.Recv, Peer: 1, Count: 2, Out: addr(gotDuring), Tag: 6})
 	require.NoError(t, err)
 	msgs := [2][][]byte{{[]byte("hello from 0"), {}}, {make([]byte, p2pFrameBytes-4), {1}}}
 	for i := range msgs[1][0] {
@@ -49,7 +49,7 @@ func TestP2PMailboxExchange(t *testing.T) {
 			}
 		}()
 	}
-	s1, err := eps[1].Post(&Op{Kind: coll.Send, Peer: 0, Count: 2, In: addr(during), Tag: 6})
+	s1, err := eps[1].Post(&Op{Kind: ops.Send, Peer: 0, Count: 2, In: addr(during), Tag: 6})
 	require.NoError(t, err)
 	wg.Wait()
 	require.Equal(t, [2]error{}, errs)
@@ -59,7 +59,7 @@ func TestP2PMailboxExchange(t *testing.T) {
 	require.ErrorContains(t, err, "does not fit")
 
 	gotEarly := poisoned(3)
-	r1, err := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 3, Out: addr(gotEarly), Tag: 5})
+	r1, err := eps[1].Post(&Op{Kind: ops.Recv, Peer: 0, Count: 3, Out: addr(gotEarly), Tag: 5})
 	require.NoError(t, err)
 	waitAll(t, s, r, s1, r1)
 	require.Equal(t, early, gotEarly)
@@ -71,8 +71,8 @@ func TestP2PSetupTagIsReserved(t *testing.T) {
 	eps := group(t, 2, 5*time.Second)
 	buf := make([]float32, 4)
 	for _, op := range []*Op{
-		{Kind: coll.Send, Peer: 1, Count: 4, In: addr(buf), Tag: p2pSetupTag},
-		{Kind: coll.Recv, Peer: 1, Count: 4, Out: addr(buf), Tag: p2pSetupTag},
+		{Kind: ops.Send, Peer: 1, Count: 4, In: addr(buf), Tag: p2pSetupTag},
+		{Kind: ops.Recv, Peer: 1, Count: 4, Out: addr(buf), Tag: p2pSetupTag},
 	} {
 		_, err := eps[0].Post(op)
 		require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
@@ -94,9 +94,9 @@ func TestCUDAP2PWithoutCUDA(t *testing.T) {
 	a, b := []float32{1, 2, 3}, poisoned(3)
 	mk := func(r int) *Op {
 		if r == 0 {
-			return &Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 3, In: addr(a)}
+			return &Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 3, In: addr(a)}
 		}
-		return &Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 0, Count: 3, Out: addr(b)}
+		return &Op{Kind: ops.Recv, DType: dtype.Float32, Peer: 0, Count: 3, Out: addr(b)}
 	}
 	dev := func(int) int { return 0 }
 	str := func(int) uintptr { return 0 }
@@ -126,11 +126,11 @@ func TestCUDAP2PHandshakeTimeoutNamesThePeer(t *testing.T) {
 	eps := group(t, 2, 300*time.Millisecond)
 	eps[1].team.Abort() // its listener stops
 	buf := make([]float32, 4)
-	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	_, err := eps[0].PostCUDA(&Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 	require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
 	require.ErrorContains(t, err, "setting up the CUDA p2p channel")
 	require.ErrorContains(t, err, "rank 1")
-	_, err = eps[0].Post(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 4, In: addr(buf), Out: addr(buf)})
+	_, err = eps[0].Post(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 4, In: addr(buf), Out: addr(buf)})
 	require.ErrorContains(t, err, "broken")
 }
 
@@ -140,7 +140,7 @@ func TestCUDAP2PFirstOpRefusedUnderCapture(t *testing.T) {
 	eps := group(t, 2, 5*time.Second)
 	buf := make([]float32, 4)
 	start := time.Now()
-	_, err := eps[0].PostCUDA(&Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 1, Count: 4, Out: addr(buf)}, 0, 0, true)
+	_, err := eps[0].PostCUDA(&Op{Kind: ops.Recv, DType: dtype.Float32, Peer: 1, Count: 4, Out: addr(buf)}, 0, 0, true)
 	require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
 	require.ErrorContains(t, err, "run one before capturing")
 	require.Less(t, time.Since(start), time.Second)
@@ -151,7 +151,7 @@ func TestCUDAP2PFirstOpRefusedUnderCapture(t *testing.T) {
 func requireHostAllReduce(t *testing.T, eps []*Endpoint) {
 	bufs := [][]float32{{1}, {2}}
 	require.Equal(t, []error{nil, nil}, postAll(t, eps, func(r int) *Op {
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
+		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
 	}))
 	require.Equal(t, [][]float32{{3}, {3}}, bufs)
 }
@@ -169,7 +169,7 @@ func TestCUDAP2PDeviceErrorFailsLaterOps(t *testing.T) {
 	ep.p2p.peers = []*p2pPeer{nil, {done: done, ch: cuda.P2PChannelAt(cuda.ErrorWordsAt(&words))}}
 	t.Cleanup(func() { ep.p2p.peers = nil })
 	buf := make([]float32, 999)
-	recv := &Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 1, Count: 999, Out: addr(buf)}
+	recv := &Op{Kind: ops.Recv, DType: dtype.Float32, Peer: 1, Count: 999, Out: addr(buf)}
 	require.NoError(t, ep.DeviceError())
 	require.NotContains(t, ep.StatsMap(), "gpu_p2p_error")
 
@@ -204,7 +204,7 @@ func TestCUDAP2PPeerWithoutDeviceRefuses(t *testing.T) {
 	eps := group(t, 2, 600*time.Millisecond)
 	buf := make([]float32, 4)
 	start := time.Now()
-	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	_, err := eps[0].PostCUDA(&Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 	require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
 	require.Greater(t, time.Since(start), 300*time.Millisecond, "rank 1 waited for a device")
 	require.Less(t, time.Since(start), 600*time.Millisecond)
@@ -214,7 +214,7 @@ func TestCUDAP2PPeerWithoutDeviceRefuses(t *testing.T) {
 		return eps[1].p2p.peers != nil && eps[1].p2p.peers[0] != nil && isDone(eps[1].p2p.peers[0].done)
 	}, 5*time.Second, time.Millisecond)
 	require.EqualValues(t, 1, eps[1].StatsMap()["gpu_p2p_answered"])
-	_, err = eps[1].PostCUDA(&Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 0, Count: 4, Out: addr(buf)}, 0, 0, false)
+	_, err = eps[1].PostCUDA(&Op{Kind: ops.Recv, DType: dtype.Float32, Peer: 0, Count: 4, Out: addr(buf)}, 0, 0, false)
 	require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
 	require.ErrorContains(t, err, "recv from rank 0 on cuda:0")
 	require.ErrorContains(t, err, "rank 0 asked for")
@@ -230,7 +230,7 @@ func TestCUDAP2PDestroyStopsTheResponder(t *testing.T) {
 	buf := make([]float32, 4)
 	asked := make(chan error, 1)
 	go func() {
-		_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+		_, err := eps[0].PostCUDA(&Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 		asked <- err
 	}()
 	require.Eventually(t, func() bool { return eps[1].p2p.answered.Load() == 1 }, 5*time.Second, time.Millisecond)
@@ -266,7 +266,7 @@ func TestCUDAP2PResponderTakesTheProcessDevice(t *testing.T) {
 	eps := group(t, 2, 4*time.Second)
 	buf := make([]float32, 4)
 	start := time.Now()
-	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	_, err := eps[0].PostCUDA(&Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 	if cudaDevices() == 0 {
 		require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/gpu"
 	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -26,10 +27,10 @@ import (
 const Version = "0.1.0"
 
 // Op re-exports the operation description.
-type Op = coll.Op
+type Op = ops.Op
 
 // Piece re-exports a (address, count) piece.
-type Piece = coll.Piece
+type Piece = ops.Piece
 
 // Config holds the tunables read from the environment at creation
 // (internal/config's table says what each accepts).
@@ -204,8 +205,8 @@ func (e *Endpoint) Run(op *Op) error {
 // post is Post; kick says whether the worker should take the op if nobody
 // claims it soon (async callers) or not (a caller that waits at once).
 func (e *Endpoint) post(op *Op, kick bool) (*Work, error) {
-	coll.Even(op, e.Size)
-	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+	ops.Even(op, e.Size)
+	if err := ops.Check(op, e.Rank, e.Size); err != nil {
 		return nil, err
 	}
 	if err := hostReduceSupport(op); err != nil {
@@ -222,12 +223,12 @@ func (e *Endpoint) post(op *Op, kick bool) (*Work, error) {
 	w := &Work{op: *op, done: make(chan struct{})}
 	var q *queue
 	switch op.Kind {
-	case coll.Send:
+	case ops.Send:
 		q = e.peerQueue(e.sends, op.Peer, e.runSend)
 		e.p2pSeq[op.Peer]++
 		w.op.Seq = e.p2pSeq[op.Peer]
-	case coll.Recv:
-		if op.Peer == coll.AnySource {
+	case ops.Recv:
+		if op.Peer == ops.AnySource {
 			e.postAnyRecv(w)
 			return w, nil
 		}
