@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gosym/gosym/gobackend/internal/dtype"
-	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/ops"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 )
 
 // shared returns n float32s of shareable memory (gosym.empty's memory).
@@ -137,7 +137,7 @@ func TestBindFaultsFallBackAndLeakNothing(t *testing.T) {
 		return nil
 	}
 	defer func() { memreg.BindFault = nil }()
-	fds, regions := openFDs(), host.LiveRegions()
+	fds, regions := openFDs(), shm.LiveRegions()
 	for i = 0; i < 1000; i++ {
 		for r := range bufs {
 			for j := range bufs[r] {
@@ -152,7 +152,7 @@ func TestBindFaultsFallBackAndLeakNothing(t *testing.T) {
 			require.Equal(t, float32(1+2*5), bufs[r][5])
 		}
 		require.Equal(t, fds, openFDs(), "fds flat at op %d", i)
-		require.Equal(t, regions, host.LiveRegions()-eps[0].bind.Stats()["peer_maps"]-eps[1].bind.Stats()["peer_maps"], "mappings flat at op %d", i)
+		require.Equal(t, regions, shm.LiveRegions()-eps[0].bind.Stats()["peer_maps"]-eps[1].bind.Stats()["peer_maps"], "mappings flat at op %d", i)
 	}
 	require.Equal(t, int64(0), eps[0].bind.Stats()["bindings_created"])
 	memreg.BindFault = nil

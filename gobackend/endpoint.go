@@ -19,6 +19,7 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/ops"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -385,7 +386,7 @@ func (e *Endpoint) StatsMap() map[string]any {
 // ProcessStats reports process-wide live resources (for leak tests).
 func ProcessStats() map[string]any {
 	return map[string]any{
-		"endpoints": liveEndpoints.Load(), "regions": host.LiveRegions(), "memfds": host.LiveFDs(),
+		"endpoints": liveEndpoints.Load(), "regions": shm.LiveRegions(), "memfds": shm.LiveFDs(),
 		"auth_rejected": comm.Rejected.Load(), "goroutines": runtime.NumGoroutine(),
 	}
 }
