@@ -6,6 +6,7 @@ package gpu
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 )
@@ -179,3 +180,33 @@ func (g *Device) privately(enqueue func(s cuda.Stream) error) error {
 	}
 	return g.d.StreamSynchronize(g.ctx, s)
 }
+
+// processDevice is the CUDA device of this process's CUDA ops on any
+// group (ordinal + 1; 0: none yet; -1: more than one). A p2p responder of
+// a group that has run no CUDA op yet takes it (p2p_setup.go).
+var processDevice atomic.Int32
+
+// NoteProcessDevice records a CUDA op on device (every CUDA op the
+// endpoint takes, collective or not).
+func NoteProcessDevice(device int) {
+	v := int32(device) + 1
+	for {
+		old := processDevice.Load()
+		if old == v || old == -1 {
+			return
+		}
+		next := v
+		if old != 0 {
+			next = -1
+		}
+		if processDevice.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// SetProcessDevice sets what NoteProcessDevice records (ordinal + 1, 0
+// none, -1 several) and returns what it was: for tests whose simulated
+// ranks share one process, where no responder may take another rank's
+// device.
+func SetProcessDevice(v int32) (old int32) { return processDevice.Swap(v) }

@@ -2,9 +2,11 @@
 // and settings (config.go), this process's devices and their kernels
 // (device.go), the group's symmetric GPU buffers (team.go) and their setup
 // (plane.go), the collectives (ops.go, direct.go, sema.go), registered
-// memory (reg.go, pages.go, mem.go) and the order of ops across streams
-// (order.go). It reaches its endpoint only through Group and Peers
-// (plane.go); all ops are stream-ordered on the caller's stream.
+// memory (reg.go, pages.go, mem.go), the order of ops across streams
+// (order.go) and send/recv over a channel per pair of ranks (p2p.go,
+// p2p_setup.go, p2p_close.go). It reaches its endpoint only through Group
+// and Peers (plane.go) and, for send/recv, P2PLink (p2p.go); all ops are
+// stream-ordered on the caller's stream.
 //
 // The first CUDA op of a group sets it up on every rank (collectives run in
 // the same order everywhere, so every rank reaches that op): each rank
