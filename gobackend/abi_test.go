@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -37,12 +37,12 @@ var goABI = map[string]int64{
 	"GOSYM_RED_MIN": int64(dtype.Min), "GOSYM_RED_MAX": int64(dtype.Max), "GOSYM_RED_PREMUL_SUM": int64(dtype.PremulSum),
 	"GOSYM_RED_BAND": int64(dtype.BAnd), "GOSYM_RED_BOR": int64(dtype.BOr), "GOSYM_RED_BXOR": int64(dtype.BXor),
 
-	"GOSYM_OP_BARRIER": int64(coll.Barrier), "GOSYM_OP_ALLREDUCE": int64(coll.AllReduce),
-	"GOSYM_OP_REDUCE": int64(coll.Reduce), "GOSYM_OP_BROADCAST": int64(coll.Broadcast),
-	"GOSYM_OP_ALLGATHER": int64(coll.AllGather), "GOSYM_OP_REDUCE_SCATTER": int64(coll.ReduceScatter),
-	"GOSYM_OP_ALLTOALL": int64(coll.AllToAll), "GOSYM_OP_GATHER": int64(coll.Gather),
-	"GOSYM_OP_SCATTER": int64(coll.Scatter), "GOSYM_OP_SEND": int64(coll.Send), "GOSYM_OP_RECV": int64(coll.Recv),
-	"GOSYM_ANY_SOURCE": int64(coll.AnySource),
+	"GOSYM_OP_BARRIER": int64(ops.Barrier), "GOSYM_OP_ALLREDUCE": int64(ops.AllReduce),
+	"GOSYM_OP_REDUCE": int64(ops.Reduce), "GOSYM_OP_BROADCAST": int64(ops.Broadcast),
+	"GOSYM_OP_ALLGATHER": int64(ops.AllGather), "GOSYM_OP_REDUCE_SCATTER": int64(ops.ReduceScatter),
+	"GOSYM_OP_ALLTOALL": int64(ops.AllToAll), "GOSYM_OP_GATHER": int64(ops.Gather),
+	"GOSYM_OP_SCATTER": int64(ops.Scatter), "GOSYM_OP_SEND": int64(ops.Send), "GOSYM_OP_RECV": int64(ops.Recv),
+	"GOSYM_ANY_SOURCE": int64(ops.AnySource),
 }
 
 // headerABI parses the integer #defines of cabi/gosym.h: "#define NAME 1",

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -32,12 +32,12 @@ func TestRecvAnySource(t *testing.T) {
 		// first message of tag 4 is its own, though receives from any source
 		// of tag 4 wait too.
 		named, one := poisoned(3), []float32{9, 8, 7}
-		rn, err := eps[0].Post(&Op{Kind: coll.Recv, Peer: 1, Count: 3, Out: addr(named), Tag: 4})
+		rn, err := eps[0].Post(&Op{Kind: ops.Recv, Peer: 1, Count: 3, Out: addr(named), Tag: 4})
 		require.NoError(t, err)
 		var sends []*Work
 		for r := 1; r < world; r++ {
 			if r%2 == 0 { // these arrive before the receive is posted: stashed
-				s, err := eps[r].Post(&Op{Kind: coll.Send, Peer: 0, Count: n, In: addr(msgs[r]), Tag: 4})
+				s, err := eps[r].Post(&Op{Kind: ops.Send, Peer: 0, Count: n, In: addr(msgs[r]), Tag: 4})
 				require.NoError(t, err)
 				sends = append(sends, s)
 			}
@@ -47,17 +47,17 @@ func TestRecvAnySource(t *testing.T) {
 		var recvs []*Work
 		for i := 1; i < world; i++ {
 			got[i], srcs[i] = poisoned(n), []int32{-1}
-			w, err := eps[0].Post(&Op{Kind: coll.Recv, Peer: coll.AnySource, Count: n, Out: addr(got[i]), Tag: 4,
+			w, err := eps[0].Post(&Op{Kind: ops.Recv, Peer: ops.AnySource, Count: n, Out: addr(got[i]), Tag: 4,
 				In: addrInt32(srcs[i])})
 			require.NoError(t, err)
 			recvs = append(recvs, w)
 		}
-		s, err := eps[1].Post(&Op{Kind: coll.Send, Peer: 0, Count: 3, In: addr(one), Tag: 4})
+		s, err := eps[1].Post(&Op{Kind: ops.Send, Peer: 0, Count: 3, In: addr(one), Tag: 4})
 		require.NoError(t, err)
 		sends = append(sends, s)
 		for r := 1; r < world; r++ {
 			if r%2 == 1 {
-				s, err := eps[r].Post(&Op{Kind: coll.Send, Peer: 0, Count: n, In: addr(msgs[r]), Tag: 4})
+				s, err := eps[r].Post(&Op{Kind: ops.Send, Peer: 0, Count: n, In: addr(msgs[r]), Tag: 4})
 				require.NoError(t, err)
 				sends = append(sends, s)
 			}
@@ -87,7 +87,7 @@ func TestRecvAnySourceTimesOut(t *testing.T) {
 	eps := group(t, 3, 500*time.Millisecond)
 	buf := poisoned(4)
 	start := time.Now()
-	w, err := eps[0].Post(&Op{Kind: coll.Recv, Peer: coll.AnySource, Count: 4, Out: addr(buf), Tag: 1})
+	w, err := eps[0].Post(&Op{Kind: ops.Recv, Peer: ops.AnySource, Count: 4, Out: addr(buf), Tag: 1})
 	require.NoError(t, err)
 	err = w.Wait(-1)
 	require.Equal(t, status.Timeout, status.CodeOf(err))
@@ -100,7 +100,7 @@ func TestRecvAnySourceTimesOut(t *testing.T) {
 func TestRecvAnySourceFailsOnDestroy(t *testing.T) {
 	eps := group(t, 2, 10*time.Second)
 	buf := poisoned(4)
-	w, err := eps[0].Post(&Op{Kind: coll.Recv, Peer: coll.AnySource, Count: 4, Out: addr(buf)})
+	w, err := eps[0].Post(&Op{Kind: ops.Recv, Peer: ops.AnySource, Count: 4, Out: addr(buf)})
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
 	require.NoError(t, eps[0].Destroy())

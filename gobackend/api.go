@@ -1,8 +1,8 @@
 package gobackend
 
 import (
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -10,7 +10,7 @@ import (
 // the engine's internals.
 type (
 	// Kind is an operation (GOSYM_OP_*).
-	Kind = coll.Kind
+	Kind = ops.Kind
 	// DType is an element type (GOSYM_DTYPE_*).
 	DType = dtype.DType
 	// RedOp is a reduction operator (GOSYM_RED_*).

@@ -7,10 +7,10 @@ package gobackend
 import (
 	"time"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/gpu"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -19,24 +19,24 @@ import (
 // negative device means host memory, as Post); capturing says the stream
 // is being captured into a CUDA graph. The op is enqueued on stream before
 // PostCUDA returns, after every collective posted before it (send and
-// recv: after the pair's earlier CUDA messages, see cuda_p2p.go); the
-// returned Work is already complete on the host.
+// recv: after the pair's earlier CUDA messages, see internal/gpu/p2p.go);
+// the returned Work is already complete on the host.
 func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
 	if device < 0 {
 		return e.Post(op)
 	}
-	if op.Kind == coll.Recv && op.Peer == coll.AnySource {
+	if op.Kind == ops.Recv && op.Peer == ops.AnySource {
 		return nil, status.Errorf(status.NotSupported, "gosym: recv from any source into CUDA memory: the engine matches CUDA messages per pair (the Python package learns the sender first)")
 	}
-	noteProcessDevice(device) // for the p2p responders of other groups
+	gpu.NoteProcessDevice(device) // for the p2p responders of other groups
 	if op.Kind.IsP2P() {
 		return e.runP2PCUDA(op, device, stream, capturing)
 	}
 	if err := gpu.KernelSupport(op); err != nil {
 		return nil, err
 	}
-	coll.Even(op, e.Size)
-	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+	ops.Even(op, e.Size)
+	if err := ops.Check(op, e.Rank, e.Size); err != nil {
 		return nil, err
 	}
 	if err := checkUBR(op); err != nil {
@@ -70,7 +70,7 @@ func (e *Endpoint) runQueued(op *Op, a gpu.Args) (*Work, error) {
 	e.stats.Posted.Add(1)
 	if e.coll.claimIdle() { // nothing can be queued ahead of op: posts hold e.mu
 		e.mu.Unlock()
-		w.err = e.finished(e.runCollOp(&w.op, a, true))
+		w.err = e.finished(e.runGPU(&w.op, a))
 		e.coll.unclaim()
 		w.done = closedDone
 	} else {
@@ -86,6 +86,23 @@ func (e *Endpoint) runQueued(op *Op, a gpu.Args) (*Work, error) {
 	return w, nil
 }
 
+// runGPU runs a CUDA op or group task with its arguments a in its turn on
+// the collective queue.
+func (e *Endpoint) runGPU(op *Op, a gpu.Args) error {
+	e.stats.Barriers.Add(1)
+	deadline := time.Now().Add(e.Timeout)
+	if a.Task != nil {
+		return a.Task(op.Who(), deadline)
+	}
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return status.Errorf(status.Closed, "gosym: %s on a destroyed group", op.Kind)
+	}
+	return e.gpu.Run(e.gpuGroup(), op, a, deadline)
+}
+
 // RunCUDA is Run for an op that PostCUDA takes: a host op (device < 0) runs
 // to completion; a CUDA op is done on the host once it is enqueued.
 func (e *Endpoint) RunCUDA(op *Op, device int, stream uintptr, capturing bool) error {
@@ -99,22 +116,39 @@ func (e *Endpoint) RunCUDA(op *Op, device int, stream uintptr, capturing bool) e
 // runTask runs task on every rank in collective order, as the op named
 // name: it may talk to the peers (links, team barriers) like a collective.
 func (e *Endpoint) runTask(name string, task func(who symm.Who, deadline time.Time) error) error {
-	_, err := e.runQueued(&Op{Kind: coll.Barrier}, gpu.Args{Device: -1, Task: func(who symm.Who, deadline time.Time) error {
+	_, err := e.runQueued(&Op{Kind: ops.Barrier}, gpu.Args{Device: -1, Task: func(who symm.Who, deadline time.Time) error {
 		who.Op = name
 		return task(who, deadline)
 	}})
 	return err
 }
 
-// runGPU runs a CUDA op on the collective queue.
-func (e *Endpoint) runGPU(op *Op, a gpu.Args, deadline time.Time) error {
-	e.mu.Lock()
-	closed := e.closed
-	e.mu.Unlock()
-	if closed {
-		return status.Errorf(status.Closed, "gosym: %s on a destroyed group", op.Kind)
+// runP2PCUDA enqueues a send or recv of CUDA device memory on stream
+// (capturing: the stream is being captured into a CUDA graph) over the
+// pair's channel (gpu.P2P). The returned Work is complete.
+func (e *Endpoint) runP2PCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
+	if err := ops.Check(op, e.Rank, e.Size); err != nil {
+		return nil, err
 	}
-	return e.gpu.Run(e.gpuGroup(), op, a, deadline)
+	if err := checkUserTag(op); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	err := e.usable(op.Kind)
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if d := e.gpu.Ordinal(); d >= 0 && d != device {
+		return nil, status.Errorf(status.InvalidArg, "gosym: %s on cuda:%d, but group %q runs on cuda:%d on this rank (one device per rank and group)",
+			op.Kind, device, e.Name, d)
+	}
+	if err := e.p2p.Run(op, device, cuda.Stream(stream), capturing); err != nil {
+		return nil, err
+	}
+	e.stats.Posted.Add(1)
+	e.stats.Completed.Add(1)
+	return &Work{op: *op, done: closedDone}, nil
 }
 
 // gpuGroup is this endpoint as the CUDA plane sees it.
@@ -151,5 +185,5 @@ func (e *Endpoint) DeviceError() error {
 	if err := e.gpu.DeviceError(e.gpuGroup()); err != nil {
 		return err
 	}
-	return e.p2p.deviceError(e)
+	return e.p2p.DeviceError()
 }

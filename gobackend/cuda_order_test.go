@@ -12,10 +12,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
 	"github.com/gosym/gosym/gobackend/internal/gpu"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
 // simRank is one simulated rank's device and streams on the fake driver.
@@ -134,8 +134,8 @@ func TestGPUOrderAcrossStreams(t *testing.T) {
 			if r == held {
 				require.NoError(t, fr.g.Driver().StreamWaitValue32(fr.g.Context(), fr.streams[0], uintptr(unsafe.Pointer(&gate[0])), 1, cuda.WaitGEQ))
 			}
-			ag := &Op{Kind: coll.AllGather, Count: n, In: addr(in[r][r*n:]), Out: addr(agOut[r])}
-			rs := &Op{Kind: coll.ReduceScatter, Count: n, In: addr(in[r]), Out: addr(rsOut[r])}
+			ag := &Op{Kind: ops.AllGather, Count: n, In: addr(in[r][r*n:]), Out: addr(agOut[r])}
+			rs := &Op{Kind: ops.ReduceScatter, Count: n, In: addr(in[r]), Out: addr(rsOut[r])}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()

@@ -10,11 +10,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/gpu"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
 // The CUDA point-to-point patterns that NCCL completes, on simulated ranks
@@ -150,9 +150,9 @@ func runP2PProgram(t *testing.T, ranks []*p2pRank, prog [][]p2pStep, delay []tim
 				time.Sleep(delay[r])
 			}
 			for i, s := range steps {
-				op := &Op{Kind: coll.Recv, DType: dtype.Float32, Peer: s.peer, Count: s.n, Out: bufs[r][i].ptr}
+				op := &Op{Kind: ops.Recv, DType: dtype.Float32, Peer: s.peer, Count: s.n, Out: bufs[r][i].ptr}
 				if s.send {
-					op = &Op{Kind: coll.Send, DType: dtype.Float32, Peer: s.peer, Count: s.n, In: bufs[r][i].ptr}
+					op = &Op{Kind: ops.Send, DType: dtype.Float32, Peer: s.peer, Count: s.n, In: bufs[r][i].ptr}
 				}
 				if _, err := ranks[r].ep.PostCUDA(op, ranks[r].device, uintptr(streams[i]), false); err != nil {
 					errs[r] = fmt.Errorf("rank %d step %d (%+v): %w", r, i, s, err)

@@ -1,78 +1,24 @@
 package gobackend
 
 import (
-	"math/rand/v2"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
-	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/gpu"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
-
-// The handshake frames travel over the host p2p path under the reserved
-// tag, in both directions at once, and never disturb the pair's own
-// messages: one sent before the handshake and received after it, one
-// received while it runs.
-func TestP2PMailboxExchange(t *testing.T) {
-	eps := group(t, 2, 10*time.Second)
-	early := []float32{1, 2, 3}
-	s, err := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 3, In: addr(early), Tag: 5})
-	require.NoError(t, err)
-	during, gotDuring := []float32{7, 8}, poisoned(2)
-	r, err := eps[0].Post(&Op{Kind: coll.Recv, Peer: 1, Count: 2, Out: addr(gotDuring), Tag: 6})
-	require.NoError(t, err)
-	msgs := [2][][]byte{{[]byte("hello from 0"), {}}, {make([]byte, p2pFrameBytes-4), {1}}}
-	for i := range msgs[1][0] {
-		msgs[1][0][i] = byte(rand.Uint32())
-	}
-	var got [2][][]byte
-	var errs [2]error
-	var wg sync.WaitGroup
-	for rank := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m := &p2pMailbox{e: eps[rank], peer: 1 - rank, deadline: time.Now().Add(5 * time.Second)}
-			for _, msg := range msgs[rank] {
-				g, err := m.Exchange("step", msg)
-				if err != nil {
-					errs[rank] = err
-					return
-				}
-				got[rank] = append(got[rank], g)
-			}
-		}()
-	}
-	s1, err := eps[1].Post(&Op{Kind: coll.Send, Peer: 0, Count: 2, In: addr(during), Tag: 6})
-	require.NoError(t, err)
-	wg.Wait()
-	require.Equal(t, [2]error{}, errs)
-	require.Equal(t, msgs[1], got[0])
-	require.Equal(t, msgs[0], got[1])
-	_, err = (&p2pMailbox{e: eps[0], peer: 1}).Exchange("big", make([]byte, p2pFrameBytes))
-	require.ErrorContains(t, err, "does not fit")
-
-	gotEarly := poisoned(3)
-	r1, err := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 3, Out: addr(gotEarly), Tag: 5})
-	require.NoError(t, err)
-	waitAll(t, s, r, s1, r1)
-	require.Equal(t, early, gotEarly)
-	require.Equal(t, during, gotDuring)
-}
 
 // Callers cannot use the handshake's tag.
 func TestP2PSetupTagIsReserved(t *testing.T) {
 	eps := group(t, 2, 5*time.Second)
 	buf := make([]float32, 4)
 	for _, op := range []*Op{
-		{Kind: coll.Send, Peer: 1, Count: 4, In: addr(buf), Tag: p2pSetupTag},
-		{Kind: coll.Recv, Peer: 1, Count: 4, Out: addr(buf), Tag: p2pSetupTag},
+		{Kind: ops.Send, Peer: 1, Count: 4, In: addr(buf), Tag: p2pSetupTag},
+		{Kind: ops.Recv, Peer: 1, Count: 4, Out: addr(buf), Tag: p2pSetupTag},
 	} {
 		_, err := eps[0].Post(op)
 		require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
@@ -94,9 +40,9 @@ func TestCUDAP2PWithoutCUDA(t *testing.T) {
 	a, b := []float32{1, 2, 3}, poisoned(3)
 	mk := func(r int) *Op {
 		if r == 0 {
-			return &Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 3, In: addr(a)}
+			return &Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 3, In: addr(a)}
 		}
-		return &Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 0, Count: 3, Out: addr(b)}
+		return &Op{Kind: ops.Recv, DType: dtype.Float32, Peer: 0, Count: 3, Out: addr(b)}
 	}
 	dev := func(int) int { return 0 }
 	str := func(int) uintptr { return 0 }
@@ -126,11 +72,11 @@ func TestCUDAP2PHandshakeTimeoutNamesThePeer(t *testing.T) {
 	eps := group(t, 2, 300*time.Millisecond)
 	eps[1].team.Abort() // its listener stops
 	buf := make([]float32, 4)
-	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	_, err := eps[0].PostCUDA(&Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 	require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
 	require.ErrorContains(t, err, "setting up the CUDA p2p channel")
 	require.ErrorContains(t, err, "rank 1")
-	_, err = eps[0].Post(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 4, In: addr(buf), Out: addr(buf)})
+	_, err = eps[0].Post(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 4, In: addr(buf), Out: addr(buf)})
 	require.ErrorContains(t, err, "broken")
 }
 
@@ -140,7 +86,7 @@ func TestCUDAP2PFirstOpRefusedUnderCapture(t *testing.T) {
 	eps := group(t, 2, 5*time.Second)
 	buf := make([]float32, 4)
 	start := time.Now()
-	_, err := eps[0].PostCUDA(&Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 1, Count: 4, Out: addr(buf)}, 0, 0, true)
+	_, err := eps[0].PostCUDA(&Op{Kind: ops.Recv, DType: dtype.Float32, Peer: 1, Count: 4, Out: addr(buf)}, 0, 0, true)
 	require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
 	require.ErrorContains(t, err, "run one before capturing")
 	require.Less(t, time.Since(start), time.Second)
@@ -151,47 +97,9 @@ func TestCUDAP2PFirstOpRefusedUnderCapture(t *testing.T) {
 func requireHostAllReduce(t *testing.T, eps []*Endpoint) {
 	bufs := [][]float32{{1}, {2}}
 	require.Equal(t, []error{nil, nil}, postAll(t, eps, func(r int) *Op {
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
+		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
 	}))
 	require.Equal(t, [][]float32{{3}, {3}}, bufs)
-}
-
-// A mismatch a recv kernel recorded (written here as gs_p2p_error writes
-// it: the words, then the code) fails every later CUDA send/recv of the
-// pair with an error that gives the message's size and tag; DeviceError
-// and stats show it. A timeout is a Timeout. Nothing reaches a driver.
-func TestCUDAP2PDeviceErrorFailsLaterOps(t *testing.T) {
-	eps := group(t, 2, 5*time.Second)
-	ep := eps[0]
-	var words [cuda.HostErrorWords]uint32
-	done := make(chan struct{})
-	close(done)
-	ep.p2p.peers = []*p2pPeer{nil, {done: done, ch: cuda.P2PChannelAt(cuda.ErrorWordsAt(&words))}}
-	t.Cleanup(func() { ep.p2p.peers = nil })
-	buf := make([]float32, 999)
-	recv := &Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 1, Count: 999, Out: addr(buf)}
-	require.NoError(t, ep.DeviceError())
-	require.NotContains(t, ep.StatsMap(), "gpu_p2p_error")
-
-	atomic.StoreUint32(&words[2], 4000)
-	atomic.StoreUint32(&words[4], 7)
-	atomic.StoreUint32(&words[1], 5<<8)
-	atomic.StoreUint32(&words[0], cuda.ErrMismatch)
-	want := "a mismatch: rank 1 sent 4000 bytes with tag 7"
-	for try := 0; try < 2; try++ {
-		_, err := ep.PostCUDA(recv, 0, 0, false)
-		require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
-		require.ErrorContains(t, err, want)
-		require.ErrorContains(t, err, "between ranks 0 and 1")
-	}
-	require.ErrorContains(t, ep.DeviceError(), want)
-	require.Contains(t, ep.StatsMap()["gpu_p2p_error"], want)
-
-	atomic.StoreUint32(&words[1], 3<<8|1)
-	atomic.StoreUint32(&words[0], cuda.ErrTimeout)
-	_, err := ep.PostCUDA(recv, 0, 0, false)
-	require.Equal(t, status.Timeout, status.CodeOf(err), "%v", err)
-	require.ErrorContains(t, err, "block 3 waited for data (its sender did not send) from rank 1")
 }
 
 // A rank that has run no CUDA op on the group answers a peer's request
@@ -204,17 +112,14 @@ func TestCUDAP2PPeerWithoutDeviceRefuses(t *testing.T) {
 	eps := group(t, 2, 600*time.Millisecond)
 	buf := make([]float32, 4)
 	start := time.Now()
-	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	_, err := eps[0].PostCUDA(&Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 	require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
 	require.Greater(t, time.Since(start), 300*time.Millisecond, "rank 1 waited for a device")
 	require.Less(t, time.Since(start), 600*time.Millisecond)
-	require.Eventually(t, func() bool {
-		eps[1].p2p.mu.Lock()
-		defer eps[1].p2p.mu.Unlock()
-		return eps[1].p2p.peers != nil && eps[1].p2p.peers[0] != nil && isDone(eps[1].p2p.peers[0].done)
-	}, 5*time.Second, time.Millisecond)
 	require.EqualValues(t, 1, eps[1].StatsMap()["gpu_p2p_answered"])
-	_, err = eps[1].PostCUDA(&Op{Kind: coll.Recv, DType: dtype.Float32, Peer: 0, Count: 4, Out: addr(buf)}, 0, 0, false)
+	// Rank 1's own op meets its responder's channel (made before it refused
+	// rank 0) and waits for the responder to finish.
+	_, err = eps[1].PostCUDA(&Op{Kind: ops.Recv, DType: dtype.Float32, Peer: 0, Count: 4, Out: addr(buf)}, 0, 0, false)
 	require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
 	require.ErrorContains(t, err, "recv from rank 0 on cuda:0")
 	require.ErrorContains(t, err, "rank 0 asked for")
@@ -230,10 +135,10 @@ func TestCUDAP2PDestroyStopsTheResponder(t *testing.T) {
 	buf := make([]float32, 4)
 	asked := make(chan error, 1)
 	go func() {
-		_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+		_, err := eps[0].PostCUDA(&Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 		asked <- err
 	}()
-	require.Eventually(t, func() bool { return eps[1].p2p.answered.Load() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return eps[1].StatsMap()["gpu_p2p_answered"] == int64(1) }, 5*time.Second, time.Millisecond)
 	start := time.Now()
 	require.NoError(t, eps[1].Destroy())
 	require.Less(t, time.Since(start), 2*time.Second)
@@ -250,30 +155,23 @@ func TestCUDAP2PDestroyStopsTheResponder(t *testing.T) {
 // ranks share one process, so tests in which a responder must not take a
 // peer's device set -1.
 func withProcessDevice(t *testing.T, v int32) {
-	saved := processDevice.Load()
-	processDevice.Store(v)
-	t.Cleanup(func() { processDevice.Store(saved) })
+	saved := gpu.SetProcessDevice(v)
+	t.Cleanup(func() { gpu.SetProcessDevice(saved) })
 }
 
 // A new group whose rank ran CUDA ops on one device elsewhere in its
 // process answers on that device at once: the asker does not wait half
-// the timeout for it. Several devices in the process are no answer.
+// the timeout for it (gpu's TestNoteProcessDevice: several devices in the
+// process are no answer).
 func TestCUDAP2PResponderTakesTheProcessDevice(t *testing.T) {
-	withProcessDevice(t, 0)
-	noteProcessDevice(0)
-	noteProcessDevice(0)
-	require.EqualValues(t, 1, processDevice.Load())
+	withProcessDevice(t, 1) // cuda:0, as PostCUDA records it
 	eps := group(t, 2, 4*time.Second)
 	buf := make([]float32, 4)
 	start := time.Now()
-	_, err := eps[0].PostCUDA(&Op{Kind: coll.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
+	_, err := eps[0].PostCUDA(&Op{Kind: ops.Send, DType: dtype.Float32, Peer: 1, Count: 4, In: addr(buf)}, 0, 0, false)
 	if cudaDevices() == 0 {
 		require.Equal(t, status.NotSupported, status.CodeOf(err), "%v", err)
 	}
 	require.Less(t, time.Since(start), time.Second, "%v", err)
 	require.EqualValues(t, 1, eps[1].StatsMap()["gpu_p2p_answered"])
-	noteProcessDevice(1)
-	require.EqualValues(t, -1, processDevice.Load())
-	noteProcessDevice(0)
-	require.EqualValues(t, -1, processDevice.Load())
 }

@@ -7,9 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
 // TestGPUMismatchedArgsNamedOnEveryRank: one rank passes another count
@@ -32,8 +32,8 @@ func TestGPUMismatchedArgsNamedOnEveryRank(t *testing.T) {
 		oddSays   string
 		othersSay string
 	}{
-		{"count, odd rank last", false, Op{Kind: coll.AllReduce, Count: n / 2}, "all_reduce, 32 elements of float32, SUM", "all_reduce, 64 elements of float32, SUM"},
-		{"dtype, odd rank first", true, Op{Kind: coll.AllReduce, Count: n, DType: dtype.Int32}, "all_reduce, 64 elements of int32, SUM", "all_reduce, 64 elements of float32, SUM"},
+		{"count, odd rank last", false, Op{Kind: ops.AllReduce, Count: n / 2}, "all_reduce, 32 elements of float32, SUM", "all_reduce, 64 elements of float32, SUM"},
+		{"dtype, odd rank first", true, Op{Kind: ops.AllReduce, Count: n, DType: dtype.Int32}, "all_reduce, 64 elements of int32, SUM", "all_reduce, 64 elements of float32, SUM"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			eps := group(t, world, time.Minute) // a timeout would take a minute: the test allows 15 s
@@ -54,7 +54,7 @@ func TestGPUMismatchedArgsNamedOnEveryRank(t *testing.T) {
 				wg.Wait()
 				return errs
 			}
-			good := func(int) Op { return Op{Kind: coll.AllReduce, Count: n} }
+			good := func(int) Op { return Op{Kind: ops.AllReduce, Count: n} }
 			every := make([]int, world)
 			others := make([]int, 0, world)
 			for r := range every {

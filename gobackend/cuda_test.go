@@ -11,9 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -51,11 +51,11 @@ func TestPostCUDARefusesOtherOpsLocally(t *testing.T) {
 	buf := make([]float32, 8)
 	for _, op := range []*Op{
 		// NCCL reduces no int16, and has no bitwise ops.
-		{Kind: coll.ReduceScatter, DType: dtype.Int16, Count: 4, Out: addr(buf), InPieces: []Piece{{Addr: addr(buf), Count: 4}, {Addr: addr(buf[4:]), Count: 4}}},
-		{Kind: coll.AllReduce, DType: dtype.Int16, Count: 4, In: addr(buf), Out: addr(buf)},
-		{Kind: coll.AllReduce, DType: dtype.Int8, RedOp: dtype.BAnd, Count: 4, In: addr(buf), Out: addr(buf)},
-		{Kind: coll.AllReduce, DType: dtype.Int32, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
-		{Kind: coll.AllReduce, DType: dtype.Bool, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
+		{Kind: ops.ReduceScatter, DType: dtype.Int16, Count: 4, Out: addr(buf), InPieces: []Piece{{Addr: addr(buf), Count: 4}, {Addr: addr(buf[4:]), Count: 4}}},
+		{Kind: ops.AllReduce, DType: dtype.Int16, Count: 4, In: addr(buf), Out: addr(buf)},
+		{Kind: ops.AllReduce, DType: dtype.Int8, RedOp: dtype.BAnd, Count: 4, In: addr(buf), Out: addr(buf)},
+		{Kind: ops.AllReduce, DType: dtype.Int32, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
+		{Kind: ops.AllReduce, DType: dtype.Bool, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
 	} {
 		_, err := eps[0].PostCUDA(op, 0, 0, false)
 		require.Error(t, err, "%s %s", op.Kind, op.DType)
@@ -63,7 +63,7 @@ func TestPostCUDARefusesOtherOpsLocally(t *testing.T) {
 	}
 	// Nothing reached the peer: the group still runs host collectives.
 	errs := postAll(t, eps, func(r int) *Op {
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 4, In: addr(buf), Out: addr(buf)}
+		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 4, In: addr(buf), Out: addr(buf)}
 	})
 	require.Equal(t, []error{nil, nil}, errs)
 }
@@ -78,7 +78,7 @@ func TestCUDASetupFailureIsAgreedAndSticky(t *testing.T) {
 	eps := group(t, 2, 10*time.Second)
 	bufs := [][]float32{{1, 2, 3}, {10, 20, 30}}
 	arOp := func(r int) *Op {
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 3, In: addr(bufs[r]), Out: addr(bufs[r])}
+		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 3, In: addr(bufs[r]), Out: addr(bufs[r])}
 	}
 	dev := func(int) int { return 0 }
 	str := func(int) uintptr { return 0 }
@@ -89,7 +89,7 @@ func TestCUDASetupFailureIsAgreedAndSticky(t *testing.T) {
 			require.ErrorContains(t, err, "CUDA data plane is not available")
 		}
 	}
-	for r, err := range postCUDAAll(eps, dev, str, func(int) *Op { return &Op{Kind: coll.Barrier} }) {
+	for r, err := range postCUDAAll(eps, dev, str, func(int) *Op { return &Op{Kind: ops.Barrier} }) {
 		require.Equal(t, status.NotSupported, status.CodeOf(err), "rank %d: %v", r, err)
 	}
 	require.Equal(t, []error{nil, nil}, postAll(t, eps, arOp))
@@ -144,7 +144,7 @@ func TestCUDAAllReduce(t *testing.T) {
 				}
 				errs := postCUDAAll(eps, func(r int) int { return r % ndev }, func(r int) uintptr { return uintptr(rb[r].s) },
 					func(r int) *Op {
-						return &Op{Kind: coll.AllReduce, DType: dtype.Float32, RedOp: op, Count: count, In: rb[r].buf, Out: rb[r].buf}
+						return &Op{Kind: ops.AllReduce, DType: dtype.Float32, RedOp: op, Count: count, In: rb[r].buf, Out: rb[r].buf}
 					})
 				require.Equal(t, []error{nil, nil}, errs)
 				for r := range rb {
@@ -164,11 +164,11 @@ func TestCUDAAllReduce(t *testing.T) {
 		}
 	}
 	errs := postCUDAAll(eps, func(r int) int { return r % ndev }, func(r int) uintptr { return uintptr(rb[r].s) },
-		func(int) *Op { return &Op{Kind: coll.Barrier} })
+		func(int) *Op { return &Op{Kind: ops.Barrier} })
 	require.Equal(t, []error{nil, nil}, errs)
 	// A CUDA op on another device than the group's is refused.
 	if ndev > 1 {
-		_, err := eps[0].PostCUDA(&Op{Kind: coll.Barrier}, 1, 0, false)
+		_, err := eps[0].PostCUDA(&Op{Kind: ops.Barrier}, 1, 0, false)
 		require.Equal(t, status.InvalidArg, status.CodeOf(err), "%v", err)
 		require.False(t, errors.Is(err, cuda.ErrNoCUDA))
 	}

@@ -9,10 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
-	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
+	"github.com/gosym/gosym/gobackend/internal/ops"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 )
 
 // shared returns n float32s of shareable memory (gosym.empty's memory).
@@ -47,7 +47,7 @@ func TestCollectivesZeroCopy(t *testing.T) {
 						before := eps[0].bind.Stats()
 						runCase(t, eps, c, n, in)
 						after := eps[0].bind.Stats()
-						if c.kind != coll.Broadcast && c.kind != coll.Scatter && n > 1 { // rank 0 contributes data
+						if c.kind != ops.Broadcast && c.kind != ops.Scatter && n > 1 { // rank 0 contributes data
 							created := after["bindings_created"] - before["bindings_created"]
 							if rep == 0 {
 								require.Equal(t, int64(1), created, "first op binds rank 0's input")
@@ -79,7 +79,7 @@ func TestAllReduceZeroCopyInPlace(t *testing.T) {
 		}
 		want := sumAt(bufs, 0, n)
 		errs := postAll(t, eps, func(r int) *Op {
-			return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: n, In: addr(bufs[r]), Out: addr(bufs[r])}
+			return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: n, In: addr(bufs[r]), Out: addr(bufs[r])}
 		})
 		for r := range eps {
 			require.NoError(t, errs[r])
@@ -103,7 +103,7 @@ func TestUnmapRetiresPeerMappings(t *testing.T) {
 	bufs := [][]float32{buf, other}
 	run := func() {
 		errs := postAll(t, eps, func(r int) *Op {
-			return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 16, In: addr(bufs[r]), Out: addr(bufs[r])}
+			return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 16, In: addr(bufs[r]), Out: addr(bufs[r])}
 		})
 		for _, err := range errs {
 			require.NoError(t, err)
@@ -137,7 +137,7 @@ func TestBindFaultsFallBackAndLeakNothing(t *testing.T) {
 		return nil
 	}
 	defer func() { memreg.BindFault = nil }()
-	fds, regions := openFDs(), host.LiveRegions()
+	fds, regions := openFDs(), shm.LiveRegions()
 	for i = 0; i < 1000; i++ {
 		for r := range bufs {
 			for j := range bufs[r] {
@@ -145,19 +145,19 @@ func TestBindFaultsFallBackAndLeakNothing(t *testing.T) {
 			}
 		}
 		errs := postAll(t, eps, func(r int) *Op {
-			return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 64, In: addr(bufs[r]), Out: addr(bufs[r])}
+			return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 64, In: addr(bufs[r]), Out: addr(bufs[r])}
 		})
 		for r := range eps {
 			require.NoError(t, errs[r])
 			require.Equal(t, float32(1+2*5), bufs[r][5])
 		}
 		require.Equal(t, fds, openFDs(), "fds flat at op %d", i)
-		require.Equal(t, regions, host.LiveRegions()-eps[0].bind.Stats()["peer_maps"]-eps[1].bind.Stats()["peer_maps"], "mappings flat at op %d", i)
+		require.Equal(t, regions, shm.LiveRegions()-eps[0].bind.Stats()["peer_maps"]-eps[1].bind.Stats()["peer_maps"], "mappings flat at op %d", i)
 	}
 	require.Equal(t, int64(0), eps[0].bind.Stats()["bindings_created"])
 	memreg.BindFault = nil
 	errs := postAll(t, eps, func(r int) *Op {
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 64, In: addr(bufs[r]), Out: addr(bufs[r])}
+		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 64, In: addr(bufs[r]), Out: addr(bufs[r])}
 	})
 	require.NoError(t, errs[0])
 	require.Equal(t, int64(1), eps[0].bind.Stats()["bindings_created"], "binds once the faults stop")

@@ -1,7 +1,7 @@
 package gobackend
 
 import (
-	"github.com/gosym/gosym/gobackend/internal/coll"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -10,7 +10,7 @@ import (
 // NCCL reduces and Gloo does not.
 func hostReduceSupport(op *Op) error {
 	switch op.Kind {
-	case coll.AllReduce, coll.Reduce, coll.ReduceScatter:
+	case ops.AllReduce, ops.Reduce, ops.ReduceScatter:
 		if op.DType.IsFloat8() {
 			return status.Errorf(status.NotSupported, "gosym: %s of %s on CPU tensors is not supported (Gloo has no fp8 reductions; CUDA tensors reduce it)",
 				op.Kind, op.DType)

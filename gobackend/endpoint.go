@@ -6,6 +6,7 @@ package gobackend
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"sync"
@@ -18,6 +19,8 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/gpu"
 	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
+	"github.com/gosym/gosym/gobackend/internal/ops"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -26,10 +29,10 @@ import (
 const Version = "0.1.0"
 
 // Op re-exports the operation description.
-type Op = coll.Op
+type Op = ops.Op
 
 // Piece re-exports a (address, count) piece.
-type Piece = coll.Piece
+type Piece = ops.Piece
 
 // Config holds the tunables read from the environment at creation
 // (internal/config's table says what each accepts).
@@ -68,19 +71,20 @@ type Endpoint struct {
 	exec *coll.Exec
 	bind *memreg.Binder
 
-	mu      sync.Mutex
-	closed  bool
-	broken  error // first failure that left the peers out of step
-	seq     uint64
-	p2pSeq  []uint64
-	coll    *queue
-	sends   []*queue
-	recvs   []*inbox
-	anys    anyRecvs // receives from any source (anysource.go)
-	workers sync.WaitGroup
-	gpu     gpu.State // the CUDA data plane (internal/gpu, cuda.go)
-	p2p     gpuP2P    // send/recv on CUDA memory (gpu_p2p.go)
-	views   viewCache // contiguous views of GPU buffers (view.go)
+	mu       sync.Mutex
+	closed   bool
+	broken   error // first failure that left the peers out of step
+	seq      uint64
+	p2pSeq   []uint64
+	coll     *queue
+	sends    []*queue
+	recvs    []*inbox
+	anys     anyRecvs // receives from any source (anysource.go)
+	workers  sync.WaitGroup
+	gpu      gpu.State      // the CUDA data plane (internal/gpu, cuda.go)
+	p2p      gpu.P2P        // send/recv on CUDA memory (internal/gpu/p2p.go, handshake.go)
+	stranded strandedFrames // frames of failed p2p handshakes (handshake.go)
+	views    viewCache      // contiguous views of GPU buffers (view.go)
 
 	stats Stats
 }
@@ -173,7 +177,12 @@ func (e *Endpoint) Connect(blobs [][]byte) error {
 	e.coll = e.startQueue(e.runColl)
 	e.sends = make([]*queue, e.Size)
 	e.recvs = make([]*inbox, e.Size)
-	e.p2p.startListener(e)
+	e.p2p.Init(e.gpuGroup(), p2pLink{Team: team, e: e}, &e.gpu)
+	e.workers.Add(1) // Destroy's Abort stops the listener
+	go func() {
+		defer e.workers.Done()
+		e.p2p.Listen()
+	}()
 	return nil
 }
 
@@ -201,11 +210,24 @@ func (e *Endpoint) Run(op *Op) error {
 	return w.Wait(-1)
 }
 
+// p2pSetupTag marks the host messages of a CUDA p2p channel's handshake
+// (handshake.go). Post and Run refuse it for callers' messages, so the two
+// can never be confused.
+const p2pSetupTag = math.MinInt64
+
+// checkUserTag refuses the tag the channel handshake reserves.
+func checkUserTag(op *Op) error {
+	if op.Kind.IsP2P() && op.Tag == p2pSetupTag {
+		return status.Errorf(status.InvalidArg, "gosym: %s: tag %d is reserved by gosym", op.Kind, op.Tag)
+	}
+	return nil
+}
+
 // post is Post; kick says whether the worker should take the op if nobody
 // claims it soon (async callers) or not (a caller that waits at once).
 func (e *Endpoint) post(op *Op, kick bool) (*Work, error) {
-	coll.Even(op, e.Size)
-	if err := coll.Check(op, e.Rank, e.Size); err != nil {
+	ops.Even(op, e.Size)
+	if err := ops.Check(op, e.Rank, e.Size); err != nil {
 		return nil, err
 	}
 	if err := hostReduceSupport(op); err != nil {
@@ -222,12 +244,12 @@ func (e *Endpoint) post(op *Op, kick bool) (*Work, error) {
 	w := &Work{op: *op, done: make(chan struct{})}
 	var q *queue
 	switch op.Kind {
-	case coll.Send:
+	case ops.Send:
 		q = e.peerQueue(e.sends, op.Peer, e.runSend)
 		e.p2pSeq[op.Peer]++
 		w.op.Seq = e.p2pSeq[op.Peer]
-	case coll.Recv:
-		if op.Peer == coll.AnySource {
+	case ops.Recv:
+		if op.Peer == ops.AnySource {
 			e.postAnyRecv(w)
 			return w, nil
 		}
@@ -276,17 +298,13 @@ func (e *Endpoint) runColl(w *Work) error {
 }
 
 // runCollOp runs collective op in its turn: a host op, or (cudaOp) a CUDA
-// op or group task with its arguments a.
+// op or group task with its arguments a (runGPU).
 func (e *Endpoint) runCollOp(op *Op, a gpu.Args, cudaOp bool) error {
-	e.stats.Barriers.Add(1)
-	deadline := time.Now().Add(e.Timeout)
-	switch {
-	case !cudaOp:
-		return e.exec.Run(op, deadline)
-	case a.Task != nil:
-		return a.Task(op.Who(), deadline)
+	if cudaOp {
+		return e.runGPU(op, a)
 	}
-	return e.runGPU(op, a, deadline)
+	e.stats.Barriers.Add(1)
+	return e.exec.Run(op, time.Now().Add(e.Timeout))
 }
 
 // finished counts an op that ran and returns its error; an error that
@@ -346,7 +364,8 @@ func (e *Endpoint) Destroy() error {
 		e.bind.Close()
 	}
 	e.gpu.Close() // GPU mappings go before the links and the team
-	e.p2p.close(e)
+	e.stranded.drop()
+	e.p2p.Close()
 	e.views.closeViews()
 	if e.team != nil {
 		e.team.Close()
@@ -372,7 +391,7 @@ func (e *Endpoint) StatsMap() map[string]any {
 		m["slot_stalls"] = e.team.SlotStalls()
 	}
 	e.gpu.Stats(m)
-	e.p2p.stats(e, m)
+	e.p2p.Stats(m)
 	if e.bind != nil {
 		for k, v := range e.bind.Stats() {
 			m[k] = v
@@ -384,7 +403,7 @@ func (e *Endpoint) StatsMap() map[string]any {
 // ProcessStats reports process-wide live resources (for leak tests).
 func ProcessStats() map[string]any {
 	return map[string]any{
-		"endpoints": liveEndpoints.Load(), "regions": host.LiveRegions(), "memfds": host.LiveFDs(),
+		"endpoints": liveEndpoints.Load(), "regions": shm.LiveRegions(), "memfds": shm.LiveFDs(),
 		"auth_rejected": comm.Rejected.Load(), "goroutines": runtime.NumGoroutine(),
 	}
 }

@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
 // group connects world endpoints inside this process, as one rank each.
@@ -115,7 +115,7 @@ func TestAllReduceSumFloat32(t *testing.T) {
 					want[i] = s
 				}
 				errs := postAll(t, eps, func(r int) *Op {
-					return &Op{Kind: coll.AllReduce, DType: dtype.Float32, RedOp: dtype.Sum, Count: n, In: addr(in[r]), Out: addr(out[r])}
+					return &Op{Kind: ops.AllReduce, DType: dtype.Float32, RedOp: dtype.Sum, Count: n, In: addr(in[r]), Out: addr(out[r])}
 				})
 				for r := range eps {
 					require.NoError(t, errs[r])
@@ -130,14 +130,14 @@ func TestMismatchedCountsFailOnEveryRank(t *testing.T) {
 	eps := group(t, 2, 10*time.Second)
 	bufs := [][]float32{make([]float32, 10), make([]float32, 12)}
 	errs := postAll(t, eps, func(r int) *Op {
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: len(bufs[r]), In: addr(bufs[r]), Out: addr(bufs[r])}
+		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: len(bufs[r]), In: addr(bufs[r]), Out: addr(bufs[r])}
 	})
 	for _, err := range errs {
 		require.ErrorContains(t, err, "disagree on the element count")
 	}
 	// The group stays usable after a mismatch.
 	errs = postAll(t, eps, func(r int) *Op {
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 10, In: addr(bufs[r]), Out: addr(bufs[r])}
+		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 10, In: addr(bufs[r]), Out: addr(bufs[r])}
 	})
 	for _, err := range errs {
 		require.NoError(t, err)
@@ -146,9 +146,9 @@ func TestMismatchedCountsFailOnEveryRank(t *testing.T) {
 
 func TestMissingRankTimesOutNamingIt(t *testing.T) {
 	eps := group(t, 3, 300*time.Millisecond)
-	w, err := eps[0].Post(&Op{Kind: coll.Barrier})
+	w, err := eps[0].Post(&Op{Kind: ops.Barrier})
 	require.NoError(t, err)
-	_, err = eps[1].Post(&Op{Kind: coll.Barrier})
+	_, err = eps[1].Post(&Op{Kind: ops.Barrier})
 	require.NoError(t, err)
 	err = w.Wait(-1)
 	require.ErrorContains(t, err, "barrier (seq 1): Timed out waiting for ranks [2]")

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
 // BenchmarkOps2 is the engine's own latency for small collectives between
@@ -16,15 +16,15 @@ func BenchmarkOps2(b *testing.B) {
 	const n = 256 // 1 KiB of float32
 	mk := map[string]func(r int, in, out []float32) *Op{
 		"all_reduce": func(r int, in, out []float32) *Op {
-			return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: n, In: addr(in), Out: addr(in)}
+			return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: n, In: addr(in), Out: addr(in)}
 		},
 		"broadcast": func(r int, in, out []float32) *Op {
-			return &Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: n, In: addr(in), Out: addr(in)}
+			return &Op{Kind: ops.Broadcast, DType: dtype.Float32, Count: n, In: addr(in), Out: addr(in)}
 		},
 		"all_to_all": func(r int, in, out []float32) *Op {
 			ins := []Piece{{Addr: addr(in), Count: n / 2}, {Addr: addr(in[n/2:]), Count: n / 2}}
 			outs := []Piece{{Addr: addr(out), Count: n / 2}, {Addr: addr(out[n/2:]), Count: n / 2}}
-			return &Op{Kind: coll.AllToAll, DType: dtype.Float32, InPieces: ins, OutPieces: outs}
+			return &Op{Kind: ops.AllToAll, DType: dtype.Float32, InPieces: ins, OutPieces: outs}
 		},
 	}
 	for _, name := range []string{"all_reduce", "broadcast", "all_to_all"} {
@@ -62,7 +62,7 @@ func BenchmarkOps2(b *testing.B) {
 func BenchmarkPostWait1(b *testing.B) {
 	eps := group(b, 1, 10*time.Second)
 	buf := make([]float32, 256)
-	op := &Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 256, In: addr(buf), Out: addr(buf)}
+	op := &Op{Kind: ops.Broadcast, DType: dtype.Float32, Count: 256, In: addr(buf), Out: addr(buf)}
 	b.ReportAllocs()
 	for b.Loop() {
 		w, err := eps[0].Post(op)

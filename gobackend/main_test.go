@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/leakcheck"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 )
 
 func openFDs() int { return leakcheck.OpenFDs() }
@@ -14,7 +14,7 @@ func openFDs() int { return leakcheck.OpenFDs() }
 // goroutines: every test destroys what it creates.
 func TestMain(m *testing.M) {
 	leakcheck.Main(m, func() string {
-		if n := host.LiveRegions() + host.LiveFDs() + liveEndpoints.Load(); n != 0 {
+		if n := shm.LiveRegions() + shm.LiveFDs() + liveEndpoints.Load(); n != 0 {
 			return fmt.Sprintf("regions+memfds+endpoints %d", n)
 		}
 		return ""

@@ -3,9 +3,9 @@ package gobackend
 import (
 	"time"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/gpu"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -44,7 +44,7 @@ func checkUBR(op *Op) error {
 	if memreg.UBRMode() != "yes" {
 		return nil
 	}
-	start, n, _ := coll.InputSpan(op)
+	start, n, _ := ops.InputSpan(op)
 	if n == 0 {
 		return nil
 	}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -18,7 +18,7 @@ import (
 // every rank's outputs must hold. Outputs start poisoned so that unwritten
 // elements show.
 type opCase struct {
-	kind coll.Kind
+	kind ops.Kind
 	name string // "" for kind's name
 	// build returns rank r's op and the buffers it writes, with the
 	// expected contents of those buffers.
@@ -58,27 +58,27 @@ func gatherInto(op *Op, w, n int, in [][]float32) (*Op, [][]float32, [][]float32
 }
 
 var opCases = []opCase{
-	{coll.AllReduce, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{ops.AllReduce, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		out := poisoned(n)
-		return &Op{Kind: coll.AllReduce, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, 0, n)}
+		return &Op{Kind: ops.AllReduce, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, 0, n)}
 	}},
-	{coll.Reduce, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{ops.Reduce, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		root := w - 1
 		if r != root {
-			return &Op{Kind: coll.Reduce, Root: root, Count: n, In: addr(in[r])}, nil, nil
+			return &Op{Kind: ops.Reduce, Root: root, Count: n, In: addr(in[r])}, nil, nil
 		}
 		out := poisoned(n)
-		return &Op{Kind: coll.Reduce, Root: root, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, 0, n)}
+		return &Op{Kind: ops.Reduce, Root: root, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, 0, n)}
 	}},
-	{coll.Broadcast, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{ops.Broadcast, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		out := poisoned(n)
-		return &Op{Kind: coll.Broadcast, Root: w / 2, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{in[w/2][:n]}
+		return &Op{Kind: ops.Broadcast, Root: w / 2, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{in[w/2][:n]}
 	}},
-	{coll.AllGather, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
-		return gatherInto(&Op{Kind: coll.AllGather, Count: n, In: addr(in[r])}, w, n, in)
+	{ops.AllGather, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		return gatherInto(&Op{Kind: ops.AllGather, Count: n, In: addr(in[r])}, w, n, in)
 	}},
-	{coll.ReduceScatter, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
-		op := &Op{Kind: coll.ReduceScatter, Count: n}
+	{ops.ReduceScatter, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		op := &Op{Kind: ops.ReduceScatter, Count: n}
 		for d := 0; d < w; d++ {
 			op.InPieces = append(op.InPieces, Piece{Addr: addr(in[r][d*n:]), Count: n})
 		}
@@ -86,10 +86,10 @@ var opCases = []opCase{
 		op.Out = addr(out)
 		return op, [][]float32{out}, [][]float32{sumAt(in, r*n, n)}
 	}},
-	{coll.AllToAll, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{ops.AllToAll, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		// rank s sends (s+d)%3 * n/2 elements to rank d, from offset d*n.
 		cnt := func(s, d int) int { return (s + d) % 3 * n / 2 }
-		op := &Op{Kind: coll.AllToAll}
+		op := &Op{Kind: ops.AllToAll}
 		var outs, wants [][]float32
 		for d := 0; d < w; d++ {
 			op.InPieces = append(op.InPieces, Piece{Addr: addr(in[r][d*n:]), Count: cnt(r, d)})
@@ -99,35 +99,35 @@ var opCases = []opCase{
 		}
 		return op, outs, wants
 	}},
-	// The even forms: no pieces, the engine splits one buffer (coll.Even).
-	{coll.AllToAll, "all_to_all_even", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	// The even forms: no pieces, the engine splits one buffer (ops.Even).
+	{ops.AllToAll, "all_to_all_even", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		out, want := poisoned(w*n), []float32{}
 		for s := 0; s < w; s++ {
 			want = append(want, in[s][r*n:r*n+n]...)
 		}
-		return &Op{Kind: coll.AllToAll, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{want}
+		return &Op{Kind: ops.AllToAll, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{want}
 	}},
-	{coll.AllGather, "all_gather_even", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{ops.AllGather, "all_gather_even", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		out, want := poisoned(w*n), []float32{}
 		for s := 0; s < w; s++ {
 			want = append(want, in[s][:n]...)
 		}
-		return &Op{Kind: coll.AllGather, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{want}
+		return &Op{Kind: ops.AllGather, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{want}
 	}},
-	{coll.ReduceScatter, "reduce_scatter_even", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{ops.ReduceScatter, "reduce_scatter_even", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		out := poisoned(n)
-		return &Op{Kind: coll.ReduceScatter, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, r*n, n)}
+		return &Op{Kind: ops.ReduceScatter, Count: n, In: addr(in[r]), Out: addr(out)}, [][]float32{out}, [][]float32{sumAt(in, r*n, n)}
 	}},
-	{coll.Gather, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
-		op := &Op{Kind: coll.Gather, Root: 0, Count: n, In: addr(in[r])}
+	{ops.Gather, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+		op := &Op{Kind: ops.Gather, Root: 0, Count: n, In: addr(in[r])}
 		if r != 0 {
 			return op, nil, nil
 		}
 		return gatherInto(op, w, n, in)
 	}},
-	{coll.Scatter, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
+	{ops.Scatter, "", func(w, r, n int, in [][]float32) (*Op, [][]float32, [][]float32) {
 		root := w - 1
-		op := &Op{Kind: coll.Scatter, Root: root, Count: n}
+		op := &Op{Kind: ops.Scatter, Root: root, Count: n}
 		if r == root {
 			for d := 0; d < w; d++ {
 				op.InPieces = append(op.InPieces, Piece{Addr: addr(in[r][d*n:]), Count: n})
@@ -194,13 +194,13 @@ func TestSendRecvBothOrders(t *testing.T) {
 		}
 		ga, gb := poisoned(n), poisoned(n)
 		// Both ranks post their receive first: sends must not depend on it.
-		r0, err := eps[0].Post(&Op{Kind: coll.Recv, Peer: 1, Count: n, Out: addr(ga), Tag: 7})
+		r0, err := eps[0].Post(&Op{Kind: ops.Recv, Peer: 1, Count: n, Out: addr(ga), Tag: 7})
 		require.NoError(t, err)
-		r1, err := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: n, Out: addr(gb), Tag: 7})
+		r1, err := eps[1].Post(&Op{Kind: ops.Recv, Peer: 0, Count: n, Out: addr(gb), Tag: 7})
 		require.NoError(t, err)
-		s0, err := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: n, In: addr(a), Tag: 7})
+		s0, err := eps[0].Post(&Op{Kind: ops.Send, Peer: 1, Count: n, In: addr(a), Tag: 7})
 		require.NoError(t, err)
-		s1, err := eps[1].Post(&Op{Kind: coll.Send, Peer: 0, Count: n, In: addr(b), Tag: 7})
+		s1, err := eps[1].Post(&Op{Kind: ops.Send, Peer: 0, Count: n, In: addr(b), Tag: 7})
 		require.NoError(t, err)
 		waitAll(t, r0, r1, s0, s1)
 		require.Equal(t, b, ga)
@@ -211,15 +211,15 @@ func TestSendRecvBothOrders(t *testing.T) {
 func TestRecvSizeMismatchIsReportedAndDrained(t *testing.T) {
 	eps := group(t, 2, 10*time.Second)
 	a, got := make([]float32, 10), poisoned(12)
-	s, _ := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 10, In: addr(a)})
-	r, _ := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 12, Out: addr(got)})
+	s, _ := eps[0].Post(&Op{Kind: ops.Send, Peer: 1, Count: 10, In: addr(a)})
+	r, _ := eps[1].Post(&Op{Kind: ops.Recv, Peer: 0, Count: 12, Out: addr(got)})
 	require.NoError(t, s.Wait(-1))
 	require.ErrorContains(t, r.Wait(-1), "expected 48 bytes with tag 0, the message with that tag has 40 bytes")
 	// The next message on the pair is received intact.
 	a[3] = 42
 	got = poisoned(10)
-	s, _ = eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 10, In: addr(a)})
-	r, _ = eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 10, Out: addr(got)})
+	s, _ = eps[0].Post(&Op{Kind: ops.Send, Peer: 1, Count: 10, In: addr(a)})
+	r, _ = eps[1].Post(&Op{Kind: ops.Recv, Peer: 0, Count: 10, Out: addr(got)})
 	require.NoError(t, s.Wait(-1))
 	require.NoError(t, r.Wait(-1))
 	require.Equal(t, a, got)
@@ -229,12 +229,12 @@ func TestBadInputRejectedBeforeQueueing(t *testing.T) {
 	eps := group(t, 2, 5*time.Second)
 	buf := make([]float32, 4)
 	for name, op := range map[string]*Op{
-		"root out of range": {Kind: coll.Broadcast, Root: 2, Count: 4, In: addr(buf), Out: addr(buf)},
-		"AVG on int":        {Kind: coll.AllReduce, DType: dtype.Int32, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
-		"null buffer":       {Kind: coll.AllReduce, Count: 4},
-		"send to self":      {Kind: coll.Send, Peer: 0, Count: 4, In: addr(buf)},
-		"pieces per rank":   {Kind: coll.AllGather, Count: 4, In: addr(buf), OutPieces: []Piece{{Addr: addr(buf), Count: 4}}},
-		"unknown dtype":     {Kind: coll.AllReduce, DType: 99, Count: 4, In: addr(buf), Out: addr(buf)},
+		"root out of range": {Kind: ops.Broadcast, Root: 2, Count: 4, In: addr(buf), Out: addr(buf)},
+		"AVG on int":        {Kind: ops.AllReduce, DType: dtype.Int32, RedOp: dtype.Avg, Count: 4, In: addr(buf), Out: addr(buf)},
+		"null buffer":       {Kind: ops.AllReduce, Count: 4},
+		"send to self":      {Kind: ops.Send, Peer: 0, Count: 4, In: addr(buf)},
+		"pieces per rank":   {Kind: ops.AllGather, Count: 4, In: addr(buf), OutPieces: []Piece{{Addr: addr(buf), Count: 4}}},
+		"unknown dtype":     {Kind: ops.AllReduce, DType: 99, Count: 4, In: addr(buf), Out: addr(buf)},
 	} {
 		_, err := eps[0].Post(op)
 		require.Error(t, err, name)
@@ -245,13 +245,13 @@ func TestBadInputRejectedBeforeQueueing(t *testing.T) {
 func TestRecvMatchesByTag(t *testing.T) {
 	eps := group(t, 2, 10*time.Second)
 	a, b := []float32{1, 2, 3}, []float32{4, 5, 6, 7, 8}
-	s1, _ := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 3, In: addr(a), Tag: 3})
-	s2, _ := eps[0].Post(&Op{Kind: coll.Send, Peer: 1, Count: 5, In: addr(b), Tag: 1})
+	s1, _ := eps[0].Post(&Op{Kind: ops.Send, Peer: 1, Count: 3, In: addr(a), Tag: 3})
+	s2, _ := eps[0].Post(&Op{Kind: ops.Send, Peer: 1, Count: 5, In: addr(b), Tag: 1})
 	gb, ga := poisoned(5), poisoned(3)
 	// Received in the other order: the tag-3 message is stashed until asked for.
-	r1, _ := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 5, Out: addr(gb), Tag: 1})
+	r1, _ := eps[1].Post(&Op{Kind: ops.Recv, Peer: 0, Count: 5, Out: addr(gb), Tag: 1})
 	require.NoError(t, r1.Wait(-1))
-	r2, _ := eps[1].Post(&Op{Kind: coll.Recv, Peer: 0, Count: 3, Out: addr(ga), Tag: 3})
+	r2, _ := eps[1].Post(&Op{Kind: ops.Recv, Peer: 0, Count: 3, Out: addr(ga), Tag: 3})
 	waitAll(t, s1, s2, r2)
 	require.Equal(t, a, ga)
 	require.Equal(t, b, gb)
@@ -262,9 +262,9 @@ func TestOverflowingExtentsRejected(t *testing.T) {
 	buf := make([]float32, 4)
 	huge := int(^uint(0)>>1) / 2
 	for name, op := range map[string]*Op{
-		"count overflows":       {Kind: coll.AllReduce, DType: dtype.Int64, Count: huge, In: addr(buf), Out: addr(buf)},
-		"piece extent wraps":    {Kind: coll.AllToAll, InPieces: []Piece{{Addr: ^uintptr(0) - 8, Count: 4}, {Addr: addr(buf), Count: 1}}, OutPieces: []Piece{{Addr: addr(buf), Count: 1}, {Addr: addr(buf), Count: 1}}},
-		"piece count overflows": {Kind: coll.AllToAll, DType: dtype.Float64, InPieces: []Piece{{Addr: addr(buf), Count: huge}, {Addr: addr(buf), Count: 1}}, OutPieces: []Piece{{Addr: addr(buf), Count: 1}, {Addr: addr(buf), Count: 1}}},
+		"count overflows":       {Kind: ops.AllReduce, DType: dtype.Int64, Count: huge, In: addr(buf), Out: addr(buf)},
+		"piece extent wraps":    {Kind: ops.AllToAll, InPieces: []Piece{{Addr: ^uintptr(0) - 8, Count: 4}, {Addr: addr(buf), Count: 1}}, OutPieces: []Piece{{Addr: addr(buf), Count: 1}, {Addr: addr(buf), Count: 1}}},
+		"piece count overflows": {Kind: ops.AllToAll, DType: dtype.Float64, InPieces: []Piece{{Addr: addr(buf), Count: huge}, {Addr: addr(buf), Count: 1}}, OutPieces: []Piece{{Addr: addr(buf), Count: 1}, {Addr: addr(buf), Count: 1}}},
 	} {
 		_, err := eps[0].Post(op)
 		require.ErrorContains(t, err, "overflows the address space", name)
@@ -275,7 +275,7 @@ func TestOverflowingExtentsRejected(t *testing.T) {
 func TestAllToAllRejectsOverlap(t *testing.T) {
 	eps := group(t, 2, 5*time.Second)
 	buf := make([]float32, 8)
-	op := &Op{Kind: coll.AllToAll,
+	op := &Op{Kind: ops.AllToAll,
 		InPieces:  []Piece{{Addr: addr(buf), Count: 2}, {Addr: addr(buf[2:]), Count: 2}},
 		OutPieces: []Piece{{Addr: addr(buf[3:]), Count: 2}, {Addr: addr(buf[5:]), Count: 2}}}
 	_, err := eps[0].Post(op)
@@ -308,11 +308,11 @@ func TestRunKeepsPostOrderAndReportsErrors(t *testing.T) {
 			bufs[r][i] = float32(r+1) * rand.Float32()
 		}
 		b := addr(bufs[r])
-		w, err := eps[r].Post(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: n, In: b, Out: b})
+		w, err := eps[r].Post(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: n, In: b, Out: b})
 		if err != nil {
 			return err
 		}
-		if err := eps[r].Run(&Op{Kind: coll.Broadcast, DType: dtype.Float32, Root: 1, Count: n, In: b, Out: b}); err != nil {
+		if err := eps[r].Run(&Op{Kind: ops.Broadcast, DType: dtype.Float32, Root: 1, Count: n, In: b, Out: b}); err != nil {
 			return err
 		}
 		return w.Wait(0) // done: Run ran the queue through it
@@ -323,7 +323,7 @@ func TestRunKeepsPostOrderAndReportsErrors(t *testing.T) {
 	}
 	errs = each(func(r int) error {
 		buf := make([]float32, n)
-		return eps[r].Run(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: n - r, In: addr(buf), Out: addr(buf)})
+		return eps[r].Run(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: n - r, In: addr(buf), Out: addr(buf)})
 	})
 	for r := range eps {
 		require.Equal(t, status.Mismatch, status.CodeOf(errs[r]), "rank %d: %v", r, errs[r])
@@ -331,7 +331,7 @@ func TestRunKeepsPostOrderAndReportsErrors(t *testing.T) {
 	}
 	errs = each(func(r int) error {
 		buf := []float32{float32(r)}
-		return eps[r].Run(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(buf), Out: addr(buf)})
+		return eps[r].Run(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: addr(buf), Out: addr(buf)})
 	})
 	require.Equal(t, []error{nil, nil}, errs)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -86,7 +87,7 @@ func delayedAllToAll(t *testing.T, n int) []lateRead {
 		ep.exec.DirectMin = 1
 	}
 	const size, bufs = 1000, 3
-	ops := 4*max(n, 2) + 1
+	nops := 4*max(n, 2) + 1
 	cnt := func(k, s, d int) int { return 100 + 300*s + 200*d + 37*(k%5) } // uneven, fits size
 	in := make([][][]float32, 2)
 	for r := range in {
@@ -98,7 +99,7 @@ func delayedAllToAll(t *testing.T, n int) []lateRead {
 			in[r] = append(in[r], buf)
 		}
 	}
-	outs := make([][][]float32, ops)
+	outs := make([][][]float32, nops)
 	for k := range outs {
 		for range eps {
 			out := shared(t, 2*size)
@@ -114,7 +115,7 @@ func delayedAllToAll(t *testing.T, n int) []lateRead {
 	team := eps[0].team // rank 0's view of both ranks' control regions
 	pins := func() int64 { return eps[0].bind.Stats()["peer_map_pins"] }
 	coll.Hook = func(at coll.HookPoint, rank int, o *Op) {
-		if rank != 0 || o.Kind != coll.AllToAll {
+		if rank != 0 || o.Kind != ops.AllToAll {
 			return
 		}
 		k := int(o.Seq) - 1   // rank 0 posts nothing else
@@ -128,7 +129,7 @@ func delayedAllToAll(t *testing.T, n int) []lateRead {
 			if pins() != 1 {
 				fail("op %d before release: %d pins, want 1 (rank 1's region)", k, pins())
 			}
-			if k == ops-1 {
+			if k == nops-1 {
 				return // rank 1 has nothing left to run ahead into
 			}
 			for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
@@ -148,7 +149,7 @@ func delayedAllToAll(t *testing.T, n int) []lateRead {
 	}
 	defer func() { coll.Hook = nil }()
 	post := func(r, k int) *Work {
-		op := &Op{Kind: coll.AllToAll, DType: dtype.Float32}
+		op := &Op{Kind: ops.AllToAll, DType: dtype.Float32}
 		src := in[r][k%bufs]
 		for d := 0; d < 2; d++ {
 			op.InPieces = append(op.InPieces, Piece{Addr: addr(src[d*size:]), Count: cnt(k, r, d)})
@@ -158,7 +159,7 @@ func delayedAllToAll(t *testing.T, n int) []lateRead {
 		require.NoError(t, err)
 		return w
 	}
-	works := make([][2]*Work, ops)
+	works := make([][2]*Work, nops)
 	for k := range works { // rank 1 queues everything first
 		works[k][1] = post(1, k)
 	}
@@ -179,13 +180,13 @@ func delayedAllToAll(t *testing.T, n int) []lateRead {
 	if e := hookErr.Load(); e != nil {
 		t.Fatal(e)
 	}
-	require.Len(t, late, ops-1, "rank 0 saw rank 1 run ahead at every op but the last")
+	require.Len(t, late, nops-1, "rank 0 saw rank 1 run ahead at every op but the last")
 	for r, ep := range eps {
 		st := ep.bind.Stats()
 		assert.Equal(t, int64(0), st["peer_map_pins"], "rank %d: every pin released", r)
 		assert.Equal(t, int64(bufs), st["peer_maps"], "rank %d maps each of its peer's input regions once", r)
 		assert.Equal(t, int64(bufs), st["peer_map_misses"], "rank %d", r)
-		assert.Equal(t, int64(ops), st["peer_map_hits"], "rank %d pins its peer's region once per op", r)
+		assert.Equal(t, int64(nops), st["peer_map_hits"], "rank %d pins its peer's region once per op", r)
 		assert.Equal(t, int64(0), st["peer_map_dropped"], "rank %d", r)
 		if n >= symm.MinSlots {
 			assert.Equal(t, int64(0), ep.team.SlotStalls(), "rank %d: no publication waited for a slot", r)

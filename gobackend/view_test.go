@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -107,7 +107,7 @@ func TestContiguousViewOfHostRegions(t *testing.T) {
 	bufs := make([][]float32, world)
 	require.Equal(t, []error{nil, nil, nil}, postAll(t, eps, func(r int) *Op {
 		bufs[r] = []float32{float32(r)}
-		return &Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
+		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: addr(bufs[r]), Out: addr(bufs[r])}
 	}))
 	require.Equal(t, float32(3), bufs[0][0])
 }

@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
@@ -23,7 +23,7 @@ func TestQueueClaimIdleHoldsLaterWork(t *testing.T) {
 	bufs := [2][]float32{{1, 2}, {10, 20}}
 	works := make([]*Work, 2)
 	for r, ep := range eps {
-		w, err := ep.Post(&Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 2, In: addr(bufs[r]), Out: addr(bufs[r])})
+		w, err := ep.Post(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 2, In: addr(bufs[r]), Out: addr(bufs[r])})
 		require.NoError(t, err)
 		works[r] = w
 	}

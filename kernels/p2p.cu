@@ -49,7 +49,7 @@ static_assert(GS_P2P_GONE >= GS_P2P_ERROR + GS_P2P_ERROR_WORDS && (GS_P2P_GONE +
 // Records the first error on this side's control words; a0..a3 go with it.
 // With p.host_err set, the first error is copied to that pinned host block
 // too (code last, release), so that the host sees it with one atomic load
-// before the channel's next op (gpu_p2p.go) and raises it.
+// before the channel's next op (internal/gpu/p2p.go) and raises it.
 __device__ __forceinline__ void gs_p2p_error(const gs_p2p_params &p, gs_u32 code, gs_u32 detail,
                                              gs_u32 a0, gs_u32 a1, gs_u32 a2, gs_u32 a3) {
 	gs_u32 *e = p.ctrl + GS_P2P_ERROR;

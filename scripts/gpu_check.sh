@@ -5,7 +5,7 @@
 # The GPU machine has no Go: build the checker first, from the repository
 # root, on a machine that has Go (it needs only libc at run time):
 #
-#   CGO_ENABLED=1 go build -trimpath -buildvcs=false -o build/cudacheck ./gobackend/internal/cuda/cmd/cudacheck
+#   CGO_ENABLED=1 go build -trimpath -buildvcs=false -o build/cudacheck ./gobackend/cmd/cudacheck
 #
 # then run this script there from the repository root, carrying build/cudacheck
 # (build/ is git-ignored), on a 2-GPU machine to get the cross-GPU cases:
@@ -53,7 +53,7 @@ fi
 echo "== checker"
 if [[ ! -x "$bin" ]]; then
 	echo "missing $bin; build it where Go is:" >&2
-	echo "  CGO_ENABLED=1 go build -trimpath -buildvcs=false -o build/cudacheck ./gobackend/internal/cuda/cmd/cudacheck" >&2
+	echo "  CGO_ENABLED=1 go build -trimpath -buildvcs=false -o build/cudacheck ./gobackend/cmd/cudacheck" >&2
 	exit 2
 fi
 ls -l "$bin"

@@ -3,6 +3,7 @@ package coll
 import (
 	"time"
 
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -40,62 +41,18 @@ type zc struct {
 	retired []uint64
 }
 
-// inputSpan is the byte range this rank's input covers, and the piece
-// displacements from its start.
-func inputSpan(o *Op, es int) (start uintptr, n int, displ []uint64) {
-	if len(o.InPieces) == 0 {
-		if o.In == 0 {
-			return 0, 0, nil
-		}
-		return o.In, o.Count * es, nil
-	}
-	lo, n := piecesSpan(o.InPieces, es)
-	if n == 0 {
-		return 0, 0, nil
-	}
-	displ = make([]uint64, len(o.InPieces))
-	for r, p := range o.InPieces {
-		if p.Count > 0 {
-			displ[r] = uint64(p.Addr - lo)
-		}
-	}
-	return lo, n, displ
-}
-
-// piecesSpan is the byte range from the lowest to the highest end of the
-// non-empty pieces.
-func piecesSpan(ps []Piece, es int) (uintptr, int) {
-	var lo, hi uintptr
-	for _, p := range ps {
-		if p.Count == 0 {
-			continue
-		}
-		if lo == 0 || p.Addr < lo {
-			lo = p.Addr
-		}
-		hi = max(hi, p.Addr+uintptr(p.Count*es))
-	}
-	if lo == 0 {
-		return 0, 0
-	}
-	return lo, int(hi - lo)
-}
-
-// InputSpan is inputSpan for callers outside coll.
-func InputSpan(o *Op) (uintptr, int, []uint64) { return inputSpan(o, o.DType.Size()) }
-
 // contributes reports whether rank r's input is read by op kind k.
-func contributes(k Kind, r, root int) bool {
-	return !((k == Broadcast || k == Scatter) && r != root)
+func contributes(k ops.Kind, r, root int) bool {
+	return !((k == ops.Broadcast || k == ops.Scatter) && r != root)
 }
 
 // view prepares this rank's zero-copy description of o.
-func (x *Exec) view(o *Op) *zc {
-	if x.D == nil || o.Kind == Barrier {
+func (x *Exec) view(o *ops.Op) *zc {
+	if x.D == nil || o.Kind == ops.Barrier {
 		return nil
 	}
 	z := &zc{retired: x.D.Retired(maxRetired)}
-	start, n, displ := inputSpan(o, o.DType.Size())
+	start, n, displ := ops.InputSpan(o)
 	if n > 0 && n >= x.DirectMin && contributes(o.Kind, x.Rank, o.Root) {
 		var fresh bool
 		z.id, z.off, fresh = x.D.Locate(start, n)
@@ -113,8 +70,8 @@ func (x *Exec) view(o *Op) *zc {
 // binds fresh regions, and says whether every contributing rank's input
 // can be read in place (direct) and whether a contributing rank skipped
 // its staged first round because its input was shareable (restage).
-func (x *Exec) settle(o *Op, ms []meta, deadline time.Time) (direct, restage bool, err error) {
-	if x.D == nil || o.Kind == Barrier {
+func (x *Exec) settle(o *ops.Op, ms []meta, deadline time.Time) (direct, restage bool, err error) {
+	if x.D == nil || o.Kind == ops.Barrier {
 		return false, false, nil
 	}
 	fresh := make([]uint64, len(ms))
@@ -160,8 +117,8 @@ func (x *Exec) settle(o *Op, ms []meta, deadline time.Time) (direct, restage boo
 }
 
 // contributesData reports whether rank r has bytes to contribute.
-func (x *Exec) contributesData(o *Op, ms []meta, r int) bool {
-	if o.Kind == AllToAll || o.Kind == ReduceScatter || o.Kind == Scatter {
+func (x *Exec) contributesData(o *ops.Op, ms []meta, r int) bool {
+	if o.Kind == ops.AllToAll || o.Kind == ops.ReduceScatter || o.Kind == ops.Scatter {
 		for _, c := range ms[r].in {
 			if c > 0 {
 				return true
@@ -176,7 +133,7 @@ func (x *Exec) contributesData(o *Op, ms []meta, r int) bool {
 // rank's input starts, here, taken from ms (this op's private copy of the
 // sync slots, never the slots themselves), with each peer mapping pinned
 // until release. A rank without a shareable input has no data to give.
-func (x *Exec) mapInputs(o *Op, ms []meta) (ins []uintptr, release func(), err error) {
+func (x *Exec) mapInputs(o *ops.Op, ms []meta) (ins []uintptr, release func(), err error) {
 	ins = make([]uintptr, len(ms))
 	var pins []func()
 	release = func() {
@@ -212,9 +169,9 @@ const (
 // the points of a direct op: tests hold one rank there to show that the
 // op's private copies keep it correct while the peers run ahead, and that
 // the live slots would not.
-var Hook func(at HookPoint, rank int, o *Op)
+var Hook func(at HookPoint, rank int, o *ops.Op)
 
-func hook(at HookPoint, rank int, o *Op) {
+func hook(at HookPoint, rank int, o *ops.Op) {
 	if h := Hook; h != nil {
 		h(at, rank, o)
 	}
@@ -224,7 +181,7 @@ func hook(at HookPoint, rank int, o *Op) {
 // one reduction) per byte, then a completion barrier so no rank reuses its
 // input while a peer may still read it, then release. All-reduce is
 // two-shot instead, which needs no completion barrier (see allReduceDirect).
-func (x *Exec) runDirect(o *Op, ms []meta, deadline time.Time) error {
+func (x *Exec) runDirect(o *ops.Op, ms []meta, deadline time.Time) error {
 	hook(AfterAgree, x.Rank, o)
 	ins, release, err := x.mapInputs(o, ms)
 	if err != nil {
@@ -239,19 +196,19 @@ func (x *Exec) runDirect(o *Op, ms []meta, deadline time.Time) error {
 
 // direct moves the bytes of a direct op; ins[r] is where rank r's input is
 // mapped here.
-func (x *Exec) direct(o *Op, ms []meta, ins []uintptr, deadline time.Time) error {
+func (x *Exec) direct(o *ops.Op, ms []meta, ins []uintptr, deadline time.Time) error {
 	world, me, es := x.T.World(), x.Rank, o.DType.Size()
 	nb := o.Count * es
 	switch o.Kind {
-	case AllReduce:
+	case ops.AllReduce:
 		return x.allReduceDirect(o, ins, deadline)
-	case Reduce:
+	case ops.Reduce:
 		if me == o.Root && nb > 0 {
 			if err := x.reduce(o, o.Out, ins, nb); err != nil {
 				return err
 			}
 		}
-	case ReduceScatter:
+	case ops.ReduceScatter:
 		if nb > 0 {
 			srcs := make([]uintptr, world)
 			for r := range srcs {
@@ -261,17 +218,17 @@ func (x *Exec) direct(o *Op, ms []meta, ins []uintptr, deadline time.Time) error
 				return err
 			}
 		}
-	case Broadcast:
+	case ops.Broadcast:
 		x.copy(o.Out, ins[o.Root], nb)
-	case AllGather, Gather:
-		if o.Kind == AllGather || me == o.Root {
+	case ops.AllGather, ops.Gather:
+		if o.Kind == ops.AllGather || me == o.Root {
 			for r, p := range o.OutPieces {
 				x.copy(p.Addr, ins[r], nb)
 			}
 		}
-	case Scatter:
+	case ops.Scatter:
 		x.copy(o.Out, ins[o.Root]+uintptr(ms[o.Root].displ[me]), nb)
-	case AllToAll:
+	case ops.AllToAll:
 		for r, p := range o.OutPieces {
 			x.copy(p.Addr, ins[r]+uintptr(ms[r].displ[me]), p.Count*es)
 		}
@@ -286,7 +243,7 @@ func (x *Exec) direct(o *Op, ms []meta, ins []uintptr, deadline time.Time) error
 // a barrier every rank copies the other slices from their owners' staging.
 // In-place is safe: slice p of a buffer is written only by its owner after
 // the barrier that ends every peer's reads of it.
-func (x *Exec) allReduceDirect(o *Op, ins []uintptr, deadline time.Time) error {
+func (x *Exec) allReduceDirect(o *ops.Op, ins []uintptr, deadline time.Time) error {
 	world, me, es := x.T.World(), x.Rank, o.DType.Size()
 	part := x.T.StageBytes() / world / 64 * 64
 	per := part / es // elements of one slice, at most

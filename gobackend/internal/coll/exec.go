@@ -1,11 +1,42 @@
+// Package coll is the host data plane's collectives, written against two
+// small interfaces: a Team (symmetric staging memory, barrier, mailboxes:
+// symm.Team) and a Plane (how bytes are copied and reduced: host.Plane),
+// with a Direct (memreg.Binder) for ops on registered memory. The ops are
+// internal/ops's; the CUDA data plane (internal/gpu) runs the same ops
+// with its own algorithms (kernels on the caller's stream), not Exec.
 package coll
 
 import (
 	"sync"
 	"time"
 
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/gosym/gosym/gobackend/internal/symm"
 )
+
+// Team is the symmetric memory and synchronisation a collective runs on.
+type Team interface {
+	World() int
+	StageBytes() int
+	NextHalf() int
+	Stage(rank, half int) uintptr
+	Barrier(meta []byte, who symm.Who, deadline time.Time) ([][]byte, error)
+
+	BoxBytes() int
+	Box(src, dst, half int) uintptr
+	WaitBoxFree(dst int, k uint32, who symm.Who, deadline time.Time) error
+	PostChunk(dst int, k uint32, h symm.ChunkHeader)
+	WaitChunk(src int, k uint32, who symm.Who, deadline time.Time) (symm.ChunkHeader, error)
+	AckChunk(src int, k uint32)
+}
+
+// Plane moves and reduces bytes.
+type Plane interface {
+	Copy(dst, src uintptr, n int)
+	Reduce(dst uintptr, srcs []uintptr, n int, dt dtype.DType, op dtype.RedOp, scale float64) error
+}
 
 // Exec runs collectives for one rank. Every collective is a sequence of
 // rounds; in round k each rank writes ("puts") what it contributes into its
@@ -65,7 +96,7 @@ func (x *Exec) copy(dst, src uintptr, n int) {
 	x.par(n, 64, func(lo, hi int) { x.P.Copy(dst+uintptr(lo), src+uintptr(lo), hi-lo) })
 }
 
-func (x *Exec) reduce(o *Op, dst uintptr, srcs []uintptr, n int) error {
+func (x *Exec) reduce(o *ops.Op, dst uintptr, srcs []uintptr, n int) error {
 	es := o.DType.Size()
 	var err error
 	var mu sync.Mutex
@@ -93,7 +124,7 @@ type round struct {
 // this rank's first round, unless its input is shareable and may be read
 // in place); once all ranks agree, rounds(metas) says how many rounds the
 // op takes (at least one, which carries the metadata even for empty ops).
-func (x *Exec) run(o *Op, deadline time.Time, rounds func(ms []meta) int, r round) error {
+func (x *Exec) run(o *ops.Op, deadline time.Time, rounds func(ms []meta) int, r round) error {
 	z := x.view(o)
 	h := x.T.NextHalf()
 	if r.put != nil && (z == nil || z.id == 0) {
@@ -149,7 +180,7 @@ func (x *Exec) run(o *Op, deadline time.Time, rounds func(ms []meta) int, r roun
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // Run executes collective o (not send/recv) to completion.
-func (x *Exec) Run(o *Op, deadline time.Time) error {
+func (x *Exec) Run(o *ops.Op, deadline time.Time) error {
 	world, me := x.T.World(), x.Rank
 	es := o.DType.Size()
 	nb := o.Count * es
@@ -172,10 +203,10 @@ func (x *Exec) Run(o *Op, deadline time.Time) error {
 	isRoot := me == o.Root
 
 	switch o.Kind {
-	case Barrier:
+	case ops.Barrier:
 		return x.run(o, deadline, fixed(0, 1), round{})
 
-	case AllReduce, Reduce:
+	case ops.AllReduce, ops.Reduce:
 		return x.run(o, deadline, fixed(nb, whole), round{
 			put: func(k, h int) {
 				off, c := span(k, whole, nb)
@@ -183,14 +214,14 @@ func (x *Exec) Run(o *Op, deadline time.Time) error {
 			},
 			get: func(k, h int) error {
 				off, c := span(k, whole, nb)
-				if c == 0 || (o.Kind == Reduce && !isRoot) {
+				if c == 0 || (o.Kind == ops.Reduce && !isRoot) {
 					return nil
 				}
 				return x.reduce(o, o.Out+uintptr(off), stages(h, 0), c)
 			},
 		})
 
-	case Broadcast:
+	case ops.Broadcast:
 		return x.run(o, deadline, fixed(nb, whole), round{
 			put: func(k, h int) {
 				if isRoot {
@@ -208,14 +239,14 @@ func (x *Exec) Run(o *Op, deadline time.Time) error {
 			},
 		})
 
-	case AllGather, Gather:
+	case ops.AllGather, ops.Gather:
 		return x.run(o, deadline, fixed(nb, whole), round{
 			put: func(k, h int) {
 				off, c := span(k, whole, nb)
 				x.copy(x.T.Stage(me, h), o.In+uintptr(off), c)
 			},
 			get: func(k, h int) error {
-				if o.Kind == Gather && !isRoot {
+				if o.Kind == ops.Gather && !isRoot {
 					return nil
 				}
 				off, c := span(k, whole, nb)
@@ -226,7 +257,7 @@ func (x *Exec) Run(o *Op, deadline time.Time) error {
 			},
 		})
 
-	case ReduceScatter:
+	case ops.ReduceScatter:
 		return x.run(o, deadline, fixed(nb, part), round{
 			put: func(k, h int) {
 				off, c := span(k, part, nb)
@@ -243,7 +274,7 @@ func (x *Exec) Run(o *Op, deadline time.Time) error {
 			},
 		})
 
-	case Scatter:
+	case ops.Scatter:
 		return x.run(o, deadline, fixed(nb, part), round{
 			put: func(k, h int) {
 				if isRoot {
@@ -260,7 +291,7 @@ func (x *Exec) Run(o *Op, deadline time.Time) error {
 			},
 		})
 
-	case AllToAll:
+	case ops.AllToAll:
 		return x.run(o, deadline, func(ms []meta) int {
 			most := 0
 			for _, m := range ms {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -18,7 +19,7 @@ import (
 // counts (the alltoall matrix row of this rank).
 
 type meta struct {
-	kind    Kind
+	kind    ops.Kind
 	dtype   int32
 	redop   int32
 	root    int32
@@ -45,7 +46,7 @@ const (
 	offRetired = 64
 )
 
-func encodeMeta(o *Op, world int, z *zc) []byte {
+func encodeMeta(o *ops.Op, world int, z *zc) []byte {
 	b := make([]byte, symm.SlotHeaderBytes+24*world)
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], uint32(o.Kind))
@@ -81,7 +82,7 @@ func encodeMeta(o *Op, world int, z *zc) []byte {
 func decodeMeta(b []byte, world int) meta {
 	le := binary.LittleEndian
 	m := meta{
-		kind: Kind(le.Uint32(b[0:])), dtype: int32(le.Uint32(b[4:])), redop: int32(le.Uint32(b[8:])),
+		kind: ops.Kind(le.Uint32(b[0:])), dtype: int32(le.Uint32(b[4:])), redop: int32(le.Uint32(b[8:])),
 		root: int32(le.Uint32(b[12:])), count: le.Uint64(b[16:]), seq: le.Uint64(b[24:]),
 		scale: math.Float64frombits(le.Uint64(b[32:])),
 	}
@@ -102,7 +103,7 @@ func decodeMeta(b []byte, world int) meta {
 
 // agree checks every rank's published arguments against rank 0's, and
 // the alltoall matrix for consistency.
-func agree(o *Op, ms []meta) error {
+func agree(o *ops.Op, ms []meta) error {
 	differ := func(what string, f func(m meta) string) error {
 		var parts []string
 		for r, m := range ms {
@@ -120,14 +121,14 @@ func agree(o *Op, ms []meta) error {
 			return differ("the dtype", func(m meta) string { return dtype.DType(m.dtype).String() })
 		case m.root != a.root:
 			return differ("the root", func(m meta) string { return fmt.Sprint(m.root) })
-		case o.Kind != AllToAll && m.count != a.count:
+		case o.Kind != ops.AllToAll && m.count != a.count:
 			return differ("the element count", func(m meta) string { return fmt.Sprint(m.count) })
-		case (o.Kind == AllReduce || o.Kind == Reduce || o.Kind == ReduceScatter) &&
+		case (o.Kind == ops.AllReduce || o.Kind == ops.Reduce || o.Kind == ops.ReduceScatter) &&
 			(m.redop != a.redop || math.Float64bits(m.scale) != math.Float64bits(a.scale)):
 			return differ("the reduce op", func(m meta) string { return fmt.Sprintf("%s(%g)", dtype.RedOp(m.redop), m.scale) })
 		}
 	}
-	if o.Kind == AllToAll {
+	if o.Kind == ops.AllToAll {
 		for i := range ms {
 			for j := range ms {
 				if ms[i].in[j] != ms[j].out[i] {

@@ -3,6 +3,7 @@ package coll
 import (
 	"time"
 
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
@@ -14,7 +15,7 @@ import (
 // receiver (eager); a large one waits for the receiver to drain.
 
 // SendMsg sends o (Kind Send) to o.Peer. Only the peer's send worker calls it.
-func (x *Exec) SendMsg(o *Op, deadline time.Time) error {
+func (x *Exec) SendMsg(o *ops.Op, deadline time.Time) error {
 	d, nb, box := o.Peer, o.Count*o.DType.Size(), x.T.BoxBytes()
 	for off := 0; off == 0 || off < nb; off += box {
 		c := min(box, nb-off)

@@ -3,9 +3,9 @@ package gpu
 import (
 	"testing"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/stretchr/testify/require"
 )
 
@@ -42,24 +42,24 @@ func TestGPUDirectMinByKind(t *testing.T) {
 	require.Equal(t, 8<<20, cfg.directMin)
 	require.Equal(t, 4<<20, cfg.moveDirectMin)
 	tm := &Team{cfg: Config{directMin: 8 << 20, moveDirectMin: 4 << 20, twoShotMin: 2 << 20, captureDirectMin: 1}}
-	want := map[coll.Kind][2]int{ // eager, captured
-		coll.AllReduce:     {2 << 20, 1},
-		coll.ReduceScatter: {8 << 20, 1},
-		coll.Broadcast:     {4 << 20, 4 << 20},
-		coll.AllGather:     {4 << 20, 4 << 20},
-		coll.AllToAll:      {8 << 20, 8 << 20},
-		coll.Reduce:        {8 << 20, 8 << 20},
+	want := map[ops.Kind][2]int{ // eager, captured
+		ops.AllReduce:     {2 << 20, 1},
+		ops.ReduceScatter: {8 << 20, 1},
+		ops.Broadcast:     {4 << 20, 4 << 20},
+		ops.AllGather:     {4 << 20, 4 << 20},
+		ops.AllToAll:      {8 << 20, 8 << 20},
+		ops.Reduce:        {8 << 20, 8 << 20},
 	}
 	for kind, w := range want {
 		for i, capturing := range []bool{false, true} {
 			tm.capturing = capturing
-			require.Equal(t, w[i], tm.directMin(&coll.Op{Kind: kind}), "%v, capturing %v", kind, capturing)
+			require.Equal(t, w[i], tm.directMin(&ops.Op{Kind: kind}), "%v, capturing %v", kind, capturing)
 		}
 	}
 	// all_to_all whose splits differ: from a2avDirectMin, captured or not
 	require.Equal(t, 2<<20, cfg.a2avDirectMin)
 	tm.cfg.a2avDirectMin = 2 << 20
-	a2a := &coll.Op{Kind: coll.AllToAll}
+	a2a := &ops.Op{Kind: ops.AllToAll}
 	for _, capturing := range []bool{false, true} {
 		tm.capturing = capturing
 		require.Equal(t, 2<<20, tm.allToAllDirectMin(a2a, true))
@@ -68,7 +68,7 @@ func TestGPUDirectMinByKind(t *testing.T) {
 	tm.cfg.directMin = 1 << 20 // a lower directMin wins over every kind's own
 	tm.capturing = false
 	for kind := range want {
-		require.LessOrEqual(t, tm.directMin(&coll.Op{Kind: kind}), 1<<20, "%v", kind)
+		require.LessOrEqual(t, tm.directMin(&ops.Op{Kind: kind}), 1<<20, "%v", kind)
 	}
 	require.Equal(t, 1<<20, tm.allToAllDirectMin(a2a, true))
 }
@@ -81,48 +81,48 @@ func TestGPUDirectMinByKind(t *testing.T) {
 func TestLLMoveParams(t *testing.T) {
 	const count = 100 // float32: 400 bytes per segment
 	base := func(r, which int) uintptr { return uintptr(r+1)<<32 | uintptr(which)<<20 }
-	pieces := func(r, which int) []coll.Piece {
-		ps := make([]coll.Piece, 4)
+	pieces := func(r, which int) []ops.Piece {
+		ps := make([]ops.Piece, 4)
 		for q := range ps {
-			ps[q] = coll.Piece{Addr: base(r, which) + uintptr(q)*400, Count: count}
+			ps[q] = ops.Piece{Addr: base(r, which) + uintptr(q)*400, Count: count}
 		}
 		return ps
 	}
 	for world := 2; world <= 4; world++ {
 		root := world - 1
-		ops := map[coll.Kind]func(r int) *coll.Op{
-			coll.Broadcast: func(r int) *coll.Op {
-				return &coll.Op{Kind: coll.Broadcast, Root: root, In: base(r, 1), Out: base(r, 2)}
+		makers := map[ops.Kind]func(r int) *ops.Op{
+			ops.Broadcast: func(r int) *ops.Op {
+				return &ops.Op{Kind: ops.Broadcast, Root: root, In: base(r, 1), Out: base(r, 2)}
 			},
-			coll.AllGather: func(r int) *coll.Op {
-				return &coll.Op{Kind: coll.AllGather, In: base(r, 1), OutPieces: pieces(r, 2)[:world]}
+			ops.AllGather: func(r int) *ops.Op {
+				return &ops.Op{Kind: ops.AllGather, In: base(r, 1), OutPieces: pieces(r, 2)[:world]}
 			},
-			coll.Gather: func(r int) *coll.Op {
-				op := &coll.Op{Kind: coll.Gather, Root: root, In: base(r, 1)}
+			ops.Gather: func(r int) *ops.Op {
+				op := &ops.Op{Kind: ops.Gather, Root: root, In: base(r, 1)}
 				if r == root {
 					op.OutPieces = pieces(r, 2)[:world]
 				}
 				return op
 			},
-			coll.Scatter: func(r int) *coll.Op {
-				op := &coll.Op{Kind: coll.Scatter, Root: root, Out: base(r, 2)}
+			ops.Scatter: func(r int) *ops.Op {
+				op := &ops.Op{Kind: ops.Scatter, Root: root, Out: base(r, 2)}
 				if r == root {
 					op.InPieces = pieces(r, 1)[:world]
 				}
 				return op
 			},
-			coll.AllToAll: func(r int) *coll.Op {
-				return &coll.Op{Kind: coll.AllToAll, InPieces: pieces(r, 1)[:world], OutPieces: pieces(r, 2)[:world]}
+			ops.AllToAll: func(r int) *ops.Op {
+				return &ops.Op{Kind: ops.AllToAll, InPieces: pieces(r, 1)[:world], OutPieces: pieces(r, 2)[:world]}
 			},
 		}
-		for kind, mk := range ops {
+		for kind, mk := range makers {
 			ps := make([]cuda.LLMoveParams, world)
 			for r := range world {
 				tm := &Team{rank: r, world: world, cfg: Config{llMax: 4096}, llArea: cuda.LLAreaBytes(world, 4096)}
 				op := mk(r)
 				op.DType, op.Count = dtype.Float32, count
-				if kind == coll.AllToAll {
-					op.Count = 0 // its pieces carry the counts, as coll.Even leaves them
+				if kind == ops.AllToAll {
+					op.Count = 0 // its pieces carry the counts, as ops.Even leaves them
 				}
 				p, ok := tm.llMoveParams(op)
 				require.True(t, ok, "%s world %d rank %d", kind, world, r)
@@ -139,27 +139,27 @@ func TestLLMoveParams(t *testing.T) {
 				}
 			}
 			switch kind { // where the data comes from and goes, spot checks
-			case coll.Broadcast:
+			case ops.Broadcast:
 				require.Equal(t, base(root, 1), ps[root].Src[0])
 				require.Equal(t, base(0, 2), ps[0].Dst[root])
-			case coll.AllToAll:
+			case ops.AllToAll:
 				require.Equal(t, base(1, 1)+400*0, ps[1].Src[0]) // rank 1's piece for rank 0
 				require.Equal(t, base(0, 2)+400*1, ps[0].Dst[1]) // lands in rank 0's piece from rank 1
-			case coll.Scatter:
+			case ops.Scatter:
 				require.Equal(t, base(root, 1)+400*0, ps[root].Src[0])
 			}
 		}
 	}
 	tm := &Team{rank: 0, world: 2, cfg: Config{llMax: 4096}, llArea: cuda.LLAreaBytes(2, 4096)}
-	big := &coll.Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 1025, In: 1, Out: 1}
+	big := &ops.Op{Kind: ops.Broadcast, DType: dtype.Float32, Count: 1025, In: 1, Out: 1}
 	_, ok := tm.llMoveParams(big)
 	require.False(t, ok, "past LL_MAX")
-	uneven := &coll.Op{Kind: coll.AllToAll, DType: dtype.Float32,
-		InPieces: []coll.Piece{{Addr: 8, Count: 1}, {Addr: 16, Count: 2}}, OutPieces: []coll.Piece{{Addr: 32, Count: 1}, {Addr: 40, Count: 2}}}
+	uneven := &ops.Op{Kind: ops.AllToAll, DType: dtype.Float32,
+		InPieces: []ops.Piece{{Addr: 8, Count: 1}, {Addr: 16, Count: 2}}, OutPieces: []ops.Piece{{Addr: 32, Count: 1}, {Addr: 40, Count: 2}}}
 	_, ok = tm.llMoveParams(uneven)
 	require.False(t, ok, "uneven all_to_all")
 	tm.llArea = 0
-	_, ok = tm.llMoveParams(&coll.Op{Kind: coll.Broadcast, DType: dtype.Float32, Count: 1, In: 1, Out: 1})
+	_, ok = tm.llMoveParams(&ops.Op{Kind: ops.Broadcast, DType: dtype.Float32, Count: 1, In: 1, Out: 1})
 	require.False(t, ok, "no LL area")
 }
 
@@ -177,11 +177,11 @@ func TestA2AVParams(t *testing.T) {
 			for q := range world {
 				tm.stages[q], tm.pads[q] = uintptr(q+1)<<40, uintptr(q+1)<<36
 			}
-			op := &coll.Op{Kind: coll.AllToAll, DType: dtype.BFloat16}
+			op := &ops.Op{Kind: ops.AllToAll, DType: dtype.BFloat16}
 			var in, out uintptr
 			for q := range world {
-				op.InPieces = append(op.InPieces, coll.Piece{Addr: uintptr(r+1)<<32 + in, Count: split(r, q)})
-				op.OutPieces = append(op.OutPieces, coll.Piece{Addr: uintptr(r+1)<<32 + 1<<31 + out, Count: split(q, r)})
+				op.InPieces = append(op.InPieces, ops.Piece{Addr: uintptr(r+1)<<32 + in, Count: split(r, q)})
+				op.OutPieces = append(op.OutPieces, ops.Piece{Addr: uintptr(r+1)<<32 + 1<<31 + out, Count: split(q, r)})
 				in, out = in+uintptr(split(r, q))*2, out+uintptr(split(q, r))*2
 			}
 			ps[r] = tm.a2avParams(op)
@@ -208,7 +208,7 @@ func TestA2AVParams(t *testing.T) {
 	}
 	// A smaller setting caps the pair blocks; the slot is at most what was asked.
 	tm := &Team{rank: 0, world: 2, stage: 32 << 20, cfg: Config{a2avBlocks: 8, a2avSlot: 4096}}
-	p := tm.a2avParams(&coll.Op{Kind: coll.AllToAll, DType: dtype.Float32, InPieces: make([]coll.Piece, 2), OutPieces: make([]coll.Piece, 2)})
+	p := tm.a2avParams(&ops.Op{Kind: ops.AllToAll, DType: dtype.Float32, InPieces: make([]ops.Piece, 2), OutPieces: make([]ops.Piece, 2)})
 	require.EqualValues(t, 8, p.NB)
 	require.EqualValues(t, 4096, p.SlotBytes)
 	grid, _ := cuda.A2AVGrid(2, 8, 0)

@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -33,7 +33,7 @@ func withDeviceWords(t *testing.T, words *[cuda.HostErrorWords]uint32) *State {
 
 // barrier runs a CUDA barrier on g as the queue would.
 func barrier(g *State) error {
-	return g.Run(testGroup, &coll.Op{Kind: coll.Barrier}, Args{Device: 0}, time.Now().Add(time.Second))
+	return g.Run(testGroup, &ops.Op{Kind: ops.Barrier}, Args{Device: 0}, time.Now().Add(time.Second))
 }
 
 // stats is g's counters.

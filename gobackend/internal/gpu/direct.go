@@ -47,11 +47,11 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -181,14 +181,14 @@ func (t *Team) side() *directSide {
 // registered says whether this rank's input of op (n bytes) is a
 // registered CUDA memh of the group's device and at least regMin bytes:
 // then it takes round 1 below directMin.
-func (t *Team) registered(op *coll.Op, n uintptr) bool {
+func (t *Team) registered(op *ops.Op, n uintptr) bool {
 	return int(n) >= t.cfg.regMin && t.inputRegistered(op)
 }
 
 // inputRegistered says whether op's input lies in memory registered on
 // this device (mem_map), whatever its size.
-func (t *Team) inputRegistered(op *coll.Op) bool {
-	lo, span, _ := coll.InputSpan(op)
+func (t *Team) inputRegistered(op *ops.Op) bool {
+	lo, span, _ := ops.InputSpan(op)
 	return t.reg.find(lo, uintptr(span), t.g.ordinal, false) != nil
 }
 
@@ -288,7 +288,7 @@ func (p *peersOf) at(r int, addr uintptr) uintptr { return p.local[r] + (addr - 
 // every relevant record is registered and bound, and binds or refuses the
 // fresh registered memhs by the vote. ok is false, on every rank alike,
 // when the op must stage.
-func (s *directSide) negotiate(metas [][]byte, relevant, need []bool, mode directMode, who *coll.Op, agree agreeFunc) (*peersOf, bool, error) {
+func (s *directSide) negotiate(metas [][]byte, relevant, need []bool, mode directMode, who *ops.Op, agree agreeFunc) (*peersOf, bool, error) {
 	p := &peersOf{regions: make([]boundRegion, s.world), local: make([]uintptr, s.world)}
 	for r, m := range metas {
 		if len(m) < regionBytes {
@@ -535,7 +535,7 @@ func everyone(world int) []bool {
 // registered) and every rank can; done is false when op should take the
 // staged path. all_to_all takes its own route (its agreement carries the
 // splits, allToAllDirect).
-func (t *Team) direct(op *coll.Op, s cuda.Stream, agree agreeFunc) (done bool, err error) {
+func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, err error) {
 	es := uintptr(op.DType.Size())
 	n := uintptr(op.Count) * es
 	if t.world == 1 || n == 0 {
@@ -544,15 +544,15 @@ func (t *Team) direct(op *coll.Op, s cuda.Stream, agree agreeFunc) (done bool, e
 	var mine []spanRec // what peers will address in this rank's memory
 	relevant := everyone(t.world)
 	switch op.Kind {
-	case coll.AllReduce, coll.AllGather:
+	case ops.AllReduce, ops.AllGather:
 		mine = append(mine, spanRec{op.In, n})
-	case coll.Broadcast:
+	case ops.Broadcast:
 		if t.rank == op.Root {
 			mine = append(mine, spanRec{op.In, n})
 		}
 		relevant = make([]bool, t.world)
 		relevant[op.Root] = true
-	case coll.ReduceScatter:
+	case ops.ReduceScatter:
 		for _, pc := range op.InPieces {
 			mine = append(mine, spanRec{pc.Addr, n})
 		}
@@ -572,7 +572,7 @@ func (t *Team) direct(op *coll.Op, s cuda.Stream, agree agreeFunc) (done bool, e
 	meta := make([]byte, regionBytes+8+8*t.world)
 	lo, span := hull(mine)
 	copy(meta, sd.record(lo, span, mode == directAny))
-	if op.Kind == coll.AllReduce && op.In != op.Out {
+	if op.Kind == ops.AllReduce && op.In != op.Out {
 		le.PutUint64(meta, 0) // two-shot runs in place: every rank takes the staged path
 	}
 	le.PutUint64(meta[regionBytes:], uint64(op.In))
@@ -596,13 +596,13 @@ func (t *Team) direct(op *coll.Op, s cuda.Stream, agree agreeFunc) (done bool, e
 	t.counters.directOps.Add(1)
 	in := func(r int) uintptr { return peers.at(r, uintptr(le.Uint64(metas[r][regionBytes:]))) }
 	switch op.Kind {
-	case coll.AllGather:
+	case ops.AllGather:
 		segs := make([]copySeg, 0, t.world)
 		for r, pc := range op.OutPieces {
 			segs = append(segs, copySeg{pc.Addr, in(r), n})
 		}
 		return true, t.moveDirect(segs, n, s)
-	case coll.Broadcast:
+	case ops.Broadcast:
 		var segs []copySeg
 		if t.rank != op.Root {
 			segs = append(segs, copySeg{op.Out, in(op.Root), n})
@@ -610,7 +610,7 @@ func (t *Team) direct(op *coll.Op, s cuda.Stream, agree agreeFunc) (done bool, e
 			segs = append(segs, copySeg{op.Out, op.In, n})
 		}
 		return true, t.moveDirect(segs, n, s)
-	case coll.ReduceScatter:
+	case ops.ReduceScatter:
 		p := t.reduceParams(op)
 		for r := range metas {
 			p.Peers[r] = peers.at(r, uintptr(le.Uint64(metas[r][regionBytes+8+8*t.rank:])))
@@ -630,7 +630,7 @@ func (t *Team) direct(op *coll.Op, s cuda.Stream, agree agreeFunc) (done bool, e
 // allToAllRegistered says whether an equal-split all_to_all of n bytes per
 // piece takes the agreement round for its registered input (ops.go
 // skips the round for equal splits otherwise).
-func (t *Team) allToAllRegistered(op *coll.Op, n uintptr) bool {
+func (t *Team) allToAllRegistered(op *ops.Op, n uintptr) bool {
 	return t.world > 1 && int(n) < t.directMin(op) && t.registered(op, n)
 }
 
@@ -638,7 +638,7 @@ func (t *Team) allToAllRegistered(op *coll.Op, n uintptr) bool {
 // piece has localMax bytes: the driver is asked only from the lower
 // threshold of allToAllDirectMin (whether the splits differ anywhere is
 // known after the agreement).
-func (t *Team) allToAllRecord(sd *directSide, op *coll.Op, localMax uintptr) []byte {
+func (t *Team) allToAllRecord(sd *directSide, op *ops.Op, localMax uintptr) []byte {
 	es := uintptr(op.DType.Size())
 	spans := make([]spanRec, len(op.InPieces))
 	for r, pc := range op.InPieces {
@@ -651,7 +651,7 @@ func (t *Team) allToAllRecord(sd *directSide, op *coll.Op, localMax uintptr) []b
 // allToAllDirectMin is the longest piece from which an all_to_all reads
 // the peers' inputs in place: lower when the splits differ (skewed), since
 // that op pays the agreement round whichever path it takes.
-func (t *Team) allToAllDirectMin(op *coll.Op, skewed bool) int {
+func (t *Team) allToAllDirectMin(op *ops.Op, skewed bool) int {
 	if skewed {
 		return min(t.directMin(op), t.cfg.a2avDirectMin)
 	}
@@ -662,7 +662,7 @@ func (t *Team) allToAllDirectMin(op *coll.Op, skewed bool) int {
 // metas (per rank: 2*world split counts, the record, world piece
 // addresses); longest is the longest piece of all, from dmin bytes it
 // reads any buffers in place. done is false when it must stage.
-func (t *Team) allToAllDirect(sd *directSide, op *coll.Op, s cuda.Stream, all [][]byte, longest uintptr, dmin int, agree agreeFunc) (bool, error) {
+func (t *Team) allToAllDirect(sd *directSide, op *ops.Op, s cuda.Stream, all [][]byte, longest uintptr, dmin int, agree agreeFunc) (bool, error) {
 	w := t.world
 	le := binary.LittleEndian
 	mode := directNone

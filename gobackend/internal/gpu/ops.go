@@ -35,8 +35,8 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -46,13 +46,13 @@ type agreeFunc func(meta []byte) ([][]byte, error)
 
 // KernelSupport says whether the CUDA data plane runs op at all; it is
 // answered before the op takes a sequence number.
-func KernelSupport(op *coll.Op) error {
+func KernelSupport(op *ops.Op) error {
 	switch op.Kind {
-	case coll.AllReduce, coll.Reduce, coll.ReduceScatter:
+	case ops.AllReduce, ops.Reduce, ops.ReduceScatter:
 		if _, _, err := cuda.ReduceKernel(cuda.OneShot, op.DType, op.RedOp); err != nil {
 			return status.Errorf(status.NotSupported, "gosym: %s of %s with %s on CUDA tensors: %v", op.Kind, op.DType, op.RedOp, err)
 		}
-	case coll.Barrier, coll.Broadcast, coll.AllGather, coll.Gather, coll.Scatter, coll.AllToAll:
+	case ops.Barrier, ops.Broadcast, ops.AllGather, ops.Gather, ops.Scatter, ops.AllToAll:
 	default:
 		return status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors is not supported", op.Kind)
 	}
@@ -60,8 +60,8 @@ func KernelSupport(op *coll.Op) error {
 }
 
 // run enqueues op on stream s.
-func (t *Team) run(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
-	if op.Kind == coll.AllReduce || op.Kind == coll.Reduce {
+func (t *Team) run(op *ops.Op, s cuda.Stream, agree agreeFunc) error {
+	if op.Kind == ops.AllReduce || op.Kind == ops.Reduce {
 		return t.reduction(op, s, agree)
 	}
 	if done, err := t.llOp(op, s); done || err != nil {
@@ -71,19 +71,19 @@ func (t *Team) run(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
 		return err
 	}
 	switch op.Kind {
-	case coll.ReduceScatter:
+	case ops.ReduceScatter:
 		return t.reduceScatter(op, s)
-	case coll.Broadcast:
+	case ops.Broadcast:
 		return t.broadcast(op, s)
-	case coll.AllGather:
+	case ops.AllGather:
 		return t.gather(op, s, -1)
-	case coll.Gather:
+	case ops.Gather:
 		return t.gather(op, s, op.Root)
-	case coll.Scatter:
+	case ops.Scatter:
 		return t.scatter(op, s)
-	case coll.AllToAll:
+	case ops.AllToAll:
 		return t.allToAll(op, s, agree)
-	case coll.Barrier:
+	case ops.Barrier:
 		return t.barrier(s)
 	}
 	return status.Errorf(status.NotSupported, "gosym: %s on CUDA tensors", op.Kind)
@@ -96,9 +96,9 @@ func (t *Team) run(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
 // semaphore protocol from semaMin bytes (off by
 // default: measured slower than the kernels' block barriers, see
 // docs/ARCHITECTURE.md); else one-shot or two-shot over the staging.
-func (t *Team) reduction(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
+func (t *Team) reduction(op *ops.Op, s cuda.Stream, agree agreeFunc) error {
 	root := -1
-	if op.Kind == coll.Reduce {
+	if op.Kind == ops.Reduce {
 		root = op.Root
 	}
 	n := op.Count * op.DType.Size()
@@ -145,13 +145,13 @@ func (t *Team) reduction(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
 // staged path copies every rank's whole input in before one byte crosses
 // (4 MiB on 2×H200: broadcast 20.6 µs against 24.9, all_gather 23.0
 // against 28.1).
-func (t *Team) directMin(op *coll.Op) int {
+func (t *Team) directMin(op *ops.Op) int {
 	switch {
-	case t.capturing && (op.Kind == coll.AllReduce || op.Kind == coll.ReduceScatter):
+	case t.capturing && (op.Kind == ops.AllReduce || op.Kind == ops.ReduceScatter):
 		return min(t.cfg.directMin, t.cfg.captureDirectMin)
-	case op.Kind == coll.AllReduce:
+	case op.Kind == ops.AllReduce:
 		return min(t.cfg.directMin, t.cfg.twoShotMin)
-	case op.Kind == coll.Broadcast || op.Kind == coll.AllGather:
+	case op.Kind == ops.Broadcast || op.Kind == ops.AllGather:
 		return min(t.cfg.directMin, t.cfg.moveDirectMin)
 	}
 	return t.cfg.directMin
@@ -241,7 +241,7 @@ func chunks(total, size uintptr, fn func(at, n uintptr) error) error {
 }
 
 // broadcast: the root stages, every other rank pulls from the root's staging.
-func (t *Team) broadcast(op *coll.Op, s cuda.Stream) error {
+func (t *Team) broadcast(op *ops.Op, s cuda.Stream) error {
 	total := uintptr(op.Count * op.DType.Size())
 	return chunks(total, t.stage, func(at, n uintptr) error {
 		var pre, segs []copySeg
@@ -259,7 +259,7 @@ func (t *Team) broadcast(op *coll.Op, s cuda.Stream) error {
 
 // gather (root >= 0) and all_gather (root < 0): every rank stages its input;
 // the receivers pull every rank's staging into their output pieces.
-func (t *Team) gather(op *coll.Op, s cuda.Stream, root int) error {
+func (t *Team) gather(op *ops.Op, s cuda.Stream, root int) error {
 	total := uintptr(op.Count * op.DType.Size())
 	return chunks(total, t.stage, func(at, n uintptr) error {
 		var segs []copySeg
@@ -277,7 +277,7 @@ func (t *Team) gather(op *coll.Op, s cuda.Stream, root int) error {
 func (t *Team) region() uintptr { return (t.stage / uintptr(t.world)) &^ 15 }
 
 // scatter: the root stages piece r into region r; rank r pulls region r.
-func (t *Team) scatter(op *coll.Op, s cuda.Stream) error {
+func (t *Team) scatter(op *ops.Op, s cuda.Stream) error {
 	total, reg := uintptr(op.Count*op.DType.Size()), t.region()
 	return chunks(total, reg, func(at, n uintptr) error {
 		var pre []copySeg
@@ -292,7 +292,7 @@ func (t *Team) scatter(op *coll.Op, s cuda.Stream) error {
 }
 
 // reduceParams is the ARParams every reduction of op starts from.
-func (t *Team) reduceParams(op *coll.Op) cuda.ARParams {
+func (t *Team) reduceParams(op *ops.Op) cuda.ARParams {
 	return cuda.ARParams{Peers: t.stages, Pads: t.pads, TimeoutNs: t.timeoutNs, Scale: reduceScale(op, t.world),
 		World: int32(t.world), Rank: int32(t.rank)}
 }
@@ -300,7 +300,7 @@ func (t *Team) reduceParams(op *coll.Op) cuda.ARParams {
 // reduceKernel launches the one- or two-shot kernel of op with p, or, on a
 // rank that receives nothing (reduce's non-roots: out == 0), gs_copy with
 // no segments in the same grid, which takes part in the same barriers.
-func (t *Team) reduceKernel(op *coll.Op, algo cuda.Algo, p *cuda.ARParams, s cuda.Stream) error {
+func (t *Team) reduceKernel(op *ops.Op, algo cuda.Algo, p *cuda.ARParams, s cuda.Stream) error {
 	grid, block := t.reduceGrid(algo, p.Numel, op.DType.Size())
 	if p.Out == 0 && p.In == 0 && algo == cuda.OneShot { // nothing to stage or to reduce here
 		return t.copyKernel(nil, nil, grid, s)
@@ -345,7 +345,7 @@ func (t *Team) lowLatency(n int) bool {
 // and reduces what arrives in its own (allreduce.cu), with no barrier, no
 // staging copy and no host round; the peers' LL areas lie after their
 // staging.
-func (t *Team) llReduce(op *coll.Op, in uintptr, inStride uint64, s cuda.Stream) error {
+func (t *Team) llReduce(op *ops.Op, in uintptr, inStride uint64, s cuda.Stream) error {
 	p := t.reduceParams(op)
 	p.Peers = t.llAreas()
 	p.In, p.InStride, p.Out, p.Numel = in, inStride, op.Out, uint64(op.Count)
@@ -367,8 +367,8 @@ func (t *Team) llAreas() (a [cuda.MaxRanks]uintptr) {
 // segment as LL lines, with no barrier, no staging copy and no host round.
 // It reports false for the ops it does not take; every rank decides
 // alike, from the segment size.
-func (t *Team) llOp(op *coll.Op, s cuda.Stream) (bool, error) {
-	if op.Kind == coll.ReduceScatter {
+func (t *Team) llOp(op *ops.Op, s cuda.Stream) (bool, error) {
+	if op.Kind == ops.ReduceScatter {
 		es := uintptr(op.DType.Size())
 		stride, even := pieceStride(op.InPieces, es)
 		if !even || !t.lowLatency(op.Count*op.DType.Size()) {
@@ -395,37 +395,37 @@ func (t *Team) llOp(op *coll.Op, s cuda.Stream) (bool, error) {
 // data movement that the kernel takes: what this rank sends each peer
 // (Src) and where what each peer sends it goes (Dst). Rank q's Src[r] is
 // set exactly when rank r's Dst[q] is; the others exchange a handshake.
-func (t *Team) llMoveParams(op *coll.Op) (cuda.LLMoveParams, bool) {
+func (t *Team) llMoveParams(op *ops.Op) (cuda.LLMoveParams, bool) {
 	p := cuda.LLMoveParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank)}
 	n := uintptr(op.Count * op.DType.Size())
-	pieces := func(dst *[cuda.MaxRanks]uintptr, ps []coll.Piece) {
+	pieces := func(dst *[cuda.MaxRanks]uintptr, ps []ops.Piece) {
 		for q := range t.world {
 			dst[q] = ps[q].Addr
 		}
 	}
 	switch op.Kind {
-	case coll.Broadcast:
+	case ops.Broadcast:
 		if t.rank == op.Root {
 			for q := range t.world {
 				p.Src[q] = op.In
 			}
 		}
 		p.Dst[op.Root] = op.Out
-	case coll.AllGather, coll.Gather:
+	case ops.AllGather, ops.Gather:
 		for q := range t.world {
-			if op.Kind == coll.AllGather || q == op.Root {
+			if op.Kind == ops.AllGather || q == op.Root {
 				p.Src[q] = op.In
 			}
 		}
-		if op.Kind == coll.AllGather || t.rank == op.Root {
+		if op.Kind == ops.AllGather || t.rank == op.Root {
 			pieces(&p.Dst, op.OutPieces)
 		}
-	case coll.Scatter:
+	case ops.Scatter:
 		if t.rank == op.Root {
 			pieces(&p.Src, op.InPieces)
 		}
 		p.Dst[op.Root] = op.Out
-	case coll.AllToAll:
+	case ops.AllToAll:
 		c, ok := uniform(op)
 		if !ok {
 			return p, false
@@ -454,7 +454,7 @@ func (t *Team) llMoveParams(op *coll.Op) (cuda.LLMoveParams, bool) {
 //     data over NVLink twice instead of all of it once.
 //
 // Both fold in rank order, so every rank gets the same bits either way.
-func (t *Team) reduce(op *coll.Op, s cuda.Stream, root int) error {
+func (t *Team) reduce(op *ops.Op, s cuda.Stream, root int) error {
 	if op.Count == 0 {
 		return nil
 	}
@@ -490,7 +490,7 @@ func (t *Team) reduce(op *coll.Op, s cuda.Stream, root int) error {
 
 // reduceScatter: each rank stages its piece for rank r into region r, then
 // rank r reduces region r of every rank's staging into its output.
-func (t *Team) reduceScatter(op *coll.Op, s cuda.Stream) error {
+func (t *Team) reduceScatter(op *ops.Op, s cuda.Stream) error {
 	if op.Count == 0 {
 		return nil
 	}
@@ -521,7 +521,7 @@ func (t *Team) fuses(n uintptr) bool { return int(n) <= t.cfg.fuseMax && !t.capt
 
 // pieceStride reports whether pieces lie evenly spaced, stride bytes apart
 // (a positive multiple of es), as reduce_scatter_tensor's do.
-func pieceStride(pieces []coll.Piece, es uintptr) (stride uintptr, even bool) {
+func pieceStride(pieces []ops.Piece, es uintptr) (stride uintptr, even bool) {
 	if len(pieces) < 2 || pieces[1].Addr <= pieces[0].Addr {
 		return 0, false
 	}
@@ -538,7 +538,7 @@ func pieceStride(pieces []coll.Piece, es uintptr) (stride uintptr, even bool) {
 // each rank, and expects from each); then, per chunk of one region, rank i
 // stages its piece for rank j into region j, and pulls region i of every
 // rank j's staging into its piece from j.
-func (t *Team) allToAll(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
+func (t *Team) allToAll(op *ops.Op, s cuda.Stream, agree agreeFunc) error {
 	es := uintptr(op.DType.Size())
 	n, even := uniform(op)
 	if even && int(n*es) < t.directMin(op) && !t.allToAllRegistered(op, n*es) {
@@ -603,7 +603,7 @@ func (t *Team) allToAll(op *coll.Op, s cuda.Stream, agree agreeFunc) error {
 // allToAllPaced runs an all_to_all as one gs_a2av launch: each pair of
 // ranks moves its piece through the sender's staging region for the
 // receiver, pacing itself through counters on the two pads.
-func (t *Team) allToAllPaced(op *coll.Op, s cuda.Stream) error {
+func (t *Team) allToAllPaced(op *ops.Op, s cuda.Stream) error {
 	f, err := t.function(cuda.A2AVKernel)
 	if err != nil {
 		return err
@@ -617,7 +617,7 @@ func (t *Team) allToAllPaced(op *coll.Op, s cuda.Stream) error {
 
 // a2avParams is gs_a2av's parameter for op on this rank. Its shape (NB,
 // SlotBytes, Region) comes from settings every rank shares.
-func (t *Team) a2avParams(op *coll.Op) cuda.A2AVParams {
+func (t *Team) a2avParams(op *ops.Op) cuda.A2AVParams {
 	es := uint64(op.DType.Size())
 	nb := cuda.A2AVBlocksFor(t.world, t.cfg.a2avBlocks)
 	region := t.region()
@@ -634,7 +634,7 @@ func (t *Team) a2avParams(op *coll.Op) cuda.A2AVParams {
 
 // allToAllChunks runs all_to_all staged, in chunks of one region, for a
 // longest piece (over all ranks) of longest bytes.
-func (t *Team) allToAllChunks(op *coll.Op, s cuda.Stream, longest uintptr) error {
+func (t *Team) allToAllChunks(op *ops.Op, s cuda.Stream, longest uintptr) error {
 	es := uintptr(op.DType.Size())
 	reg := t.region()
 	return chunks(longest, reg, func(at, n uintptr) error {
@@ -656,7 +656,7 @@ func (t *Team) allToAllChunks(op *coll.Op, s cuda.Stream, longest uintptr) error
 
 // uniform reports whether every input and output piece of op has the same
 // count n.
-func uniform(op *coll.Op) (n uintptr, ok bool) {
+func uniform(op *ops.Op) (n uintptr, ok bool) {
 	c := op.InPieces[0].Count
 	for j := range op.InPieces {
 		if op.InPieces[j].Count != c || op.OutPieces[j].Count != c {

@@ -11,10 +11,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dlog"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
@@ -64,7 +64,7 @@ func swapFD(peers Peers, body []byte, fds []int, deadline time.Time) ([]comm.FDM
 // Run runs a CUDA op of grp in its turn on the collective queue (every
 // rank runs the group's CUDA ops in the same order): the first sets the
 // plane up on every rank.
-func (g *State) Run(grp Group, op *coll.Op, a Args, deadline time.Time) error {
+func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 	if g.err != nil {
 		return g.err
 	}

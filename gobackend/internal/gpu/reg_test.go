@@ -12,10 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
 // The CUDA binding protocol (direct.go, reg.go) on simulated ranks:
@@ -345,7 +345,7 @@ func runOp(ranks []*fakeRank, addrs []uintptr, n uintptr, mode directMode) ([]op
 				lo, span = addrs[r], n
 			}
 			metas, _ := ag.of(r)(sd.record(lo, span, mode == directAny))
-			op := &coll.Op{Kind: coll.AllGather}
+			op := &ops.Op{Kind: ops.AllGather}
 			res[r].peers, res[r].ok, res[r].err = sd.negotiate(metas, everyone(w), everyone(w), mode, op, ag.of(r))
 		}()
 	}

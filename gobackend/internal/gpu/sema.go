@@ -11,11 +11,11 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
 // semaMemopWait is GOSYM_GPU_SEMA_WAIT=memop: the protocol waits with
@@ -29,7 +29,7 @@ var semaMemopWait = sync.OnceValue(func() bool { return config.GPUSemaWait.Get()
 // unicast pull kernel: an all_reduce when root < 0, otherwise a reduce whose
 // result only root gets (op.Out may be 0 elsewhere, and no rank's input is
 // written). Every rank must run the same op with the same root.
-func (t *Team) semaReduce(op *coll.Op, s cuda.Stream, root int) error {
+func (t *Team) semaReduce(op *ops.Op, s cuda.Stream, root int) error {
 	return t.semaRun(op, s, root, 0)
 }
 
@@ -40,11 +40,11 @@ func (t *Team) semaReduce(op *coll.Op, s cuda.Stream, root int) error {
 // reduce runs one-shot at the root. Only SUM, MIN, MAX of float32 (SUM),
 // float16 and bfloat16 exist (cuda.NVLSKernel); the caller falls back for
 // the rest.
-func (t *Team) nvlsReduce(op *coll.Op, s cuda.Stream, root int, mc uintptr) error {
+func (t *Team) nvlsReduce(op *ops.Op, s cuda.Stream, root int, mc uintptr) error {
 	return t.semaRun(op, s, root, mc)
 }
 
-func (t *Team) semaRun(op *coll.Op, s cuda.Stream, root int, mc uintptr) error {
+func (t *Team) semaRun(op *ops.Op, s cuda.Stream, root int, mc uintptr) error {
 	if op.Count == 0 {
 		return nil
 	}
@@ -57,7 +57,7 @@ func (t *Team) semaRun(op *coll.Op, s cuda.Stream, root int, mc uintptr) error {
 
 // reduceScale is the kernels' Scale for op: the world size for AVG, the
 // factor for PREMUL_SUM, 1 otherwise.
-func reduceScale(op *coll.Op, world int) float64 {
+func reduceScale(op *ops.Op, world int) float64 {
 	switch op.RedOp {
 	case dtype.Avg:
 		return float64(world)
@@ -92,7 +92,7 @@ type algoStats struct {
 }
 
 // Add counts one op of this rank run with a.
-func (s *algoStats) Add(a algoKind, rank int, op *coll.Op) {
+func (s *algoStats) Add(a algoKind, rank int, op *ops.Op) {
 	s.n[a].Add(1)
 	if prev := s.last.Swap(int32(a) + 1); prev != int32(a)+1 {
 		dlog.Printf("rank %d: CUDA %s of %d %s (seq %d) runs %s", rank, op.Kind, op.Count, op.DType, op.Seq, a)

@@ -10,15 +10,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
 func TestGPUAlgoStats(t *testing.T) {
 	var s algoStats
-	op := &coll.Op{Kind: coll.AllReduce, DType: dtype.Float32, Count: 3}
+	op := &ops.Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 3}
 	for _, a := range []algoKind{algoOneShot, algoSema, algoSema, algoNVLS, algoSema, algoLL} {
 		s.Add(a, 0, op)
 	}
@@ -29,9 +29,9 @@ func TestGPUAlgoStats(t *testing.T) {
 }
 
 func TestReduceScale(t *testing.T) {
-	require.Equal(t, float64(4), reduceScale(&coll.Op{RedOp: dtype.Avg}, 4))
-	require.Equal(t, float64(0.5), reduceScale(&coll.Op{RedOp: dtype.PremulSum, Scale: 0.5}, 4))
-	require.Equal(t, float64(1), reduceScale(&coll.Op{RedOp: dtype.Max, Scale: 0.5}, 4))
+	require.Equal(t, float64(4), reduceScale(&ops.Op{RedOp: dtype.Avg}, 4))
+	require.Equal(t, float64(0.5), reduceScale(&ops.Op{RedOp: dtype.PremulSum, Scale: 0.5}, 4))
+	require.Equal(t, float64(1), reduceScale(&ops.Op{RedOp: dtype.Max, Scale: 0.5}, 4))
 }
 
 // memPeers is Peers for ranks simulated in one process: the barrier is a

@@ -14,9 +14,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -36,31 +36,31 @@ const (
 // bytes; the root. Counts that may differ between ranks (all_to_all's
 // splits, uneven all_gather and reduce_scatter pieces, gather and scatter)
 // are not compared: gs_a2av checks splits itself.
-func signature(op *coll.Op) uint64 {
+func signature(op *ops.Op) uint64 {
 	var dt, red, root, count uint64
 	elems := op.Count
 	switch op.Kind {
-	case coll.AllReduce, coll.Reduce, coll.ReduceScatter:
+	case ops.AllReduce, ops.Reduce, ops.ReduceScatter:
 		dt, red = uint64(op.DType)+1, uint64(op.RedOp)+1
-	case coll.Broadcast, coll.AllGather:
+	case ops.Broadcast, ops.AllGather:
 		elems *= op.DType.Size()
 	default:
 		elems = -1
 	}
-	if op.Kind == coll.ReduceScatter && !even(op.InPieces, op.Count) || op.Kind == coll.AllGather && !even(op.OutPieces, op.Count) {
+	if op.Kind == ops.ReduceScatter && !even(op.InPieces, op.Count) || op.Kind == ops.AllGather && !even(op.OutPieces, op.Count) {
 		elems = -1
 	}
 	if elems >= 0 {
 		count = uint64(min(elems, sigCountMax)) + 1
 	}
 	switch op.Kind {
-	case coll.Reduce, coll.Broadcast, coll.Gather, coll.Scatter:
+	case ops.Reduce, ops.Broadcast, ops.Gather, ops.Scatter:
 		root = uint64(op.Root) + 1
 	}
 	return uint64(op.Kind) | dt<<sigDTypeShift | red<<sigRedShift | root<<sigRootShift | count<<sigCountShift
 }
 
-func even(ps []coll.Piece, n int) bool {
+func even(ps []ops.Piece, n int) bool {
 	for _, p := range ps {
 		if p.Count != n {
 			return false
@@ -72,7 +72,7 @@ func even(ps []coll.Piece, n int) bool {
 // describeSig says what sig holds, as a user passed it.
 func describeSig(sig uint64) string {
 	field := func(shift, bits int) uint64 { return sig >> shift & (1<<bits - 1) }
-	parts := []string{coll.Kind(field(0, sigKindBits)).String()}
+	parts := []string{ops.Kind(field(0, sigKindBits)).String()}
 	dt, red, root, count := field(sigDTypeShift, sigDTypeBits), field(sigRedShift, sigRedBits), field(sigRootShift, sigRootBits), sig>>sigCountShift
 	switch {
 	case count != 0 && dt != 0:
@@ -94,7 +94,7 @@ func describeSig(sig uint64) string {
 // checkSig publishes op's signature; when a peer's differs it refuses op
 // (symm.Team.Refuse), aborts the kernels of the peers that already
 // enqueued it, and returns the error naming both.
-func (t *Team) checkSig(grp Group, op *coll.Op) error {
+func (t *Team) checkSig(grp Group, op *ops.Op) error {
 	mine := signature(op)
 	peer, theirs, posted := grp.Peers.Sign(op.Seq, mine)
 	if peer < 0 {
@@ -113,7 +113,7 @@ func differ(peer int, theirs uint64, me int, mine uint64) string {
 	return fmt.Sprintf("the ranks' arguments differ: rank %d passed %s; rank %d (this rank) passed %s", peer, describeSig(theirs), me, describeSig(mine))
 }
 
-func mismatchError(grp Group, op *coll.Op, why string) error {
+func mismatchError(grp Group, op *ops.Op, why string) error {
 	return status.Errorf(status.Mismatch, "gosym: %s (seq %d) of group %q on CUDA tensors: %s; the group cannot run CUDA ops any more",
 		op.Kind, op.Seq, grp.Name, why)
 }
@@ -121,7 +121,7 @@ func mismatchError(grp Group, op *coll.Op, why string) error {
 // explainRefusal is the error of op's host round (an agreement of the
 // direct path, say) when it failed because a peer refused op: both ranks'
 // arguments; nil for other errors.
-func explainRefusal(grp Group, op *coll.Op, err error) error {
+func explainRefusal(grp Group, op *ops.Op, err error) error {
 	if status.CodeOf(err) != status.Mismatch {
 		return nil
 	}

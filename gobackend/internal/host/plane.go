@@ -1,3 +1,7 @@
+// Package host is the host data plane's arithmetic: the CPU copy and the
+// reduction loops (C, reduce.c, with an AVX2 copy chosen at load) that the
+// CPU collectives (internal/coll) run through Plane. The shared memory they
+// run on is internal/shm's.
 package host
 
 import (

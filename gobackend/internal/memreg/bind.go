@@ -11,7 +11,7 @@ import (
 
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/dlog"
-	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -47,7 +47,7 @@ type peerKey struct {
 // replaced) while pinned leaves the cache at once and is unmapped by its
 // last release.
 type peerMap struct {
-	region *host.Region
+	region *shm.Region
 	base   uintptr // where the peer's memh starts in region
 	pins   int     // ops using it now; under Binder.mu
 	gone   bool    // no longer in the cache; under Binder.mu
@@ -203,7 +203,7 @@ func (b *Binder) receive(r int, id uint64, deadline time.Time) error {
 	if err := b.fault("map"); err != nil {
 		return err
 	}
-	region, err := host.MapFD(fds[0], size)
+	region, err := shm.MapFD(fds[0], size)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 )
 
 var errInjected = errors.New("injected fault")
@@ -90,7 +90,7 @@ func TestFaultInjection(t *testing.T) {
 	}
 	t.Logf("%d steps: %v", len(steps), steps)
 
-	fds, regions, memfds, gs := openFDs(), host.LiveRegions(), host.LiveFDs(), runtime.NumGoroutine()
+	fds, regions, memfds, gs := openFDs(), shm.LiveRegions(), shm.LiveFDs(), runtime.NumGoroutine()
 	const calls = 1000
 	for i := 0; i < calls; i++ {
 		n := i % len(steps)
@@ -104,8 +104,8 @@ func TestFaultInjection(t *testing.T) {
 			require.ErrorIs(t, err, errInjected)
 			require.Contains(t, err.Error(), steps[n])
 		}
-		require.Equal(t, regions, host.LiveRegions(), "step %s", steps[n])
-		require.Equal(t, memfds, host.LiveFDs(), "step %s", steps[n])
+		require.Equal(t, regions, shm.LiveRegions(), "step %s", steps[n])
+		require.Equal(t, memfds, shm.LiveFDs(), "step %s", steps[n])
 	}
 	assert.Equal(t, fds, openFDs())
 	// Polled by hand: assert.Eventually runs its condition on a goroutine.

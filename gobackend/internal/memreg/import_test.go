@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -111,13 +111,13 @@ func TestUnmapExportBeforeImport(t *testing.T) {
 	blob, err := a.Pack()
 	require.NoError(t, err)
 	require.NoError(t, exp.Unmap(a))
-	regions := host.LiveRegions()
+	regions := shm.LiveRegions()
 	m, err := imp.Import(blob)
 	require.Error(t, err)
 	assert.Nil(t, m)
 	assert.Contains(t, err.Error(), "refused")
 	assert.Equal(t, status.Peer, status.CodeOf(err))
-	assert.Equal(t, regions, host.LiveRegions())
+	assert.Equal(t, regions, shm.LiveRegions())
 	assert.Equal(t, int64(1), exp.Stats()["refusals"])
 	assert.Equal(t, int64(0), imp.Stats()["live"])
 
@@ -136,7 +136,7 @@ func TestUnmapExportBeforeImport(t *testing.T) {
 // 20 cycles, alternating which side unmaps first, leak-free.
 func TestRepeatedExportImportCycles(t *testing.T) {
 	exp, imp := newDomain(t), newDomain(t)
-	fds, regions, memfds := openFDs(), host.LiveRegions(), host.LiveFDs()
+	fds, regions, memfds := openFDs(), shm.LiveRegions(), shm.LiveFDs()
 	for i := 0; i < 20; i++ {
 		a, err := exp.Alloc(4096 * (1 + i%4))
 		require.NoError(t, err)
@@ -154,8 +154,8 @@ func TestRepeatedExportImportCycles(t *testing.T) {
 			require.NoError(t, imp.Unmap(m))
 			require.NoError(t, exp.Unmap(a))
 		}
-		require.Equal(t, regions, host.LiveRegions(), "cycle %d", i)
-		require.Equal(t, memfds, host.LiveFDs(), "cycle %d", i)
+		require.Equal(t, regions, shm.LiveRegions(), "cycle %d", i)
+		require.Equal(t, memfds, shm.LiveFDs(), "cycle %d", i)
 	}
 	// The fd server's listener is the only new descriptor.
 	assert.Equal(t, fds+1, openFDs())
@@ -304,14 +304,14 @@ func TestImportBadExporter(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			imp := newDomain(t)
-			fds, regions := openFDs(), host.LiveRegions()
+			fds, regions := openFDs(), shm.LiveRegions()
 			blob := fakeExporter(t, 4096, tt.reply(t))
 			m, err := imp.ImportDeadline(blob, time.Now().Add(200*time.Millisecond))
 			require.Error(t, err)
 			assert.Nil(t, m)
 			assert.Equal(t, tt.code, status.CodeOf(err), err.Error())
 			assert.Contains(t, err.Error(), tt.want)
-			assert.Equal(t, regions, host.LiveRegions())
+			assert.Equal(t, regions, shm.LiveRegions())
 			// The fake's own fds aside (listener, conn, its memfds), the importer closed all it received.
 			n := 0
 			for _, e := range must(os.ReadDir("/proc/self/fd")) {

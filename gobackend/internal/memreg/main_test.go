@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/leakcheck"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 )
 
 func goroutines() int { return leakcheck.Goroutines() }
@@ -18,10 +18,10 @@ func openFDs() int { return leakcheck.OpenFDs() }
 func TestMain(m *testing.M) {
 	leakcheck.Main(m, func() string {
 		var s string
-		if n := host.LiveRegions(); n != 0 {
+		if n := shm.LiveRegions(); n != 0 {
 			s += fmt.Sprintf(" mappings %d", n)
 		}
-		if n := host.LiveFDs(); n != 0 {
+		if n := shm.LiveFDs(); n != 0 {
 			s += fmt.Sprintf(" memfds %d", n)
 		}
 		return s

@@ -37,7 +37,7 @@ import (
 	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/config"
-	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -135,7 +135,7 @@ func (d *Domain) fault(step string) error {
 // allocation is a region this domain created; refs counts its holders:
 // the Alloc memh, memhs mapped inside it, and fd hand-outs in flight.
 type allocation struct {
-	region *host.Region
+	region *shm.Region
 	refs   int // guarded by Domain.mu
 }
 
@@ -150,10 +150,10 @@ type Memh struct {
 	device int
 	local  uintptr // this process's address of the range
 
-	alloc  *allocation  // export inside a region of this domain (shareable), else nil
-	imp    *host.Region // import: this process's mapping of the exporter's region
-	offset int          // offset of the range in alloc's region, imp, or the CUDA allocation
-	owner  bool         // made by Alloc: its alloc ref is the region's first
+	alloc  *allocation // export inside a region of this domain (shareable), else nil
+	imp    *shm.Region // import: this process's mapping of the exporter's region
+	offset int         // offset of the range in alloc's region, imp, or the CUDA allocation
+	owner  bool        // made by Alloc: its alloc ref is the region's first
 	secret [secretLen]byte
 
 	cuda      *CUDAShare // export of shareable device memory: its allocation
@@ -243,7 +243,7 @@ func (d *Domain) Alloc(size int) (*Memh, error) {
 	if err := d.fault("alloc.memfd"); err != nil {
 		return nil, err
 	}
-	r, err := host.NewRegion(fmt.Sprintf("memreg:%d", size), size)
+	r, err := shm.NewRegion(fmt.Sprintf("memreg:%d", size), size)
 	if err != nil {
 		return nil, status.Wrap(status.System, err, "memreg: alloc %d bytes", size)
 	}
@@ -716,7 +716,7 @@ func (d *Domain) ImportOn(blob []byte, device int, deadline time.Time) (*Memh, e
 	if err != nil {
 		return nil, err
 	}
-	r, err := host.MapFD(fd, int(p.memfd.regionLen))
+	r, err := shm.MapFD(fd, int(p.memfd.regionLen))
 	closeFD(fd) // the mapping keeps the file
 	if err != nil {
 		return nil, status.Wrap(status.System, err, "memreg: import: map the region of pid %d", p.pid)

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -140,9 +140,9 @@ func TestUnmap(t *testing.T) {
 	assert.Equal(t, status.InvalidHandle, status.CodeOf(d.Unmap(b)), "a memh of another domain")
 	assert.Equal(t, status.InvalidHandle, status.CodeOf(d.Unmap(&Memh{})))
 
-	regions := host.LiveRegions()
+	regions := shm.LiveRegions()
 	require.NoError(t, d.Unmap(a))
-	assert.Equal(t, regions-1, host.LiveRegions())
+	assert.Equal(t, regions-1, shm.LiveRegions())
 	require.NoError(t, d.Unmap(a), "a second unmap is a no-op")
 	assert.Equal(t, int64(1), d.Stats()["unmaps"])
 	assert.Nil(t, a.Bytes())
@@ -163,7 +163,7 @@ func TestUnmap(t *testing.T) {
 
 func TestRegionRefcount(t *testing.T) {
 	d := newDomain(t)
-	regions := host.LiveRegions()
+	regions := shm.LiveRegions()
 	a, err := d.Alloc(8192)
 	require.NoError(t, err)
 	sub, err := d.Map(a.Address()+4096, 16, HostDevice)
@@ -171,7 +171,7 @@ func TestRegionRefcount(t *testing.T) {
 
 	// The region outlives its Alloc memh while a memh inside it is mapped.
 	require.NoError(t, d.Unmap(a))
-	assert.Equal(t, regions+1, host.LiveRegions())
+	assert.Equal(t, regions+1, shm.LiveRegions())
 	sub.Bytes()[0] = 7
 	assert.Equal(t, int64(1), d.Stats()["regions"])
 	// ... but its range is no longer a shareable allocation.
@@ -180,7 +180,7 @@ func TestRegionRefcount(t *testing.T) {
 	assert.False(t, late.Shareable())
 	require.NoError(t, d.Unmap(late))
 	require.NoError(t, d.Unmap(sub))
-	assert.Equal(t, regions, host.LiveRegions())
+	assert.Equal(t, regions, shm.LiveRegions())
 	assert.Equal(t, int64(0), d.Stats()["regions"])
 
 	// A retained memh keeps its memory past Unmap until released.
@@ -191,9 +191,9 @@ func TestRegionRefcount(t *testing.T) {
 	require.NoError(t, d.Unmap(b))
 	b.Bytes()[4095] = 1
 	require.NoError(t, b.Release())
-	assert.Equal(t, regions+1, host.LiveRegions())
+	assert.Equal(t, regions+1, shm.LiveRegions())
 	require.NoError(t, b.Release())
-	assert.Equal(t, regions, host.LiveRegions())
+	assert.Equal(t, regions, shm.LiveRegions())
 	assert.Equal(t, status.InvalidArg, status.CodeOf(b.Release()), "more releases than retains")
 	assert.Nil(t, b.Bytes())
 }
@@ -375,7 +375,7 @@ func TestSlowUnmapDoesNotBlock(t *testing.T) {
 func TestConcurrentUse(t *testing.T) {
 	d := newDomain(t)
 	importer := newDomain(t)
-	regions := host.LiveRegions()
+	regions := shm.LiveRegions()
 	var wg sync.WaitGroup
 	for g := 0; g < 4; g++ {
 		wg.Add(1)
@@ -412,7 +412,7 @@ func TestConcurrentUse(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	assert.Equal(t, regions, host.LiveRegions())
+	assert.Equal(t, regions, shm.LiveRegions())
 	assert.Equal(t, int64(0), d.Stats()["live"])
 	assert.Equal(t, int64(100), d.Stats()["served"])
 }

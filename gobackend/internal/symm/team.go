@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/comm"
-	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"golang.org/x/sys/unix"
 )
@@ -20,11 +20,11 @@ type Team struct {
 	Mesh *comm.Mesh
 	Spin time.Duration // how long a wait polls before it sleeps on a futex
 
-	ctrl, data []*host.Region // indexed by rank
-	aborted    atomic.Bool    // set by Abort: every wait fails at once
-	step       uint32         // barriers this rank has entered
-	pub        uint32         // publications this rank has made (slot sequence number)
-	stalls     atomic.Int64   // publications that waited for a peer to copy out a slot
+	ctrl, data []*shm.Region // indexed by rank
+	aborted    atomic.Bool   // set by Abort: every wait fails at once
+	step       uint32        // barriers this rank has entered
+	pub        uint32        // publications this rank has made (slot sequence number)
+	stalls     atomic.Int64  // publications that waited for a peer to copy out a slot
 }
 
 // Who names the operation a wait belongs to, for error messages.
@@ -40,16 +40,16 @@ func (w Who) String() string { return fmt.Sprintf("%s (seq %d)", w.Op, w.Seq) }
 func NewTeam(m *comm.Mesh, l Layout, name string, deadline time.Time) (_ *Team, err error) {
 	world := len(m.Peers)
 	t := &Team{L: l, Rank: m.Rank, Mesh: m, Spin: 20 * time.Microsecond,
-		ctrl: make([]*host.Region, world), data: make([]*host.Region, world)}
+		ctrl: make([]*shm.Region, world), data: make([]*shm.Region, world)}
 	defer func() {
 		if err != nil {
 			t.Close()
 		}
 	}()
-	if t.ctrl[t.Rank], err = host.NewRegion(name+":ctrl", l.CtrlBytes); err != nil {
+	if t.ctrl[t.Rank], err = shm.NewRegion(name+":ctrl", l.CtrlBytes); err != nil {
 		return nil, err
 	}
-	if t.data[t.Rank], err = host.NewRegion(name+":data", l.DataBytes); err != nil {
+	if t.data[t.Rank], err = shm.NewRegion(name+":data", l.DataBytes); err != nil {
 		return nil, err
 	}
 	hdr := t.ctrl[t.Rank].Bytes()
@@ -109,10 +109,10 @@ func (t *Team) mapPeer(r int, link *comm.Link, deadline time.Time) error {
 	if len(fds) != 2 {
 		return status.Errorf(status.Peer, "rank %d sent %d fds for its regions, not 2", r, len(fds))
 	}
-	if t.ctrl[r], err = host.MapFD(fds[0], t.L.CtrlBytes); err != nil {
+	if t.ctrl[r], err = shm.MapFD(fds[0], t.L.CtrlBytes); err != nil {
 		return status.Wrap(status.System, err, "map control region of rank %d", r)
 	}
-	if t.data[r], err = host.MapFD(fds[1], t.L.DataBytes); err != nil {
+	if t.data[r], err = shm.MapFD(fds[1], t.L.DataBytes); err != nil {
 		return status.Wrap(status.System, err, "map data region of rank %d", r)
 	}
 	hdr := t.ctrl[r].Bytes()
@@ -132,7 +132,7 @@ func (t *Team) Close() {
 		t.wake(own.Word32(offStep))
 	}
 	for r := range t.ctrl {
-		for _, reg := range []*host.Region{t.ctrl[r], t.data[r]} {
+		for _, reg := range []*shm.Region{t.ctrl[r], t.data[r]} {
 			if reg != nil {
 				reg.Close()
 			}
@@ -151,7 +151,7 @@ func (t *Team) Abort() {
 	if own := t.ctrl[t.Rank]; own != nil {
 		b := own.Word32(offBell)
 		atomic.AddUint32(b, 1)
-		host.FutexWake(b) // WaitBell returns
+		shm.FutexWake(b) // WaitBell returns
 	}
 }
 
@@ -169,7 +169,7 @@ func (t *Team) Ring(d int) {
 	atomic.AddUint32(t.ctrl[d].Word32(t.L.bellsOff(t.Rank)), 1)
 	b := t.ctrl[d].Word32(offBell)
 	atomic.AddUint32(b, 1)
-	host.FutexWake(b)
+	shm.FutexWake(b)
 }
 
 // Bell is this rank's bell word: read it before Rings, then WaitBell on
@@ -186,7 +186,7 @@ func (t *Team) Rings(n []uint32) {
 
 // WaitBell sleeps until the bell is no longer seen, for at most d.
 func (t *Team) WaitBell(seen uint32, d time.Duration) {
-	host.FutexWait(t.ctrl[t.Rank].Word32(offBell), seen, d)
+	shm.FutexWait(t.ctrl[t.Rank].Word32(offBell), seen, d)
 }
 
 // World is the group size.
@@ -339,7 +339,7 @@ func (t *Team) store(w *uint32, v uint32) {
 // wake wakes sleepers on a word of this rank's own control region, if any.
 func (t *Team) wake(w *uint32) {
 	if atomic.LoadUint32(t.ctrl[t.Rank].Word32(offWaiters)) != 0 {
-		host.FutexWake(w)
+		shm.FutexWake(w)
 	}
 }
 
@@ -383,7 +383,7 @@ func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Ti
 			if time.Now().After(spinEnd) || t.aborted.Load() || atomic.LoadUint32(t.ctrl[r].Word32(offRefused)) != 0 {
 				break
 			}
-			host.Yield()
+			shm.Yield()
 		}
 	}
 	waiters := t.ctrl[r].Word32(offWaiters)
@@ -411,6 +411,6 @@ func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Ti
 		if dead := t.exited(r, pairwise); len(dead) > 0 {
 			return status.Errorf(status.Peer, "gosym: %s failed: ranks %v exited (rank %d waited for rank %d)", who, dead, t.Rank, r)
 		}
-		host.FutexWait(w, v, min(sleepSlice, deadline.Sub(now)))
+		shm.FutexWait(w, v, min(sleepSlice, deadline.Sub(now)))
 	}
 }

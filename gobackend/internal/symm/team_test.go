@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gosym/gosym/gobackend/internal/comm"
-	"github.com/gosym/gosym/gobackend/internal/host"
+	"github.com/gosym/gosym/gobackend/internal/shm"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
 
@@ -17,9 +17,9 @@ import (
 // for driving the slot protocol's steps one at a time.
 func pair(t *testing.T, slots int) [2]*Team {
 	l := NewLayout(2, 4096, 4096, slots)
-	ctrl := make([]*host.Region, 2)
+	ctrl := make([]*shm.Region, 2)
 	for r := range ctrl {
-		reg, err := host.NewRegion(fmt.Sprintf("pair%d", r), l.CtrlBytes)
+		reg, err := shm.NewRegion(fmt.Sprintf("pair%d", r), l.CtrlBytes)
 		require.NoError(t, err)
 		t.Cleanup(func() { reg.Close() })
 		ctrl[r] = reg

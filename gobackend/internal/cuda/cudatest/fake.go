@@ -1,5 +1,5 @@
 // Package cudatest serves tests that need a CUDA driver on machines with
-// none: it builds cmd/cudacheck/testdata/fakecuda.cpp, a libcuda stand-in
+// none: it builds testdata/fakecuda.cpp, a libcuda stand-in
 // with four host-memory "GPUs" whose launches run the real kernel sources
 // compiled for the host (kernels/testdata/emu.h).
 package cudatest
@@ -24,12 +24,13 @@ func FakeLibrary(t testing.TB) string {
 		t.Skip("no g++")
 	}
 	_, here, _, _ := runtime.Caller(0)
-	cudaDir := filepath.Dir(filepath.Dir(here)) // gobackend/internal/cuda
+	testDir := filepath.Dir(here)    // gobackend/internal/cuda/cudatest
+	cudaDir := filepath.Dir(testDir) // gobackend/internal/cuda
 	kernels := filepath.Join(cudaDir, "..", "..", "..", "kernels")
 	lib := filepath.Join(t.TempDir(), "libfakecuda.so")
 	out, err := exec.Command(cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-pthread", "-Wall",
 		"-Wno-unknown-pragmas", "-include", filepath.Join(kernels, "testdata", "emu.h"), "-I", kernels,
-		"-I", cudaDir, "-o", lib, filepath.Join(cudaDir, "cmd", "cudacheck", "testdata", "fakecuda.cpp")).CombinedOutput()
+		"-I", cudaDir, "-o", lib, filepath.Join(testDir, "testdata", "fakecuda.cpp")).CombinedOutput()
 	if err != nil {
 		t.Fatalf("building the fake libcuda: %v\n%s", err, out)
 	}

@@ -12,12 +12,12 @@ import (
 )
 
 // TestAgainstFakeDriver runs the whole check, in -quick mode, against
-// testdata/fakecuda.cpp: a libcuda stand-in with four host-memory "GPUs"
-// whose launches run the real kernel sources compiled for the host. It
-// proves the check program and the Go/C launch path (parameter blobs,
-// contexts, streams, VMM, memops, cuGetProcAddress) before the one run on
-// real hardware. Needs g++ and NVRTC (the kernels are still compiled, to
-// check the cache and the CUBIN the fake inspects).
+// cudatest's fake libcuda (its testdata/fakecuda.cpp): a stand-in with
+// four host-memory "GPUs" whose launches run the real kernel sources
+// compiled for the host. It proves the check program and the Go/C launch
+// path (parameter blobs, contexts, streams, VMM, memops, cuGetProcAddress)
+// before the one run on real hardware. Needs g++ and NVRTC (the kernels
+// are still compiled, to check the cache and the CUBIN the fake inspects).
 func TestAgainstFakeDriver(t *testing.T) {
 	if _, err := cuda.LoadNVRTC(); err != nil {
 		t.Skipf("no NVRTC: %v", err)

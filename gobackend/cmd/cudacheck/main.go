@@ -25,7 +25,7 @@
 //
 // Build (on a machine with Go; the binary needs only libc at run time):
 //
-//	CGO_ENABLED=1 go build -trimpath -buildvcs=false -o build/cudacheck ./gobackend/internal/cuda/cmd/cudacheck
+//	CGO_ENABLED=1 go build -trimpath -buildvcs=false -o build/cudacheck ./gobackend/cmd/cudacheck
 package main
 
 import (

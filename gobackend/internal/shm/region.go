@@ -1,4 +1,8 @@
-package host
+// Package shm is the operating system's shared memory for the processes of
+// a group: memfd regions mapped by every rank (Region) and the shared futex
+// and yield that waits on their words use. symm builds a group's symmetric
+// memory from it, memreg the regions of registered host memory.
+package shm
 
 import (
 	"fmt"
@@ -100,7 +104,7 @@ func closeFD(fd int) {
 // Word32 returns a pointer to the aligned uint32 at off in a region.
 func (r *Region) Word32(off int) *uint32 {
 	if off < 0 || off+4 > len(r.mem) || off%4 != 0 {
-		panic(fmt.Sprintf("host: word32 offset %d out of region of %d bytes", off, len(r.mem)))
+		panic(fmt.Sprintf("shm: word32 offset %d out of region of %d bytes", off, len(r.mem)))
 	}
 	return (*uint32)(unsafe.Pointer(&r.mem[off]))
 }
@@ -108,7 +112,7 @@ func (r *Region) Word32(off int) *uint32 {
 // Word64 returns a pointer to the aligned uint64 at off in a region.
 func (r *Region) Word64(off int) *uint64 {
 	if off < 0 || off+8 > len(r.mem) || off%8 != 0 {
-		panic(fmt.Sprintf("host: word64 offset %d out of region of %d bytes", off, len(r.mem)))
+		panic(fmt.Sprintf("shm: word64 offset %d out of region of %d bytes", off, len(r.mem)))
 	}
 	return (*uint64)(unsafe.Pointer(&r.mem[off]))
 }

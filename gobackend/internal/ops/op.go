@@ -1,18 +1,16 @@
-// Package coll is the host data plane's collectives, written against two
-// small interfaces: a Team (symmetric staging memory, barrier, mailboxes:
-// symm.Team) and a Plane (how bytes are copied and reduced: host.Plane),
-// with a Direct (memreg.Binder) for ops on registered memory. It also
-// defines Op, Kind and the argument checks, which the CUDA data plane
-// (internal/gpu) shares; that plane has its own algorithms (kernels on the
-// caller's stream) and does not run through Exec.
-package coll
+// Package ops is the vocabulary every data plane shares: an operation (Op,
+// Kind, Piece), the pieces an op leaves implicit (Even), the checks every
+// op passes before it is queued (Check), and the input span that zero-copy
+// paths look up (InputSpan). The CPU plane's collectives (internal/coll)
+// and the CUDA plane (internal/gpu) both run these ops, each with its own
+// algorithms; neither imports the other.
+package ops
 
 import (
 	"cmp"
 	"fmt"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/status"
@@ -79,28 +77,6 @@ type Op struct {
 
 // Who names the op in errors.
 func (o *Op) Who() symm.Who { return symm.Who{Op: o.Kind.String(), Seq: o.Seq} }
-
-// Team is the symmetric memory and synchronisation a collective runs on.
-type Team interface {
-	World() int
-	StageBytes() int
-	NextHalf() int
-	Stage(rank, half int) uintptr
-	Barrier(meta []byte, who symm.Who, deadline time.Time) ([][]byte, error)
-
-	BoxBytes() int
-	Box(src, dst, half int) uintptr
-	WaitBoxFree(dst int, k uint32, who symm.Who, deadline time.Time) error
-	PostChunk(dst int, k uint32, h symm.ChunkHeader)
-	WaitChunk(src int, k uint32, who symm.Who, deadline time.Time) (symm.ChunkHeader, error)
-	AckChunk(src int, k uint32)
-}
-
-// Plane moves and reduces bytes.
-type Plane interface {
-	Copy(dst, src uintptr, n int)
-	Reduce(dst uintptr, srcs []uintptr, n int, dt dtype.DType, op dtype.RedOp, scale float64) error
-}
 
 // Even gives an op that leaves its per-rank pieces implicit (passes none)
 // the pieces it means, so that a caller with one buffer need not build
@@ -283,4 +259,46 @@ func piecesOverlap(a, b []Piece, es int) bool {
 		}
 	}
 	return false
+}
+
+// InputSpan is the byte range this rank's input of o covers, and the piece
+// displacements from its start: what a zero-copy path looks up.
+func InputSpan(o *Op) (start uintptr, n int, displ []uint64) {
+	es := o.DType.Size()
+	if len(o.InPieces) == 0 {
+		if o.In == 0 {
+			return 0, 0, nil
+		}
+		return o.In, o.Count * es, nil
+	}
+	lo, n := piecesSpan(o.InPieces, es)
+	if n == 0 {
+		return 0, 0, nil
+	}
+	displ = make([]uint64, len(o.InPieces))
+	for r, p := range o.InPieces {
+		if p.Count > 0 {
+			displ[r] = uint64(p.Addr - lo)
+		}
+	}
+	return lo, n, displ
+}
+
+// piecesSpan is the byte range from the lowest to the highest end of the
+// non-empty pieces.
+func piecesSpan(ps []Piece, es int) (uintptr, int) {
+	var lo, hi uintptr
+	for _, p := range ps {
+		if p.Count == 0 {
+			continue
+		}
+		if lo == 0 || p.Addr < lo {
+			lo = p.Addr
+		}
+		hi = max(hi, p.Addr+uintptr(p.Count*es))
+	}
+	if lo == 0 {
+		return 0, 0
+	}
+	return lo, int(hi - lo)
 }

@@ -1,0 +1,130 @@
+package gpu
+
+// An endpoint's CUDA side: the arguments of CUDA ops waiting in the
+// collective queue, the group's Team once set up, and its counters.
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/symm"
+)
+
+// Args says where a posted CUDA op runs.
+type Args struct {
+	Device    int         // CUDA device ordinal
+	Stream    cuda.Stream // the caller's stream
+	Capturing bool        // the caller says the stream is being captured (Run also asks the driver)
+	// Task, when set, runs instead of an op: group-wide setup that must
+	// happen in collective order (contiguous views).
+	Task func(who symm.Who, deadline time.Time) error
+}
+
+// State is an endpoint's CUDA side. CUDA ops go through the collective
+// queue like every collective (they share its sequence numbers); their
+// device and stream wait in pending, by sequence number, until they run.
+type State struct {
+	mu       sync.Mutex
+	pending  map[uint64]Args
+	npending atomic.Int32
+
+	// Used only by whoever runs the collective queue, and by Destroy after
+	// the workers stopped.
+	team *Team
+	err  error // why the data plane could not start on this group, or a kernel's error (sticky)
+	// errw is team.errw for readers off the queue (stats, DeviceError),
+	// under mu: close takes it away before freeing it.
+	errw *cuda.ErrorWords
+
+	ops      atomic.Int64
+	seq      atomic.Uint64 // the latest op's sequence number (a peer's refusal names it by its low bits)
+	captured atomic.Int64  // ops enqueued while their stream was being captured (a CUDA graph)
+	joins    atomic.Int64  // ops that waited for the group's previous op on another stream (order.go)
+	device   atomic.Int32  // ordinal + 1 once set up, for stats
+	stage    atomic.Int64
+	counters Counters
+	algos    algoStats   // which reduction algorithm ran (sema.go)
+	nvls     atomic.Bool // a multicast object is bound over the group's buffers
+	reg      registry    // bindings of registered CUDA memory, peer mappings (reg.go)
+}
+
+// Counters count what the data plane did, for the endpoint's stats.
+type Counters struct {
+	directOps atomic.Int64 // ops that ran on the peers' own buffers (direct.go)
+	ipcOpens  atomic.Int64 // peer allocations mapped (cache misses)
+	ipcHits   atomic.Int64 // peer allocations found mapped
+	llMoves   atomic.Int64 // data movement by one gs_llmove launch (ops.go, llMove)
+	pacedA2A  atomic.Int64 // all_to_all by one gs_a2av launch (ops.go, allToAllPaced)
+}
+
+// Park keeps a's op (collective seq) until the queue runs it (Take).
+func (g *State) Park(seq uint64, a Args) {
+	g.mu.Lock()
+	if g.pending == nil {
+		g.pending = map[uint64]Args{}
+	}
+	g.pending[seq] = a
+	g.mu.Unlock()
+	g.npending.Add(1)
+}
+
+// Take returns (and forgets) the CUDA arguments of collective seq, if it
+// is a CUDA op. Host ops pay one atomic load.
+func (g *State) Take(seq uint64) (Args, bool) {
+	if g.npending.Load() == 0 {
+		return Args{}, false
+	}
+	g.mu.Lock()
+	a, ok := g.pending[seq]
+	if ok {
+		delete(g.pending, seq)
+	}
+	g.mu.Unlock()
+	if ok {
+		g.npending.Add(-1)
+	}
+	return a, ok
+}
+
+// Close frees the group's GPU buffers once the device is idle.
+func (g *State) Close() {
+	g.mu.Lock()
+	g.errw = nil
+	g.mu.Unlock()
+	if g.team != nil {
+		g.team.close()
+		g.team = nil
+	}
+}
+
+// Ordinal is the device of the group's CUDA ops on this rank, -1 before
+// the first.
+func (g *State) Ordinal() int { return int(g.device.Load()) - 1 }
+
+// Err is why the plane cannot run the group's CUDA ops (setup refused, a
+// kernel's error), nil while it can.
+func (g *State) Err() error { return g.err }
+
+// ClaimOrdinal records device d as the group's on this rank unless one is
+// (a p2p channel opened before any collective).
+func (g *State) ClaimOrdinal(d int) { g.device.CompareAndSwap(0, int32(d)+1) }
+
+// Stats adds the plane's counters to m.
+func (g *State) Stats(m map[string]any) {
+	m["gpu_ops"] = g.ops.Load()
+	m["gpu_captured_ops"] = g.captured.Load()
+	m["gpu_stream_joins"] = g.joins.Load()
+	m["gpu_device"] = int(g.device.Load()) - 1
+	m["gpu_stage_bytes"] = g.stage.Load()
+	m["gpu_direct_ops"] = g.counters.directOps.Load()
+	m["gpu_ipc_opens"] = g.counters.ipcOpens.Load()
+	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
+	m["gpu_ll_moves"] = g.counters.llMoves.Load()
+	m["gpu_paced_all_to_all"] = g.counters.pacedA2A.Load()
+	m["gpu_nvls"] = g.nvls.Load()
+	m["gpu_device_error"] = g.deviceErrorCode()
+	g.algos.stats(m)
+	g.reg.stats(m)
+}
