@@ -39,6 +39,7 @@ from torch._C import _distributed_c10d as _c10d
 from . import _lib, _settings
 from . import forms as _forms
 from ._dtypes import reduce_op, reduce_types
+from ._errors import DistBackendError
 from ._streams import _raw_stream
 from ._tensors import _one, _op_device, _same_dtype
 from .backend import ProcessGroupGosym
@@ -59,7 +60,6 @@ def _tunables():
             _settings.whole("GOSYM_HIER_CHUNK", 4 << 20, 4096),
             _settings.whole("GOSYM_HIER_REPORT_S", 10, 0))
 
-_DistBackendError = getattr(dist, "DistBackendError", RuntimeError)
 _RED_NAMES = {code: name for name, code in _lib.RED.items()}
 # dtypes both Gloo and NCCL move and reduce as themselves; the rest travel as bytes, and
 # reductions over int16 (which neither reduces) as int32 (the low bits wrap the same).
@@ -100,7 +100,7 @@ def _host_ids(store, rank, size, timeout, name):
         store.wait(keys, timeout)
     except Exception as e:  # noqa: BLE001 - re-raised naming the ranks that are missing
         late = [r for r in range(size) if not store.check([keys[r]])]
-        raise _DistBackendError(f"gosym: group {name!r} (rank {rank} of {size}): ranks {late} did "
+        raise DistBackendError(f"gosym: group {name!r} (rank {rank} of {size}): ranks {late} did "
                                 f"not publish their host id within {timeout} ({e})") from e
     return [v.decode() for v in store.multi_get(keys)], keys[rank]
 
@@ -135,7 +135,7 @@ def _linked(store, rank, size, timeout, name, global_ranks, members, hid):
             raise
         how = ("set by the operator" if hid.startswith(HOST_ENV) else
                "hostname/boot id/network and pid namespaces")
-        raise _DistBackendError(
+        raise DistBackendError(
             f"gosym: group {name!r}: host detection put ranks {members} on one host "
             f"({hid!r}, {how}), but gosym could not link them: they do not share a host "
             f"(or a network namespace) after all. Set {HOST_ENV} to one value per host. "
@@ -386,7 +386,7 @@ class HierGroup(ProcessGroupGosym):
         at once on the caller's stream, host ops on the worker thread (inline when called
         from it, by a future's callback). Errors become gosym errors naming the op."""
         if self._broken is not None:
-            raise _DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
+            raise DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
                                     f"failure: {self._broken}")
         dev = _op_device(keep)
         self._seq += 1
@@ -423,7 +423,7 @@ class HierGroup(ProcessGroupGosym):
         at its timeout), the failure is reported through the store, and the ranks that do
         not report it within GOSYM_HIER_REPORT_S are named as lost."""
         if self._broken is not None:
-            return _DistBackendError(f"gosym: {what} (seq {seq}): {self._broken}")
+            return DistBackendError(f"gosym: {what} (seq {seq}): {self._broken}")
         self._broken = "aborting"
         self._close_inner(abort=True)
         self._local.abort()
@@ -432,7 +432,7 @@ class HierGroup(ProcessGroupGosym):
                f"{self._size} (group {self._name!r}, host {self._host} of ranks "
                f"{self._hosts[self._host]}): {lost}; cause: {type(e).__name__}: {e}")
         self._broken = msg
-        return _DistBackendError(msg)
+        return DistBackendError(msg)
 
     def _lost(self, what, seq):
         try:
@@ -861,7 +861,7 @@ class HierGroup(ProcessGroupGosym):
         if hp == self._host:
             return (self._local.recv if recv else self._local.send)(tensors, lp, tag)
         if self._broken is not None:
-            raise _DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
+            raise DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
                                     f"failure: {self._broken}")
         pg = self._group("flat", self._dev(_op_device(t)))
         if not recv:

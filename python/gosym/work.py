@@ -19,13 +19,13 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
+from ._errors import DistBackendError
 
 _ZERO = timedelta(0)
 # Reentrant: a Work can be garbage-collected (its __del__ submits its op)
 # while this thread is inside a locked section.
 _lock = threading.RLock()
 _CLOSE_JOIN_S = 30.0  # a completer's last settle, at endpoint destroy
-_DistBackendError = getattr(dist, "DistBackendError", RuntimeError)
 # Works that Python dropped before anyone waited on them or took their future, kept a while
 # longer: C++ may still hold one (DDP keeps the Work of its join all_reduce, made in the
 # forward pass, to wait on and read in the backward pass). torch reaches a Work written in
@@ -117,7 +117,7 @@ class _Op:
             if st == _lib.ERR_NOT_READY:
                 self.handles = hs[i:]
                 self._unclaim()
-                return _DistBackendError(
+                return DistBackendError(
                     f"gosym: wait: Timed out after {timeout_ms} ms; the operation is "
                     "still running (wait again, or destroy the process group)")
             if st and self.err is None:
@@ -139,7 +139,7 @@ class _Op:
                     raise err
                 break
             if not c.wait(None if deadline is None else left / 1000):
-                raise _DistBackendError(f"gosym: wait: Timed out after {timeout_ms} ms; the "
+                raise DistBackendError(f"gosym: wait: Timed out after {timeout_ms} ms; the "
                                         "operation is still running")
         if self.exc is not None:
             raise self.exc
@@ -349,7 +349,7 @@ class CudaSideWork(CudaWork):
         if self._err is not None:
             raise self._err
         if self._done is None:  # a send to or recv from this rank itself, partner not posted
-            raise _DistBackendError(
+            raise DistBackendError(
                 "gosym: a send to or recv from this rank itself waited on before its partner "
                 "was posted: it could never complete (post both, then wait)")
 
@@ -452,7 +452,7 @@ class EventWork(dist._Work):
         t = timeout or self._limit
         secs = t.total_seconds() if isinstance(t, timedelta) else float(t or 0)
         if not self._done.wait(secs or None):
-            raise _DistBackendError(f"gosym: Timed out after {secs:g} s waiting: {self._late}")
+            raise DistBackendError(f"gosym: Timed out after {secs:g} s waiting: {self._late}")
         if self._exc is not None:
             raise self._exc
         return True
