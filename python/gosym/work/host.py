@@ -1,4 +1,5 @@
-"""Work objects for gosym operations, and the thread that completes them unattended.
+"""The Work of a host op (one posted to the engine): _Op, its native handles and their
+claim, Work, and the thread that completes them unattended (Completer).
 
 The engine reads and writes raw addresses, so every tensor an operation touches
 stays referenced (by _Op.keep) until the engine reports the operation finished.
@@ -9,7 +10,6 @@ to give the claim up. The lock below is never held across a native call.
 
 from __future__ import annotations
 
-import collections
 import queue
 import threading
 import time
@@ -18,30 +18,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _lib
-from ._errors import DistBackendError
+from .. import _lib
+from .._errors import DistBackendError
+from .common import _ZERO, _keep_unwaited, _settle
 
-_ZERO = timedelta(0)
 # Reentrant: a Work can be garbage-collected (its __del__ submits its op)
 # while this thread is inside a locked section.
 _lock = threading.RLock()
 _CLOSE_JOIN_S = 30.0  # a completer's last settle, at endpoint destroy
-# Works that Python dropped before anyone waited on them or took their future, kept a while
-# longer: C++ may still hold one (DDP keeps the Work of its join all_reduce, made in the
-# forward pass, to wait on and read in the backward pass). torch reaches a Work written in
-# Python only while its Python object lives (pybind11 looks the methods up on it); once it
-# is gone, torch's base Work::wait() waits forever. __del__ puts such a Work here, which
-# revives it until this many later ones pushed it out.
-_UNWAITED = collections.deque(maxlen=64)
-
-
-def _keep_unwaited(w) -> None:
-    """Keeps w (being finalized) alive while C++ may use it (see _UNWAITED)."""
-    if not getattr(w, "_waited", False):
-        try:
-            _UNWAITED.append(w)
-        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to use it
-            pass
 
 
 class _Op:
@@ -177,13 +161,6 @@ class _Op:
         return fut
 
 
-def _settle(fut, out, exc):
-    if exc is None:
-        fut.set_result(out)
-    else:
-        fut.set_exception(exc)
-
-
 class Completer:
     """A daemon thread per endpoint that finishes ops nobody waits on (get_future(),
     dropped Work objects). Ops of one group complete in order, so waiting on the
@@ -249,128 +226,6 @@ def _to_ms(timeout) -> int:
     return round(float(timeout) * 1000)
 
 
-class CudaWork(dist._Work):
-    """A CUDA op, enqueued on stream `raw` of device `idx` before this object exists: the
-    host has nothing left to wait for, and the stream orders everything after it (NCCL's
-    semantics). `_end`, an event recorded right after the op (None when the stream was
-    being captured), makes wait() join exactly the op into the caller's current stream
-    when the two streams differ and lets is_completed() say whether the GPU finished it,
-    as ProcessGroupNCCL's end event does. A barrier's Work (one with `_event`) blocks the
-    host in wait() until every rank reached it on the GPU, like ProcessGroupNCCL's
-    barrier, then raises the error its kernel recorded (a rank that did not arrive within
-    the group's timeout)."""
-
-    __slots__ = ("_out", "_idx", "_raw", "_event", "_check", "_end", "_waited")
-
-    def _stream(self):
-        if self._raw == 0:  # the legacy default stream, torch's default
-            return torch.cuda.default_stream(self._idx)
-        return torch.cuda.ExternalStream(self._raw, device=torch.device("cuda", self._idx))
-
-    def wait(self, timeout=_ZERO):
-        self._waited = True
-        if self._event is not None:
-            self._event.synchronize()
-            if self._check is not None:
-                self._check()
-        elif torch._C._cuda_getCurrentRawStream(self._idx) != self._raw:
-            cur = torch.cuda.current_stream(self._idx)
-            if self._end is not None:
-                cur.wait_event(self._end)
-            else:
-                cur.wait_stream(self._stream())
-        return True
-
-    def synchronize(self):
-        self.wait()
-
-    def is_completed(self):
-        ev = self._event if self._event is not None else self._end
-        return ev is None or ev.query()
-
-    def is_success(self):
-        return self.is_completed()
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._out
-
-    def get_future(self):
-        """A Future holding the outputs, ready for whoever follows the op's stream."""
-        self._waited = True
-        fut = torch.futures.Future(devices=[self._idx])
-        with torch.cuda.stream(self._stream()):
-            fut.set_result(self._out)
-        return fut
-
-    def __del__(self):
-        _keep_unwaited(self)
-
-    def __repr__(self):
-        return f"<gosym.CudaWork cuda:{self._idx}>"
-
-
-def cuda_work(out, idx, raw, event=None, check=None) -> CudaWork:
-    """The CudaWork of an op just enqueued on stream raw of device idx, the caller's
-    current stream there (built without a Python __init__, as work_of: on the path of
-    every asynchronous CUDA op); check, with an event, raises what the GPU recorded once
-    the event completed. Outside a capture the op's end is recorded at once (a
-    synchronous caller gets no Work and pays nothing)."""
-    w = CudaWork()
-    w._out, w._idx, w._raw, w._event, w._check, w._end = out, idx, raw, event, check, None
-    if event is None and not torch._C._cuda_isCurrentStreamCapturing():
-        end = w._end = torch.cuda.Event()
-        end.record(torch.cuda.current_stream(idx))
-    return w
-
-
-class CudaSideWork(CudaWork):
-    """A CUDA send or recv of group `pg`, to run on one of its internal streams (`side`)
-    after the caller's stream. Its kernel is launched when the group flushes its pending
-    sends and receives (the first wait(), is_completed() or CUDA collective after the
-    post; _streams.CudaStreams.p2p says why), which records `_done` after it. wait() makes the
-    caller's current stream wait for `_done` (ProcessGroupNCCL's semantics; capture-legal,
-    so a CUDA graph may capture the op and its wait, which joins `side` back into the
-    capture), or raises the error that kept the op from being launched."""
-
-    __slots__ = ("_side", "_done", "_pg", "_err")
-
-    def __init__(self, out, idx, side, pg):
-        super().__init__()
-        self._out, self._idx, self._raw, self._event, self._check = out, idx, side.cuda_stream, None, None
-        self._end = None
-        self._side, self._done, self._pg, self._err = side, None, pg, None
-
-    def _launched(self):
-        if self._done is None and self._err is None:
-            self._pg._streams.flush()
-        if self._err is not None:
-            raise self._err
-        if self._done is None:  # a send to or recv from this rank itself, partner not posted
-            raise DistBackendError(
-                "gosym: a send to or recv from this rank itself waited on before its partner "
-                "was posted: it could never complete (post both, then wait)")
-
-    def _stream(self):
-        self._launched()
-        return self._side
-
-    def wait(self, timeout=_ZERO):
-        self._waited = True
-        self._launched()
-        torch.cuda.current_stream(self._idx).wait_event(self._done)
-        return True
-
-    def is_completed(self):
-        self._launched()
-        return self._done.query()
-
-    def __repr__(self):
-        return f"<gosym.CudaSideWork cuda:{self._idx}>"
-
-
 class Work(dist._Work):
     """A gosym operation as torch sees it: wait(), is_completed(), get_future().
     Made by work_of: a Python __init__ (which must call the pybind base's) costs more
@@ -425,66 +280,6 @@ class Work(dist._Work):
         op = self._op
         state = "pending" if not op.done else ("failed" if op.exc is not None else "done")
         return f"<gosym.Work {state}>"
-
-
-class EventWork(dist._Work):
-    """An op that a thread of gosym's finishes (a HierGroup's host-side op, a send to this
-    rank itself): wait(), is_completed(), get_future() as gloo's. wait() without a timeout
-    waits up to `limit` (None: for ever), then raises a DistBackendError saying `late`."""
-
-    def __init__(self, out, limit=None, late="the operation is still running"):
-        super().__init__()
-        self._out, self._exc, self._fut = out, None, None
-        self._limit, self._late = limit, late
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-
-    def _finish(self, exc=None):
-        with self._lock:
-            self._exc = exc
-            self._done.set()
-            fut = self._fut
-        if fut is not None:
-            _settle(fut, self._out, exc)
-
-    def wait(self, timeout=_ZERO):
-        self._waited = True
-        t = timeout or self._limit
-        secs = t.total_seconds() if isinstance(t, timedelta) else float(t or 0)
-        if not self._done.wait(secs or None):
-            raise DistBackendError(f"gosym: Timed out after {secs:g} s waiting: {self._late}")
-        if self._exc is not None:
-            raise self._exc
-        return True
-
-    def synchronize(self):
-        self.wait()
-
-    def is_completed(self):
-        return self._done.is_set()
-
-    def is_success(self):
-        return self._done.is_set() and self._exc is None
-
-    def exception(self):
-        return self._exc
-
-    def result(self):
-        return self._out
-
-    def get_future(self):
-        self._waited = True
-        with self._lock:
-            if self._fut is not None:
-                return self._fut
-            fut = self._fut = torch.futures.Future()
-            done = self._done.is_set()
-        if done:
-            _settle(fut, self._out, self._exc)
-        return fut
-
-    def __del__(self):
-        _keep_unwaited(self)
 
 
 def _join_closed(op: _Op) -> None:
