@@ -89,7 +89,7 @@ def test_bad_setting_names_it():
     code = ("import os\nfrom gosym import hier\n"
             f"for name, value in {BAD_SETTINGS!r}:\n"
             "    os.environ[name] = value\n"
-            "    try:\n        hier._tunables()\n    except ValueError as e:\n        print(e)\n"
+            "    try:\n        hier.tunables()\n    except ValueError as e:\n        print(e)\n"
             "    del os.environ[name]\n")
     p = run_python(code)
     for name, value in BAD_SETTINGS:

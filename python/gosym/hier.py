@@ -48,7 +48,7 @@ from .work import EventWork, cuda_work
 HOST_ENV = "GOSYM_HOST_ID"
 
 
-def _tunables():
+def tunables():
     """(rail_min, chunk, report_s), read at group creation (docs/TUNABLES.md): all_reduce,
     reduce_scatter and all_gather of at least rail_min bytes take the rails (every local
     index moves 1/n of the data between hosts) on hosts of equal rank counts, smaller ones
@@ -90,10 +90,10 @@ def host_id() -> str:
     return "/".join(parts)
 
 
-def _host_ids(store, rank, size, timeout, name):
+def host_ids(store, rank, size, timeout, name):
     """Every rank's host_id(), through the store, and this rank's key (deleted once every
     rank has read it)."""
-    gen = store.add(f"gosym/hostgen/{rank}", 1)  # fresh keys per creation, as _bootstrap's
+    gen = store.add(f"gosym/hostgen/{rank}", 1)  # fresh keys per creation, as _endpoint.bootstrap's
     keys = [f"gosym/host/{gen}/{r}" for r in range(size)]
     store.set(keys[rank], host_id())
     try:
@@ -105,27 +105,7 @@ def _host_ids(store, rank, size, timeout, name):
     return [v.decode() for v in store.multi_get(keys)], keys[rank]
 
 
-def create(store, rank, size, timeout, name, global_ranks):
-    """The gosym group of these ranks: a ProcessGroupGosym where they share a host, else a
-    HierGroup."""
-    _tunables()  # a bad value fails here, before any rank waits for this one
-    ids, key = _host_ids(store, rank, size, timeout, name)
-    hosts = {}
-    for r, h in enumerate(ids):
-        hosts.setdefault(h, []).append(r)
-    hosts = list(hosts.values())  # ordered by each host's first rank
-    if len(hosts) == 1:
-        pg = _linked(store, rank, size, timeout, name, global_ranks, hosts[0], ids[rank])
-    else:
-        pg = HierGroup(store, rank, size, timeout, name, global_ranks, hosts, ids[rank])
-    try:
-        store.delete_key(key)  # every rank read it: the connects above needed them all
-    except Exception:  # noqa: BLE001 - a store without delete_key just keeps it
-        pass
-    return pg
-
-
-def _linked(store, rank, size, timeout, name, global_ranks, members, hid):
+def linked(store, rank, size, timeout, name, global_ranks, members, hid):
     """ProcessGroupGosym(...) over the ranks host detection put on one host (members, as
     ranks of the outer group); the connect proves it, and its failure says so."""
     try:
@@ -272,7 +252,7 @@ class HierGroup(ProcessGroupGosym):
     def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid):
         dist.ProcessGroup.__init__(self, rank, size)
         self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
-        self._rail_min, self._chunk, self._report_s = _tunables()
+        self._rail_min, self._chunk, self._report_s = tunables()
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._h, self._cuda = 0, None
@@ -290,7 +270,7 @@ class HierGroup(ProcessGroupGosym):
         self._store = dist.PrefixStore(f"gosym/hier/{gen}/", store)
         mine = hosts[self._host]
         local_store = dist.PrefixStore(f"host{self._host}/", self._store)
-        self._local = _linked(local_store, self._lidx, self._n, timeout, f"{name}/host{self._host}",
+        self._local = linked(local_store, self._lidx, self._n, timeout, f"{name}/host{self._host}",
                               [self._global_ranks[r] for r in mine], mine, hid)
         self._runner = _Runner(name)
         try:

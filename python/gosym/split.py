@@ -25,9 +25,8 @@ import torch.distributed as dist
 
 
 def split(parent, ranks, timeout: timedelta | None, group_name: str | None, group_desc: str | None):
-    """The gosym group of ``ranks`` split from ``parent``, or None when this rank is not in it."""
-    from .backend import ProcessGroupGosym
-
+    """The gosym group of ``ranks`` split from ``parent`` (a group of parent's own class), or
+    None when this rank is not in it."""
     size = parent.size()
     try:
         ranks = sorted(int(r) for r in ranks)
@@ -43,7 +42,7 @@ def split(parent, ranks, timeout: timedelta | None, group_name: str | None, grou
     name = group_name or f"{parent.getGroupName()}:split:{parent._split_count}"
     members = "_".join(map(str, ranks))
     store = dist.PrefixStore(f"gosym/split/{parent._split_count}/{members}/", parent._store)
-    child = ProcessGroupGosym(store, ranks.index(parent.rank()), len(ranks), timeout or parent._timeout,
-                              name, [parent._global_ranks[r] for r in ranks])
+    child = type(parent)(store, ranks.index(parent.rank()), len(ranks), timeout or parent._timeout,
+                         name, [parent._global_ranks[r] for r in ranks])
     child.setGroupDesc(group_desc or f"{parent.getGroupDesc()}:split:{parent._split_count}")
     return child
