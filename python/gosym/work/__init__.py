@@ -13,6 +13,6 @@ from __future__ import annotations
 
 from .cuda import CudaSideWork, CudaWork, cuda_work
 from .event import EventWork
-from .host import Completer, Work, _Op, work_of
+from .host import Completer, Work, _Op, work_of  # noqa: F401 - _Op: gosym's own callers
 
 __all__ = ["Completer", "CudaSideWork", "CudaWork", "EventWork", "Work", "cuda_work", "work_of"]
