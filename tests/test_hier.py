@@ -86,10 +86,10 @@ BAD_SETTINGS = [("GOSYM_HIER_CHUNK", "12x"), ("GOSYM_HIER_RAIL_MIN", "0"),
 
 def test_bad_setting_names_it():
     """A bad GOSYM_HIER_* value is a ValueError naming it (raised at group creation)."""
-    code = ("import os\nfrom gosym import hier\n"
+    code = ("import os\nfrom gosym import _settings\n"
             f"for name, value in {BAD_SETTINGS!r}:\n"
             "    os.environ[name] = value\n"
-            "    try:\n        hier.tunables()\n    except ValueError as e:\n        print(e)\n"
+            "    try:\n        _settings.hier()\n    except ValueError as e:\n        print(e)\n"
             "    del os.environ[name]\n")
     p = run_python(code)
     for name, value in BAD_SETTINGS:

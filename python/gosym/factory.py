@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from . import hier
+from . import _settings, hier
 
 
 def new_group(store, rank, size, timeout, name, global_ranks):
     """The gosym group of these ranks: a ProcessGroupGosym where host detection puts them on
-    one host, else a HierGroup."""
-    hier.tunables()  # a bad value fails here, before any rank waits for this one
-    ids, key = hier.host_ids(store, rank, size, timeout, name)
+    one host, else a HierGroup. The ranks' GOSYM_HIER_* settings are compared first, as the
+    engine compares the settings it shares: they choose the algorithms across hosts."""
+    settings = _settings.hier()  # a bad value fails here, before any rank waits for this one
+    seen, key = hier.exchange(store, rank, size, timeout, name, settings)
     hosts = {}
-    for r, h in enumerate(ids):
+    for r, (h, theirs) in enumerate(seen):
+        _settings.agree(r, theirs, settings)
         hosts.setdefault(h, []).append(r)
     hosts = list(hosts.values())  # ordered by each host's first rank
+    hid = seen[rank][0]
     if len(hosts) == 1:
-        pg = hier.linked(store, rank, size, timeout, name, global_ranks, hosts[0], ids[rank])
+        pg = hier.linked(store, rank, size, timeout, name, global_ranks, hosts[0], hid)
     else:
-        pg = hier.HierGroup(store, rank, size, timeout, name, global_ranks, hosts, ids[rank])
+        pg = hier.HierGroup(store, rank, size, timeout, name, global_ranks, hosts, hid, settings)
     try:
         store.delete_key(key)  # every rank read it: the connects above needed them all
     except Exception:  # noqa: BLE001 - a store without delete_key just keeps it

@@ -22,7 +22,7 @@ at the first CUDA op that needs them (theirs is not). They are shut down with th
 
 The modules, by job:
 
-- hosts: host detection (host_id, host_ids) and the one-host group it promises (linked);
+- hosts: host detection (host_id, exchange) and the one-host group it promises (linked);
 - tensors: tensors as the inter-host engines take them, a reduction split into its steps;
 - runner: the thread that runs a HierGroup's host-side ops in post order;
 - lifetime: HierBase, a HierGroup's creation, inner groups, posting of ops, shutdown, and
@@ -34,7 +34,6 @@ The modules, by job:
 from __future__ import annotations
 
 from .group import HierGroup
-from .hosts import HOST_ENV, host_id, host_ids, linked
-from .lifetime import tunables
+from .hosts import HOST_ENV, exchange, host_id, linked
 
-__all__ = ["HOST_ENV", "HierGroup", "host_id", "host_ids", "linked", "tunables"]
+__all__ = ["HOST_ENV", "HierGroup", "exchange", "host_id", "linked"]

@@ -1,8 +1,10 @@
-"""Host detection: which ranks of a group share a host (and so can link), agreed through the
-group's store at creation, and the one-host group that linking them makes."""
+"""Host detection: which ranks of a group share a host (and so can link), published through
+the group's store at creation with the settings every rank must share, and the one-host group
+that linking them makes."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
@@ -34,20 +36,21 @@ def host_id() -> str:
     return "/".join(parts)
 
 
-def host_ids(store, rank, size, timeout, name):
-    """Every rank's host_id(), through the store, and this rank's key (deleted once every
-    rank has read it)."""
-    gen = store.add(f"gosym/hostgen/{rank}", 1)  # fresh keys per creation, as _endpoint.bootstrap's
+def exchange(store, rank, size, timeout, name, settings):
+    """Every rank's (host_id(), settings), through the store, and this rank's key (deleted
+    once every rank has read it). settings (name -> value, JSON) are what every rank must
+    share: the caller compares them."""
+    gen = store.add(f"gosym/hostgen/{rank}", 1)  # fresh keys per creation, as _endpoint's
     keys = [f"gosym/host/{gen}/{r}" for r in range(size)]
-    store.set(keys[rank], host_id())
+    store.set(keys[rank], json.dumps({"host": host_id(), "settings": settings}))
     try:
         store.wait(keys, timeout)
     except Exception as e:  # noqa: BLE001 - re-raised naming the ranks that are missing
         late = [r for r in range(size) if not store.check([keys[r]])]
         raise DistBackendError(f"gosym: group {name!r} (rank {rank} of {size}): ranks {late} did "
-                                f"not publish their host id within {timeout} ({e})") from e
-    return [v.decode() for v in store.multi_get(keys)], keys[rank]
-
+                               f"not publish their host id within {timeout} ({e})") from e
+    seen = [json.loads(v) for v in store.multi_get(keys)]
+    return [(s["host"], s["settings"]) for s in seen], keys[rank]
 
 
 def linked(store, rank, size, timeout, name, global_ranks, members, hid):

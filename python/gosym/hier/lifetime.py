@@ -11,7 +11,6 @@ import time
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from .. import _settings
 from .._errors import DistBackendError
 from .._streams import _raw_stream
 from .._tensors import _op_device
@@ -21,28 +20,27 @@ from .hosts import linked
 from .runner import Runner
 
 
-def tunables():
-    """(rail_min, chunk, report_s), read at group creation (docs/TUNABLES.md): all_reduce,
-    reduce_scatter and all_gather of at least rail_min bytes take the rails (every local
-    index moves 1/n of the data between hosts) on hosts of equal rank counts, smaller ones
-    and any on unequal hosts the hosts' leaders; the rails' all_reduce is pipelined in
-    chunks of chunk bytes (one chunk's inter-host step overlaps the next one's intra-host
-    reduce-scatter); after a failure, a rank waits report_s seconds for every other rank
-    to report it before naming those that did not as lost."""
-    return (_settings.whole("GOSYM_HIER_RAIL_MIN", 64 << 10, 1),
-            _settings.whole("GOSYM_HIER_CHUNK", 4 << 20, 4096),
-            _settings.whole("GOSYM_HIER_REPORT_S", 10, 0))
-
-
 class HierBase(ProcessGroupGosym):
     """A HierGroup's life (gosym.hier.group.HierGroup is the group, its ops): what it is made
     of, its inner groups, running its ops (host-side ones in post order on a worker thread,
     CUDA ones on the caller's current stream, as NCCL's), and what a failure leaves."""
 
-    def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid):
+    def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid, settings):
+        """hosts: the group ranks on each host, in order; hid: this rank's host id; settings:
+        the GOSYM_HIER_* values (gosym._settings.hier()), the same on every rank (the factory
+        compared them; docs/TUNABLES.md): all_reduce, reduce_scatter and all_gather
+        of at least GOSYM_HIER_RAIL_MIN bytes take the rails (every local index moves 1/n of
+        the data between hosts) on hosts of equal rank counts, smaller ones and any on
+        unequal hosts the hosts' leaders; the rails' all_reduce is pipelined in chunks of
+        GOSYM_HIER_CHUNK bytes (one chunk's inter-host step overlaps the next one's
+        intra-host reduce-scatter); after a failure, a rank waits GOSYM_HIER_REPORT_S
+        seconds for every other rank to report it before naming those that did not as lost."""
         dist.ProcessGroup.__init__(self, rank, size)
         self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
-        self._rail_min, self._chunk, self._report_s = tunables()
+        self._settings = settings
+        self._rail_min = settings["GOSYM_HIER_RAIL_MIN"]
+        self._chunk = settings["GOSYM_HIER_CHUNK"]
+        self._report_s = settings["GOSYM_HIER_REPORT_S"]
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._h, self._cuda = 0, None
