@@ -48,8 +48,9 @@ def run_hosts(counts, worker, args, outdir, timeout=300, env=None, gpus=False, k
 @needs_netns
 @pytest.mark.parametrize("counts", [(2, 2), (1, 1), (1, 2)], ids=["2x2", "2x1", "1+2"])
 def test_ops_across_hosts(counts, outdir):
-    """Every op x dtype, async Work, p2p, new_group, teardown; DDP and FSDP2 on 2x2."""
-    parts = "layout,ops,async,p2p,groups" + (",training" if counts == (2, 2) else "")
+    """Every op x dtype, async Work, p2p, new_group, split_group, teardown; DDP and FSDP2 on
+    2x2."""
+    parts = "layout,ops,async,p2p,groups,split" + (",training" if counts == (2, 2) else "")
     hosts = ",".join(map(str, counts))
     res = run_hosts(counts, "hier_worker", ["--hosts", hosts, "--parts", parts, "--timeout", 60],
                     outdir, timeout=600)
@@ -135,8 +136,9 @@ def test_cuda_across_hosts(outdir):
 
 def test_host_id_override(outdir):
     """GOSYM_HOST_ID alone splits one machine's ranks into hosts (no namespaces needed):
-    a hierarchical group, async Work, send/recv, new_group."""
-    res = run_hosts((1, 2), "hier_worker", ["--hosts", "1,2", "--parts", "layout,async,p2p,groups",
+    a hierarchical group, async Work, send/recv, new_group, split_group."""
+    res = run_hosts((1, 2), "hier_worker", ["--hosts", "1,2", "--parts",
+                                            "layout,async,p2p,groups,split",
                                             "--timeout", 60], outdir, timeout=300, kind=IdHosts)
     res.assert_ok()
 

@@ -28,7 +28,8 @@ def new_group(store, rank, size, timeout, name, global_ranks):
     if len(hosts) == 1:
         pg = hier.linked(store, rank, size, timeout, name, global_ranks, hosts[0], hid)
     else:
-        pg = hier.HierGroup(store, rank, size, timeout, name, global_ranks, hosts, hid, settings)
+        pg = hier.HierGroup(store, rank, size, timeout, name, global_ranks, hosts, hid, settings,
+                            new_group)
     try:
         store.delete_key(key)  # every rank read it: the connects above needed them all
     except Exception:  # noqa: BLE001 - a store without delete_key just keeps it

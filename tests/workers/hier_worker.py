@@ -1,6 +1,6 @@
 """A gosym group across (simulated) hosts: every op x dtype against gloo on the same ranks
 and a float64 / exact reference, async Work and futures, send/recv within and across
-hosts, new_group across and within hosts, DDP and FSDP2 against gloo's losses, teardown;
+hosts, new_group across and within hosts, split_group across and within hosts, DDP and FSDP2 against gloo's losses, teardown;
 or (--scenario) a rank lost or late on either host.
 
 Run by tests/test_hier.py under tests/simhosts.py (two network namespaces) with
@@ -348,6 +348,53 @@ def check_groups(ck, rank, world, gloo, counts):
     dist.destroy_process_group(host0)
 
 
+def check_split(ck, rank, world, gloo, counts):
+    """dist.split_group of the group across hosts (torch splits only when the default group is
+    bound to a device: faked, as tests/clients/scenarios.py's split does on CPU): the whole
+    group, every other rank, the first and last alone (the others get None), each host's
+    ranks. A split spanning hosts is a HierGroup of its own inner groups, one within a host a
+    plain ProcessGroupGosym; each all_reduces, is split again, and is destroyed."""
+    from gosym import ProcessGroupGosym
+    from gosym.hier import HierGroup
+
+    host_of, start = {}, 0
+    for h, c in enumerate(counts):
+        host_of.update((r, h) for r in range(start, start + c))
+        start += c
+    layouts = [[list(range(world))], [list(range(j, world, 2)) for j in range(min(2, world))],
+               [[0, world - 1]], [[r for r in range(world) if host_of[r] == h]
+                                  for h in range(len(counts))]]
+    pg = dist.distributed_c10d._get_default_group()
+    pg.bound_device_id = torch.device("cuda", 0)
+    try:
+        for i, splits in enumerate(layouts):
+            mine = next((r for r in splits if rank in r), None)
+            sub = dist.split_group(split_ranks=splits)
+            case = f"split {i} {splits}"
+            if mine is None:
+                ck.check(f"{case}: None outside", sub is None, repr(sub))
+                continue
+            across = len({host_of[r] for r in mine}) > 1
+            want = HierGroup if across else ProcessGroupGosym
+            ck.check(f"{case}: a {want.__name__}", type(sub) is want, repr(sub))
+            ck.check(f"{case}: ranks", dist.get_process_group_ranks(sub) == mine,
+                     f"{dist.get_process_group_ranks(sub)}")
+            t = torch.full((5000,), float(rank + 1))
+            dist.all_reduce(t, group=sub)
+            want_sum = float(sum(r + 1 for r in mine))
+            ck.check(f"{case}: all_reduce", bool((t == want_sum).all()), f"{t[:3]}")
+            if across:  # a split of the split (its group ranks): its first rank alone, the rest
+                subsub = dist.split_group(sub, split_ranks=[[0], list(range(1, len(mine)))])
+                t = torch.ones(3)
+                dist.all_reduce(t, group=subsub)
+                n = 1 if rank == mine[0] else len(mine) - 1
+                ck.check(f"{case}: split of the split", bool((t == n).all()), f"{t}")
+                dist.destroy_process_group(subsub)
+            dist.destroy_process_group(sub)
+    finally:
+        pg.bound_device_id = None
+
+
 def train_fsdp(group, rank, steps=12):
     """FSDP2 (fully_shard) over group on CPU; the per-step losses."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -448,7 +495,7 @@ def scenario(args, ck, rank, world):
 def main():
     def extra(p):
         p.add_argument("--hosts", default="2,2")
-        p.add_argument("--parts", default="layout,ops,async,p2p,groups,training")
+        p.add_argument("--parts", default="layout,ops,async,p2p,groups,split,training")
         p.add_argument("--scenario", default="")
         p.add_argument("--victim", type=int, default=-1)
         p.add_argument("--elems", type=int, default=100000)
@@ -476,7 +523,7 @@ def main():
     gloo = dist.new_group(backend="nccl" if DEVICE.type == "cuda" else "gloo")
     part = wc.part_runner(ck, rank, world, gloo, counts)
     parts = {"layout": check_layout, "ops": run_ops, "async": check_async, "p2p": check_p2p,
-             "groups": check_groups, "training": check_training}
+             "groups": check_groups, "split": check_split, "training": check_training}
     for name in args.parts.split(","):
         t0 = time.monotonic()
         part(name, parts[name])

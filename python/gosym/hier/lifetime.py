@@ -11,6 +11,7 @@ import time
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
+from .. import split as _split
 from .._errors import DistBackendError
 from .._streams import _raw_stream
 from .._tensors import _op_device
@@ -25,8 +26,11 @@ class HierBase(ProcessGroupGosym):
     of, its inner groups, running its ops (host-side ones in post order on a worker thread,
     CUDA ones on the caller's current stream, as NCCL's), and what a failure leaves."""
 
-    def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid, settings):
-        """hosts: the group ranks on each host, in order; hid: this rank's host id; settings:
+    def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid, settings,
+                 new_group):
+        """new_group: the factory that made this group (gosym.factory.new_group), which makes
+        its splits too; hosts: the group ranks on each host, in order; hid: this rank's host
+        id; settings:
         the GOSYM_HIER_* values (gosym._settings.hier()), the same on every rank (the factory
         compared them; docs/TUNABLES.md): all_reduce, reduce_scatter and all_gather
         of at least GOSYM_HIER_RAIL_MIN bytes take the rails (every local index moves 1/n of
@@ -37,7 +41,7 @@ class HierBase(ProcessGroupGosym):
         seconds for every other rank to report it before naming those that did not as lost."""
         dist.ProcessGroup.__init__(self, rank, size)
         self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
-        self._settings = settings
+        self._new_group = new_group
         self._rail_min = settings["GOSYM_HIER_RAIL_MIN"]
         self._chunk = settings["GOSYM_HIER_CHUNK"]
         self._report_s = settings["GOSYM_HIER_REPORT_S"]
@@ -52,6 +56,7 @@ class HierBase(ProcessGroupGosym):
         self._balanced = len(counts) == 1
         self._rail = [rs[self._lidx] for rs in hosts if len(rs) > self._lidx]
         self._seq = 0
+        self._split_count = 0
         self._broken = None
         self._inner = {}
         gen = store.add(f"gosym/hiergen/{rank}", 1)
@@ -102,6 +107,11 @@ class HierBase(ProcessGroupGosym):
                 pg.abort() if abort else pg.shutdown()
             except Exception:  # noqa: BLE001 - best effort: the group goes either way
                 pass
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None):
+        """dist.split_group of a group across hosts: the members' group, made by the factory
+        that made this one (their own inner groups where they span hosts, gosym.split)."""
+        return _split.split(self, ranks, timeout, group_name, group_desc, self._new_group)
 
     # ---- inner groups ---------------------------------------------------------
 
