@@ -5,7 +5,7 @@ and checks itself, so that their defaults and limits are written in one place, t
 
 The rows come from docs/TUNABLES.md, which the table generates (go generate
 ./gobackend/internal/config) and a Go test keeps current; the ABI has no call that reads a
-setting. Python's tests fail while _table.py is stale (tests/unit/test_settings_table.py).
+setting. Python's tests fail while _table.py is stale (tests/unit/test_settings.py).
 
     python3 scripts/gen_settings.py           # rewrite python/gosym/_table.py
     python3 scripts/gen_settings.py --check   # exit 1 when it is stale
