@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the 2-GPU machine for the CUDA data plane: the GPU pytest suite
-# (tests/test_cuda.py: every collective against NCCL, graphs, DDP), then
+# (tests/jobs/cuda/test_cuda.py: every collective against NCCL, graphs, DDP), then
 # python -m gosym.bench --device cuda, eager and CUDA-graph captured, gosym
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
@@ -38,13 +38,13 @@ for s in "${steps[@]}"; do
 		# real clients (FSDP2, DTensor, DDP, pipelining, DCP, compile) against NCCL at the suite's
 		# worlds; or two simulated hosts of half the GPUs each, NCCL between them; or the fuzzer's
 		# random programs on CUDA tensors (every GPU, and across two simulated hosts)
-		sel=(tests/test_clients.py -k cuda) && [[ $s == hier ]] && sel=(tests/test_hier.py -k "cuda and not fuzz" tests/test_conformance.py)
-		[[ $s == fuzz ]] && sel=(tests/test_fuzz.py tests/test_hier.py -k "fuzz and cuda")
+		sel=(tests/jobs/clients/test_clients.py -k cuda) && [[ $s == hier ]] && sel=(tests/jobs/hier/test_hier.py -k "cuda and not fuzz" tests/jobs/conformance/test_conformance.py)
+		[[ $s == fuzz ]] && sel=(tests/jobs/fuzz/test_fuzz.py tests/jobs/hier/test_hier.py -k "fuzz and cuda")
 		if [[ $s == hier ]] && (($(nvidia-smi -L | wc -l) >= 4)); then
 			# two of the GPUs alone: two simulated hosts of one GPU each (the 2-GPU kind's case)
-			echo "== pytest tests/test_hier.py -k cuda_across_hosts on GPUs 0,1 (2 hosts x 1 GPU)"
+			echo "== pytest tests/jobs/hier/test_hier.py -k cuda_across_hosts on GPUs 0,1 (2 hosts x 1 GPU)"
 			CUDA_VISIBLE_DEVICES=0,1 timeout 300 python3 -m pytest -q -rfE --timeout=280 -p no:cacheprovider \
-				tests/test_hier.py -k cuda_across_hosts --junitxml="$out/hier-2x1.xml" 2>&1 | tail -20 | tee /tmp/gosym-pytest.tail
+				tests/jobs/hier/test_hier.py -k cuda_across_hosts --junitxml="$out/hier-2x1.xml" 2>&1 | tail -20 | tee /tmp/gosym-pytest.tail
 			summary+=("hier 2x1: $(tail -1 /tmp/gosym-pytest.tail)")
 		fi
 		echo "== pytest ${sel[*]}"
@@ -71,7 +71,7 @@ for s in "${steps[@]}"; do
 					first=$(((i * w) % ngpu))
 					((first + w > ngpu)) && first=0
 					CUDA_VISIBLE_DEVICES=$(seq -s, $first $((first + w - 1))) timeout "${GOSYM_CONFORM_S:-480}" \
-						python3 tests/conformance/run_dist_suite.py --device cuda --backend $b --world $w \
+						python3 tests/jobs/conformance/run_dist_suite.py --device cuda --backend $b --world $w \
 						--shard $i/$shards "${sel[@]}" --test-timeout 120 --json $cf/$b-w$w-$i.json >$cf/$b-w$w-$i.log 2>&1 &
 				done
 			done
@@ -80,7 +80,7 @@ for s in "${steps[@]}"; do
 		for w in "${worlds[@]}"; do
 			for b in nccl gosym; do
 				against=() && [[ $b == gosym ]] && against=(--against "$out/conform-nccl-w$w.json")
-				python3 tests/conformance/run_dist_suite.py --device cuda --backend $b --world $w \
+				python3 tests/jobs/conformance/run_dist_suite.py --device cuda --backend $b --world $w \
 					--outcomes $cf/$b-w$w-*.json --json "$out/conform-$b-w$w.json" "${against[@]}" 2>&1 |
 					grep -v "^note:" | tee $cf/$b-w$w-merged.log | tail -60
 				summary+=("conform $b w$w: $(grep -E "^$b \(cuda" $cf/$b-w$w-merged.log)")
@@ -92,7 +92,7 @@ for s in "${steps[@]}"; do
 		# between them, against flat NCCL over the same ranks (NCCL sees two hosts too)
 		per=$(($(nvidia-smi -L | wc -l) >= 4 ? 2 : 1))
 		echo "== bench across two simulated hosts, $per GPU(s) each: gosym (hierarchical) against flat NCCL"
-		timeout 300 python3 tests/simhosts.py --hosts $per,$per --gpus -- python3 -m gosym.bench --device cuda \
+		timeout 300 python3 tests/jobs/hier/simhosts.py --hosts $per,$per --gpus -- python3 -m gosym.bench --device cuda \
 			--backends gosym,nccl --batch 10 --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
 			--sizes 4K,64K,1M,16M,64M --target-time 0.1 --json "$out/bench-hier-cuda-${per}x2.json" 2>&1 | tail -30 ;;
 	nvswitch)
@@ -112,8 +112,8 @@ for s in "${steps[@]}"; do
 		echo "exit $?"; grep -E "^fuzz rank|rror|FAIL" /tmp/fuzz-slow/log | tail -40
 		cp /tmp/fuzz-slow/log "$out/fuzz-slow.log" ;;
 	test)
-		echo "== pytest tests/test_cuda*.py"
-		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
+		echo "== pytest tests/jobs/cuda/test_cuda*.py"
+		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/jobs/cuda/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
 			--junitxml="$out/test_cuda.xml" 2>&1 | tail -40 | tee /tmp/gosym-pytest.tail
 		summary+=("pytest: $(tail -1 /tmp/gosym-pytest.tail)")
 		# the workers' result files, flat (the device returns shallow trees only)

@@ -1,12 +1,17 @@
-"""Launchers and skips for the gosym pytest suites.
+"""Launchers and skips for the gosym pytest suites (the layout: tests/README.md).
 
-The suites never run collectives in the pytest process: each test starts a
+The suites never run collectives in the pytest process: each test of tests/jobs starts a
 multi-process job (torchrun, or a plain per-rank spawner where torchrun's
 "one rank died, kill the rest" policy would hide what the survivors do) with a
-hard deadline. Workers live in tests/workers/ and report through files in a
-per-test directory ($GOSYM_TEST_OUT): ``rank<r>.json`` results and ``pid.<r>``.
-On a deadline the launcher dumps every worker's Python stacks (SIGUSR1, see
-workers/wcommon.py), kills the whole process tree and fails with the output.
+hard deadline. A worker lives beside its driver (tests/jobs/<topic>/<name>_worker.py) and
+reports through files in a per-test directory ($GOSYM_TEST_OUT): ``rank<r>.json``
+results and ``pid.<r>``. On a deadline the launcher dumps every worker's Python stacks
+(SIGUSR1, see jobs/common/wcommon.py), kills the whole process tree and fails with the
+output.
+
+Drivers, workers and their helpers import each other by module name, as one flat
+namespace: tests/jobs/common and every topic directory of tests/jobs are on the path of
+the pytest process (below) and of every child (base_env).
 """
 
 from __future__ import annotations
@@ -27,7 +32,11 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 PYDIR = REPO / "python"
-WORKERS = TESTS / "workers"
+JOBS = TESTS / "jobs"
+# The directories of the suites' modules: shared helpers first, then each topic's.
+MODULE_DIRS = [JOBS / "common", *sorted(d for d in JOBS.iterdir() if d.is_dir() and
+                                        d.name not in ("common", "__pycache__"))]
+sys.path[:0] = [str(d) for d in MODULE_DIRS if str(d) not in sys.path]
 
 # GOSYM_TEST_BACKEND=gloo runs the same workers on gloo: a check of the tests
 # themselves (gloo lacks some ops and dtypes, so expect those to fail).
@@ -41,10 +50,25 @@ def pytest_configure(config):
     )
 
 
+def worker_script(worker: str) -> Path:
+    """The script of a worker: tests/jobs/<topic>/<worker>.py by name (".py" optional), or
+    the path itself when absolute."""
+    path = Path(worker)
+    if path.is_absolute():
+        return path
+    name = path.name if path.suffix == ".py" else f"{path.name}.py"
+    found = [d / name for d in MODULE_DIRS if (d / name).is_file()]
+    if len(found) != 1:
+        raise FileNotFoundError(f"worker {worker!r}: {len(found)} of tests/jobs/*/{name}")
+    return found[0]
+
+
 def base_env(extra: dict | None = None) -> dict:
-    """Environment for every child: the source tree's python/ first, one OpenMP thread."""
+    """Environment for every child: the source tree's python/ first, then the suites'
+    module directories, one OpenMP thread."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PYDIR), env.get("PYTHONPATH", "")) if p)
+    paths = (str(PYDIR), *map(str, MODULE_DIRS), env.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
@@ -224,7 +248,7 @@ class Job:
                  env: dict | None = None, launcher: str = "torchrun"):
         self.nproc, self.timeout, self.outdir, self.launcher = nproc, timeout, Path(outdir), launcher
         self.outdir.mkdir(parents=True, exist_ok=True)
-        script = WORKERS / (worker if worker.endswith(".py") else f"{worker}.py")
+        script = worker_script(worker)
         args = ["--backend", BACKEND, *map(str, args)]
         env = base_env({"GOSYM_TEST_OUT": str(self.outdir), **(env or {})})
         self.start = time.monotonic()
@@ -346,7 +370,7 @@ class Job:
 
 def run_torchrun(worker: str, nproc: int, args=(), timeout: float = 300, *, outdir: Path,
                  env: dict | None = None, launcher: str = "torchrun") -> RunResult:
-    """Runs tests/workers/<worker>.py on ``nproc`` ranks and waits (hard deadline ``timeout``)."""
+    """Runs worker_script(worker) on ``nproc`` ranks and waits (hard deadline ``timeout``)."""
     return Job(worker, nproc, args, outdir=outdir, timeout=timeout, env=env, launcher=launcher).wait()
 
 

@@ -381,7 +381,7 @@ static void allreduce_case(int algo, DT dt, OP op, int world, size_t n, const st
 	// Not emulated: the one-shot kernel's fused staging (p.in). Its block
 	// barrier orders every thread's staging writes before any peer reads
 	// them (__syncthreads), which this emulation, running a block's threads
-	// one after another, cannot do; the GPU suite covers it (tests/test_cuda.py).
+	// one after another, cannot do; the GPU suite covers it (tests/jobs/cuda/test_cuda.py).
 	std::vector<gs_ar_params> ps(world);
 	double scale = post == GS_POST_DIV ? (double)world : 0.375;
 	for (int r = 0; r < world; ++r) {

@@ -15,7 +15,8 @@ if not dist.is_available():
     raise ImportError("gosym: this torch build has no torch.distributed")
 
 from . import _lib  # noqa: E402 - raises ImportError when the library is missing or mismatched
-from .backend import ProcessGroupGosym, register  # noqa: E402
+from .backend import ProcessGroupGosym  # noqa: E402
+from .factory import register  # noqa: E402
 from .memory import (MemHandle, blob_info, contiguous_view, empty, empty_like,  # noqa: E402
                      mem_import, mem_map, mem_unmap, tensor_from)
 from .work import Work  # noqa: E402

@@ -239,9 +239,8 @@ op_run = lib.gosym_op_run
 
 
 def _exception_types():
-    import torch.distributed as dist
+    from ._errors import DistBackendError as backend_error
 
-    backend_error = getattr(dist, "DistBackendError", RuntimeError)
     return {
         ERR_INVALID_ARG: ValueError,
         ERR_MISMATCH: ValueError,

@@ -4,11 +4,18 @@ The table of every GOSYM_* variable is gobackend/internal/config (docs/TUNABLES.
 these as read by python. GOSYM_DEBUG is read by both sides with the same meaning: "1" turns the
 logs on, "0" or unset leaves them off. The engine refuses any other value when a group is
 created, so Python reads anything but "1" as off and leaves the error to the engine.
+
+The whole-number settings (GOSYM_HIER_*) take their defaults and limits from the table,
+through _table (generated from it by scripts/gen_settings.py). They choose a group's
+algorithms across hosts, so every rank of a group must use the same: gosym.factory compares
+them at group creation (agree), as the engine compares the settings it shares at connect.
 """
 
 from __future__ import annotations
 
 import os
+
+from . import _table
 
 
 def debug() -> bool:
@@ -31,9 +38,10 @@ def host_id() -> str:
     return os.environ.get("GOSYM_HOST_ID", "")
 
 
-def whole(name: str, default: int, least: int) -> int:
-    """A whole-number setting of python/gosym (GOSYM_HIER_*): default when unset, ValueError
-    naming it when its value is not a whole number from least."""
+def whole(name: str) -> int:
+    """A whole-number setting of python/gosym (GOSYM_HIER_*): the table's default when unset,
+    ValueError naming it when its value is not a whole number from the table's least."""
+    default, least = _table.WHOLE[name]
     v = os.environ.get(name, "")
     if v == "":
         return default
@@ -44,3 +52,22 @@ def whole(name: str, default: int, least: int) -> int:
     if n < least:
         raise ValueError(f"gosym: {name}={v!r}: accepts a whole number from {least}")
     return n
+
+
+HIER = tuple(name for name in _table.WHOLE if name.startswith("GOSYM_HIER_"))
+
+
+def hier() -> dict[str, int]:
+    """Every GOSYM_HIER_* setting, name -> value (ValueError naming a bad one)."""
+    return {name: whole(name) for name in HIER}
+
+
+def agree(rank: int, theirs: dict, mine: dict) -> None:
+    """ValueError naming the first of this rank's settings (mine, name -> value) that rank
+    `rank` has another value of (theirs), with both values: every rank of a group must use
+    the same (the engine's words for the settings it agrees at connect)."""
+    for name, v in mine.items():
+        t = theirs.get(name, "(unset: another gosym version?)")
+        if t != v:
+            raise ValueError(f"gosym: rank {rank} has {name}={t}, this rank {name}={v}: every "
+                             "rank of a group must use the same")

@@ -37,6 +37,7 @@ from . import monitored as _monitored
 from . import profiling as _profiling
 from . import selfp2p as _selfp2p
 from . import sparse as _sparse
+from . import split as _split
 from ._dtypes import move_dtype, reduce_op, reduce_types
 from ._streams import CudaStreams, _raw_stream
 from ._tensors import (_check, _dst, _even_pieces, _in_place_types, _one, _op_device, _pieces,
@@ -140,9 +141,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
     options = None  # no backend options: split_group deep-copies this as the child's
 
     def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None):
-        from .split import split
-
-        return split(self, ranks, timeout, group_name, group_desc)
+        return _split.split(self, ranks, timeout, group_name, group_desc)
 
     def comm_split_count(self):
         return self._split_count
@@ -699,19 +698,3 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
 _profiling.instrument(ProcessGroupGosym)
 _forms.accept(ProcessGroupGosym)
-
-
-def _create(dist_backend_opts, backend_options=None):
-    """torch's creator for backend "gosym" (register_backend with extended_api=True)."""
-    from .hier import create  # host detection: one host gets a ProcessGroupGosym
-
-    o = dist_backend_opts
-    return create(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id),
-                  list(o.global_ranks_in_group))
-
-
-def register() -> None:
-    """Registers backend "gosym" with torch.distributed (once per process)."""
-    if "GOSYM" in getattr(dist.Backend, "_plugins", {}):
-        return
-    dist.Backend.register_backend("gosym", _create, extended_api=True, devices=["cpu", "cuda"])

@@ -1,6 +1,6 @@
 """A builder per op of the gosym_op_desc it posts, with named arguments.
 
-Each returns the bytes _lib.pack_desc packs for the same fields (tests/test_descriptors.py
+Each returns the bytes _lib.pack_desc packs for the same fields (tests/unit/test_descriptors.py
 checks it), the fields the op does not read zero. Counts are in elements of dtype; pieces are
 the address of an array of (addr, count) uint64 pairs. A CUDA op names its CUstream and device
 ordinal; device -1, the default, is host memory. Each builder is one struct call, with no frame

@@ -15,6 +15,11 @@ registered fewer, so members of one split can be handed different names (it hung
 at world 4: {0,1} alone, then DeviceMesh's {0,2}). Every rank of the parent calls
 split_group for every split, as ncclCommSplit needs, so the count, taken on every
 call and before the membership test, is the same on every rank.
+
+A ProcessGroupGosym's split is a ProcessGroupGosym (its ranks share the parent's host). A
+HierGroup's split is made by the factory that made the HierGroup (gosym.factory.new_group):
+host detection among the members gives a ProcessGroupGosym where they share a host, else a
+HierGroup with inner groups of its own.
 """
 
 from __future__ import annotations
@@ -24,10 +29,10 @@ from datetime import timedelta
 import torch.distributed as dist
 
 
-def split(parent, ranks, timeout: timedelta | None, group_name: str | None, group_desc: str | None):
-    """The gosym group of ``ranks`` split from ``parent``, or None when this rank is not in it."""
-    from .backend import ProcessGroupGosym
-
+def split(parent, ranks, timeout: timedelta | None, group_name: str | None, group_desc: str | None,
+          make=None):
+    """The gosym group of ``ranks`` split from ``parent``, or None when this rank is not in it.
+    make(store, rank, size, timeout, name, global_ranks) makes it (default: parent's class)."""
     size = parent.size()
     try:
         ranks = sorted(int(r) for r in ranks)
@@ -43,7 +48,8 @@ def split(parent, ranks, timeout: timedelta | None, group_name: str | None, grou
     name = group_name or f"{parent.getGroupName()}:split:{parent._split_count}"
     members = "_".join(map(str, ranks))
     store = dist.PrefixStore(f"gosym/split/{parent._split_count}/{members}/", parent._store)
-    child = ProcessGroupGosym(store, ranks.index(parent.rank()), len(ranks), timeout or parent._timeout,
-                              name, [parent._global_ranks[r] for r in ranks])
+    make = make or type(parent)
+    child = make(store, ranks.index(parent.rank()), len(ranks), timeout or parent._timeout, name,
+                 [parent._global_ranks[r] for r in ranks])
     child.setGroupDesc(group_desc or f"{parent.getGroupDesc()}:split:{parent._split_count}")
     return child

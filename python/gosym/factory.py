@@ -1,0 +1,51 @@
+"""The "gosym" backend as torch creates it: register() and the creator torch calls, which
+makes the group of the ranks it is given: a ProcessGroupGosym where they share one host, a
+HierGroup (gosym.hier) where they span hosts.
+
+This module sits above both: backend (ProcessGroupGosym) and hier never import it or each
+other's factory, so neither needs the other to be importable first.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from . import _settings, hier
+
+
+def new_group(store, rank, size, timeout, name, global_ranks):
+    """The gosym group of these ranks: a ProcessGroupGosym where host detection puts them on
+    one host, else a HierGroup. The ranks' GOSYM_HIER_* settings are compared first, as the
+    engine compares the settings it shares: they choose the algorithms across hosts."""
+    settings = _settings.hier()  # a bad value fails here, before any rank waits for this one
+    seen, key = hier.exchange(store, rank, size, timeout, name, settings)
+    hosts = {}
+    for r, (h, theirs) in enumerate(seen):
+        _settings.agree(r, theirs, settings)
+        hosts.setdefault(h, []).append(r)
+    hosts = list(hosts.values())  # ordered by each host's first rank
+    hid = seen[rank][0]
+    if len(hosts) == 1:
+        pg = hier.linked(store, rank, size, timeout, name, global_ranks, hosts[0], hid)
+    else:
+        pg = hier.HierGroup(store, rank, size, timeout, name, global_ranks, hosts, hid, settings,
+                            new_group)
+    try:
+        store.delete_key(key)  # every rank read it: the connects above needed them all
+    except Exception:  # noqa: BLE001 - a store without delete_key just keeps it
+        pass
+    return pg
+
+
+def create(dist_backend_opts, backend_options=None):
+    """torch's creator for backend "gosym" (register_backend with extended_api=True)."""
+    o = dist_backend_opts
+    return new_group(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id),
+                     list(o.global_ranks_in_group))
+
+
+def register() -> None:
+    """Registers backend "gosym" with torch.distributed (once per process)."""
+    if "GOSYM" in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend("gosym", create, extended_api=True, devices=["cpu", "cuda"])

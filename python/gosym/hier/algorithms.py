@@ -1,0 +1,194 @@
+"""The paths of a HierGroup's reductions and gathers between hosts.
+
+Through the leaders (any hosts): a host's ranks meet at its local index 0, the leaders (rail
+0) run the inter-host step, and local index 0 hands the result on to its host. Along the
+rails (hosts of equal rank counts, at least GOSYM_HIER_RAIL_MIN bytes): every local index
+moves 1/n of the data between hosts over its own rail, all_reduce pipelined in chunks of
+GOSYM_HIER_CHUNK bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._C import _distributed_c10d as _c10d
+
+from .lifetime import HierBase
+from .tensors import _bytes, _divide, _opts, _red_wire, _split_op, _wait
+
+
+class HierAlgorithms(HierBase):
+    """The rail and leader algorithms of a HierGroup, on contiguous 1-D buffers, run as an
+    op's steps (on the worker thread, or at once for CUDA ops)."""
+
+    # ---- reductions -------------------------------------------------------------
+
+    def _inter_allreduce(self, pg, buf, op):
+        w, back = _red_wire(buf)
+        _wait(pg.allreduce([w], _opts(_c10d.AllreduceOptions, reduceOp=op)))
+        if back:
+            buf.copy_(w)
+
+    def _local_bcast(self, buf, root):
+        if self._n > 1:
+            _wait(self._local.broadcast([buf], _opts(_c10d.BroadcastOptions, rootRank=root)))
+
+    def _host_reduce(self, buf, lop, scale):
+        """The local step of a reduction through the leaders: reduce to local index 0."""
+        if self._n > 1:
+            _wait(self._local.reduce([buf], _opts(_c10d.ReduceOptions, reduceOp=lop, rootRank=0)))
+        elif scale is not None:
+            buf.mul_(scale)
+
+    def _ar_leaders(self, buf, lop, iop, scale, dev):
+        """all_reduce through the hosts' leaders: reduce to local index 0, all_reduce among
+        the leaders, broadcast from local index 0."""
+        self._host_reduce(buf, lop, scale)
+        if self._lidx == 0:
+            self._inter_allreduce(self._group("rail", dev), buf, iop)
+        self._local_bcast(buf, 0)
+
+    def _ar_rails(self, buf, lop, iop, dev):
+        """all_reduce on hosts of n ranks each, in chunks: intra-host reduce-scatter, then
+        all_reduce of each rank's 1/n among the ranks of its local index (async, so it
+        overlaps the next chunk's reduce-scatter), then intra-host all_gather."""
+        n, total = self._n, buf.numel()
+        step = max(n, self._chunk // buf.element_size() // n * n)
+        rail = self._group("rail", dev)
+        prev = None
+        for a in range(0, total, step):
+            seg = buf.narrow(0, a, min(step, total - a))
+            pad = -seg.numel() % n
+            segp = seg
+            if pad:
+                segp = buf.new_zeros(seg.numel() + pad)
+                segp[:seg.numel()].copy_(seg)
+            shard = buf.new_empty(segp.numel() // n)
+            _wait(self._local._reduce_scatter_base(
+                shard, segp, _opts(_c10d.ReduceScatterOptions, reduceOp=lop)))
+            w, back = _red_wire(shard)
+            work = rail.allreduce([w], _opts(_c10d.AllreduceOptions, True, reduceOp=iop))
+            if prev is not None:
+                self._ar_gather(*prev)
+            prev = (seg, segp, shard, w, back, work)
+        if prev is not None:
+            self._ar_gather(*prev)
+
+    def _ar_gather(self, seg, segp, shard, w, back, work):
+        work.wait()
+        if back:
+            shard.copy_(w)
+        _wait(self._local._allgather_base(segp, shard, _opts(_c10d.AllgatherOptions)))
+        if segp is not seg:
+            seg.copy_(segp[:seg.numel()])
+
+    def _use_rails(self, nbytes, numel):
+        return self._balanced and self._n > 1 and nbytes >= self._rail_min and numel >= self._n
+
+    def _allreduce_flat(self, buf, op, dev):
+        """all_reduce of a contiguous 1-D buffer in place."""
+        lop, iop, avg, scale = _split_op(op, buf)
+        if not buf.numel():
+            return
+        if self._use_rails(buf.numel() * buf.element_size(), buf.numel()):
+            self._ar_rails(buf, lop, iop, dev)
+        else:
+            self._ar_leaders(buf, lop, iop, scale, dev)
+        if avg:
+            _divide(buf, self._size)
+
+    def _reduce_leaders(self, buf, root, lop, iop, avg, scale, dev):
+        """reduce to group rank root through the leaders: local index 0 gathers its host, the
+        leaders reduce to the root's host's one, which hands the result on to its host (the
+        root among them)."""
+        hr, _ = self._where[root]
+        self._host_reduce(buf, lop, scale)
+        if self._lidx == 0:
+            w, back = _red_wire(buf)
+            _wait(self._group("rail", dev).reduce([w], _opts(_c10d.ReduceOptions, reduceOp=iop,
+                                                             rootRank=hr)))
+            if back:
+                buf.copy_(w)
+        if self._host == hr:
+            self._local_bcast(buf, 0)
+        if avg and self._rank == root:
+            _divide(buf, self._size)
+
+    def _broadcast_leaders(self, buf, root, dev):
+        """broadcast from group rank root: inside the root's host, among the leaders, then
+        inside every other host."""
+        hr, lr = self._where[root]
+        buf = _bytes(buf)
+        if self._host == hr:
+            self._local_bcast(buf, lr)
+        if self._lidx == 0:
+            _wait(self._group("rail", dev).broadcast(
+                [buf], _opts(_c10d.BroadcastOptions, rootRank=hr)))
+        if self._host != hr:
+            self._local_bcast(buf, 0)
+
+    # ---- all_gather, reduce_scatter ---------------------------------------------------
+
+    def _order(self, dev):
+        """Group ranks in the order of (local index, host): where the rails' layouts put
+        them, as an index tensor on dev."""
+        n, hosts = self._n, self._hosts
+        order = [hosts[h][li] for li in range(n) for h in range(len(hosts))]
+        return torch.tensor(order, device="cpu" if dev == "cpu" else f"cuda:{self._cuda}")
+
+    def _gather_rows(self, out, inp, dev):
+        """out (size x m rows, contiguous) <- every rank's inp (m elements)."""
+        m = inp.numel()
+        rows = out.view(self._size, m)
+        if not m:
+            return
+        if self._use_rails(out.numel() * out.element_size(), out.numel()):
+            # the rail's pieces (one per host), then the host's rails: (local index, host)
+            hosts = len(self._hosts)
+            r1 = inp.new_empty(hosts * m)
+            _wait(self._group("rail", dev)._allgather_base(r1, inp, _opts(_c10d.AllgatherOptions)))
+            r2 = inp.new_empty(self._size * m)
+            _wait(self._local._allgather_base(r2, r1, _opts(_c10d.AllgatherOptions)))
+            rows.index_copy_(0, self._order(dev), r2.view(self._size, m))
+            return
+        # leaders: each host's rows, padded to the largest host, gathered among the
+        # leaders, then broadcast inside each host
+        most = max(len(rs) for rs in self._hosts)
+        hb = inp.new_zeros(most * m)
+        if self._n > 1:
+            _wait(self._local._allgather_base(hb[:self._n * m], inp, _opts(_c10d.AllgatherOptions)))
+        else:
+            hb[:m].copy_(inp)
+        lb = inp.new_empty(len(self._hosts) * most * m)
+        if self._lidx == 0:
+            _wait(self._group("rail", dev)._allgather_base(lb, hb, _opts(_c10d.AllgatherOptions)))
+        self._local_bcast(lb, 0)
+        pos = [h * most + li for h, rs in enumerate(self._hosts) for li in range(len(rs))]
+        ranks = [r for rs in self._hosts for r in rs]
+        idx = torch.tensor(ranks, device=lb.device)
+        slots = lb.view(len(self._hosts) * most, m)
+        rows.index_copy_(0, idx, slots[torch.tensor(pos, device=lb.device)])
+
+    def _scatter_rows(self, out, inp, op, dev):
+        """out (m) <- the reduction of every rank's row `rank` of inp (size x m, contiguous)."""
+        lop, iop, avg, _ = _split_op(op, out)
+        m = out.numel()
+        if self._use_rails(inp.numel() * inp.element_size(), inp.numel()):
+            # rows in (local index, host) order: the host's reduce-scatter gives each rank
+            # its local index's rows (one per host), the rail's reduce-scatter its own row
+            y = inp.view(self._size, m).index_select(0, self._order(dev)).view(-1)
+            shard = out.new_empty(len(self._hosts) * m)
+            _wait(self._local._reduce_scatter_base(
+                shard, y, _opts(_c10d.ReduceScatterOptions, reduceOp=lop)))
+            ws, back = _red_wire(shard)
+            wo = out.new_empty(m, dtype=ws.dtype) if back else _red_wire(out)[0]
+            _wait(self._group("rail", dev)._reduce_scatter_base(
+                wo, ws, _opts(_c10d.ReduceScatterOptions, reduceOp=iop)))
+            if back:
+                out.copy_(wo)
+        else:
+            tmp = inp.clone()
+            self._allreduce_flat(tmp, op, dev)
+            out.copy_(tmp.view(self._size, m)[self._rank])
+            return
+        if avg:
+            _divide(out, self._size)

@@ -1,0 +1,341 @@
+"""HierGroup: a gosym group whose ranks span hosts, as torch sees it (its ops).
+
+Each op checks what it can at the call, then runs as a sequence of steps on the inner
+groups (gosym.hier.lifetime posts them; gosym.hier.algorithms holds the paths between
+hosts): reductions, broadcast and the gathers through the leaders or along the rails;
+all_to_all, gather, scatter and send/recv across hosts on the flat inter-host group.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+from torch._C import _distributed_c10d as _c10d
+
+from .. import forms as _forms
+from .._errors import DistBackendError
+from .._tensors import _one, _op_device, _same_dtype
+from ..work import EventWork
+from .algorithms import HierAlgorithms
+from .tensors import _bytes, _contig, _copy_back, _opts, _split_op, _wait
+
+_ZERO = timedelta(0)
+
+
+class HierGroup(HierAlgorithms):
+    """A gosym group over ranks of several hosts: gosym inside each host, Gloo (CPU) or
+    NCCL (CUDA) between them (see gosym.hier). Host-side ops run in post order on a worker
+    thread; CUDA ops are enqueued on the caller's current stream, as NCCL's."""
+
+    # ---- checks -----------------------------------------------------------------
+
+    def _per_rank(self, ts, like, what, kind, uneven=False):
+        """Checks ts, an op's list of one tensor per rank, against like: the dtype, and the
+        size at this rank's place (the others may differ: NCCL's all_gather_v and
+        reduce_scatter_v, which torch reaches through these list forms) or, unless uneven,
+        everywhere. Returns the largest size: the _v forms pad every rank's part to it."""
+        if len(ts) != self._size:
+            raise ValueError(f"gosym: {what}: {kind} list has {len(ts)} tensors, the group has "
+                             f"{self._size} ranks")
+        for x in ts:
+            _same_dtype(like, x, what)
+        if ts[self._rank].numel() != like.numel():
+            raise ValueError(f"gosym: {what}: {kind} tensor {self._rank} (this rank's) has "
+                             f"{ts[self._rank].numel()} elements, expected {like.numel()}")
+        for x in ts if not uneven else ():
+            if x.numel() != like.numel():
+                raise ValueError(f"gosym: {what}: {kind} tensor has {x.numel()} elements, "
+                                 f"expected {like.numel()}")
+        return max(x.numel() for x in ts)
+
+    # ---- reductions, broadcast ----------------------------------------------------
+
+    def _in_place(self, what, tensors, fn, async_op):
+        """An op in place on tensors[0]: fn(flat contiguous buffer, dev), copied back into a
+        non-contiguous tensor."""
+        t = _one(tensors, what)
+
+        def run(dev):
+            if not t.numel():
+                return  # nothing moves (and gosym's steps of an empty op are not collective)
+            buf = t if t.is_contiguous() else t.contiguous()
+            fn(buf.view(-1), dev)
+            if buf is not t:
+                t.copy_(buf)
+
+        return self._post(what, t, tensors, run, async_op)
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or _c10d.AllreduceOptions()
+        t = _one(tensors, "all_reduce")
+        if t.layout is not torch.strided:
+            raise ValueError("gosym: all_reduce of sparse tensors across hosts is not supported")
+        _split_op(opts.reduceOp, t)  # bad input raises here, not on the worker
+        op = opts.reduceOp
+        return self._in_place("all_reduce", tensors,
+                              lambda buf, dev: self._allreduce_flat(buf, op, dev), opts.asyncOp)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or _c10d.AllreduceCoalescedOptions()
+        if not tensors:
+            return self._post("all_reduce_coalesced", [], tensors, lambda dev: None, True)
+        for t in tensors:
+            _same_dtype(tensors[0], t, "all_reduce_coalesced")
+        _split_op(opts.reduceOp, tensors[0])
+        op = opts.reduceOp
+
+        def run(dev):
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            self._allreduce_flat(flat, op, dev)
+            off = 0
+            for t in tensors:
+                t.copy_(flat[off:off + t.numel()].view(t.shape))
+                off += t.numel()
+
+        return self._post("all_reduce_coalesced", tensors, tensors, run)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or _c10d.ReduceOptions()
+        root = self._root(opts.rootRank, "reduce")
+        t = _one(tensors, "reduce")
+        lop, iop, avg, scale = _split_op(opts.reduceOp, t)
+
+        def run(buf, dev):
+            self._reduce_leaders(buf, root, lop, iop, avg, scale, dev)
+
+        return self._in_place("reduce", tensors, run, opts.asyncOp)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or _c10d.BroadcastOptions()
+        root = self._root(opts.rootRank, "broadcast")
+        return self._in_place("broadcast", tensors,
+                              lambda buf, dev: self._broadcast_leaders(buf, root, dev),
+                              opts.asyncOp)
+
+    # ---- all_gather, reduce_scatter ---------------------------------------------------
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
+        opts = opts or _c10d.AllgatherOptions()
+        _same_dtype(output, input, "all_gather_into_tensor")
+        if output.numel() != input.numel() * self._size:
+            raise ValueError(f"gosym: all_gather_into_tensor: output has {output.numel()} "
+                             f"elements, expected world size {self._size} x input "
+                             f"{input.numel()}")
+
+        def run(dev):
+            cb = []
+            out = _contig(output, cb)
+            src = _bytes(input.contiguous().view(-1)).view(-1)
+            self._gather_rows(_bytes(out.view(-1)).view(-1), src, dev)
+            _copy_back(cb)
+
+        return self._post("all_gather_into_tensor", (output, input), [output], run, opts.asyncOp)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.AllgatherOptions()
+        outs = _one(output_tensors, "all_gather")
+        t = _one(input_tensors, "all_gather")
+        m = self._per_rank(outs, t, "all_gather", "output", uneven=True)
+
+        def run(dev):
+            src = t.contiguous().view(-1)
+            if m != src.numel():
+                src = torch.cat([src, src.new_zeros(m - src.numel())])
+            flat = t.new_empty(self._size * m)
+            self._gather_rows(_bytes(flat).view(-1), _bytes(src).view(-1), dev)
+            for r, o in enumerate(flat.view(self._size, m)):
+                outs[r].copy_(o[:outs[r].numel()].view(outs[r].shape))
+
+        return self._post("all_gather", (outs, t), outs, run, opts.asyncOp)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        pairs = zip(output_lists, input_list, strict=True)
+        works = [self.allgather([o], [i], opts) for o, i in pairs]
+        return works[-1] if works else None
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return works[-1] if works else None
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        opts = opts or _c10d.ReduceScatterOptions()
+        _same_dtype(output, input, "reduce_scatter_tensor")
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(f"gosym: reduce_scatter_tensor: input has {input.numel()} "
+                             f"elements, expected world size {self._size} x output "
+                             f"{output.numel()}")
+        _split_op(opts.reduceOp, output)
+        op = opts.reduceOp
+
+        def run(dev):
+            cb = []
+            out = _contig(output, cb)
+            self._scatter_rows(out.view(-1), input.contiguous().view(-1), op, dev)
+            _copy_back(cb)
+
+        return self._post("reduce_scatter_tensor", (output, input), [output], run, opts.asyncOp)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        opts = opts or _c10d.ReduceScatterOptions()
+        out = _one(output_tensors, "reduce_scatter")
+        ins = _one(input_lists, "reduce_scatter")
+        m = self._per_rank(ins, out, "reduce_scatter", "input", uneven=True)
+        _split_op(opts.reduceOp, out)
+        op = opts.reduceOp
+
+        def run(dev):
+            flat = out.new_zeros(self._size, m)
+            for row, t in zip(flat, ins):
+                row[:t.numel()].copy_(t.reshape(-1))
+            buf = out.new_empty(m)
+            self._scatter_rows(buf, flat.view(-1), op, dev)
+            out.copy_(buf[:out.numel()].view(out.shape))
+
+        return self._post("reduce_scatter", (out, ins), output_tensors, run, opts.asyncOp)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        pairs = zip(outputs, inputs, strict=True)
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in pairs]
+        return works[-1] if works else None
+
+    # ---- all_to_all, gather, scatter: the flat inter-host group ------------------------
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
+                      opts=None):
+        opts = opts or _c10d.AllToAllOptions()
+        _same_dtype(output, input, "all_to_all_single")
+        for t, splits, what in ((input, input_split_sizes, "input"),
+                                (output, output_split_sizes, "output")):
+            rows = t.shape[0] if t.dim() else 1
+            if not splits:
+                if rows % self._size:
+                    raise ValueError(f"gosym: all_to_all_single: {what} dim 0 ({rows}) is not "
+                                     f"divisible by the world size {self._size}")
+            elif len(splits) != self._size or min(splits) < 0 or sum(splits) != rows:
+                raise ValueError(f"gosym: all_to_all_single: {what} splits {list(splits)} do "
+                                 f"not split dim 0 ({rows}) among {self._size} ranks")
+
+        def run(dev):
+            cb = []
+            out = _contig(output, cb)
+            _wait(self._group("flat", dev).alltoall_base(
+                _bytes(out), _bytes(input.contiguous()), list(output_split_sizes),
+                list(input_split_sizes), _opts(_c10d.AllToAllOptions)))
+            _copy_back(cb)
+
+        return self._post("all_to_all_single", (output, input), [output], run, opts.asyncOp)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.AllToAllOptions()
+        if len(output_tensors) != self._size or len(input_tensors) != self._size:
+            raise ValueError(f"gosym: all_to_all: {len(output_tensors)} outputs and "
+                             f"{len(input_tensors)} inputs for {self._size} ranks")
+        first = input_tensors[0]
+        for t in (*input_tensors, *output_tensors):
+            _same_dtype(first, t, "all_to_all")
+
+        def run(dev):
+            src = torch.cat([t.reshape(-1) for t in input_tensors])
+            dst = src.new_empty(sum(t.numel() for t in output_tensors))
+            _wait(self._group("flat", dev).alltoall_base(
+                _bytes(dst.view(-1, 1)), _bytes(src.view(-1, 1)),
+                [t.numel() for t in output_tensors], [t.numel() for t in input_tensors],
+                _opts(_c10d.AllToAllOptions)))
+            off = 0
+            for t in output_tensors:
+                t.copy_(dst[off:off + t.numel()].view(t.shape))
+                off += t.numel()
+
+        return self._post("all_to_all", (output_tensors, input_tensors), output_tensors, run,
+                          opts.asyncOp)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.GatherOptions()
+        root = self._root(opts.rootRank, "gather")
+        t = _one(input_tensors, "gather")
+        outs = _one(output_tensors, "gather") if self._rank == root else []
+        if self._rank == root:
+            self._per_rank(outs, t, "gather", "gather")
+
+        def run(dev):
+            bufs = [t.new_empty(t.numel()) for _ in outs]
+            _wait(self._group("flat", dev).gather(
+                [[_bytes(b) for b in bufs]] if bufs else [], [_bytes(t.contiguous().view(-1))],
+                _opts(_c10d.GatherOptions, rootRank=root)))
+            for o, b in zip(outs, bufs):
+                o.copy_(b.view(o.shape))
+
+        out = outs if self._rank == root else output_tensors
+        return self._post("gather", (t, outs), out, run, opts.asyncOp)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.ScatterOptions()
+        root = self._root(opts.rootRank, "scatter")
+        out = _one(output_tensors, "scatter")
+        ins = _one(input_tensors, "scatter") if self._rank == root else []
+        if self._rank == root:
+            self._per_rank(ins, out, "scatter", "scatter")
+
+        def run(dev):
+            buf = out.new_empty(out.numel())
+            _wait(self._group("flat", dev).scatter(
+                [_bytes(buf)], [[_bytes(i.contiguous().view(-1)) for i in ins]] if ins else [],
+                _opts(_c10d.ScatterOptions, rootRank=root)))
+            out.copy_(buf.view(out.shape))
+
+        return self._post("scatter", (out, ins), output_tensors, run, opts.asyncOp)
+
+    # ---- point to point, barrier ----------------------------------------------------
+
+    def _p2p(self, what, tensors, peer, tag, recv):
+        """send/recv: through the local gosym group to a rank of this host, straight
+        through the flat inter-host group to any other."""
+        peer = self._peer(peer, what)
+        t = _one(tensors, what)
+        hp, lp = self._where[peer]
+        if hp == self._host:
+            return (self._local.recv if recv else self._local.send)(tensors, lp, tag)
+        if self._broken is not None:
+            raise DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
+                                    f"failure: {self._broken}")
+        pg = self._group("flat", self._dev(_op_device(t)))
+        if not recv:
+            return pg.send([_bytes(t.contiguous())], peer, tag)
+        if t.is_contiguous():
+            return pg.recv([_bytes(t)], peer, tag)
+        buf = t.contiguous()
+        _wait(pg.recv([_bytes(buf)], peer, tag))
+        t.copy_(buf)
+        w = EventWork(tensors)
+        w._finish(None)
+        return w
+
+    def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names
+        return self._p2p("send", tensors, dstRank, tag, False)
+
+    def recv(self, tensors, srcRank, tag):  # noqa: N803
+        return self._p2p("recv", tensors, srcRank, tag, True)
+
+    def barrier(self, opts=None):
+        """Every host's ranks meet, then the leaders, then every host's again; a group that
+        ran CUDA ops first waits for its device, as NCCL's barrier does."""
+        opts = opts or _c10d.BarrierOptions()
+        if self._cuda is not None:
+            torch.cuda.synchronize(self._cuda)
+
+        def run(dev):
+            if self._n > 1:
+                _wait(self._local.barrier(_opts(_c10d.BarrierOptions)))
+            if self._lidx == 0:
+                _wait(self._group("rail", "cpu").barrier(_opts(_c10d.BarrierOptions)))
+            if self._n > 1:
+                _wait(self._local.barrier(_opts(_c10d.BarrierOptions)))
+
+        return self._post("barrier", [], [], run, opts.asyncOp)
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        self.barrier().wait(timeout if timeout is not None else _ZERO)
+
+
+_forms.accept(HierGroup)

@@ -1,0 +1,211 @@
+"""A HierGroup's lifetime: creation (its local gosym group and its inter-host groups),
+identity and stats, shutdown and abort, posting its ops, and what a failed op leaves: the
+group broken, the failure reported through the store, the ranks that never report it named
+as lost."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+
+from .. import split as _split
+from .._errors import DistBackendError
+from .._streams import _raw_stream
+from .._tensors import _op_device
+from ..backend import ProcessGroupGosym
+from ..work import EventWork, cuda_work
+from .hosts import linked
+from .runner import Runner
+
+
+class HierBase(ProcessGroupGosym):
+    """A HierGroup's life (gosym.hier.group.HierGroup is the group, its ops): what it is made
+    of, its inner groups, running its ops (host-side ones in post order on a worker thread,
+    CUDA ones on the caller's current stream, as NCCL's), and what a failure leaves."""
+
+    def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid, settings,
+                 new_group):
+        """new_group: the factory that made this group (gosym.factory.new_group), which makes
+        its splits too; hosts: the group ranks on each host, in order; hid: this rank's host
+        id; settings:
+        the GOSYM_HIER_* values (gosym._settings.hier()), the same on every rank (the factory
+        compared them; docs/TUNABLES.md): all_reduce, reduce_scatter and all_gather
+        of at least GOSYM_HIER_RAIL_MIN bytes take the rails (every local index moves 1/n of
+        the data between hosts) on hosts of equal rank counts, smaller ones and any on
+        unequal hosts the hosts' leaders; the rails' all_reduce is pipelined in chunks of
+        GOSYM_HIER_CHUNK bytes (one chunk's inter-host step overlaps the next one's
+        intra-host reduce-scatter); after a failure, a rank waits GOSYM_HIER_REPORT_S
+        seconds for every other rank to report it before naming those that did not as lost."""
+        dist.ProcessGroup.__init__(self, rank, size)
+        self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
+        self._new_group = new_group
+        self._rail_min = settings["GOSYM_HIER_RAIL_MIN"]
+        self._chunk = settings["GOSYM_HIER_CHUNK"]
+        self._report_s = settings["GOSYM_HIER_REPORT_S"]
+        self._desc = "undefined"
+        self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        self._h, self._cuda = 0, None
+        self._hosts = hosts
+        self._where = {r: (h, li) for h, rs in enumerate(hosts) for li, r in enumerate(rs)}
+        self._host, self._lidx = self._where[rank]
+        counts = {len(rs) for rs in hosts}
+        self._n = len(hosts[self._host])
+        self._balanced = len(counts) == 1
+        self._rail = [rs[self._lidx] for rs in hosts if len(rs) > self._lidx]
+        self._seq = 0
+        self._split_count = 0
+        self._broken = None
+        self._inner = {}
+        gen = store.add(f"gosym/hiergen/{rank}", 1)
+        self._store = dist.PrefixStore(f"gosym/hier/{gen}/", store)
+        mine = hosts[self._host]
+        local_store = dist.PrefixStore(f"host{self._host}/", self._store)
+        self._local = linked(local_store, self._lidx, self._n, timeout, f"{name}/host{self._host}",
+                             [self._global_ranks[r] for r in mine], mine, hid)
+        self._runner = Runner(name)
+        try:
+            self._group("rail", "cpu")
+            self._group("flat", "cpu")
+        except BaseException:
+            self._local.shutdown()
+            raise
+
+    # ---- identity, lifetime ---------------------------------------------------
+
+    def __repr__(self):
+        return (f"HierGroup(name={self._name!r}, rank={self._rank}, size={self._size}, "
+                f"hosts={self._hosts})")
+
+    def _endpoint(self):
+        raise ValueError("gosym: this group spans hosts; memory views and registrations "
+                         "need a group whose ranks share one host")
+
+    def _stats_json(self):
+        s = json.loads(self._local._stats_json())
+        s["hier"] = {"hosts": self._hosts, "host": self._host, "local_rank": self._lidx,
+                     "inner_groups": sorted(f"{k}/{d}" for k, d in self._inner)}
+        return json.dumps(s)
+
+    def shutdown(self):
+        """Drains the worker, then shuts the inner groups down. Idempotent."""
+        self._runner.close()
+        self._close_inner(abort=False)
+        self._local.shutdown()
+
+    def abort(self):
+        self._runner.close()
+        self._close_inner(abort=True)
+        self._local.shutdown()
+
+    def _close_inner(self, abort):
+        inner, self._inner = self._inner, {}
+        for pg in inner.values():
+            try:
+                pg.abort() if abort else pg.shutdown()
+            except Exception:  # noqa: BLE001 - best effort: the group goes either way
+                pass
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None):
+        """dist.split_group of a group across hosts: the members' group, made by the factory
+        that made this one (their own inner groups where they span hosts, gosym.split)."""
+        return _split.split(self, ranks, timeout, group_name, group_desc, self._new_group)
+
+    # ---- inner groups ---------------------------------------------------------
+
+    def _group(self, kind, dev):
+        """This rank's inter-host group of kind "rail" (its local index's) or "flat" (every
+        rank), on Gloo (dev "cpu") or NCCL (dev "cuda")."""
+        pg = self._inner.get((kind, dev))
+        if pg is None:
+            ranks = self._rail if kind == "rail" else list(range(self._size))
+            tag = f"rail{self._lidx}" if kind == "rail" else kind
+            sub = dist.PrefixStore(f"{tag}/{dev}/", self._store)
+            me = ranks.index(self._rank)
+            if dev == "cpu":
+                pg = _c10d.ProcessGroupGloo(sub, me, len(ranks), self._timeout)
+            else:
+                opts = _c10d.ProcessGroupNCCL.Options()
+                opts._timeout = self._timeout
+                opts.group_name = f"{self._name}/{tag}"
+                opts.global_ranks_in_group = [self._global_ranks[r] for r in ranks]
+                pg = _c10d.ProcessGroupNCCL(sub, me, len(ranks), opts)
+            self._inner[(kind, dev)] = pg
+        return pg
+
+    def _dev(self, dev):
+        return "cpu" if dev < 0 else "cuda"
+
+    # ---- running ops -----------------------------------------------------------
+
+    def _post(self, what, keep, out, fn, async_op=True):
+        """Runs fn(dev) (the op's steps) as op `what`: CUDA ops (keep's tensors on a GPU)
+        at once on the caller's stream, host ops on the worker thread (inline when called
+        from it, by a future's callback). Errors become gosym errors naming the op."""
+        if self._broken is not None:
+            raise DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
+                                    f"failure: {self._broken}")
+        dev = _op_device(keep)
+        self._seq += 1
+        seq = self._seq
+
+        def run():
+            try:
+                fn(self._dev(dev))
+            except Exception as e:
+                raise self._failed(what, seq, e) from e
+
+        if dev >= 0:
+            self._runner.drain()  # host ops posted earlier go first on the inner groups
+            self._cuda = dev
+            run()
+            return cuda_work(out, dev, _raw_stream(dev)) if async_op else None
+        w = EventWork(out)
+        if self._runner.on_thread():
+            try:
+                run()
+                w._finish(None)
+            except Exception as e:  # noqa: BLE001 - raised through the Work
+                w._finish(e)
+        else:
+            self._runner.submit(run, w)
+        if async_op:
+            return w
+        w.wait()
+        return None
+
+    def _failed(self, what, seq, e):
+        """The error of op what (seq) that failed with e: the inner groups are aborted (a
+        peer in a gosym step with this rank fails at once, one in a Gloo step at the latest
+        at its timeout), the failure is reported through the store, and the ranks that do
+        not report it within GOSYM_HIER_REPORT_S are named as lost."""
+        if self._broken is not None:
+            return DistBackendError(f"gosym: {what} (seq {seq}): {self._broken}")
+        self._broken = "aborting"
+        self._close_inner(abort=True)
+        self._local.abort()
+        lost = self._lost(what, seq)
+        msg = (f"gosym: {what} (seq {seq}) across hosts failed on rank {self._rank} of "
+               f"{self._size} (group {self._name!r}, host {self._host} of ranks "
+               f"{self._hosts[self._host]}): {lost}; cause: {type(e).__name__}: {e}")
+        self._broken = msg
+        return DistBackendError(msg)
+
+    def _lost(self, what, seq):
+        try:
+            keys = [f"failed/{r}" for r in range(self._size)]
+            self._store.set(keys[self._rank], f"{what} {seq}")
+            deadline = time.monotonic() + self._report_s
+            while True:
+                late = [r for r in range(self._size) if not self._store.check([keys[r]])]
+                if not late or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        except Exception as e:  # noqa: BLE001 - the store's host may be the lost one
+            return f"the store is unreachable to name the lost ranks ({e})"
+        if not late:
+            return "every rank reported the failure (no rank was lost)"
+        return (f"ranks {late} were lost or are blocked elsewhere (no report of the failure "
+                f"from them within {self._report_s:.0f} s)")

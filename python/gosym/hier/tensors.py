@@ -1,0 +1,96 @@
+"""Tensors as the inter-host engines take them (dtypes they move and reduce, bytes for the
+rest), a reduction split into its intra- and inter-host steps, and the small helpers of a
+HierGroup's op steps."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .. import _lib
+from .._dtypes import reduce_op, reduce_types
+
+_RED_NAMES = {code: name for name, code in _lib.RED.items()}
+# dtypes both Gloo and NCCL move and reduce as themselves; the rest travel as bytes, and
+# reductions over int16 (which neither reduces) as int32 (the low bits wrap the same).
+_WIRE = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+         torch.int32, torch.int64, torch.bool}
+_SUM = dist.ReduceOp.SUM
+
+
+def _opts(cls, async_op=False, **kw):
+    o = cls()
+    o.asyncOp = async_op
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def _wait(w):
+    if w is not None:
+        w.wait()
+
+
+def _split_op(op, t):
+    """(the local step's op, the inter-host step's op, whether to divide by the world at the
+    end, PREMUL_SUM's factor or None) of reduction op on t; TypeError for what gosym does not
+    reduce. The factor is applied by the local step, or by hand where a host has one rank."""
+    red, scale = reduce_op(op)
+    reduce_types(t, red)  # raises for dtypes and ops gosym cannot reduce
+    name = _RED_NAMES[red]
+    if t.is_cuda and t.dtype == torch.int16:
+        # refused at the call, as gosym's CUDA kernels and NCCL refuse it: the group goes on
+        raise NotImplementedError(f"gosym: {name} of int16 CUDA tensors is not supported (nor "
+                                  "by NCCL); int16 reduces on CPU tensors")
+    if t.is_cuda and name in ("BAND", "BOR", "BXOR"):
+        raise ValueError(f"gosym: {name} of CUDA tensors across hosts is not supported: NCCL, "
+                         "the inter-host engine, has no bitwise reductions")
+    if name == "AVG":
+        return _SUM, _SUM, True, None
+    if name == "PREMUL_SUM":
+        return op, _SUM, False, scale
+    return op, op, False, None
+
+
+def _red_wire(t):
+    """t as the inter-host engine reduces it, and whether the result must be copied back."""
+    if t.dtype in _WIRE:
+        return t, False
+    if t.is_complex():
+        return torch.view_as_real(t), False
+    if t.dtype == torch.int16:
+        return t.to(torch.int32), True
+    raise TypeError(f"gosym: reductions across hosts do not support dtype {t.dtype}")
+
+
+def _bytes(t):
+    """A contiguous t as rows of bytes along dim 0 (as the inter-host engine moves any dtype;
+    splits along dim 0 keep their meaning): t itself for dtypes it knows."""
+    if t.dtype in _WIRE:
+        return t
+    rows = t.shape[0] if t.dim() else 1
+    return t.reshape(rows, math.prod(t.shape[1:])).view(torch.uint8)
+
+
+def _contig(t, cb):
+    """A contiguous t (a temporary whose contents go back into t through cb)."""
+    if t.is_contiguous():
+        return t
+    tmp = t.contiguous()
+    cb.append((t, tmp))
+    return tmp
+
+
+def _copy_back(cb):
+    for t, tmp in cb:
+        t.copy_(tmp)
+
+
+def _divide(t, n):
+    if t.is_floating_point() or t.is_complex():
+        t.div_(n)
+    else:
+        t.copy_(torch.div(t, n, rounding_mode="trunc"))
+

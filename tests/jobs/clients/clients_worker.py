@@ -1,0 +1,97 @@
+"""One rank of a real-client job: runs the named scenarios on one backend in turn.
+
+Started by harness.py (conftest's spawn launcher: RANK, WORLD_SIZE,
+MASTER_ADDR/PORT in the environment). The default group is the backend under
+test; on CUDA it is created eagerly with ``device_id`` (as torchtitan and
+DeviceMesh users do, so 2-D meshes come from split_group). Writes
+rank<r>.json: per scenario its values, or the error it raised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import scenarios as sc  # noqa: E402
+import wcommon as wc  # noqa: E402
+
+
+def _args(p):
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--scenarios", required=True, help="comma-separated scenario names")
+    p.add_argument("--scratch", required=True, help="a directory all ranks share")
+    p.add_argument("--scenario-timeout", type=float, default=150.0,
+                   help="seconds a scenario may take before this rank reports it hung and exits")
+
+
+def _deadline(rank, name, seconds, results, backend):
+    """A timer that records scenario name as hung and ends this rank (os._exit: a rank
+    stuck in a collective cannot unwind) if it runs past seconds."""
+    def fire():
+        results[name] = {"values": None, "started": True, "hung": True,
+                         "error": f"{name} did not finish within {seconds:g} s on rank {rank} (hung)"}
+        wc.write_result({"rank": rank, "failures": [], "backend": backend, "scenarios": results})
+        print(f"[rank {rank}] {name} on {backend} did not finish within {seconds:g} s: exiting",
+              file=sys.stderr, flush=True)
+        os._exit(3)
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def main():
+    args = wc.setup(_args)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    kw = {}
+    if args.device == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(dev)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        kw["device_id"] = dev
+    else:
+        dev = torch.device("cpu")
+    if args.backend == "gosym":
+        import gosym  # noqa: F401  (registers the backend)
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout), **kw)
+    ctx = sc.Ctx(rank, world, dev, args.backend, args.scratch)
+    results = {}
+    for name in args.scenarios.split(","):
+        t0 = time.monotonic()
+        entry = {"values": None, "error": None}
+        # Marked before it runs: a scenario that hangs is named by the harness, which
+        # resumes the job after it (a hung collective may never raise).
+        results[name] = {"values": None, "error": None, "started": True}
+        wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results})
+        watchdog = _deadline(rank, name, args.scenario_timeout, results, args.backend)
+        try:
+            entry["values"] = getattr(sc, name)(ctx)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported per scenario
+            entry["error"] = f"{wc.error_text(e)}\n{traceback.format_exc(limit=-6)}"
+            print(f"[rank {rank}] {name} on {args.backend} raised:\n{entry['error']}", file=sys.stderr)
+        watchdog.cancel()
+        entry["seconds"] = round(time.monotonic() - t0, 2)
+        results[name] = entry
+        # Written after every scenario, so a later hang keeps the earlier results.
+        wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Real clients of torch.distributed train the same on gosym as on the reference backend.
+
+Each case is one scenario of scenarios.py (FSDP2, tensor parallel,
+a 2-D DeviceMesh, DDP, pipelining, distributed checkpoint, functional
+collectives, torch.compile, split_group) at one world size: its per-step losses
+(or output values) on gosym must match gloo's (CPU) or NCCL's (CUDA) within
+1e-5 relative, rank by rank. All scenarios of a (device, world) pair run in one
+job per backend (harness.py), started once for every selected case
+of that pair. CUDA cases run at the GPU suite's worlds (conftest.gpu_worlds: 2, 3
+and every GPU) and skip without GPUs.
+"""
+
+from __future__ import annotations
+
+import harness as h
+import pytest
+from conftest import gpu_worlds, need_gpus
+
+CUDA_WORLDS = (2, 3, 4, 8)
+
+
+def _marks(dev, world, name):
+    marks = [pytest.mark.gpu] if dev == "cuda" else []
+    known = h.known_failure(dev, world, name)
+    if known:
+        marks.append(pytest.mark.xfail(strict=True, reason=known))
+    return marks
+
+
+CASES = [pytest.param(dev, w, name, id=f"{dev}-w{w}-{name}", marks=_marks(dev, w, name))
+         for dev, worlds in (("cpu", h.cpu_worlds()), ("cuda", CUDA_WORLDS))
+         for w in worlds for name in h.SPECS]
+
+
+class _Pairs:
+    """Runs each (device, world) pair's jobs once, for every case of it that was collected."""
+
+    def __init__(self, session, root):
+        self.session, self.root, self.done = session, root, {}
+
+    def selected(self, device, world) -> list[str]:
+        names = {it.callspec.params["name"] for it in self.session.items
+                 if getattr(it, "callspec", None) and it.callspec.params.get("device") == device
+                 and it.callspec.params.get("world") == world and "name" in it.callspec.params}
+        return h.applicable(device, world, [n for n in h.SPECS if n in names])
+
+    def outcome(self, device, world, name) -> h.Outcome:
+        key = (device, world)
+        if key not in self.done:
+            names = self.selected(device, world)
+            self.done[key] = {o.scenario: o for o in h.run_pair(device, world, names, self.root)}
+        return self.done[key][name]
+
+
+@pytest.fixture(scope="session")
+def client_pairs(request, tmp_path_factory):
+    return _Pairs(request.session, tmp_path_factory.mktemp("clients"))
+
+
+@pytest.mark.parametrize("device,world,name", CASES)
+def test_client_matches_reference(device, world, name, client_pairs):
+    reason = h.SPECS[name].skip_reason(name, device, world)
+    if reason:
+        pytest.skip(reason)
+    if device == "cuda":
+        need_gpus(world)
+        if world not in gpu_worlds():
+            pytest.skip(f"the GPU suite runs at worlds {gpu_worlds()} on this machine")
+    o = client_pairs.outcome(device, world, name)
+    assert o.ok, (f"{name} at world {world} on {device}: gosym vs {h.REFERENCE[device]}: max rel diff "
+                  f"{o.max_rel}\n" + "\n".join(o.problems))
+
+
+def test_hung_scenario_named_and_job_resumed(tmp_path, monkeypatch):
+    """A scenario that never finishes is reported by name on every rank, and the
+    scenarios after it still run (a new launch), instead of the job's deadline taking
+    every scenario of the pair with it."""
+    monkeypatch.setattr(h, "SCENARIO_TIMEOUT_S", 8.0)
+    run = h.run_job("cpu", 2, "gosym", ["split", "stall", "funcol_eager"], tmp_path, timeout=120)
+    for r in range(2):
+        assert run.entry(r, "split")["values"], run.entry(r, "split")
+        stalled = run.entry(r, "stall")
+        assert stalled["values"] is None and stalled.get("hung"), stalled
+        assert "stall" in stalled["error"], stalled
+        assert run.entry(r, "funcol_eager")["values"], run.entry(r, "funcol_eager")

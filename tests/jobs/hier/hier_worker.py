@@ -1,0 +1,538 @@
+"""A gosym group across (simulated) hosts: every op x dtype against gloo on the same ranks
+and a float64 / exact reference, async Work and futures, send/recv within and across
+hosts, new_group across and within hosts, split_group across and within hosts, DDP and FSDP2 against gloo's losses, teardown;
+or (--scenario) a rank lost or late on either host.
+
+Run by test_hier.py under simhosts.py (two network namespaces) with
+--hosts giving the ranks per host, host-major. GOSYM_HIER_RAIL_MIN and GOSYM_HIER_CHUNK
+are set small by the test, so the sizes here take the rails, in several chunks, with
+ragged ends, as well as the leaders' path.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import wcommon as wc
+from collectives_worker import BITWISE, REDOPS, premul_factor, reduce_ref, supported
+from wcommon import ALL_DTYPES, make_input
+
+SIZES = [0, 1, 1025, 3 * 1024 + 5]
+DEVICE = torch.device("cpu")  # --device cuda: this rank's GPU, and NCCL is the reference
+DTYPES = ALL_DTYPES + [torch.complex64]
+COMPLEX_OPS = ("SUM", "AVG")
+
+
+def poison_like(exp):
+    """wc.poison_like, complex tensors included (NaN parts)."""
+    if exp.dtype.is_complex:
+        return torch.full_like(exp, complex(float("nan"), float("nan")))
+    return wc.poison_like(exp)
+
+
+def real(t):
+    """A complex tensor as its (real, imag) pairs, for compare(); others as they are."""
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def ref_allreduce(xs, dtype, opname, world):
+    """reduce_ref's expected value, with a tolerance for every float sum: across hosts a sum
+    is rounded once per level (the host's, then the inter-host engine's)."""
+    if dtype.is_complex:
+        parts = [torch.view_as_real(x) for x in xs]
+        exp, tol = ref_allreduce(parts, parts[0].dtype, opname, world)
+        return torch.view_as_complex(exp.contiguous()), tol
+    exp, tol = reduce_ref(xs, dtype, opname, world)
+    if dtype.is_floating_point and opname not in ("PRODUCT", "MIN", "MAX"):
+        f = premul_factor(opname) or 1.0
+        spread = sum(x.double().abs() * f for x in xs)
+        extra = 4 * (world + 1) * torch.finfo(dtype).eps * (spread + exp.double().abs())
+        tol = extra if tol is None else tol + extra
+    return exp, tol
+
+
+class Ops:
+    """The op matrix: each op on gosym (the default group) and on the reference group of the
+    same ranks (gloo on CPU, NCCL on CUDA), with tensors on dev."""
+
+    def __init__(self, ck, rank, world, gloo, dev):
+        self.ck, self.rank, self.world, self.gloo, self.dev = ck, rank, world, gloo, dev
+        self.ref_ok = True
+
+    def inputs(self, case, n, dtype, opname=""):
+        if dtype.is_complex:
+            parts = [make_input(case, r, 2 * n, torch.float32, opname) for r in range(self.world)]
+            return [torch.view_as_complex(p.view(n, 2)).to(self.dev) for p in parts]
+        return [make_input(case, r, n, dtype, opname).to(self.dev) for r in range(self.world)]
+
+    def both(self, case, fn, exp, tol=None):
+        """fn(group) -> the tensor to check; run on gosym (must match exp) and on gloo (must
+        match exp too where gloo runs the op: the same ranks, the same data)."""
+        got = real(fn(None))
+        exp = real(exp)
+        why = wc.compare(got, exp, tol)
+        self.ck.check(f"{case} [gosym]", why is None, why or "")
+        if not self.ref_ok:
+            self.ck.info.setdefault("reference_lacks", []).append(f"{case}: not asked")
+            return
+        try:
+            ref = real(fn(self.gloo))
+        except (RuntimeError, ValueError, TypeError) as e:
+            self.ck.info.setdefault("reference_lacks", []).append(f"{case}: {str(e)[:80]}")
+            return
+        if wc.compare(ref, exp, tol) is not None:
+            # a second opinion only where it is right itself: NCCL 2.28 through torch 2.11
+            # returns zeros for bf16 PREMUL_SUM with a host factor
+            self.ck.info.setdefault("reference_off", []).append(case)
+            return
+        why = wc.compare(got, ref, tol)
+        self.ck.check(f"{case} [vs reference]", why is None, why or "")
+
+    def root(self, case):
+        return wc.seed_of(case, "root") % self.world
+
+    def run(self):
+        if self.dev.type == "cuda":
+            t = torch.ones(4, dtype=torch.int32, device=self.dev)
+            self.ck.expect_error("BAND of CUDA tensors across hosts", dist.all_reduce, t,
+                                 op=dist.ReduceOp.BAND)
+        for dtype in DTYPES:
+            # NCCL has no int16: torch 2.11 raises inside an open ncclGroupStart for some ops
+            # (all_to_all, gather), which leaves later NCCL calls of this thread batched, the
+            # inter-host steps of gosym's next ops among them. So no NCCL reference for it.
+            self.ref_ok = not (self.dev.type == "cuda" and dtype == torch.int16)
+            for n in SIZES:
+                self.reductions(dtype, n)
+                self.moves(dtype, n)
+
+    def reductions(self, dtype, n):
+        d = wc.dname(dtype)
+        names = COMPLEX_OPS if dtype.is_complex else [o for o in REDOPS if supported(dtype, o)]
+        if self.dev.type == "cuda":  # NCCL, the inter-host engine, has no bitwise reductions
+            names = [o for o in names if o not in BITWISE]
+        if self.dev.type == "cuda" and dtype == torch.int16:  # as NCCL: refused, group goes on
+            t = self.inputs("int16", n, dtype)[self.rank]
+            e = self.ck.expect_error(f"all_reduce {d} n={n} refused on CUDA", dist.all_reduce, t)
+            self.ck.check(f"all_reduce {d} n={n}: says int16", "int16" in str(e), str(e))
+            return
+        for opname in names:
+            case = f"all_reduce {d} n={n} {opname}"
+            xs = self.inputs(case, n, dtype, opname)
+            exp, tol = ref_allreduce(xs, dtype, opname, self.world)
+
+            def ar(g, x=xs[self.rank], op=REDOPS[opname]):
+                t = x.clone()
+                dist.all_reduce(t, op=op(), group=g)
+                return t
+            self.both(case, ar, exp, tol)
+        for opname in ("SUM", "AVG", "MAX") if dtype.is_floating_point else ("SUM", "MAX"):
+            if dtype == torch.bool and opname != "MAX":
+                continue
+            if dtype.is_complex and opname == "MAX":
+                continue
+            case = f"reduce {d} n={n} {opname}"
+            xs = self.inputs(case, n, dtype, opname)
+            exp, tol = ref_allreduce(xs, dtype, opname, self.world)
+            root = self.root(case)
+
+            def red(g, x=xs[self.rank], op=REDOPS[opname], root=root):
+                t = x.clone()
+                dist.reduce(t, dst=root, op=op(), group=g)
+                return t if self.rank == root else exp
+            self.both(case, red, exp, tol)
+            # reduce_scatter_tensor: rank r gets the reduction of every rank's block r
+            case = f"reduce_scatter_tensor {d} n={n} {opname}"
+            xs = self.inputs(case, n * self.world, dtype, opname)
+            full, tol = ref_allreduce(xs, dtype, opname, self.world)
+            mine = slice(self.rank * n, (self.rank + 1) * n)
+
+            def rs(g, x=xs[self.rank], op=REDOPS[opname]):
+                out = poison_like(full[mine])
+                dist.reduce_scatter_tensor(out, x, op=op(), group=g)
+                return out
+            self.both(case, rs, full[mine], None if tol is None else tol[mine])
+            if opname == "SUM":
+                def rsl(g, x=xs[self.rank]):
+                    out = poison_like(full[mine])
+                    dist.reduce_scatter(out, list(x.chunk(self.world)) if n else
+                                        [x[:0]] * self.world, group=g)
+                    return out
+                self.both(f"reduce_scatter {d} n={n}", rsl, full[mine],
+                          None if tol is None else tol[mine])
+
+    def moves(self, dtype, n):
+        d, w, me = wc.dname(dtype), self.world, self.rank
+        case = f"broadcast {d} n={n}"
+        xs = self.inputs(case, n, dtype)
+        root = self.root(case)
+
+        def bc(g):
+            t = xs[me].clone()
+            dist.broadcast(t, src=root, group=g)
+            return t
+        self.both(case, bc, xs[root])
+
+        case = f"all_gather_into_tensor {d} n={n}"
+        xs = self.inputs(case, n, dtype)
+        allx = torch.cat(xs)
+
+        def ag(g):
+            out = poison_like(allx)
+            dist.all_gather_into_tensor(out, xs[me], group=g)
+            return out
+        self.both(case, ag, allx)
+
+        def agl(g):
+            outs = [poison_like(x) for x in xs]
+            dist.all_gather(outs, xs[me], group=g)
+            return torch.cat(outs)
+        self.both(f"all_gather {d} n={n}", agl, allx)
+
+        # all_to_all_single, even and with splits that differ by pair (zeros included)
+        case = f"all_to_all_single {d} n={n}"
+        xs = self.inputs(case, n * w, dtype)
+        exp = torch.cat([xs[r][me * n:(me + 1) * n] for r in range(w)])
+
+        def a2a(g):
+            out = poison_like(exp)
+            dist.all_to_all_single(out, xs[me], group=g)
+            return out
+        self.both(case, a2a, exp)
+        split = [[(s * 7 + r * 3 + n) % 5 for r in range(w)] for s in range(w)]  # split[s][r]
+        xs = [self.inputs(f"a2av {d} n={n}", sum(split[s]), dtype)[s] for s in range(w)]
+        if n:
+            pieces = [list(xs[s].split(split[s])) for s in range(w)]
+            expv = torch.cat([pieces[s][me] for s in range(w)])
+
+            def a2av(g):
+                out = poison_like(expv)
+                dist.all_to_all_single(out, xs[me], [split[s][me] for s in range(w)], split[me],
+                                       group=g)
+                return out
+            self.both(f"all_to_all_single(v) {d} n={n}", a2av, expv)
+
+            def a2al(g):
+                outs = [poison_like(pieces[s][me]) for s in range(w)]
+                dist.all_to_all(outs, [p.clone() for p in pieces[me]], group=g)
+                return torch.cat(outs)
+            self.both(f"all_to_all {d} n={n}", a2al, expv)
+
+        case = f"gather {d} n={n}"
+        xs = self.inputs(case, n, dtype)
+        root = self.root(case)
+
+        def ga(g):
+            outs = [poison_like(x) for x in xs] if me == root else None
+            dist.gather(xs[me], outs, dst=root, group=g)
+            return torch.cat(outs) if me == root else torch.cat(xs)
+        self.both(case, ga, torch.cat(xs))
+
+        case = f"scatter {d} n={n}"
+        xs = self.inputs(case, n, dtype)
+        root = self.root(case)
+
+        def sc(g):
+            out = poison_like(xs[me])
+            dist.scatter(out, [x.clone() for x in xs] if me == root else None, src=root, group=g)
+            return out
+        self.both(case, sc, xs[me])
+
+
+def run_ops(ck, rank, world, gloo, counts):
+    Ops(ck, rank, world, gloo, DEVICE).run()
+
+
+def check_layout(ck, rank, world, gloo, counts):
+    import gosym
+    from gosym.hier import HierGroup
+
+    pg = dist.distributed_c10d._get_default_group()
+    ck.check("layout: a HierGroup", isinstance(pg, HierGroup), f"got {pg!r}")
+    hosts, start = [], 0
+    for c in counts:
+        hosts.append(list(range(start, start + c)))
+        start += c
+    got = gosym.stats()["hier"]["hosts"]
+    ck.check("layout: hosts", got == hosts, f"hosts {got}, want {hosts}")
+
+
+def check_async(ck, rank, world, gloo, counts):
+    """async all_reduce + futures (and a callback that posts another op), non-contiguous
+    tensors, several ops in flight at once, a barrier."""
+    xs = [torch.full((4097,), float(r + 1)) for r in range(world)]
+    total = float(sum(range(1, world + 1)))
+    works, ts = [], []
+    for i in range(3):
+        t = xs[rank].clone() * (i + 1)
+        ts.append(t)
+        works.append(dist.all_reduce(t, async_op=True))
+    fut = works[-1].get_future()
+    chained = fut.then(lambda f: f.value()[0] * 2)
+    for w in works:
+        w.wait()
+    for i, t in enumerate(ts):
+        ck.check(f"async all_reduce {i}", bool((t == total * (i + 1)).all()), f"{t[:3]}")
+    v = chained.wait()
+    ck.check("future then", bool((v == total * 6).all()), f"{v[:3]}")
+    ck.check("work completed", all(w.is_completed() for w in works))
+    nc = torch.arange(40, dtype=torch.float32).view(8, 5).t()  # non-contiguous
+    t = nc + rank
+    dist.all_reduce(t)
+    exp = nc * world + sum(range(world))
+    ck.check("non-contiguous all_reduce", torch.equal(t, exp), f"{t.flatten()[:4]}")
+    # bad input raises at once, a clear error, and the group goes on
+    ck.expect_error("all_gather_into_tensor of a wrong size", dist.all_gather_into_tensor,
+                    torch.empty(3), torch.ones(2))
+    ck.expect_error("all_to_all_single with bad splits", dist.all_to_all_single,
+                    torch.empty(world), torch.ones(world), [1] * world, [2] * world)
+    w = dist.barrier(async_op=True)
+    w.wait()
+    dist.barrier()
+
+
+def check_p2p(ck, rank, world, gloo, counts):
+    """send/recv along the ring, isend/irecv both ways, across and within hosts, every dtype
+    class (int16 and complex travel as bytes)."""
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    if world < 2:
+        return
+    for dtype in (torch.float32, torch.int16, torch.bfloat16, torch.complex64, torch.bool):
+        mine = make_input(f"p2p {dtype}", rank, 333, torch.float32).to(DEVICE, dtype)
+        want = make_input(f"p2p {dtype}", prv, 333, torch.float32).to(DEVICE, dtype)
+        got = poison_like(want)
+        ops = [dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.irecv, got, prv)]
+        if DEVICE.type == "cuda" and rank % 2:  # NCCL's pairs: one side receives first
+            ops.reverse()
+        for q in ([o.op(o.tensor, o.peer) for o in ops] if DEVICE.type == "cuda"
+                  else dist.batch_isend_irecv(ops)):
+            q.wait()
+        why = wc.compare(got, want)
+        ck.check(f"ring isend/irecv {dtype}", why is None, why or "")
+    # blocking send/recv, even ranks first (non-contiguous receive buffer)
+    t = torch.zeros(6, 4, device=DEVICE)[:, 1]
+    if rank % 2 == 0:
+        dist.send(torch.full((6,), float(rank), device=DEVICE), nxt)
+        dist.recv(t, prv)
+    else:
+        dist.recv(t, prv)
+        dist.send(torch.full((6,), float(rank), device=DEVICE), nxt)
+    ck.check("send/recv", bool((t == prv).all()), f"{t}")
+
+
+def check_groups(ck, rank, world, gloo, counts):
+    """new_group across hosts (first and last rank: a HierGroup with one rank per host) and
+    within a host (a plain ProcessGroupGosym: no inner groups), used, destroyed."""
+    from gosym import ProcessGroupGosym
+    from gosym.hier import HierGroup
+
+    across = dist.new_group([0, world - 1])
+    host0 = dist.new_group(list(range(counts[0])))
+    if rank in (0, world - 1):
+        pg = dist.distributed_c10d._get_default_group() if across is None else across
+        ck.check("new_group across hosts is hierarchical", isinstance(pg, HierGroup), repr(pg))
+        t = torch.full((5000,), float(rank))
+        dist.all_reduce(t, group=across)
+        ck.check("new_group across hosts: all_reduce", bool((t == world - 1).all()), f"{t[:3]}")
+    if rank < counts[0]:
+        ck.check("new_group within a host is flat", type(host0) is ProcessGroupGosym, repr(host0))
+        t = torch.full((7,), 1.0)
+        dist.all_reduce(t, group=host0)
+        ck.check("new_group within a host: all_reduce", bool((t == counts[0]).all()), f"{t}")
+    dist.destroy_process_group(across)
+    dist.destroy_process_group(host0)
+
+
+def check_split(ck, rank, world, gloo, counts):
+    """dist.split_group of the group across hosts (torch splits only when the default group is
+    bound to a device: faked, as tests/jobs/clients/scenarios.py's split does on CPU): the whole
+    group, every other rank, the first and last alone (the others get None), each host's
+    ranks. A split spanning hosts is a HierGroup of its own inner groups, one within a host a
+    plain ProcessGroupGosym; each all_reduces, is split again, and is destroyed."""
+    from gosym import ProcessGroupGosym
+    from gosym.hier import HierGroup
+
+    host_of, start = {}, 0
+    for h, c in enumerate(counts):
+        host_of.update((r, h) for r in range(start, start + c))
+        start += c
+    layouts = [[list(range(world))], [list(range(j, world, 2)) for j in range(min(2, world))],
+               [[0, world - 1]], [[r for r in range(world) if host_of[r] == h]
+                                  for h in range(len(counts))]]
+    pg = dist.distributed_c10d._get_default_group()
+    pg.bound_device_id = torch.device("cuda", 0)
+    try:
+        for i, splits in enumerate(layouts):
+            mine = next((r for r in splits if rank in r), None)
+            sub = dist.split_group(split_ranks=splits)
+            case = f"split {i} {splits}"
+            if mine is None:
+                ck.check(f"{case}: None outside", sub is None, repr(sub))
+                continue
+            across = len({host_of[r] for r in mine}) > 1
+            want = HierGroup if across else ProcessGroupGosym
+            ck.check(f"{case}: a {want.__name__}", type(sub) is want, repr(sub))
+            ck.check(f"{case}: ranks", dist.get_process_group_ranks(sub) == mine,
+                     f"{dist.get_process_group_ranks(sub)}")
+            t = torch.full((5000,), float(rank + 1))
+            dist.all_reduce(t, group=sub)
+            want_sum = float(sum(r + 1 for r in mine))
+            ck.check(f"{case}: all_reduce", bool((t == want_sum).all()), f"{t[:3]}")
+            if across:  # a split of the split (its group ranks): its first rank alone, the rest
+                subsub = dist.split_group(sub, split_ranks=[[0], list(range(1, len(mine)))])
+                t = torch.ones(3)
+                dist.all_reduce(t, group=subsub)
+                n = 1 if rank == mine[0] else len(mine) - 1
+                ck.check(f"{case}: split of the split", bool((t == n).all()), f"{t}")
+                dist.destroy_process_group(subsub)
+            dist.destroy_process_group(sub)
+    finally:
+        pg.bound_device_id = None
+
+
+def train_fsdp(group, rank, steps=12):
+    """FSDP2 (fully_shard) over group on CPU; the per-step losses."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, "cpu")
+    torch.manual_seed(4321)
+    model = nn.Sequential(nn.Linear(32, 96), nn.ReLU(), nn.Linear(96, 96), nn.ReLU(),
+                          nn.Linear(96, 4))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    teacher = torch.randn(32, 4, generator=torch.Generator().manual_seed(7))
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(wc.seed_of("fsdp", step, rank))
+        x = torch.randn(16, 32, generator=g)
+        loss = nn.functional.mse_loss(model(x), x @ teacher)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def close(a, b, rel=1e-4):
+    return len(a) == len(b) and all(abs(x - y) <= rel * max(1.0, abs(y)) for x, y in zip(a, b))
+
+
+def check_training(ck, rank, world, gloo, counts):
+    import ddp_worker
+
+    ddp_worker.STEPS = 15  # CI time: the loss curves part from step 2 on if anything is off
+    train = ddp_worker.train
+    losses, _, _ = train(None, rank, torch.device("cpu"))
+    ref, _, _ = train(gloo, rank, torch.device("cpu"))
+    ck.check("DDP losses match gloo's", close(losses, ref), f"gosym {losses[-3:]} gloo {ref[-3:]}")
+    ck.info["ddp_last_loss"] = [losses[-1], ref[-1]]
+    losses = train_fsdp(None, rank)
+    ref = train_fsdp(gloo, rank)
+    ck.check("FSDP2 losses match gloo's", close(losses, ref),
+             f"gosym {losses[-3:]} gloo {ref[-3:]}")
+    ck.info["fsdp_last_loss"] = [losses[-1], ref[-1]]
+
+
+def shm_entries():
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def check_teardown(ck, rank, shm_before):
+    """destroy_process_group shuts the inner groups and the worker thread down and leaves
+    nothing in /dev/shm."""
+    pg = dist.distributed_c10d._get_default_group()
+    dist.destroy_process_group()
+    ck.check("inner groups gone", not getattr(pg, "_inner", {}), f"{getattr(pg, '_inner', None)}")
+    time.sleep(0.2)
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("gosym-hier")]
+    ck.check("worker thread gone", not alive, f"{alive}")
+    left = sorted(e for e in shm_entries() - shm_before if "gosym" in e or str(os.getpid()) in e)
+    ck.check("nothing left in /dev/shm", not left, f"{left}")
+
+
+def scenario(args, ck, rank, world):
+    """A rank lost (SIGKILL) or late (it sleeps past the timeout) in the middle of a loop
+    of all_reduces: every other rank must raise a gosym error naming the op and it."""
+    victim = args.victim
+    t = torch.ones(args.elems)
+    err = None
+    t0 = time.monotonic()
+    for i in range(6):
+        if rank == victim and i == 3:
+            if args.scenario == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(args.timeout * 3)
+            break
+        try:
+            dist.all_reduce(t)
+        except Exception as e:  # noqa: BLE001 - the error under test
+            err = e
+            break
+    took = time.monotonic() - t0
+    if rank != victim:
+        msg = str(err) if err is not None else ""
+        ck.check("raised", err is not None, "no error")
+        ck.check("a gosym error", msg.startswith("gosym:"), msg[:300])
+        ck.check("names the op", "all_reduce" in msg, msg[:300])
+        ck.check("names the lost rank", f"ranks [{victim}] were lost" in msg, msg[:600])
+        ck.info["error"] = msg[:1500]
+        ck.info["seconds"] = round(took, 1)
+    return err
+
+
+def main():
+    def extra(p):
+        p.add_argument("--hosts", default="2,2")
+        p.add_argument("--parts", default="layout,ops,async,p2p,groups,split,training")
+        p.add_argument("--scenario", default="")
+        p.add_argument("--victim", type=int, default=-1)
+        p.add_argument("--elems", type=int, default=100000)
+        p.add_argument("--device", default="cpu")
+
+    global DEVICE
+    args = wc.setup(extra)
+    if args.device == "cuda":
+        DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(DEVICE)
+    counts = [int(x) for x in args.hosts.split(",")]
+    torch.set_num_threads(1)
+    shm_before = shm_entries()
+    rank, world = wc.init(args.backend, args.timeout)
+    ck = wc.Checker(rank)
+    if args.scenario:
+        scenario(args, ck, rank, world)
+        wc.write_result(ck.result())
+        wc.print_summary(ck, f"hier {args.scenario}")
+        if rank == 0:  # its process hosts the store: stay until the others reported
+            for r in range(1, world):
+                if r != args.victim:
+                    wc.wait_for_marker(f"rank{r}.json", 60)
+        os._exit(0)  # the group is broken: no teardown handshake to wait for
+    gloo = dist.new_group(backend="nccl" if DEVICE.type == "cuda" else "gloo")
+    part = wc.part_runner(ck, rank, world, gloo, counts)
+    parts = {"layout": check_layout, "ops": run_ops, "async": check_async, "p2p": check_p2p,
+             "groups": check_groups, "split": check_split, "training": check_training}
+    for name in args.parts.split(","):
+        t0 = time.monotonic()
+        part(name, parts[name])
+        ck.info.setdefault("part_seconds", {})[name] = round(time.monotonic() - t0, 1)
+    dist.destroy_process_group(gloo)
+    ck.run("teardown", check_teardown, ck, rank, shm_before)
+    wc.write_result(ck.result())
+    wc.print_summary(ck, "hier")
+
+
+if __name__ == "__main__":
+    main()

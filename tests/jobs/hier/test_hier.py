@@ -1,0 +1,159 @@
+"""gosym past one host (python/gosym/hier.py): two hosts simulated by network namespaces
+(simhosts.py), gosym inside each, Gloo between; against gloo on the same ranks.
+Skips where the namespaces cannot be made (they need root)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import Job, base_env, cuda_device_count, run_python, run_torchrun, worker_script
+from simhosts import IdHosts, SimHosts, unavailable
+from test_fuzz import check as check_fuzz
+from test_fuzz import fuzz_args
+
+_WHY = unavailable()
+needs_netns = pytest.mark.skipif(_WHY is not None, reason=f"simulated hosts: {_WHY}")
+# hosts for the tests that run anywhere: namespaces where they can be made, else host ids
+ANY_HOSTS = SimHosts if _WHY is None else IdHosts
+# Small thresholds, so that the test's sizes take the rails in several ragged chunks.
+HIER_ENV = {"GOSYM_HIER_RAIL_MIN": "4096", "GOSYM_HIER_CHUNK": "4096", "GOSYM_HIER_REPORT_S": "8"}
+
+
+class SimJob(Job):
+    """Job's bookkeeping (logs, deadline, stack dumps, results) for ranks started inside
+    the simulated hosts, one process per rank (the spawn launcher's variables)."""
+
+    def __init__(self, hosts, worker, args=(), *, outdir, timeout=300, env=None):
+        import time
+
+        self.nproc, self.timeout, self.outdir = sum(hosts.counts), timeout, outdir
+        self.launcher = "spawn"
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        env = base_env({"GOSYM_TEST_OUT": str(outdir), **HIER_ENV, **(env or {})})
+        self.start = time.monotonic()
+        self.procs, self.logs = [], []
+        argv = [sys.executable, str(worker_script(worker)), "--backend", "gosym",
+                *map(str, args)]
+        for r, h, li in hosts.ranks():
+            self._popen(hosts.wrap(h, argv), dict(env, **hosts.rank_env(r, h, li)),
+                        outdir / f"rank{r}.log")
+
+
+def run_hosts(counts, worker, args, outdir, timeout=300, env=None, gpus=False, kind=SimHosts):
+    with kind(counts, gpus) as hosts:
+        return SimJob(hosts, worker, args, outdir=outdir, timeout=timeout, env=env).wait()
+
+
+@needs_netns
+@pytest.mark.parametrize("counts", [(2, 2), (1, 1), (1, 2)], ids=["2x2", "2x1", "1+2"])
+def test_ops_across_hosts(counts, outdir):
+    """Every op x dtype, async Work, p2p, new_group, split_group, teardown; DDP and FSDP2 on
+    2x2."""
+    parts = "layout,ops,async,p2p,groups,split" + (",training" if counts == (2, 2) else "")
+    hosts = ",".join(map(str, counts))
+    res = run_hosts(counts, "hier_worker", ["--hosts", hosts, "--parts", parts, "--timeout", 60],
+                    outdir, timeout=600)
+    res.assert_ok()
+    assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
+
+
+@needs_netns
+@pytest.mark.parametrize("scenario,victim", [("die", 3), ("die", 1), ("late", 2)],
+                         ids=["die-host1", "die-host0", "late-host1"])
+def test_rank_lost(scenario, victim, outdir):
+    """A rank killed (or late past the timeout) on either host: every other rank raises a
+    gosym error naming the op and the lost rank."""
+    res = run_hosts((2, 2), "hier_worker", ["--hosts", "2,2", "--scenario", scenario,
+                                            "--victim", victim, "--timeout", 3], outdir,
+                    timeout=180)
+    fails = [f for f in res.failures() if not f.startswith(f"[rank {victim}]")]
+    assert not fails, "\n".join(fails) + f"\n{res.tail(6000)}"
+
+
+@needs_netns
+def test_detection_and_connect_disagree(outdir):
+    """GOSYM_HOST_ID naming one host for both: the connect fails, and says why."""
+    res = run_hosts((1, 1), "hier_worker", ["--hosts", "1,1", "--parts", "layout", "--timeout", 3],
+                    outdir, timeout=120, env={"GOSYM_HOST_ID": "one"})
+    assert res.returncode != 0
+    assert "host detection put ranks [0, 1] on one host" in res.output, res.tail(4000)
+    assert "GOSYM_HOST_ID" in res.output
+
+
+BAD_SETTINGS = [("GOSYM_HIER_CHUNK", "12x"), ("GOSYM_HIER_RAIL_MIN", "0"),
+                ("GOSYM_HIER_REPORT_S", "-1")]
+
+
+def test_bad_setting_names_it():
+    """A bad GOSYM_HIER_* value is a ValueError naming it (raised at group creation)."""
+    code = ("import os\nfrom gosym import _settings\n"
+            f"for name, value in {BAD_SETTINGS!r}:\n"
+            "    os.environ[name] = value\n"
+            "    try:\n        _settings.hier()\n    except ValueError as e:\n        print(e)\n"
+            "    del os.environ[name]\n")
+    p = run_python(code)
+    for name, value in BAD_SETTINGS:
+        assert f"{name}={value!r}: accepts a whole number" in p.stdout, p.stdout + p.stderr
+
+
+def test_one_host_is_unchanged(outdir):
+    """A group on one host is a plain ProcessGroupGosym, with no inner groups."""
+    code = ("import gosym, torch.distributed as dist, wcommon as wc\n"
+            "wc.setup(); wc.init('gosym', 30)\n"
+            "pg = dist.distributed_c10d._get_default_group()\n"
+            "assert type(pg) is gosym.ProcessGroupGosym, pg\n"
+            "assert 'hier' not in gosym.stats()\n"
+            "wc.write_result({'failures': [], 'passed': 1})\n"
+            "dist.destroy_process_group()\n")
+    (outdir / "one_host.py").write_text(code)
+    res = run_torchrun(str(outdir / "one_host.py"), 2, timeout=120, outdir=outdir,
+                       launcher="spawn")
+    res.assert_ok()
+
+
+def gpus_per_host() -> int:
+    """Two simulated hosts get half the GPUs each, at most 2 (skips below 2 GPUs)."""
+    gpus = cuda_device_count()
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs, found {gpus}")
+    return min(gpus // 2, 2)
+
+
+@pytest.mark.gpu
+def test_cuda_across_hosts(outdir):
+    """Two simulated hosts with half the GPUs each (1 or 2 per host): gosym inside a host,
+    NCCL between; every CUDA op x dtype against flat NCCL on the same ranks. Where network
+    namespaces cannot be made, the hosts are told apart by GOSYM_HOST_ID alone."""
+    per = gpus_per_host()
+    res = run_hosts((per, per), "hier_worker", ["--hosts", f"{per},{per}", "--device", "cuda",
+                                                "--parts", "layout,ops,p2p", "--timeout", 120],
+                    outdir, timeout=900, gpus=True, kind=ANY_HOSTS)
+    res.assert_ok()
+    assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
+
+
+def test_host_id_override(outdir):
+    """GOSYM_HOST_ID alone splits one machine's ranks into hosts (no namespaces needed):
+    a hierarchical group, async Work, send/recv, new_group, split_group."""
+    res = run_hosts((1, 2), "hier_worker", ["--hosts", "1,2", "--parts",
+                                            "layout,async,p2p,groups,split",
+                                            "--timeout", 60], outdir, timeout=300, kind=IdHosts)
+    res.assert_ok()
+
+
+@pytest.mark.parametrize("counts", [(2, 2), (1, 2)], ids=["2x2", "1+2"])
+def test_fuzz_across_hosts(counts, outdir):
+    """tests/jobs/fuzz/fuzz_worker.py's random programs on a group across two hosts (network
+    namespaces where they can be made, else host ids): subgroups within and across the
+    hosts, async, strided, uneven (_v) forms, against float64 references."""
+    check_fuzz(run_hosts(counts, "fuzz_worker", fuzz_args(303, "--timeout", 60), outdir, timeout=600,
+                         kind=ANY_HOSTS))
+
+
+@pytest.mark.gpu
+def test_cuda_fuzz_across_hosts(outdir):
+    """The fuzzer on CUDA tensors across two simulated hosts of half the GPUs each."""
+    per = gpus_per_host()
+    check_fuzz(run_hosts((per, per), "fuzz_worker", fuzz_args(303, "--cuda", "--timeout", 180), outdir,
+                         timeout=900, gpus=True, kind=ANY_HOSTS))
