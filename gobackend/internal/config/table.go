@@ -102,20 +102,28 @@ var (
 		"Seconds each shard of scripts/device_cuda.sh conform may run (it keeps the tests it finished).")
 	_ = textRow("GOSYM_CONFORM_K_FILE", "", Build,
 		"A file holding a -k pattern for scripts/device_cuda.sh conform (a rerun of some tests).")
+	_ = textRow("GOSYM_PROBE_MIB", "256", Build,
+		"MiB per piece of scripts/device_cuda.sh nvswitch (the NVSwitch copy probe).")
+	_ = textRow("GOSYM_FUZZ_SEED", "101", Build,
+		"The seed of scripts/device_cuda.sh fuzz-slow.")
+	_ = textRow("GOSYM_FUZZ_THREADS", "1", Build,
+		"Programs at once (threads) in scripts/device_cuda.sh fuzz-slow.")
+	_ = textRow("GOSYM_FUZZ_S", "240", Build,
+		"Seconds scripts/device_cuda.sh fuzz-slow may run.")
 	_ = textRow("GOSYM_CUDACHECK", "build/cudacheck", Build,
 		"The cudacheck binary scripts/gpu_check.sh runs.")
 	_ = textRow("GOSYM_TEST_OUT", "a per-test directory", Tests,
 		"Where a test's workers write their results (set by tests/conftest.py).")
 	_ = textRow("GOSYM_CONFORMANCE_RUNTIME", "the reference backend", Tests,
-		"The backend whose process groups torch's suite creates in tests/conformance (set by run_dist_suite.py --backend).")
+		"The backend whose process groups torch's suite creates in tests/jobs/conformance (set by run_dist_suite.py --backend).")
 	_ = textRow("GOSYM_CONFORMANCE_PORT", "a free port", Tests,
-		"The MASTER_PORT of torch's suite in tests/conformance (a few tests rendezvous on the port above it; set by run_dist_suite.py).")
+		"The MASTER_PORT of torch's suite in tests/jobs/conformance (a few tests rendezvous on the port above it; set by run_dist_suite.py).")
 	_ = enumRow("GOSYM_CONFORMANCE_REFERENCE", "0", []string{"0", "1"}, false, Tests,
-		"1: tests/test_conformance.py also checks gloo's outcomes at world 3 against the committed ones (world 2 always).")
+		"1: tests/jobs/conformance/test_conformance.py also checks gloo's outcomes at world 3 against the committed ones (world 2 always).")
 	_ = textRow("GOSYM_FUZZ_SEEDS", "101,202", Tests,
-		"tests/test_fuzz.py's seeds, comma-separated: each runs one random program (workers/fuzz_worker.py) per world.")
+		"tests/jobs/fuzz/test_fuzz.py's seeds, comma-separated: each runs one random program (fuzz_worker.py) per world.")
 	_ = textRow("GOSYM_FUZZ_OPS", "300", Tests,
-		"The number of ops in each of tests/test_fuzz.py's random programs.")
+		"The number of ops in each of tests/jobs/fuzz/test_fuzz.py's random programs.")
 	_ = textRow("GOSYM_TEST_BACKEND", "gosym", Tests,
 		"gloo runs the pytest workers on gloo: a check of the tests themselves.")
 	_ = textRow("GOSYM_TEST_FAKE_CUDA", "", Tests,
@@ -129,9 +137,19 @@ var (
 	_ = textRow("GOSYM_MEMREG_BLOB", "", Tests,
 		"The blob memreg's tests hand their helper process.")
 	_ = textRow("GOSYM_CLIENTS_GROUP_TIMEOUT", "60", Tests,
-		"Seconds: the group timeout inside the real-client test jobs (tests/clients).")
+		"Seconds: the group timeout inside the real-client test jobs (tests/jobs/clients).")
 	_ = textRow("GOSYM_CLIENTS_JOB_TIMEOUT", "400", Tests,
-		"Seconds: the launcher's deadline for one real-client test job (tests/clients).")
+		"Seconds: the launcher's deadline for one real-client test job (tests/jobs/clients).")
+	_ = textRow("GOSYM_CLIENTS_SCENARIO_TIMEOUT", "150", Tests,
+		"Seconds one real-client scenario may run before its job reports it hung by name and resumes after it.")
+	_ = textRow("GOSYM_FUZZ_SLOW_S", "", Tests,
+		"The fuzzer names every step slower than this many seconds (and every 100th), on stderr.")
+	_ = textRow("GOSYM_FUZZ_TRACE", "", Tests,
+		"1: the fuzzer names every step as it starts, on stderr (where a run stalls).")
+	_ = textRow("GOSYM_FUZZ_STACKS_S", "", Tests,
+		"The fuzzer prints every thread's Python stack once after this many seconds, if still running.")
+	_ = textRow("GOSYM_STARTBENCH_OUT", "", Tests,
+		"Where python -m gosym.startbench's ranks write their times (set by it).")
 	_ = textRow("GOSYM_CLIENTS_COMPILE", "inductor on CUDA, aot_eager on CPU", Tests,
 		"The torch.compile backend of the real-client tests' compiled scenarios.")
 )
