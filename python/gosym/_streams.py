@@ -29,6 +29,34 @@ _capturing = torch.cuda.is_current_stream_capturing
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+_by_raw = {}  # (raw stream, device) -> a torch Stream object of it, for record_stream
+
+
+def stream_of(raw, idx):
+    """A torch Stream object of raw stream raw on device idx (cached: built once)."""
+    s = _by_raw.get((raw, idx))
+    if s is None:
+        s = _by_raw[(raw, idx)] = torch.cuda.ExternalStream(raw, device=idx)
+    return s
+
+
+def record(tensors, stream) -> None:
+    """Marks every CUDA tensor in tensors (nested in lists and tuples) as used on stream,
+    as ProcessGroupNCCL does for its collectives' tensors: the caching allocator then
+    reuses a block whose tensor the caller drops only once what stream holds now has
+    run. Without it, a tensor allocated on another stream (the caller's default stream,
+    with the op on a side stream, say) could be handed to a new tensor there, and
+    written, while the op still waits for a peer before reading it (the fuzzer found
+    this at world 4: a gather's inputs overwritten)."""
+    todo = [tensors]
+    for x in todo:  # grows as nested lists and tuples are met
+        c = x.__class__
+        if c is tuple or c is list:
+            todo += x
+        elif isinstance(x, torch.Tensor) and x.is_cuda:
+            x.record_stream(stream)
+
+
 class CudaStreams:
     """The CUDA side of one ProcessGroupGosym, which holds it: the one device its CUDA ops
     run on (`device`, set by the first), its internal send and receive streams, and the
@@ -69,14 +97,15 @@ class CudaStreams:
             self.flush()
         return _raw_stream(idx)
 
-    def op(self, desc, out, idx, cb, async_op=True):
+    def op(self, desc, out, idx, cb, async_op=True, keep=None):
         """Enqueues one op (its host desc) on CUDA device idx, on the caller's current
-        stream. Its temporaries may go as soon as this returns: the caching allocator
-        reuses them only in the order of that stream. Copy-backs into non-contiguous
-        outputs are enqueued right after the op. A synchronous caller gets None (see
-        ProcessGroupGosym._work)."""
+        stream; its tensors (keep, out and the copy-backs' temporaries) are recorded on
+        that stream, so that none is reused before the op ran (record). Copy-backs into
+        non-contiguous outputs are enqueued right after the op. A synchronous caller gets
+        None (see ProcessGroupGosym._work)."""
         raw = self.stream(idx)
         self.post(desc[:_STREAM_AT] + _tail(raw, idx, 0), idx)
+        record((keep, out, cb), stream_of(raw, idx))
         if cb:
             for t, tmp in cb:
                 t.copy_(tmp)
@@ -84,8 +113,8 @@ class CudaStreams:
 
     def ops(self, built, out, idx):
         """Enqueues several (desc, keep, cb) on CUDA device idx as one Work (see op)."""
-        for desc, _, cb in built:
-            self.op(desc, None, idx, cb, False)
+        for desc, keep, cb in built:
+            self.op(desc, None, idx, cb, False, keep)
         return cuda_work(out, idx, _raw_stream(idx))
 
     def _side(self, idx, recv, peer):

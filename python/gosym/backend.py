@@ -40,6 +40,7 @@ from . import sparse as _sparse
 from . import split as _split
 from ._dtypes import move_dtype, reduce_op, reduce_types
 from ._streams import CudaStreams, _raw_stream
+from ._streams import stream_of as _stream_of
 from ._tensors import (_check, _dst, _even_pieces, _in_place_types, _one, _op_device, _pieces,
                        _same_dtype, _src)
 from .work import Completer, _Op, cuda_work, work_of
@@ -188,7 +189,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         left to wait for (a CUDA op is on the caller's current stream)."""
         dev = _op_device(keep)
         if dev >= 0:
-            return self._streams.op(desc, out, dev, cb, async_op)
+            return self._streams.op(desc, out, dev, cb, async_op, keep)
         if not async_op:
             _run(self._h, desc)
             if cb:
@@ -260,13 +261,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
                 # eight keywords cost several times the builder's frame (descriptors._in_place).
                 _run(self._h, build(code, t.numel() * mult, t.data_ptr(), red, scale, root, raw,
                                     idx))
+                t.record_stream(_stream_of(raw, idx))  # as CudaStreams.op (_streams.record)
                 return cuda_work(tensors, idx, raw) if opts.asyncOp else None
         if t.layout is _sparse_coo and build is descriptors.all_reduce:
             return _sparse.sparse_allreduce(self, t, tensors, opts)
         desc, buf, cb = self._in_place(build, t, opts, root, fast)
         if not fast:
             return self._work(desc, tensors, buf, cb, opts.asyncOp)
-        return streams.op(desc, tensors, t.get_device(), None, opts.asyncOp)
+        return streams.op(desc, tensors, t.get_device(), None, opts.asyncOp, t)
 
     def _pair_op(self, desc, src, dst, cb, out, async_op, pieces=()):
         """A two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
@@ -277,7 +279,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if not cb and src.is_cuda:
             idx = src.get_device()
             if dst.get_device() == idx:
-                return self._streams.op(desc, out, idx, None, async_op)
+                return self._streams.op(desc, out, idx, None, async_op, (src, dst))
         return self._work(desc, out, (src, dst, *pieces), cb, async_op)
 
     def allreduce(self, tensors, opts=_AR):

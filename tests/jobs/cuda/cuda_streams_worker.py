@@ -12,6 +12,8 @@ Parts (each records itself in info["parts_done"] when it ran to its end):
 - completion: is_completed() is False while the GPU is still busy before the op and True
   once it ran; wait() on another stream joins exactly the op (a read right after it sees
   the result); get_future() carries the outputs.
+- dropped: an async op on a side stream whose input, allocated on the current stream,
+  is dropped and its memory handed out again before the op (held back by a peer) ran.
 - graph: a CUDA graph whose capture forks a second stream (all_reduce on the capturing
   stream, all_gather on the forked one, joined back) replays right three times.
 """
@@ -89,6 +91,31 @@ def completion(ck, rank, world, dev):
              "the future's value is not the op's output")
 
 
+def dropped(ck, rank, world, dev):
+    """Inputs allocated on the current stream, an async op on a side stream that a peer's
+    held-back stream delays, the inputs dropped right after the call and their memory
+    asked for again (same sizes, the current stream) and overwritten: the op must still
+    move what the inputs held, as NCCL's collectives do (their tensors are recorded on
+    the stream that uses them, so the caching allocator does not hand them out early)."""
+    side = torch.cuda.Stream(dev)
+    for n in SIZES:
+        for rnd in range(world):
+            case = f"dropped/{n}/{rnd}"
+            shard = ints(n, wc.seed_of("drop", n, rnd, rank), dev)
+            out = torch.full((world * n,), float("nan"), device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                if rank == rnd % world:
+                    torch.cuda._sleep(SLEEP_CYCLES)
+                w = dist.all_gather_into_tensor(out, shard, async_op=True)
+            del shard
+            junk = torch.full((n,), -1e9, device=dev)  # the freed block, if it were handed out
+            w.wait()
+            want = torch.cat([ints(n, wc.seed_of("drop", n, rnd, r), "cpu") for r in range(world)])
+            ck.check(case, torch.equal(out.cpu(), want), "an input dropped after the call changed what moved")
+            del junk
+
+
 def graph(ck, rank, world, dev):
     n = 4096
     a = ints(n, wc.seed_of("ga", rank), dev)
@@ -130,6 +157,7 @@ def main():
     part = wc.part_runner(ck, rank, world, dev)
     part("fsdp", fsdp)
     part("completion", completion)
+    part("dropped", dropped)
     part("graph", graph)
     wc.finish_cuda(ck, "cuda_streams_worker")
 

@@ -33,6 +33,8 @@ CUDA_INT_OPS = ["SUM", "MAX", "MIN", "PRODUCT"]  # NCCL has no bitwise reduction
 KINDS = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_v", "all_gather_into_tensor",
          "reduce_scatter", "reduce_scatter_v", "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "gather",
          "scatter", "p2p", "p2p_all", "coalesced", "objects", "barrier"]
+# the kinds that reduce (coalesced: some of its variants)
+REDUCING = {"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_v", "reduce_scatter_tensor", "coalesced"}
 # element counts: mostly small, some past the staging and direct thresholds
 SIZES = [(0.06, lambda r: r.choice([0, 1, 2])), (0.44, lambda r: r.randint(3, 600)),
          (0.3, lambda r: r.randint(600, 20000)), (0.15, lambda r: r.randint(20000, 300000)),
@@ -238,6 +240,8 @@ class Program:
         group, members = self.groups[gi]
         kind = r.choice(KINDS)
         dtype = r.choice(self.dtypes)
+        if self.args.cuda and dtype == torch.int16 and kind in REDUCING:
+            dtype = torch.int32  # NCCL reduces no int16 (gosym refuses it on CUDA, as NCCL)
         n = draw_size(r)
         is_async = r.random() < 0.5
         strided = r.random() < 0.2
