@@ -356,6 +356,28 @@ def graph_op(torch, fn, n_ops):
     return graph.replay
 
 
+# gosym's counters of the CUDA paths (gosym.stats); the rest of an op's launches are staged.
+PATH_COUNTERS = ("gpu_ops", "gpu_direct_ops", "gpu_reg_direct_ops", "gpu_ll_moves", "gpu_paced_all_to_all")
+
+
+def path_of(before, after):
+    """Which CUDA path a case's ops took, from the counters' growth over its run: 'll' (one
+    LL launch), 'direct' (the peers' own buffers), 'paced' (gs_a2av), else 'staged', with the
+    reduction algorithms that ran (gpu_algo_*). Mixed paths are joined with '+'."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after if isinstance(after.get(k), int)}
+    ops = d.get("gpu_ops", 0)
+    if ops <= 0:
+        return "none"
+    parts = {"ll": d.get("gpu_ll_moves", 0), "direct": d.get("gpu_direct_ops", 0),
+             "paced": d.get("gpu_paced_all_to_all", 0)}
+    named = sum(parts.values())
+    if named < ops:
+        parts["staged"] = ops - named
+    out = [k for k, v in parts.items() if v > 0]
+    algos = sorted(k[len("gpu_algo_"):] for k, v in d.items() if k.startswith("gpu_algo_") and v > 0)
+    return "+".join(out) + (f" ({','.join(algos)})" if algos else "")
+
+
 def stats_us(ns):
     s = sorted(ns)
 
@@ -596,8 +618,11 @@ class Bench:
                         c = {"backend": b, "op": op, "size": size, **self.check(b, bc)}
                         checks.append(c)
                         row[b + "_ok"] = c["ok"]
+                    before = self._path_counters(b)
                     r = {"backend": b, "op": op, "size": size, "bytes": case.bytes,
                          "bus_bytes": case.bus_bytes, **self.measure(b, bc)}
+                    if before is not None:
+                        r["path"] = path_of(before, self._path_counters(b))
                     del bc
                     if "error" in r:
                         self.failures[b] = self.failures.get(b, 0) + 1
@@ -638,6 +663,14 @@ class Bench:
         # Checks are agreed on by all ranks, so every rank exits alike.
         return 1 if any(not c["ok"] for c in checks) else 0
 
+    def _path_counters(self, backend):
+        """This rank's gosym counters that tell which path a CUDA op took (None for other
+        backends and host ops)."""
+        if not backend.startswith("gosym") or self.device != "cuda" or self.gosym is None:
+            return None
+        st = self.gosym.stats(self.groups[backend])
+        return {k: v for k, v in st.items() if k in PATH_COUNTERS or k.startswith("gpu_algo_")}
+
     def _gather_errors(self):
         """Every rank's error records, for rank 0's JSON."""
         out = [None] * self.world
@@ -655,7 +688,7 @@ class Table:
         bn = base or "-"
         self.cols = [("op", 24), ("size", 6), (f"{main} us", 11), (f"{bn} us", 11),
                      (f"{bn}/{main}", 10), (f"{main} GB/s", 11), (f"{bn} GB/s", 11),
-                     ("memcpy GB/s", 11), ("check", 5)]
+                     ("memcpy GB/s", 11), ("check", 5), ("path", 1)]
         if bound:
             self.cols[5:5] = [("bound us", 10), (f"{bn}/bound", 10), ("bound GB/s", 10)]
         if enabled:
@@ -663,8 +696,9 @@ class Table:
             print(self._fmt(["-" * w for _, w in self.cols]), flush=True)
 
     def _fmt(self, cells):
-        return "  ".join(f"{c:<{w}}" if i < 2 else f"{c:>{w}}"
-                         for i, (c, (_, w)) in enumerate(zip(cells, self.cols)))
+        last = len(self.cols) - 1  # the path: left-aligned, as wide as it is
+        return "  ".join(f"{c:<{w}}" if i < 2 or i == last else f"{c:>{w}}"
+                         for i, (c, (_, w)) in enumerate(zip(cells, self.cols))).rstrip()
 
     def row(self, row, memcpy):
         def val(b, key, fmt):
@@ -682,7 +716,7 @@ class Table:
         cells = [row["op"], fmt_size(row["size"]), val(self.main, "median_us", us),
                  val(self.base, "median_us", us), ratio, val(self.main, "busbw_GBps", fmt_bw),
                  val(self.base, "busbw_GBps", fmt_bw), fmt_bw(memcpy["GBps"]) if memcpy else "-",
-                 "-" if ok is None else ("ok" if ok else "BAD")]
+                 "-" if ok is None else ("ok" if ok else "BAD"), (m or {}).get("path", "")]
         if self.bound:
             bd = row.get(self.bound)
             bratio = "-"
