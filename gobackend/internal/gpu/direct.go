@@ -598,8 +598,8 @@ func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, er
 	switch op.Kind {
 	case ops.AllGather:
 		segs := make([]copySeg, 0, t.world)
-		for r, pc := range op.OutPieces {
-			segs = append(segs, copySeg{pc.Addr, in(r), n})
+		for _, r := range t.inTurn() {
+			segs = append(segs, copySeg{op.OutPieces[r].Addr, in(r), n})
 		}
 		return true, t.moveDirect(segs, n, s)
 	case ops.Broadcast:
@@ -688,8 +688,8 @@ func (t *Team) allToAllDirect(sd *directSide, op *ops.Op, s cuda.Stream, all [][
 	t.counters.directOps.Add(1)
 	es := uintptr(op.DType.Size())
 	segs := make([]copySeg, 0, w)
-	for j, out := range op.OutPieces {
-		if out.Count > 0 {
+	for _, j := range t.inTurn() {
+		if out := op.OutPieces[j]; out.Count > 0 {
 			src := peers.at(j, uintptr(le.Uint64(regions[j][regionBytes+8*t.rank:])))
 			segs = append(segs, copySeg{out.Addr, src, uintptr(out.Count) * es})
 		}

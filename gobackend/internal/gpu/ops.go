@@ -230,6 +230,21 @@ func (t *Team) copyGrid(n uintptr) cuda.Dim3 {
 	return g
 }
 
+// inTurn lists the ranks in the order this rank reads (or writes) their
+// pieces: the next rank first, its own last. When every rank moves a piece
+// with every peer, each then works with a different peer at each step, so no
+// GPU's links serve two ranks at once. In rank order every rank read rank 0
+// first, then rank 1: one GPU's egress shared by world-1 readers at a time
+// (all_gather ran at half NCCL's bandwidth on 4 H100s, whose one pair moves
+// as fast as NCCL's whole ring: BENCHMARKS.md's probe).
+func (t *Team) inTurn() []int {
+	order := make([]int, t.world)
+	for i := range order {
+		order[i] = (t.rank + 1 + i) % t.world
+	}
+	return order
+}
+
 // chunks calls fn for each [at, at+n) of total bytes, n <= size.
 func chunks(total, size uintptr, fn func(at, n uintptr) error) error {
 	for at := uintptr(0); at < total; at += size {
@@ -264,8 +279,8 @@ func (t *Team) gather(op *ops.Op, s cuda.Stream, root int) error {
 	return chunks(total, t.stage, func(at, n uintptr) error {
 		var segs []copySeg
 		if root < 0 || t.rank == root {
-			for r, pc := range op.OutPieces {
-				segs = append(segs, copySeg{pc.Addr + at, t.stages[r], n})
+			for _, r := range t.inTurn() {
+				segs = append(segs, copySeg{op.OutPieces[r].Addr + at, t.stages[r], n})
 			}
 		}
 		return t.move([]copySeg{t.staged(0, op.In+at, n)}, segs, n, s)
@@ -639,7 +654,7 @@ func (t *Team) allToAllChunks(op *ops.Op, s cuda.Stream, longest uintptr) error 
 	reg := t.region()
 	return chunks(longest, reg, func(at, n uintptr) error {
 		pre, segs := make([]copySeg, 0, t.world), make([]copySeg, 0, t.world)
-		for j := range t.world {
+		for _, j := range t.inTurn() {
 			in, out := op.InPieces[j], op.OutPieces[j]
 			if j == t.rank { // this rank's own piece moves locally, not through its staging
 				segs = append(segs, copySeg{out.Addr + at, in.Addr + at, clip(uintptr(out.Count)*es, at, reg)})
