@@ -74,7 +74,18 @@ def _mixed(keep):
 def _src(t):
     """A contiguous tensor holding t's data, for the engine to read."""
     _check(t)
-    return t if t.is_contiguous() else t.contiguous()
+    if t.is_contiguous():
+        return t
+    _read_here(t)
+    return t.contiguous()
+
+
+def _read_here(t):
+    """Marks CUDA tensor t as read on the current stream (by a copy made for an op), so that
+    the caching allocator does not hand its memory out before that copy ran, should the
+    caller drop it after the call (_streams.record says why)."""
+    if t.is_cuda:
+        t.record_stream(torch.cuda.current_stream(t.device))
 
 
 def _dst(t, cb, init):
@@ -110,6 +121,7 @@ def _padded(t, dim, n):
     shape[dim] = n
     out = t.new_zeros(shape)
     out.narrow(dim, 0, t.shape[dim]).copy_(t)
+    _read_here(t)
     return out
 
 

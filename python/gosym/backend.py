@@ -42,7 +42,7 @@ from ._dtypes import move_dtype, reduce_op, reduce_types
 from ._streams import CudaStreams, _raw_stream
 from ._streams import stream_of as _stream_of
 from ._tensors import (_check, _dst, _even_pieces, _in_place_types, _one, _op_device, _pieces,
-                       _same_dtype, _src)
+                       _read_here, _same_dtype, _src)
 from .work import Completer, _Op, cuda_work, work_of
 
 _post = _lib.post
@@ -356,6 +356,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         for o in outs:
             _same_dtype(t, o, "all_gather")
         mine.copy_(t)  # on a CUDA tensor's current stream, before the broadcasts
+        _read_here(t)
         return self._works([self._in_place(descriptors.broadcast, o, _BC, j)
                             for j, o in enumerate(outs)], outs)
 
@@ -439,6 +440,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         for j, t in enumerate(ins):
             _same_dtype(out, t, "reduce_scatter")
             buf = t.clone(memory_format=torch.contiguous_format)
+            _read_here(t)
             desc, buf, cb = self._in_place(descriptors.reduce, buf, opts, j, True)
             if j == self._rank:
                 cb = [(out, buf.view(out.shape))]

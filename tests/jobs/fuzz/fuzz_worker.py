@@ -209,7 +209,7 @@ class Program:
                 self.ck.fail(case, "async_op=True returned no Work")
                 continue
             try:
-                if via == "device" and self.args.cuda:
+                if via == "device" and self.args.cuda and " cpu" not in case:  # host ops: only wait
                     # sends and receives too: NCCL enqueues every op at its call. With
                     # programs on other threads only this thread's stream (an op on a side
                     # stream is joined to it): a device-wide synchronize would also wait
