@@ -111,7 +111,7 @@ func build(nv *cuda.NVRTC, todo []job, jobs int) error {
 			start := time.Now()
 			img, err := nv.CompileTarget(j.src, j.name, j.t)
 			if err == nil {
-				err = writeAtomic(j.file, cuda.EncodePrebuilt(j.src, j.name, j.t, img))
+				err = cuda.WriteFileAtomic(j.file, cuda.EncodePrebuilt(j.src, j.name, j.t, img))
 			}
 			if err != nil {
 				errs[i] = fmt.Errorf("%s for %s: %w", j.name, j.t, err)
@@ -137,25 +137,4 @@ func removeStale(dir string, want map[string]bool) error {
 		}
 	}
 	return nil
-}
-
-func writeAtomic(file string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(file), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), file)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-	}
-	return err
 }

@@ -380,18 +380,28 @@ func (c *Compiler) read(file string) ([]byte, bool) {
 	return img, true
 }
 
-// write stores an entry atomically: a temporary file in the same directory,
-// renamed into place, so readers never see a partial entry.
+// write stores an entry atomically (WriteFileAtomic); cache trouble is
+// not an error.
 func (c *Compiler) write(file string, img []byte) {
+	sum := sha256.Sum256(img)
+	_ = WriteFileAtomic(file, slices.Concat([]byte(cacheMagic), sum[:], img))
+}
+
+// WriteFileAtomic writes data to file through a temporary file in the same
+// directory (made if missing) renamed into place, so that a reader never
+// sees a partial file: the kernel cache's entries, kernelgen's images.
+func WriteFileAtomic(file string, data []byte) error {
 	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
-		return
+		return err
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(file), ".tmp-*")
 	if err != nil {
-		return
+		return err
 	}
-	sum := sha256.Sum256(img)
-	_, err = tmp.Write(slices.Concat([]byte(cacheMagic), sum[:], img))
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(0o644)
+	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
@@ -401,4 +411,5 @@ func (c *Compiler) write(file string, img []byte) {
 	if err != nil {
 		os.Remove(tmp.Name())
 	}
+	return err
 }
