@@ -8,6 +8,8 @@ other's factory, so neither needs the other to be importable first.
 
 from __future__ import annotations
 
+import time
+
 import torch.distributed as dist
 
 from . import _settings, hier
@@ -20,9 +22,13 @@ def new_group(store, rank, size, timeout, name, global_ranks):
     settings = _settings.hier()  # a bad value fails here, before any rank waits for this one
     seen, key = hier.exchange(store, rank, size, timeout, name, settings)
     hosts = {}
-    for r, (h, theirs) in enumerate(seen):
-        _settings.agree(r, theirs, settings)
-        hosts.setdefault(h, []).append(r)
+    try:
+        for r, (h, theirs) in enumerate(seen):
+            _settings.agree(r, theirs, settings)
+            hosts.setdefault(h, []).append(r)
+    except ValueError:
+        _all_read(store, key, rank, size, timeout)
+        raise
     hosts = list(hosts.values())  # ordered by each host's first rank
     hid = seen[rank][0]
     if len(hosts) == 1:
@@ -35,6 +41,22 @@ def new_group(store, rank, size, timeout, name, global_ranks):
     except Exception:  # noqa: BLE001 - a store without delete_key just keeps it
         pass
     return pg
+
+
+def _all_read(store, key, rank, size, timeout) -> None:
+    """Before this rank raises on a difference (every rank finds it): waits, up to timeout,
+    until every rank has read the settings, then, on rank 0, until every rank is done with
+    the store. Rank 0 may host it (init_process_group's env:// TCPStore); had it raised and
+    exited first, a peer still reading would get a lost connection instead of the error."""
+    base = key.rsplit("/", 1)[0]  # the creation's prefix: counters every rank shares
+    deadline = time.monotonic() + timeout.total_seconds()
+    for counter, step in (("read", 1), ("done", 1)):
+        n = store.add(f"{base}/{counter}", step)
+        if counter == "done" and rank != 0:
+            return  # this rank needs the store no more
+        while n < size and time.monotonic() < deadline:
+            time.sleep(0.005)
+            n = store.add(f"{base}/{counter}", 0)
 
 
 def create(dist_backend_opts, backend_options=None):
