@@ -49,7 +49,7 @@ func (p *P2P) Close() {
 				dlog.Printf("rank %d: the CUDA p2p channel with rank %d recorded %s", p.grp.Rank, r, p2pErrorText(r, w))
 			}
 		}
-		if err := c.ch.Leave(); err != nil {
+		if err := c.ch.Leave(true); err != nil {
 			dlog.Printf("rank %d: leaving the CUDA p2p channel with rank %d: %v", p.grp.Rank, r, err)
 		}
 		open = append(open, r)
