@@ -31,6 +31,9 @@ func (p *P2P) Close(wait time.Duration) {
 	p.closed = true
 	peers := p.peers
 	p.mu.Unlock()
+	if peers == nil { // no channel was asked for (nor, maybe, the endpoint connected)
+		return
+	}
 	idle := map[*Device]bool{}
 	dead := p.link.Dead()
 	var open []int
