@@ -32,12 +32,7 @@ func TestCUDARankLostMidOp(t *testing.T) {
 		return
 	}
 	const world, dead = 3, 2
-	ranks := p2pGroup(t, []int{0, 1, 2}, time.Minute)
-	eps := make([]*Endpoint, world)
-	for r, rk := range ranks {
-		eps[r] = rk.ep
-	}
-	coll := func(r int) uintptr { return uintptr(ranks[r].stream(t, r, false)) } // a rank's collective stream
+	ranks, eps, coll := lostGroup(t, world)
 	allReduce := func(r int) *Op {
 		buf := make([]float32, 1024) // an LL all_reduce: each rank's kernel waits for every peer's lines
 		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: len(buf), In: addr(buf), Out: addr(buf)}
@@ -121,12 +116,7 @@ func TestCUDAPeerThatLeftIsNotLost(t *testing.T) {
 		return
 	}
 	const world, left = 3, 2
-	ranks := p2pGroup(t, []int{0, 1, 2}, time.Minute)
-	eps := make([]*Endpoint, world)
-	for r, rk := range ranks {
-		eps[r] = rk.ep
-	}
-	coll := func(r int) uintptr { return uintptr(ranks[r].stream(t, r, false)) }
+	ranks, eps, coll := lostGroup(t, world)
 	require.Equal(t, make([]error, world), postCUDAAll(eps, func(r int) int { return r }, coll, func(int) *Op { return &Op{Kind: ops.Barrier} }))
 	for _, rk := range ranks {
 		rk.sync(t)
@@ -147,6 +137,22 @@ func TestCUDAPeerThatLeftIsNotLost(t *testing.T) {
 		return &Op{Kind: ops.Recv, DType: dtype.Float32, Peer: 0, Count: 1, Out: addr(b)}
 	}))
 	require.Equal(t, a, b)
+}
+
+// lostGroup is a group of world simulated ranks on fake devices 0, 1, ...
+// whose timeout (a minute) no test here waits out: its ranks, their
+// endpoints, and each rank's stream for collectives.
+func lostGroup(t *testing.T, world int) ([]*p2pRank, []*Endpoint, func(r int) uintptr) {
+	devices := make([]int, world)
+	for r := range devices {
+		devices[r] = r
+	}
+	ranks := p2pGroup(t, devices, time.Minute)
+	eps := make([]*Endpoint, world)
+	for r, rk := range ranks {
+		eps[r] = rk.ep
+	}
+	return ranks, eps, func(r int) uintptr { return uintptr(ranks[r].stream(t, r, false)) }
 }
 
 // simRanksOf is ranks as drain takes them: each rank's device and streams.
