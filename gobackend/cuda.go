@@ -29,6 +29,7 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) 
 		return nil, status.Errorf(status.NotSupported, "gosym: recv from any source into CUDA memory: the engine matches CUDA messages per pair (the Python package learns the sender first)")
 	}
 	gpu.NoteProcessDevice(device) // for the p2p responders of other groups
+	e.watchCUDA()
 	if op.Kind.IsP2P() {
 		return e.runP2PCUDA(op, device, stream, capturing)
 	}
@@ -95,10 +96,10 @@ func (e *Endpoint) runGPU(op *Op, a gpu.Args) error {
 		return a.Task(op.Who(), deadline)
 	}
 	e.mu.Lock()
-	closed := e.closed
+	err := e.usable(op.Kind) // queued behind an op that broke the group, or its destruction
 	e.mu.Unlock()
-	if closed {
-		return status.Errorf(status.Closed, "gosym: %s on a destroyed group", op.Kind)
+	if err != nil {
+		return err
 	}
 	return e.gpu.Run(e.gpuGroup(), op, a, deadline)
 }

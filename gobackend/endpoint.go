@@ -43,6 +43,7 @@ type Config struct {
 	Spin       time.Duration // poll before sleeping (GOSYM_SPIN_US)
 	DirectMin  int           // smallest input read in place (GOSYM_DIRECT_MIN)
 	Slots      int           // sync slots per rank (GOSYM_SLOTS); every rank the same
+	Watchdog   time.Duration // between two checks for lost peers (GOSYM_WATCHDOG_MS; 0: none)
 }
 
 // DefaultConfig reads the GOSYM_* tunables for a group of world ranks; a
@@ -55,6 +56,7 @@ func DefaultConfig(world int) (Config, error) {
 		Spin:       time.Duration(config.SpinUS.Get()) * time.Microsecond,
 		DirectMin:  config.DirectMin.Get(),
 		Slots:      config.Slots.Get(),
+		Watchdog:   time.Duration(config.WatchdogMS.Get()) * time.Millisecond,
 	}, config.Check()
 }
 
@@ -85,6 +87,7 @@ type Endpoint struct {
 	p2p      gpu.P2P        // send/recv on CUDA memory (internal/gpu/p2p.go, handshake.go)
 	stranded strandedFrames // frames of failed p2p handshakes (handshake.go)
 	views    viewCache      // contiguous views of GPU buffers (view.go)
+	dog      watchdog       // lost peers of a group with CUDA work (watchdog.go)
 
 	stats Stats
 }
@@ -327,6 +330,12 @@ func (e *Endpoint) fail(err error) {
 	if c := status.CodeOf(err); c == status.Mismatch || c == status.InvalidArg || c == status.NotSupported {
 		return
 	}
+	e.breakWith(err)
+}
+
+// breakWith makes err the group's failure unless it has one: every later
+// post fails with it.
+func (e *Endpoint) breakWith(err error) {
 	e.mu.Lock()
 	if e.broken == nil {
 		e.broken = err
@@ -349,6 +358,7 @@ func (e *Endpoint) Destroy() error {
 	if e.team != nil {
 		e.team.Abort()
 	}
+	e.dog.stop()
 	for _, q := range queues {
 		if q != nil {
 			q.close()
@@ -360,12 +370,13 @@ func (e *Endpoint) Destroy() error {
 		}
 	}
 	e.workers.Wait()
+	wait := e.lastCheck() // the device's bound, after this rank's kernels of a lost peer were aborted
 	if e.bind != nil {
 		e.bind.Close()
 	}
-	e.gpu.Close() // GPU mappings go before the links and the team
+	e.gpu.Close(wait) // GPU mappings go before the links and the team
 	e.stranded.drop()
-	e.p2p.Close()
+	e.p2p.Close(wait)
 	e.views.closeViews()
 	if e.team != nil {
 		e.team.Close()

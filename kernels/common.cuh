@@ -113,10 +113,10 @@ __device__ __forceinline__ bool gs_config_ok(gs_u32 *const *pads, int world, int
 	return true;
 }
 
-// A peer's host left an abort on pad (a rank that refused the op, its
-// arguments differing: gobackend/internal/symm/sig.go): recorded as this
-// rank's error (the detail is on the pad before the code), and the wait
-// gives up.
+// A host left an abort on pad: a peer's (a rank that refused the op, its
+// arguments differing: gobackend/internal/gpu/sig.go) or this rank's own
+// (a peer was lost: gobackend/watchdog.go). Recorded as this rank's error
+// (the detail is on the pad before the code), and the wait gives up.
 __device__ __forceinline__ bool gs_aborted(gs_u32 *pad) {
 	if (!pad)
 		return false;
@@ -128,15 +128,15 @@ __device__ __forceinline__ bool gs_aborted(gs_u32 *pad) {
 }
 
 // Spins until ready() holds; false if that took longer than timeout_ns (0
-// waits forever) or an abort was left on pad (this rank's own pad; null
-// for waits that no collective's refusal concerns). The one deadline loop
-// of every wait: flags (gs_poll) and LL lines (ll.cuh). The abort word is
-// read every 64th turn: a wait that ends soon never reads it.
-template <class Ready>
-__device__ __forceinline__ bool gs_wait(Ready ready, gs_u64 timeout_ns, gs_u32 *pad) {
+// waits forever) or aborted() said so (it records the abort). The one
+// deadline loop of every wait: flags (gs_poll, gs_p2p_wait) and LL lines
+// (ll.cuh). The abort is read every 64th turn: a wait that ends soon never
+// reads it.
+template <class Ready, class Aborted>
+__device__ __forceinline__ bool gs_wait_or(Ready ready, gs_u64 timeout_ns, Aborted aborted) {
 	gs_u64 start = 0;
 	for (gs_u32 turn = 1; !ready(); turn++) {
-		if ((turn & 63u) == 0 && gs_aborted(pad))
+		if ((turn & 63u) == 0 && aborted())
 			return false;
 		if (timeout_ns == 0)
 			continue;
@@ -147,6 +147,13 @@ __device__ __forceinline__ bool gs_wait(Ready ready, gs_u64 timeout_ns, gs_u32 *
 			return false;
 	}
 	return true;
+}
+
+// gs_wait_or with the abort word of pad (this rank's own pad; null for
+// waits no abort concerns).
+template <class Ready>
+__device__ __forceinline__ bool gs_wait(Ready ready, gs_u64 timeout_ns, gs_u32 *pad) {
+	return gs_wait_or(ready, timeout_ns, [&] { return gs_aborted(pad); });
 }
 
 // Polls *flag (acquire) until done(value); false if that took longer than

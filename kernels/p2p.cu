@@ -191,12 +191,24 @@ __device__ __forceinline__ char *gs_p2p_slot(const gs_p2p_params &p, gs_u32 s) {
 	return (char *)p.box + ((gs_u64)blockIdx.x * GS_P2P_SLOTS + s) * p.slot_bytes;
 }
 
-// Thread 0 waits until *flag reaches want; false (error recorded) on timeout,
-// for every thread of the block.
+// This side's host left an abort in the channel's control (a lost peer:
+// gobackend/watchdog.go): recorded as the channel's error (the detail is
+// there before the code), and the wait gives up.
+__device__ __forceinline__ bool gs_p2p_aborted(const gs_p2p_params &p) {
+	const gs_u32 code = gs_ld_acquire(p.ctrl + GS_P2P_ABORT);
+	if (code == 0)
+		return false;
+	gs_p2p_error(p, code, gs_ld_acquire(p.ctrl + GS_P2P_ABORT_DETAIL), 0, 0, 0, 0);
+	return true;
+}
+
+// Thread 0 waits until *flag reaches want; false (error recorded) on timeout
+// or an abort, for every thread of the block.
 __device__ __forceinline__ bool gs_p2p_wait(const gs_p2p_params &p, const gs_u32 *flag, gs_u32 want,
                                             gs_u32 what) {
 	int failed = 0;
-	if (threadIdx.x == 0 && !gs_poll(flag, GsReached{want}, p.timeout_ns, nullptr)) {
+	if (threadIdx.x == 0 && !gs_wait_or([&] { return GsReached{want}(gs_ld_acquire(flag)); }, p.timeout_ns,
+	                                    [&] { return gs_p2p_aborted(p); })) {
 		gs_p2p_error(p, GS_ERR_TIMEOUT, (blockIdx.x << 8) | what, 0, 0, 0, 0);
 		failed = 1;
 	}

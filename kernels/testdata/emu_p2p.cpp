@@ -7,6 +7,7 @@
 // and a final "N passed, M failed" line; exits non-zero on failure.
 #include "p2p.cu"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -286,6 +287,39 @@ static void timeout_case() {
 	passed++;
 }
 
+// A lost peer: this side's host leaves an abort in the channel's control
+// while a receiver waits for data that never comes and a sender for slots
+// nobody frees. Both return long before their timeout, with the abort
+// (code and detail) as the channel's error, and the receiver writes nothing.
+static void abort_case() {
+	for (bool send : {false, true}) {
+		Chan c(16);
+		const unsigned grid = 2;
+		const size_t n = 16 * grid * (GS_P2P_SLOTS + 2);
+		Buf buf(n, 0);
+		gs_p2p_params p = c.params(0, send, buf.data(), n, 0);
+		unsigned *ctrl = c.s[0]->ctrl.data();
+		std::thread host([&] {
+			std::this_thread::sleep_for(std::chrono::milliseconds(50));
+			__atomic_store_n(ctrl + GS_P2P_ABORT_DETAIL, 2u, __ATOMIC_RELEASE);
+			__atomic_store_n(ctrl + GS_P2P_ABORT, (unsigned)GS_ERR_PEER_LOST, __ATOMIC_RELEASE);
+		});
+		const auto start = std::chrono::steady_clock::now();
+		launch(send ? gs_p2p_send : gs_p2p_recv, p, grid, 32);
+		host.join();
+		const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+		const unsigned *e = c.s[0]->err();
+		const std::string who = send ? "abort: sender" : "abort: receiver";
+		if (e[0] != GS_ERR_PEER_LOST || e[1] != 2)
+			return fail(who + " error words " + std::to_string(e[0]) + "," + std::to_string(e[1]));
+		if (took > 5)
+			return fail(who + " took " + std::to_string(took) + " s");
+		if (!send && !buf.untouched())
+			return fail(who + " wrote its destination");
+	}
+	passed++;
+}
+
 // Bad launches are reported and run nothing.
 static void config_case() {
 	const struct {
@@ -327,6 +361,7 @@ int main() {
 	mismatch_case(48, GS_P2P_BLOCKS, 1000, 1000, 7, 8);          // tags
 	mismatch_case(16, 1, 0, 1, -1, -1);                           // empty against one byte
 	timeout_case();
+	abort_case();
 	config_case();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;

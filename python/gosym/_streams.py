@@ -73,6 +73,16 @@ class CudaStreams:
         # Weak: a dropped group must not wait for the cycle collector to destroy its endpoint.
         self._group = weakref.ref(group)
 
+    def device_error(self):
+        """Raises the group's error that the engine holds for its CUDA ops on this rank: a
+        peer lost (its watchdog), a kernel's timeout. Host memory only; nothing once the
+        group is shut down. Every CUDA Work's wait() calls it."""
+        h = self.h
+        if h:
+            st = _lib.endpoint_device_error(h)
+            if st:
+                raise _lib.error(st)
+
     def index(self, idx):
         """idx, checked against the device this group's CUDA ops already run on."""
         if self.device is not None and idx != self.device:
@@ -109,13 +119,13 @@ class CudaStreams:
         if cb:
             for t, tmp in cb:
                 t.copy_(tmp)
-        return cuda_work(out, idx, raw) if async_op else None
+        return cuda_work(out, idx, raw, None, self.device_error) if async_op else None
 
     def ops(self, built, out, idx):
         """Enqueues several (desc, keep, cb) on CUDA device idx as one Work (see op)."""
         for desc, keep, cb in built:
             self.op(desc, None, idx, cb, False, keep)
-        return cuda_work(out, idx, _raw_stream(idx))
+        return cuda_work(out, idx, _raw_stream(idx), None, self.device_error)
 
     def _side(self, idx, recv, peer):
         """The group's internal send (recv False) or receive stream with peer on device

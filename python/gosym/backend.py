@@ -262,7 +262,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
                 _run(self._h, build(code, t.numel() * mult, t.data_ptr(), red, scale, root, raw,
                                     idx))
                 t.record_stream(_stream_of(raw, idx))  # as CudaStreams.op (_streams.record)
-                return cuda_work(tensors, idx, raw) if opts.asyncOp else None
+                if not opts.asyncOp:
+                    return None
+                return cuda_work(tensors, idx, raw, None, streams.device_error)
         if t.layout is _sparse_coo and build is descriptors.all_reduce:
             return _sparse.sparse_allreduce(self, t, tensors, opts)
         desc, buf, cb = self._in_place(build, t, opts, root, fast)
@@ -671,16 +673,12 @@ class ProcessGroupGosym(dist.ProcessGroup):
         streams.post(descriptors.barrier(stream=raw, device=idx), streams.index(idx))
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(idx))  # the stream raw names
-        return cuda_work([], idx, raw, ev, self._device_error)
+        return cuda_work([], idx, raw, ev, streams.device_error)
 
     def _device_error(self):
-        """Raises the error a CUDA kernel of this group recorded on this rank (a peer that
-        did not arrive in time); call it after waiting on the GPU."""
-        h = self._h
-        if h:
-            st = _lib.endpoint_device_error(h)
-            if st:
-                raise _lib.error(st)
+        """Raises the error this group's CUDA ops have on this rank (a peer that did not
+        arrive in time, or was lost); call it after waiting on the GPU."""
+        self._streams.device_error()
 
     def _barrier_device(self, opts):
         d = opts.device

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,8 +55,9 @@ func (b *Bootstrap) Close() {
 type Mesh struct {
 	Rank   int
 	Peers  []*PeerInfo
-	Links  []*Link // Links[Rank] is nil
-	pidfds []int   // -1 where unavailable
+	Links  []*Link       // Links[Rank] is nil
+	pidfds []int         // -1 where unavailable
+	marked []atomic.Bool // MarkExited's ranks
 }
 
 // Link is an authenticated SOCK_SEQPACKET connection to one peer.
@@ -321,6 +323,7 @@ func (l *Link) Recv(deadline time.Time) ([]byte, []int, error) {
 
 func (m *Mesh) openPidfds() {
 	m.pidfds = make([]int, len(m.Peers))
+	m.marked = make([]atomic.Bool, len(m.Peers))
 	for r, p := range m.Peers {
 		m.pidfds[r] = -1
 		if r != m.Rank {
@@ -344,12 +347,36 @@ func (m *Mesh) Dead() []int {
 
 // Exited says whether peer r's process has exited.
 func (m *Mesh) Exited(r int) bool {
+	if m.marked[r].Load() {
+		return true
+	}
 	if fd := m.pidfds[r]; fd >= 0 {
 		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		n, _ := unix.Poll(pfd, 0)
 		return n > 0 && pfd[0].Revents != 0
 	}
 	return unix.Kill(m.Peers[r].PID, 0) == unix.ESRCH
+}
+
+// MarkExited makes peer r count as exited from now on, whatever its
+// process does: for tests whose simulated ranks share one process, where
+// no pidfd ever fires.
+func (m *Mesh) MarkExited(r int) { m.marked[r].Store(true) }
+
+// Describe names ranks with their processes, for errors: "rank 2 (pid
+// 4242)", "ranks 1 (pid 17) and 3 (pid 19)".
+func (m *Mesh) Describe(ranks []int) string {
+	parts := make([]string, len(ranks))
+	for i, r := range ranks {
+		parts[i] = fmt.Sprintf("%d (pid %d)", r, m.Peers[r].PID)
+	}
+	switch len(parts) {
+	case 0:
+		return "no rank"
+	case 1:
+		return "rank " + parts[0]
+	}
+	return "ranks " + strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
 }
 
 // Close closes every link and pidfd.

@@ -19,6 +19,8 @@ var (
 		"Goroutines per rank for one large host copy or reduction.")
 	SpinUS = intRow("GOSYM_SPIN_US", 20, 1, math.MaxInt, "", false,
 		"Microseconds a host wait polls before it sleeps on a futex.")
+	WatchdogMS = intRow("GOSYM_WATCHDOG_MS", 200, 0, math.MaxInt, "", false,
+		"Milliseconds between two checks of a group's watchdog, which runs once the group has CUDA work: a peer that exited without destroying the group fails the group, naming it, and aborts this rank's kernels; 0: no watchdog.")
 	DirectMin = intRow("GOSYM_DIRECT_MIN", 64*kiB, 1, math.MaxInt, "", false,
 		"Smallest shareable host input (bytes) that peers read in place instead of through staging; the ranks agree per op.")
 	EnableUBR = enumRow("GOSYM_ENABLE_UBR", "try", []string{"try", "yes", "no"}, false, Engine,

@@ -345,6 +345,17 @@ func (d *Driver) MemsetD32Async(ctx Context, dst uintptr, v uint32, n uintptr, s
 		C.uint(v), C.size_t(n), cStream(s)))
 }
 
+// PutAbort enqueues on s an abort for the kernels that wait on the words
+// at base (a pad, a p2p channel's control): detail into word detailWord,
+// then code into word codeWord, so that a kernel that reads the code finds
+// its detail in place.
+func (d *Driver) PutAbort(ctx Context, s Stream, base uintptr, codeWord, detailWord int, code, detail uint32) error {
+	if err := d.MemsetD32Async(ctx, base+4*uintptr(detailWord), detail, 1, s); err != nil {
+		return err
+	}
+	return d.MemsetD32Async(ctx, base+4*uintptr(codeWord), code, 1, s)
+}
+
 // Pointer attributes (CU_POINTER_ATTRIBUTE_*).
 const (
 	PointerContext          = 1

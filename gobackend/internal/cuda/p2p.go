@@ -257,15 +257,29 @@ func (c *P2PChannel) closeImports() error {
 // CUDA calls freeing exported memory before its importer closed it
 // undefined, so a side frees its own allocations (Close) once the peer is
 // gone too, or has drained and did not leave within a grace period (it
-// goes on running; see Settled).
-func (c *P2PChannel) Leave() error {
+// goes on running; see Settled). tell false skips the GONE word: the
+// peer's process exited, and nothing of it is to be written any more.
+func (c *P2PChannel) Leave(tell bool) error {
 	var err error
-	if c.PeerCtrl != 0 {
+	if c.PeerCtrl != 0 && tell {
 		err = c.onPrivateStream(func(s Stream) error {
 			return c.d.MemsetD32Async(c.spec.Ctx, c.PeerCtrl+4*P2PGoneWord, 1, 1, s)
 		})
 	}
 	return errors.Join(err, c.closeImports())
+}
+
+// Abort leaves code with detail in this side's ABORT words (detail
+// first), through a stream of its own while kernels of the channel may
+// spin on the caller's streams: every wait of those kernels, and of any
+// launched later, records it as the channel's error and returns.
+func (c *P2PChannel) Abort(code, detail uint32) error {
+	if c.Ctrl == 0 {
+		return nil
+	}
+	return c.onPrivateStream(func(s Stream) error {
+		return c.d.PutAbort(c.spec.Ctx, s, c.Ctrl, P2PAbortWord, P2PAbortDetailWord, code, detail)
+	})
 }
 
 // Settled reports what this side's control says about the peer: gone, it

@@ -77,7 +77,7 @@ func TestP2POpenAndClose(t *testing.T) {
 		// Teardown, either side first: leave (tell the peer, drop the
 		// mappings), settle, free. A second Close does nothing.
 		for _, r := range []int{1, 0} {
-			require.NoError(t, chans[r].Leave())
+			require.NoError(t, chans[r].Leave(true))
 			require.Zero(t, chans[r].PeerCtrl)
 			require.Zero(t, chans[r].PeerData)
 			_, drained, err := chans[r].Settled()

@@ -27,7 +27,8 @@ const (
 	// reads without a driver call (ErrorWords); 0 while there is none.
 	PadHostErrorWord = PadErrorWord + 4
 	// Set by a peer's host (a rank that refused the op: its arguments
-	// differ, symm/sig.go) through its mapping of this pad, detail first:
+	// differ, symm/sig.go) through its mapping of this pad, or by this
+	// rank's own host when a peer was lost (ErrPeerLost), detail first:
 	// every wait of a kernel on this pad sees the code, records it as its
 	// own error and returns (gs_wait), so no kernel waits for that rank.
 	PadAbortWord       = PadErrorWord + 6
@@ -109,6 +110,10 @@ const (
 	NVLSInPlace = 2 // GS_NVLS_INPLACE: reduce this rank's slice, store it to every rank
 
 	ErrMismatch = 3 // GS_ERR_MISMATCH: a p2p message's size or tag is not the receiver's
+	// GS_ERR_PEER_LOST: the abort this rank's host leaves on its own pad
+	// and channels when a peer's process exited without destroying the
+	// group (gobackend/watchdog.go); the detail is the lost rank.
+	ErrPeerLost = 4
 
 	// Point-to-point channels (p2p.cu, p2p.go). Every launch has P2PBlocks
 	// blocks whatever the message size, so that a receiver can drain a
@@ -123,18 +128,23 @@ const (
 	// error words: code, detail (block << 8 | what), then the first
 	// mismatched message's bytes (lo, hi) and tag (lo, hi). GONE is set to
 	// 1 by the peer when it leaves the channel (teardown: it will not touch
-	// this side's memory again).
-	P2PLineWords  = 32
-	P2PReadyWord  = 0
-	P2PAckWord    = P2PReadyWord + P2PBlocks*P2PLineWords
-	P2PSentWord   = P2PAckWord + P2PBlocks*P2PLineWords
-	P2PRecvdWord  = P2PSentWord + P2PBlocks*P2PLineWords
-	P2PHdrWord    = P2PRecvdWord + P2PBlocks*P2PLineWords
-	P2PHdrWords   = 4
-	P2PErrorWord  = P2PHdrWord + P2PBlocks*P2PSlots*P2PHdrWords
-	P2PErrorWords = 6
-	P2PGoneWord   = P2PErrorWord + 8
-	P2PCtrlBytes  = 16384 // one side's control allocation
+	// this side's memory again). ABORT is set by this side's own host
+	// (detail first: a lost peer, ErrPeerLost): every wait of a kernel of
+	// the channel records it as its error and returns, as a pad's abort
+	// word does for the collectives.
+	P2PLineWords       = 32
+	P2PReadyWord       = 0
+	P2PAckWord         = P2PReadyWord + P2PBlocks*P2PLineWords
+	P2PSentWord        = P2PAckWord + P2PBlocks*P2PLineWords
+	P2PRecvdWord       = P2PSentWord + P2PBlocks*P2PLineWords
+	P2PHdrWord         = P2PRecvdWord + P2PBlocks*P2PLineWords
+	P2PHdrWords        = 4
+	P2PErrorWord       = P2PHdrWord + P2PBlocks*P2PSlots*P2PHdrWords
+	P2PErrorWords      = 6
+	P2PGoneWord        = P2PErrorWord + 8
+	P2PAbortWord       = P2PGoneWord + 1
+	P2PAbortDetailWord = P2PGoneWord + 2
+	P2PCtrlBytes       = 16384 // one side's control allocation
 )
 
 const (
@@ -173,7 +183,7 @@ const (
 	// The p2p control words fit their allocation.
 	_ = uint(P2PGoneWord - P2PErrorWord - P2PErrorWords)
 	_ = uint(HostErrorWords - P2PErrorWords)
-	_ = uint(P2PCtrlBytes - 4*(P2PGoneWord+1))
+	_ = uint(P2PCtrlBytes - 4*(P2PAbortDetailWord+1))
 )
 
 // headerConsts are the #defines of params.cuh, in order.
@@ -215,6 +225,7 @@ var headerConsts = []struct {
 	{"GS_NVLS_INPLACE", NVLSInPlace},
 	{"GS_BLOCK_THREADS", BlockThreads},
 	{"GS_ERR_MISMATCH", ErrMismatch},
+	{"GS_ERR_PEER_LOST", ErrPeerLost},
 	{"GS_P2P_BLOCKS", P2PBlocks},
 	{"GS_P2P_SLOTS", P2PSlots},
 	{"GS_P2P_LINE", P2PLineWords},
@@ -227,6 +238,8 @@ var headerConsts = []struct {
 	{"GS_P2P_ERROR", P2PErrorWord},
 	{"GS_P2P_ERROR_WORDS", P2PErrorWords},
 	{"GS_P2P_GONE", P2PGoneWord},
+	{"GS_P2P_ABORT", P2PAbortWord},
+	{"GS_P2P_ABORT_DETAIL", P2PAbortDetailWord},
 	{"GS_P2P_CTRL_BYTES", P2PCtrlBytes},
 	{"GS_A2AV_BLOCKS", A2AVBlocks},
 	{"GS_A2AV_SLOTS", A2AVSlots},

@@ -18,3 +18,10 @@ func Printf(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "gosym: "+format+"\n", args...)
 	}
 }
+
+// Warnf writes one line, prefixed "gosym: warning: ", whatever GOSYM_DEBUG
+// says: for what a user must hear of (memory left mapped under a kernel
+// that never ended).
+func Warnf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "gosym: warning: "+format+"\n", args...)
+}

@@ -27,6 +27,10 @@ func deviceError(grp Group, w *cuda.ErrorWords, ordinal int, seq uint64) error {
 		return status.Errorf(status.Timeout, "gosym: a CUDA collective of group %q on cuda:%d: Timed out after %v waiting for ranks %v (%s); "+
 			"the group cannot run CUDA ops any more", grp.Name, ordinal, grp.Timeout, de.Ranks(), de.Where())
 	}
+	if de.Code == cuda.ErrPeerLost { // only where DeviceError did not find the host's own error
+		return status.Errorf(status.Peer, "gosym: a CUDA collective of group %q on cuda:%d was aborted: rank %d exited; "+
+			"the group cannot run CUDA ops any more", grp.Name, ordinal, de.Detail&0xff)
+	}
 	if de.Code == cuda.ErrMismatch {
 		return status.Errorf(status.Mismatch, "gosym: a CUDA collective of group %q on cuda:%d found the ranks' arguments disagree (%s); "+
 			"the group cannot run CUDA ops any more", grp.Name, ordinal, de.Where())
@@ -36,22 +40,26 @@ func deviceError(grp Group, w *cuda.ErrorWords, ordinal int, seq uint64) error {
 }
 
 // DeviceError is the error a kernel of grp's CUDA collectives recorded on
-// this rank, nil if none. It reads host memory only.
+// this rank, or the group's once a peer was lost (Abort), nil if none. It
+// reads host memory only.
 func (g *State) DeviceError(grp Group) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.errw == nil {
+	if g.lost != nil {
+		return g.lost
+	}
+	if g.live == nil {
 		return nil
 	}
-	return deviceError(grp, g.errw, g.Ordinal(), g.seq.Load())
+	return deviceError(grp, g.live.errw, g.Ordinal(), g.seq.Load())
 }
 
 // deviceErrorCode is the recorded code for stats, 0 while none.
 func (g *State) deviceErrorCode() uint32 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.errw == nil {
+	if g.live == nil {
 		return 0
 	}
-	return g.errw.Code()
+	return g.live.errw.Code()
 }

@@ -24,10 +24,10 @@ func withDeviceWords(t *testing.T, words *[cuda.HostErrorWords]uint32) *State {
 	team := &Team{g: &Device{ordinal: 0}, rank: 0, world: 2, errw: cuda.ErrorWordsAt(words)}
 	g.team = team
 	g.mu.Lock()
-	g.errw = team.errw
+	g.live = team
 	g.mu.Unlock()
 	g.device.Store(1)
-	t.Cleanup(g.Close)
+	t.Cleanup(func() { g.Close(time.Second) })
 	return g
 }
 
@@ -100,7 +100,7 @@ func TestCUDADeviceErrorAfterDestroy(t *testing.T) {
 	var words [cuda.HostErrorWords]uint32
 	g := withDeviceWords(t, &words)
 	words[cuda.HostErrorCode] = cuda.ErrTimeout
-	g.Close()
+	g.Close(time.Second)
 	require.NoError(t, g.DeviceError(testGroup))
 	require.EqualValues(t, 0, stats(g)["gpu_device_error"])
 }

@@ -4,11 +4,14 @@ package gpu
 // device): torch's primary context and the kernel modules.
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 )
 
 // Device is one CUDA device of this process: torch's primary context
@@ -187,6 +190,29 @@ func (g *Device) privately(enqueue func(s cuda.Stream) error) error {
 		return err
 	}
 	return g.d.StreamSynchronize(g.ctx, s)
+}
+
+// idle waits for every stream of the device's context, for at most limit
+// (what says who waits, for the warning), and reports whether it went idle.
+// cuCtxSynchronize cannot be interrupted, so it runs on a goroutine of its
+// own, which a kernel that never ends keeps until the process exits; a
+// driver that cannot tell (the fake) counts as idle, as before teardown
+// had a bound.
+func (g *Device) idle(limit time.Duration, what string) bool {
+	done := make(chan error, 1)
+	go func() { done <- g.d.CtxSynchronize(g.ctx) }()
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, cuda.ErrNotSupported) {
+			dlog.Printf("cuCtxSynchronize on cuda:%d (%s): %v", g.ordinal, what, err)
+		}
+		return true
+	case <-t.C:
+		dlog.Warnf("cuda:%d still runs kernels after %v (%s): its memory stays mapped, not freed under them", g.ordinal, limit, what)
+		return false
+	}
 }
 
 // processDevice is the CUDA device of this process's CUDA ops on any

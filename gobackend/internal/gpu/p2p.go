@@ -81,6 +81,7 @@ type P2P struct {
 	mu     sync.Mutex
 	peers  []*p2pPeer // by rank, made on first use
 	closed bool
+	lost   error        // the group's error once a peer was lost (lost.go)
 	hint   atomic.Int32 // ordinal + 1 of this rank's first CUDA send/recv on the group
 
 	channels, answered, sends, recvs atomic.Int64 // for the stats
@@ -98,6 +99,9 @@ type p2pPeer struct {
 	send   *cuda.Function
 	recv   *cuda.Function
 	used   atomic.Bool // kernels were enqueued: close waits for the device
+
+	sends, recvs atomic.Int64 // messages enqueued each way, for Latest
+	lastRecv     atomic.Bool  // the latest was a recv
 }
 
 // Init readies p for grp over link, next to the group's plane (Connect
@@ -126,23 +130,28 @@ func (p *P2P) Run(op *ops.Op, device int, stream cuda.Stream, capturing bool) er
 	if err != nil {
 		return err
 	}
+	if err := p.lostError(); err != nil { // after the channel exists: lost.go
+		return err
+	}
 	if err := c.deviceError(p.grp, op.Peer); err != nil {
 		return err
 	}
 	n := uint64(op.Count * op.DType.Size())
 	timeout := uint64(p.grp.Timeout.Nanoseconds())
 	c.used.Store(true)
-	count := &p.sends
+	count, mine := &p.sends, &c.sends
 	if op.Kind == ops.Send {
 		err = c.ch.Send(c.send, stream, op.In, n, op.Tag, timeout)
 	} else {
-		count = &p.recvs
+		count, mine = &p.recvs, &c.recvs
 		err = c.ch.Recv(c.recv, stream, op.Out, n, op.Tag, timeout)
 	}
 	if err != nil {
 		return status.Wrap(status.System, err, "gosym: %s on cuda:%d", p2pWho(op), device)
 	}
 	count.Add(1)
+	mine.Add(1)
+	c.lastRecv.Store(op.Kind == ops.Recv)
 	return nil
 }
 
@@ -160,6 +169,8 @@ func (c *p2pPeer) deviceError(grp Group, peer int) error {
 	switch w[0] {
 	case cuda.ErrTimeout:
 		code = status.Timeout
+	case cuda.ErrPeerLost:
+		code = status.Peer
 	case cuda.ErrMismatch:
 		code = status.InvalidArg
 	}
@@ -167,11 +178,15 @@ func (c *p2pPeer) deviceError(grp Group, peer int) error {
 		"the pair cannot run CUDA send/recv any more", grp.Rank, peer, grp.Name, c.device, p2pErrorText(peer, w))
 }
 
-// DeviceError is the first error any channel's kernels recorded, nil if
-// none (the endpoint's DeviceError, stats; host memory only).
+// DeviceError is the group's error once a peer was lost (Abort), else the
+// first error any channel's kernels recorded, nil if none (the endpoint's
+// DeviceError, stats; host memory only).
 func (p *P2P) DeviceError() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.lost != nil {
+		return p.lost
+	}
 	if p.closed { // close frees the channels without the lock
 		return nil
 	}
@@ -278,6 +293,8 @@ func p2pErrorText(peer int, w [cuda.P2PErrorWords]uint32) string {
 			peer, uint64(w[2])|uint64(w[3])<<32, int64(uint64(w[4])|uint64(w[5])<<32))
 	case cuda.ErrConfig:
 		return fmt.Sprintf("a bad launch (%#x, slot %d)", w[1], w[2])
+	case cuda.ErrPeerLost:
+		return fmt.Sprintf("an abort: rank %d exited", w[1]&0xff)
 	}
 	return fmt.Sprintf("error %d", w[0])
 }

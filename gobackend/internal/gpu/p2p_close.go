@@ -3,11 +3,10 @@ package gpu
 // Tearing the channels down when the endpoint goes.
 
 import (
-	"errors"
+	"fmt"
 	"slices"
 	"time"
 
-	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dlog"
 )
 
@@ -22,13 +21,21 @@ const p2pGrace = 2 * time.Second
 // importer always closes before its exporter frees when both ranks
 // destroy the group), or consumed everything this side sent and did not
 // leave within p2pGrace (it goes on running), or exited, or the group's
-// timeout passed. Errors the kernels recorded are logged.
-func (p *P2P) Close() {
+// timeout passed. A peer that exited is not told (its memory is not
+// written). A device still busy after wait (a kernel no abort reached)
+// keeps its channels: they stay mapped, with a warning, rather than be
+// freed under a kernel that may still touch them. Errors the kernels
+// recorded are logged.
+func (p *P2P) Close(wait time.Duration) {
 	p.mu.Lock()
 	p.closed = true
 	peers := p.peers
 	p.mu.Unlock()
-	synced := map[*Device]bool{}
+	if peers == nil { // no channel was asked for (nor, maybe, the endpoint connected)
+		return
+	}
+	idle := map[*Device]bool{}
+	dead := p.link.Dead()
 	var open []int
 	for r, c := range peers {
 		if c == nil {
@@ -38,10 +45,14 @@ func (p *P2P) Close() {
 		if c.ch == nil {
 			continue
 		}
-		if c.used.Load() && !synced[c.g] {
-			synced[c.g] = true
-			if err := c.g.Driver().CtxSynchronize(c.g.Context()); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
-				dlog.Printf("rank %d: cuCtxSynchronize before closing the p2p channels: %v", p.grp.Rank, err)
+		if c.used.Load() {
+			ok, asked := idle[c.g]
+			if !asked {
+				ok = c.g.idle(wait, fmt.Sprintf("rank %d, closing its CUDA p2p channels", p.grp.Rank))
+				idle[c.g] = ok
+			}
+			if !ok {
+				continue
 			}
 		}
 		if dlog.On {
@@ -49,14 +60,14 @@ func (p *P2P) Close() {
 				dlog.Printf("rank %d: the CUDA p2p channel with rank %d recorded %s", p.grp.Rank, r, p2pErrorText(r, w))
 			}
 		}
-		if err := c.ch.Leave(); err != nil {
+		if err := c.ch.Leave(!slices.Contains(dead, r)); err != nil {
 			dlog.Printf("rank %d: leaving the CUDA p2p channel with rank %d: %v", p.grp.Rank, r, err)
 		}
 		open = append(open, r)
 	}
 	start := time.Now()
 	for pause := time.Millisecond; len(open) > 0; pause = min(2*pause, 50*time.Millisecond) {
-		dead := p.link.Dead()
+		dead = p.link.Dead()
 		waited := time.Since(start)
 		left := open[:0]
 		for _, r := range open {

@@ -85,7 +85,7 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 			t.nvls = mc
 			g.nvls.Store(true)
 		case status.CodeOf(err) != status.NotSupported: // links or barrier broke
-			t.close()
+			t.close(grp.Timeout)
 			return err
 		}
 		t.counters, t.algos, t.reg = &g.counters, &g.algos, &g.reg
@@ -96,10 +96,13 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 		}
 		g.team = t
 		g.mu.Lock()
-		g.errw = t.errw
+		g.live = t
 		g.mu.Unlock()
 		g.device.Store(int32(a.Device) + 1)
 		g.stage.Store(int64(t.stage))
+	}
+	if err := g.lostError(); err != nil { // after live is set: lost.go
+		return err
 	}
 	t := g.team
 	if a.Device != t.g.ordinal {
@@ -115,6 +118,7 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 		return err
 	}
 	g.seq.Store(op.Seq)
+	g.kind.Store(int32(op.Kind))
 	// Asked here, not by every caller: one driver call, no Python round;
 	// the capture sequence orders the op (order.go).
 	capturing, capture, err := t.g.d.StreamCaptureInfo(t.g.ctx, a.Stream)
@@ -159,7 +163,7 @@ func start(grp Group, device int, who symm.Who, deadline time.Time) (*Team, erro
 	t, local := newTeam(device, grp.Rank, grp.World, ConfigFromEnv(), grp.Timeout)
 	for i, sy := range t.symms() { // both exchanges run whatever happened locally
 		if err := shareSymm(grp, t, sy, helloMagic+uint32(i), &local, deadline); err != nil {
-			t.close() // the links are out of step: the group cannot go on
+			t.close(grp.Timeout) // the links are out of step: the group cannot go on
 			return nil, status.Wrap(status.Peer, err, "gosym: %s", who)
 		}
 	}
@@ -171,11 +175,11 @@ func start(grp Group, device int, who symm.Who, deadline time.Time) (*Team, erro
 	}
 	failed, err := grp.Peers.AgreeAll(local == nil, who, deadline)
 	if err != nil {
-		t.close()
+		t.close(grp.Timeout)
 		return nil, err
 	}
 	if len(failed) > 0 {
-		t.close()
+		t.close(grp.Timeout)
 		why := fmt.Sprintf("ranks %v could not set it up", failed)
 		if local != nil {
 			why = fmt.Sprintf("%s; this rank: %v", why, local)

@@ -134,19 +134,23 @@ func explainRefusal(grp Group, op *ops.Op, err error) error {
 	return nil
 }
 
-// abortPeers leaves an abort with detail on each of ranks' pads (detail
-// first).
+// abortPeers leaves a mismatch's abort with detail on each of ranks' pads.
 func (t *Team) abortPeers(ranks []int, detail uint32) error {
+	return t.abort(ranks, cuda.ErrMismatch, detail)
+}
+
+// abort leaves code with detail in the abort words of each of ranks' pads
+// (detail first), on a stream of its own: the caller's streams may hold
+// kernels that spin on those pads.
+func (t *Team) abort(ranks []int, code, detail uint32) error {
 	if len(ranks) == 0 {
 		return nil
 	}
 	g := t.g
 	return g.privately(func(s cuda.Stream) error {
 		for _, q := range ranks {
-			for _, w := range [][2]uint32{{cuda.PadAbortDetailWord, detail}, {cuda.PadAbortWord, cuda.ErrMismatch}} {
-				if err := g.d.MemsetD32Async(g.ctx, t.pads[q]+4*uintptr(w[0]), w[1], 1, s); err != nil {
-					return err
-				}
+			if err := g.d.PutAbort(g.ctx, s, t.pads[q], cuda.PadAbortWord, cuda.PadAbortDetailWord, code, detail); err != nil {
+				return err
 			}
 		}
 		return nil

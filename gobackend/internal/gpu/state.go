@@ -34,12 +34,16 @@ type State struct {
 	// the workers stopped.
 	team *Team
 	err  error // why the data plane could not start on this group, or a kernel's error (sticky)
-	// errw is team.errw for readers off the queue (stats, DeviceError),
-	// under mu: close takes it away before freeing it.
-	errw *cuda.ErrorWords
+	// live is team for readers off the queue (stats, DeviceError, Abort),
+	// under mu: Close takes it away before freeing it.
+	live *Team
+	// lost is the group's error once a peer was lost (Abort), under mu:
+	// ops check it after the team is live (lost.go says why).
+	lost error
 
 	ops      atomic.Int64
 	seq      atomic.Uint64 // the latest op's sequence number (a peer's refusal names it by its low bits)
+	kind     atomic.Int32  // the latest op's kind, for Latest
 	captured atomic.Int64  // ops enqueued while their stream was being captured (a CUDA graph)
 	joins    atomic.Int64  // ops that waited for the group's previous op on another stream (order.go)
 	device   atomic.Int32  // ordinal + 1 once set up, for stats
@@ -88,13 +92,14 @@ func (g *State) Take(seq uint64) (Args, bool) {
 	return a, ok
 }
 
-// Close frees the group's GPU buffers once the device is idle.
-func (g *State) Close() {
+// Close frees the group's GPU buffers once the device is idle, waiting
+// for it at most wait (then it leaves them mapped: team.close).
+func (g *State) Close(wait time.Duration) {
 	g.mu.Lock()
-	g.errw = nil
+	g.live = nil
 	g.mu.Unlock()
 	if g.team != nil {
-		g.team.close()
+		g.team.close(wait)
 		g.team = nil
 	}
 }

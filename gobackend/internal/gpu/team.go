@@ -4,7 +4,6 @@ package gpu
 // allocations and every peer's, mapped here, and their teardown.
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -188,16 +187,17 @@ func (t *Team) function(k *cuda.Kernel) (*cuda.Function, error) {
 }
 
 // close waits until the device is idle (kernels on the caller's streams
-// may still read these buffers), then unmaps and releases everything.
-func (t *Team) close() {
+// may still read these buffers), then unmaps and releases everything. A
+// device still busy after wait (a kernel that no abort reached) keeps the
+// buffers: they stay mapped, with a warning, rather than be freed under a
+// kernel that may still touch them.
+func (t *Team) close(wait time.Duration) {
 	g := t.g
 	if g == nil {
 		return
 	}
-	if t.used {
-		if err := g.d.CtxSynchronize(g.ctx); err != nil && !errors.Is(err, cuda.ErrNotSupported) {
-			dlog.Printf("rank %d: cuCtxSynchronize before unmapping the GPU buffers: %v", t.rank, err)
-		}
+	if t.used && !g.idle(wait, fmt.Sprintf("rank %d, unmapping its group's GPU buffers", t.rank)) {
+		return
 	}
 	if t.nvls != nil { // the multicast object goes before the buffers it covers
 		if err := t.nvls.Close(); err != nil {

@@ -155,6 +155,10 @@ func (t *Team) Abort() {
 	}
 }
 
+// Closed reports whether rank r destroyed its endpoint (marked its control
+// region closed): a peer that exited after that left the group cleanly.
+func (t *Team) Closed(r int) bool { return atomic.LoadUint32(t.ctrl[r].Word32(offClosed)) != 0 }
+
 // Aborted reports whether Abort was called.
 func (t *Team) Aborted() bool { return t.aborted.Load() }
 
@@ -409,7 +413,7 @@ func (t *Team) waitGE(r int, w *uint32, target uint32, who Who, deadline time.Ti
 			return status.Errorf(status.Timeout, "gosym: %s: Timed out waiting for rank %d", who, r)
 		}
 		if dead := t.exited(r, pairwise); len(dead) > 0 {
-			return status.Errorf(status.Peer, "gosym: %s failed: ranks %v exited (rank %d waited for rank %d)", who, dead, t.Rank, r)
+			return status.Errorf(status.Peer, "gosym: %s failed: %s exited (rank %d waited for rank %d)", who, t.Mesh.Describe(dead), t.Rank, r)
 		}
 		shm.FutexWait(w, v, min(sleepSlice, deadline.Sub(now)))
 	}

@@ -18,8 +18,9 @@ class CudaWork(dist._Work):
     when the two streams differ and lets is_completed() say whether the GPU finished it,
     as ProcessGroupNCCL's end event does. A barrier's Work (one with `_event`) blocks the
     host in wait() until every rank reached it on the GPU, like ProcessGroupNCCL's
-    barrier, then raises the error its kernel recorded (a rank that did not arrive within
-    the group's timeout)."""
+    barrier. wait() then raises the group's error, if `_check` finds one (a lost peer, a
+    kernel's timeout: one load of host memory), as ProcessGroupNCCL's wait() raises what
+    its watchdog found."""
 
     __slots__ = ("_out", "_idx", "_raw", "_event", "_check", "_end", "_waited")
 
@@ -32,14 +33,14 @@ class CudaWork(dist._Work):
         self._waited = True
         if self._event is not None:
             self._event.synchronize()
-            if self._check is not None:
-                self._check()
         elif torch._C._cuda_getCurrentRawStream(self._idx) != self._raw:
             cur = torch.cuda.current_stream(self._idx)
             if self._end is not None:
                 cur.wait_event(self._end)
             else:
                 cur.wait_stream(self._stream())
+        if self._check is not None:
+            self._check()
         return True
 
     def synchronize(self):
@@ -76,8 +77,8 @@ class CudaWork(dist._Work):
 def cuda_work(out, idx, raw, event=None, check=None) -> CudaWork:
     """The CudaWork of an op just enqueued on stream raw of device idx, the caller's
     current stream there (built without a Python __init__, as work_of: on the path of
-    every asynchronous CUDA op); check, with an event, raises what the GPU recorded once
-    the event completed. Outside a capture the op's end is recorded at once (a
+    every asynchronous CUDA op); check raises the group's error in wait() (with an event,
+    once the event completed). Outside a capture the op's end is recorded at once (a
     synchronous caller gets no Work and pays nothing)."""
     w = CudaWork()
     w._out, w._idx, w._raw, w._event, w._check, w._end = out, idx, raw, event, check, None
@@ -94,13 +95,14 @@ class CudaSideWork(CudaWork):
     post; _streams.CudaStreams.p2p says why), which records `_done` after it. wait() makes the
     caller's current stream wait for `_done` (ProcessGroupNCCL's semantics; capture-legal,
     so a CUDA graph may capture the op and its wait, which joins `side` back into the
-    capture), or raises the error that kept the op from being launched."""
+    capture), or raises the error that kept the op from being launched, or the group's."""
 
     __slots__ = ("_side", "_done", "_pg", "_err")
 
     def __init__(self, out, idx, side, pg):
         super().__init__()
-        self._out, self._idx, self._raw, self._event, self._check = out, idx, side.cuda_stream, None, None
+        self._out, self._idx, self._raw, self._event = out, idx, side.cuda_stream, None
+        self._check = pg._streams.device_error
         self._end = None
         self._side, self._done, self._pg, self._err = side, None, pg, None
 
@@ -122,6 +124,7 @@ class CudaSideWork(CudaWork):
         self._waited = True
         self._launched()
         torch.cuda.current_stream(self._idx).wait_event(self._done)
+        self._check()
         return True
 
     def is_completed(self):

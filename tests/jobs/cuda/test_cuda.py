@@ -15,8 +15,10 @@ that the large cases run in several staging chunks.
 from __future__ import annotations
 
 
-import pytest
 import math
+import re
+
+import pytest
 
 from conftest import assert_same_bits, cuda_device_count, gpu_world, gpu_worlds, need_gpus, run_torchrun
 
@@ -224,6 +226,60 @@ def test_device_timeout_names_the_peer(tmp_path):
     res.assert_ok()
     *early, late = res.results
     assert all(x["passed"] >= 13 for x in early) and late["passed"] >= 8, res.results
+
+
+@pytest.mark.parametrize("scenario", ["collectives", "p2p"])
+def test_killed_rank_fails_the_survivors(scenario, tmp_path):
+    """On every GPU, the last rank SIGKILLs itself in the middle of a loop of CUDA all_reduce
+    and all_gather (collectives), or of a ring of CUDA isend/irecv (p2p), of a group whose
+    timeout is 300 s: every survivor raises a DistBackendError naming the lost rank, its pid
+    and the op within 10 s of the kill (the engine's watchdog aborts the kernels waiting for
+    it), its streams drain, a host op of the group then fails at once, destroy_process_group
+    returns and the process exits 0; then a fresh job on the same GPUs runs an all_reduce
+    (cuda_killed_worker.py)."""
+    world = _world()
+    need_gpus(world)
+    res = run_torchrun("cuda_killed_worker", world, ["--timeout", 120, "--scenario", scenario], timeout=300,
+                       outdir=tmp_path / scenario, launcher="spawn")
+    victim = world - 1
+    note = res.results[victim] or {}
+    pid = note.get("pid")
+    problems = []
+    if res.rank_returncodes[victim] != -9:
+        problems.append(f"the victim exited with {res.rank_returncodes[victim]}, not SIGKILL")
+    for r in range(victim):
+        x = res.results[r]
+        if x is None or "destroy_s" not in x:
+            problems.append(f"rank {r}: no complete result (rc {res.rank_returncodes[r]}): {x}")
+            continue
+        err, msg = x["error"], (x["error"] or {}).get("message", "")
+        if err is None:
+            problems.append(f"rank {r}: the loop did not raise")
+            continue
+        if not err["is_backend_error"]:
+            problems.append(f"rank {r}: {err['type']} is not a DistBackendError: {msg[:300]!r}")
+        if f"rank {victim} (pid {pid})" not in msg:
+            problems.append(f"rank {r}: the error does not name rank {victim} (pid {pid}): {msg[:400]!r}")
+        op = r"(all_reduce|all_gather) \(seq \d+\)" if scenario == "collectives" else r"\b(send|recv)\b"
+        if not re.search(op, msg):
+            problems.append(f"rank {r}: the error does not name the op: {msg[:400]!r}")
+        if scenario == "p2p" and r in (0, victim - 1) and not re.search(r"(send|recv) #\d+ (to|from) rank", msg):
+            problems.append(f"rank {r}: the error does not name its send/recv with the victim: {msg[:400]!r}")
+        if err["after_kill_s"] is None or err["after_kill_s"] > 10:
+            problems.append(f"rank {r}: raised {err['after_kill_s']} s after the kill, not within 10 s")
+        if x["drain_s"] > 10:
+            problems.append(f"rank {r}: its streams took {x['drain_s']} s to drain")
+        host = x["host_error"]
+        if host is None or not host["is_backend_error"] or host["took_s"] > 2 or f"rank {victim}" not in host["message"]:
+            problems.append(f"rank {r}: a host op after the failure: {host}")
+        if x["destroy_s"] > 15:
+            problems.append(f"rank {r}: destroy_process_group took {x['destroy_s']} s")
+        if res.rank_returncodes[r] != 0:
+            problems.append(f"rank {r}: exit status {res.rank_returncodes[r]}")
+    assert not problems, "\n".join(problems) + f"\n--- output ---\n{res.tail(6000)}"
+    again = run_torchrun("cuda_killed_worker", world, ["--timeout", 120, "--scenario", "fresh"], timeout=180,
+                         outdir=tmp_path / "fresh", launcher="spawn")
+    again.assert_ok()
 
 
 def test_cuda_streams(tmp_path):

@@ -60,6 +60,7 @@ def test_missing_rank_raises_on_survivors(scenario, outdir):
     res = run_torchrun("errors_worker", world, ["--scenario", scenario, "--op-timeout", OP_TIMEOUT],
                        timeout=120, outdir=outdir, launcher="spawn")
     problems = []
+    victim_pid = (res.outdir / f"pid.{victim}").read_text()
     for r in range(world - 1):
         x = res.results[r]
         if x is None:
@@ -70,6 +71,8 @@ def test_missing_rank_raises_on_survivors(scenario, outdir):
         err = x.get("error")
         op = "recv" if scenario == "skip-recv" else "all_reduce"
         problems += [f"rank {r}: {p}" for p in timeout_problems(err, op, victim, scenario.startswith("skip"))]
+        if err is not None and scenario.startswith("die") and f"pid {victim_pid}" not in err["message"]:
+            problems.append(f"rank {r}: the error does not name the lost rank's pid {victim_pid}: {err['message'][:300]!r}")
         if err is not None:
             lo = OP_TIMEOUT * 0.5 if scenario.startswith("skip") else 0.0
             if not lo <= err["elapsed"] <= OP_TIMEOUT + SLACK:
