@@ -2,8 +2,9 @@
 
 Each op checks what it can at the call, then runs as a sequence of steps on the inner
 groups (gosym.hier.lifetime posts them; gosym.hier.algorithms holds the paths between
-hosts): reductions, broadcast and the gathers through the leaders or along the rails;
-all_to_all, gather, scatter and send/recv across hosts on the flat inter-host group.
+hosts): reductions, broadcast and the gathers on the flat inter-host group or through the
+leaders or along the rails, as gosym.hier.schedule chooses; all_to_all, gather, scatter and
+send/recv across hosts on the flat inter-host group.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class HierGroup(HierAlgorithms):
         _split_op(opts.reduceOp, t)  # bad input raises here, not on the worker
         op = opts.reduceOp
         return self._in_place("all_reduce", tensors,
-                              lambda buf, dev: self._allreduce_flat(buf, op, dev), opts.asyncOp)
+                              lambda buf, dev: self._allreduce(buf, op, dev), opts.asyncOp)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or _c10d.AllreduceCoalescedOptions()
@@ -87,7 +88,7 @@ class HierGroup(HierAlgorithms):
 
         def run(dev):
             flat = torch.cat([t.reshape(-1) for t in tensors])
-            self._allreduce_flat(flat, op, dev)
+            self._allreduce(flat, op, dev)
             off = 0
             for t in tensors:
                 t.copy_(flat[off:off + t.numel()].view(t.shape))
@@ -102,7 +103,7 @@ class HierGroup(HierAlgorithms):
         lop, iop, avg, scale = _split_op(opts.reduceOp, t)
 
         def run(buf, dev):
-            self._reduce_leaders(buf, root, lop, iop, avg, scale, dev)
+            self._reduce(buf, root, lop, iop, avg, scale, dev)
 
         return self._in_place("reduce", tensors, run, opts.asyncOp)
 
@@ -110,7 +111,7 @@ class HierGroup(HierAlgorithms):
         opts = opts or _c10d.BroadcastOptions()
         root = self._root(opts.rootRank, "broadcast")
         return self._in_place("broadcast", tensors,
-                              lambda buf, dev: self._broadcast_leaders(buf, root, dev),
+                              lambda buf, dev: self._broadcast(buf, root, dev),
                               opts.asyncOp)
 
     # ---- all_gather, reduce_scatter ---------------------------------------------------

@@ -17,6 +17,7 @@ from .._streams import _raw_stream
 from .._tensors import _op_device
 from ..backend import ProcessGroupGosym
 from ..work import EventWork, cuda_work
+from . import schedule
 from .hosts import linked
 from .runner import Runner
 
@@ -37,7 +38,9 @@ class HierBase(ProcessGroupGosym):
         the data between hosts) on hosts of equal rank counts, smaller ones and any on
         unequal hosts the hosts' leaders; the rails' all_reduce is pipelined in chunks of
         GOSYM_HIER_CHUNK bytes (one chunk's inter-host step overlaps the next one's
-        intra-host reduce-scatter); after a failure, a rank waits GOSYM_HIER_REPORT_S
+        intra-host reduce-scatter); GOSYM_HIER_CHOICE says whether those ops, broadcast and
+        reduce take this schedule or run flat (gosym.hier.schedule); after a failure, a rank
+        waits GOSYM_HIER_REPORT_S
         seconds for every other rank to report it before naming those that did not as lost."""
         dist.ProcessGroup.__init__(self, rank, size)
         self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
@@ -45,6 +48,7 @@ class HierBase(ProcessGroupGosym):
         self._rail_min = settings["GOSYM_HIER_RAIL_MIN"]
         self._chunk = settings["GOSYM_HIER_CHUNK"]
         self._report_s = settings["GOSYM_HIER_REPORT_S"]
+        self._choice = settings["GOSYM_HIER_CHOICE"]
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._h, self._cuda = 0, None
@@ -55,6 +59,8 @@ class HierBase(ProcessGroupGosym):
         self._n = len(hosts[self._host])
         self._balanced = len(counts) == 1
         self._rail = [rs[self._lidx] for rs in hosts if len(rs) > self._lidx]
+        self._shape = schedule.shape(len(rs) for rs in hosts)
+        self._paths = {}  # "op/hier" or "op/flat" -> ops that took it (stats)
         self._seq = 0
         self._split_count = 0
         self._broken = None
@@ -86,7 +92,8 @@ class HierBase(ProcessGroupGosym):
     def _stats_json(self):
         s = json.loads(self._local._stats_json())
         s["hier"] = {"hosts": self._hosts, "host": self._host, "local_rank": self._lidx,
-                     "inner_groups": sorted(f"{k}/{d}" for k, d in self._inner)}
+                     "inner_groups": sorted(f"{k}/{d}" for k, d in self._inner),
+                     "shape": self._shape, "choice": self._choice, "paths": dict(self._paths)}
         return json.dumps(s)
 
     def shutdown(self):
