@@ -147,13 +147,17 @@ class HierBase(ProcessGroupGosym):
 
     # ---- running ops -----------------------------------------------------------
 
+    def _usable(self, what):
+        """DistBackendError for op `what` on a group an earlier failure broke."""
+        if self._broken is not None:
+            raise DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
+                                    f"failure: {self._broken}")
+
     def _post(self, what, keep, out, fn, async_op=True):
         """Runs fn(dev) (the op's steps) as op `what`: CUDA ops (keep's tensors on a GPU)
         at once on the caller's stream, host ops on the worker thread (inline when called
         from it, by a future's callback). Errors become gosym errors naming the op."""
-        if self._broken is not None:
-            raise DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
-                                    f"failure: {self._broken}")
+        self._usable(what)
         dev = _op_device(keep)
         self._seq += 1
         seq = self._seq
