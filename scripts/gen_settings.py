@@ -20,6 +20,8 @@ import pathlib
 import re
 import sys
 
+from generated import write_or_check
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TUNABLES = REPO / "docs" / "TUNABLES.md"
 OUT = REPO / "python" / "gosym" / "_table.py"
@@ -69,16 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 when _table.py is stale")
     a = p.parse_args(argv)
     want = render(rows(TUNABLES.read_text()))
-    have = OUT.read_text() if OUT.exists() else ""
-    if a.check:
-        if have != want:
-            print(f"{OUT.relative_to(REPO)} is stale: run python3 scripts/gen_settings.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if have != want:
-        OUT.write_text(want)
-    return 0
+    return write_or_check(OUT, want, a.check, "python3 scripts/gen_settings.py", REPO)
 
 
 if __name__ == "__main__":

@@ -74,8 +74,9 @@ def entry(report: dict, source: str, hier: str, flat: str,
           hosts=None) -> tuple[tuple[str, str], dict]:
     """((device, shape), entry) of the table from a gosym.bench report (its JSON) of file
     source, in which backend `hier` ran the hierarchical schedule and `flat` the inter-host
-    engine over the same ranks: per op of OPS that both measured without error, the points
-    (size, hier median us, flat median us), by size. The shape comes from the report's
+    engine over the same ranks. The entry: {"source": source, "hier": hier, "flat": flat,
+    "ops": op -> points}, for each op of OPS that both measured without error the points
+    (bytes of one rank's input, hier median us, flat median us), by size. The shape comes from the report's
     "hosts" (ranks per host: gosym.bench records them for a group across hosts), else from
     hosts (for reports from before it did)."""
     named = report.get("hosts")
