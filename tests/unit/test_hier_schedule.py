@@ -16,7 +16,7 @@ from gosym.hier.measured import TABLE
 
 # flat below 64 KiB, hierarchical from 64 KiB to 16 MiB (exclusive), flat again from 16 MiB
 POINTS = ((1024, 9.0, 5.0), (65536, 3.0, 5.0), (1 << 20, 7.0, 8.0), (16 << 20, 9.0, 8.0))
-FAKE = {("cpu", "2x2"): {"source": "-", "hier": "h", "flat": "f",
+FAKE = {("cpu", "2x2"): {"sources": ["-"], "hier": "h", "flat": "f",
                          "ops": {"all_reduce": POINTS}}}
 
 
@@ -31,8 +31,10 @@ def test_table_is_what_its_files_say():
 def test_entries_cite_existing_files():
     assert TABLE, "the table is empty"
     for key, e in TABLE.items():
-        assert (REPO / e["source"]).is_file(), (key, e["source"])
-        assert e["source"].startswith("docs/results/"), (key, e["source"])
+        assert e["sources"], key
+        for f in e["sources"]:
+            assert (REPO / f).is_file(), (key, f)
+            assert f.startswith("docs/results/"), (key, f)
         for op, points in e["ops"].items():
             assert op in schedule.OPS, (key, op)
             sizes = [p[0] for p in points]
@@ -102,23 +104,47 @@ def test_committed_cuda_2x2_choices():
         assert schedule.choose("cuda", op, 1 << 26, "2x2") == "flat", op
 
 
+def _report(hosts, results, device="cpu"):
+    report = {"config": {"device": device}, "results": [
+        {"backend": b, "op": op, "size": size, "median_us": us, **kw}
+        for b, op, size, us, kw in results]}
+    if hosts:
+        report["hosts"] = hosts
+    return report
+
+
 def test_entry_from_a_report():
     """entry(): the points of both backends, by size; a failed case is left out; the hosts
     from the report, else from the caller; a report of other hosts than said is refused."""
-    def res(b, op, size, us, **kw):
-        return {"backend": b, "op": op, "size": size, "median_us": us, **kw}
-    report = {"config": {"device": "cpu"}, "hosts": [2, 2], "results": [
-        res("g", "all_reduce", 4096, 10.04), res("x", "all_reduce", 4096, 12.0),
-        res("g", "all_reduce", 1024, 5.0), res("x", "all_reduce", 1024, 4.0),
-        res("g", "broadcast", 1024, 1.0, error="boom"), res("x", "broadcast", 1024, 1.0),
-        res("g", "all_to_all_single", 1024, 1.0), res("x", "all_to_all_single", 1024, 1.0)]}
-    key, e = schedule.entry(report, "docs/results/x.json", "g", "x")
+    report = _report([2, 2], [
+        ("g", "all_reduce", 4096, 10.04, {}), ("x", "all_reduce", 4096, 12.0, {}),
+        ("g", "all_reduce", 1024, 5.0, {}), ("x", "all_reduce", 1024, 4.0, {}),
+        ("g", "broadcast", 1024, 1.0, {"error": "boom"}), ("x", "broadcast", 1024, 1.0, {}),
+        ("g", "all_to_all_single", 1024, 1.0, {}), ("x", "all_to_all_single", 1024, 1.0, {})])
+    key, e = schedule.entry([("docs/results/x.json", report)], "g", "x")
     assert key == ("cpu", "2x2")
-    assert e["ops"] == {"all_reduce": ((1024, 5.0, 4.0), (4096, 10.0, 12.0))}
+    assert e == {"sources": ["docs/results/x.json"], "hier": "g", "flat": "x",
+                 "ops": {"all_reduce": ((1024, 5.0, 4.0), (4096, 10.0, 12.0))}}
     del report["hosts"]
-    assert schedule.entry(report, "f", "g", "x", [1, 2])[0] == ("cpu", "1+2")
+    assert schedule.entry([("f", report)], "g", "x", [1, 2])[0] == ("cpu", "1+2")
     with pytest.raises(ValueError, match="names no hosts"):
-        schedule.entry(report, "f", "g", "x")
+        schedule.entry([("f", report)], "g", "x")
     report["hosts"] = [2, 2]
     with pytest.raises(ValueError, match=r"hosts \[2, 2\] are not \[1, 2\]"):
-        schedule.entry(report, "f", "g", "x", [1, 2])
+        schedule.entry([("f", report)], "g", "x", [1, 2])
+
+
+def test_entry_of_several_runs_takes_the_median():
+    """Three runs: each point is the median of theirs, so one disturbed run decides nothing;
+    a size one run lacks is left out; runs of other shapes or devices are not one entry."""
+    runs = [_report([2, 2], [("g", "all_reduce", 1024, g, {}), ("x", "all_reduce", 1024, x, {}),
+                             ("g", "all_reduce", 4096, 1.0, {}), ("x", "all_reduce", 4096, 2.0, {})])
+            for g, x in ((5.0, 4.0), (50.0, 4.5), (4.8, 3.0))]
+    runs[1]["results"] = runs[1]["results"][:2]  # the second run has no 4 KiB
+    _, e = schedule.entry([(f"r{i}", r) for i, r in enumerate(runs)], "g", "x")
+    assert e["ops"] == {"all_reduce": ((1024, 5.0, 4.0),)}
+    with pytest.raises(ValueError, match="share a device type and shape"):
+        schedule.entry([("a", runs[0]), ("b", dict(runs[0], hosts=[1, 2]))], "g", "x")
+    with pytest.raises(ValueError, match="share a device type and shape"):
+        schedule.entry([("a", runs[0]), ("b", dict(runs[0], config={"device": "cuda"}))],
+                       "g", "x")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 
 from .measured import TABLE
 
@@ -70,34 +71,43 @@ def digest(table=None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def entry(report: dict, source: str, hier: str, flat: str,
-          hosts=None) -> tuple[tuple[str, str], dict]:
-    """((device, shape), entry) of the table from a gosym.bench report (its JSON) of file
-    source, in which backend `hier` ran the hierarchical schedule and `flat` the inter-host
-    engine over the same ranks. The entry: {"source": source, "hier": hier, "flat": flat,
-    "ops": op -> points}, for each op of OPS that both measured without error the points
-    (bytes of one rank's input, hier median us, flat median us), by size. The shape comes from the report's
-    "hosts" (ranks per host: gosym.bench records them for a group across hosts), else from
-    hosts (for reports from before it did)."""
-    named = report.get("hosts")
-    if named and hosts and list(named) != list(hosts):
-        raise ValueError(f"{source}: the report's hosts {named} are not {list(hosts)}")
-    hosts = named or hosts
-    if not hosts:
-        raise ValueError(f"{source}: the report names no hosts (gosym.bench records them for a "
-                         "group across hosts): give them with the source")
-    medians = {}
-    for r in report["results"]:
-        if r.get("backend") in (hier, flat) and "error" not in r:
-            medians[(r["backend"], r["op"], r["size"])] = round(r["median_us"], 1)
+def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], dict]:
+    """((device, shape), entry) of the table from gosym.bench reports (JSON) of one device type
+    and shape, reports being (file, report) pairs, in which backend `hier` ran the
+    hierarchical schedule and `flat` the inter-host engine over the same ranks. The entry:
+    {"sources": the files, "hier": hier, "flat": flat, "ops": op -> points}: for each op of
+    OPS that both measured without error in every report, the points (bytes of one rank's
+    input, hier us, flat us) by size, each the median over the reports of their medians
+    (several runs, where one disturbed run must not decide). The shape comes from the
+    reports' "hosts" (ranks per host: gosym.bench records them for a group across hosts),
+    else from hosts (for reports from before it did)."""
+    keys, runs = set(), []
+    for source, report in reports:
+        named = report.get("hosts")
+        if named and hosts and list(named) != list(hosts):
+            raise ValueError(f"{source}: the report's hosts {named} are not {list(hosts)}")
+        if not (named or hosts):
+            raise ValueError(f"{source}: the report names no hosts (gosym.bench records them "
+                             "for a group across hosts): give them with the source")
+        keys.add((report["config"]["device"], shape(named or hosts)))
+        runs.append({(r["backend"], r["op"], r["size"]): r["median_us"]
+                     for r in report["results"]
+                     if r.get("backend") in (hier, flat) and "error" not in r})
+    if len(keys) != 1:
+        raise ValueError(f"one entry's reports must share a device type and shape, got "
+                         f"{sorted(keys)}")
     ops = {}
     for op in OPS:
-        sizes = sorted({s for b, o, s in medians if o == op})
-        pts = tuple((s, medians[(hier, op, s)], medians[(flat, op, s)]) for s in sizes
-                    if (hier, op, s) in medians and (flat, op, s) in medians)
+        sizes = sorted({s for b, o, s in runs[0] if o == op})
+        pts = tuple((s, _median(runs, (hier, op, s)), _median(runs, (flat, op, s)))
+                    for s in sizes if all((b, op, s) in m for m in runs for b in (hier, flat)))
         if pts:
             ops[op] = pts
+    sources = [source for source, _ in reports]
     if not ops:
-        raise ValueError(f"{source}: no op measured on both {hier!r} and {flat!r}")
-    key = (report["config"]["device"], shape(hosts))
-    return key, {"source": source, "hier": hier, "flat": flat, "ops": ops}
+        raise ValueError(f"{sources}: no op measured on both {hier!r} and {flat!r}")
+    return keys.pop(), {"sources": sources, "hier": hier, "flat": flat, "ops": ops}
+
+
+def _median(runs, key):
+    return round(statistics.median(m[key] for m in runs), 1)

@@ -270,7 +270,7 @@ def check_choice(ck, rank, world, gloo, counts):
     want = {p: sorted(f"{op}/{p}" for op in schedule.OPS) for p in ("flat", "hier")}
     saved, env = schedule.TABLE, os.environ.get("GOSYM_HIER_CHOICE")
     schedule.TABLE = {("cpu", schedule.shape(counts)): {
-        "source": "hier_worker", "hier": "-", "flat": "-",
+        "sources": ["hier_worker"], "hier": "-", "flat": "-",
         "ops": {op: CHOICE_POINTS for op in schedule.OPS}}}
     os.environ["GOSYM_HIER_CHOICE"] = "table"
     try:
