@@ -156,7 +156,8 @@ class HierBase(ProcessGroupGosym):
     def _post(self, what, keep, out, fn, async_op=True):
         """Runs fn(dev) (the op's steps) as op `what`: CUDA ops (keep's tensors on a GPU)
         at once on the caller's stream, host ops on the worker thread (inline when called
-        from it, by a future's callback). Errors become gosym errors naming the op."""
+        from it, by a future's callback, or when synchronous and none is pending: the
+        runner's inline). Errors become gosym errors naming the op."""
         self._usable(what)
         dev = _op_device(keep)
         self._seq += 1
@@ -173,8 +174,11 @@ class HierBase(ProcessGroupGosym):
             self._cuda = dev
             run()
             return cuda_work(out, dev, _raw_stream(dev)) if async_op else None
+        on_thread = self._runner.on_thread()
+        if not async_op and not on_thread and self._runner.inline(run):
+            return None  # no Work to make: creating one costs more than a small op here
         w = EventWork(out)
-        if self._runner.on_thread():
+        if on_thread:
             try:
                 run()
                 w._finish(None)
