@@ -73,7 +73,7 @@ class HierGroup(HierAlgorithms):
             if not t.numel():
                 return  # nothing moves (and gosym's steps of an empty op are not collective)
             buf = t if t.is_contiguous() else t.contiguous()
-            fn(buf.view(-1), dev)
+            fn(buf if buf.dim() == 1 else buf.view(-1), dev)
             if buf is not t:
                 t.copy_(buf)
 

@@ -43,7 +43,7 @@ def choose(device: str, op: str, nbytes: int, shape_key: str, mode: str = "table
     """HIER or FLAT for op (one of OPS) of nbytes on a group of shape_key whose tensors are
     on device ("cpu" or "cuda"), under GOSYM_HIER_CHOICE mode. With "table": the point of
     the op's entry at the largest measured size <= nbytes (the smallest one below it), HIER
-    where the hierarchical schedule's median was below the flat engine's there; FLAT where
+    where the hierarchical schedule's time was below the flat op's there; FLAT where
     the table has no entry for (device, shape_key) or no points for op."""
     if mode not in MODES:
         raise ValueError(f"gosym: GOSYM_HIER_CHOICE={mode!r}: accepts one of {', '.join(MODES)}")
@@ -74,7 +74,9 @@ def digest(table=None) -> str:
 def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], dict]:
     """((device, shape), entry) of the table from gosym.bench reports (JSON) of one device type
     and shape, reports being (file, report) pairs, in which backend `hier` ran the
-    hierarchical schedule and `flat` the inter-host engine over the same ranks. The entry:
+    hierarchical schedule and `flat` the op flat over the same ranks (gosym-flat: gosym's
+    flat path, what choosing flat costs; or, where that was not measured, the inter-host
+    engine's own group). The entry:
     {"sources": the files, "hier": hier, "flat": flat, "ops": op -> points}: for each op of
     OPS that both measured without error in every report, the points (bytes of one rank's
     input, hier us, flat us) by size, each the median over the reports of their medians
