@@ -40,8 +40,8 @@ class HierBase(ProcessGroupGosym):
         GOSYM_HIER_CHUNK bytes (one chunk's inter-host step overlaps the next one's
         intra-host reduce-scatter); GOSYM_HIER_CHOICE says whether those ops, broadcast and
         reduce take this schedule or run flat (gosym.hier.schedule); after a failure, a rank
-        waits GOSYM_HIER_REPORT_S
-        seconds for every other rank to report it before naming those that did not as lost."""
+        waits GOSYM_HIER_REPORT_S seconds for every other rank to report it before naming
+        those that did not as lost."""
         dist.ProcessGroup.__init__(self, rank, size)
         self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
         self._new_group = new_group
