@@ -88,13 +88,15 @@ for s in "${steps[@]}"; do
 		done
 		tar czf "$out/conform-logs.tgz" -C $cf . ;;
 	hostbench)
-		# two simulated hosts of half the GPUs each (at most 2): gosym inside a host and NCCL
-		# between them, against flat NCCL over the same ranks (NCCL sees two hosts too)
+		# two simulated hosts of half the GPUs each (at most 2): gosym (the choice table's
+		# schedule), always hierarchical (gosym-hier: inside a host gosym, NCCL between) and
+		# always flat (gosym-flat), against flat NCCL over the same ranks (NCCL sees two hosts
+		# too). gosym-hier and gosym-flat of the JSON are what scripts/hier_table.py takes.
 		per=$(($(nvidia-smi -L | wc -l) >= 4 ? 2 : 1))
-		echo "== bench across two simulated hosts, $per GPU(s) each: gosym (hierarchical) against flat NCCL"
-		timeout 300 python3 tests/jobs/hier/simhosts.py --hosts $per,$per --gpus -- python3 -m gosym.bench --device cuda \
-			--backends gosym,nccl --batch 10 --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
-			--sizes 4K,64K,1M,16M,64M --target-time 0.1 --json "$out/bench-hier-cuda-${per}x2.json" 2>&1 | tail -30 ;;
+		echo "== bench across two simulated hosts, $per GPU(s) each: gosym, gosym-hier, gosym-flat against flat NCCL"
+		timeout 540 python3 tests/jobs/hier/simhosts.py --hosts $per,$per --gpus -- python3 -m gosym.bench --device cuda \
+			--backends gosym,gosym-hier,gosym-flat,nccl --batch 10 --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
+			--sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M --target-time 0.05 --json "$out/bench-hier-cuda-${per}x2.json" 2>&1 | tail -50 ;;
 	nvswitch)
 		# what SM push/pull and the copy engines move per pair, all-to-all and from one root
 		echo "== NVSwitch copy probe (scripts/nvswitch_probe.cu)"

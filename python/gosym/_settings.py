@@ -5,9 +5,9 @@ these as read by python. GOSYM_DEBUG is read by both sides with the same meaning
 logs on, "0" or unset leaves them off. The engine refuses any other value when a group is
 created, so Python reads anything but "1" as off and leaves the error to the engine.
 
-The whole-number settings (GOSYM_HIER_*) take their defaults and limits from the table,
-through _table (generated from it by scripts/gen_settings.py). They choose a group's
-algorithms across hosts, so every rank of a group must use the same: gosym.factory compares
+The GOSYM_HIER_* settings (whole numbers, and GOSYM_HIER_CHOICE's words) take their defaults
+and limits from the table, through _table (generated from it by scripts/gen_settings.py).
+They choose a group's algorithms across hosts, so every rank of a group must use the same: gosym.factory compares
 them at group creation (agree), as the engine compares the settings it shares at connect.
 """
 
@@ -54,12 +54,24 @@ def whole(name: str) -> int:
     return n
 
 
-HIER = tuple(name for name in _table.WHOLE if name.startswith("GOSYM_HIER_"))
+def word(name: str) -> str:
+    """A setting of python/gosym that takes one of a few words (GOSYM_HIER_CHOICE): the
+    table's default when unset, ValueError naming it and the words when it is another."""
+    default, words = _table.WORDS[name]
+    v = os.environ.get(name, "")
+    if v == "":
+        return default
+    if v not in words:
+        raise ValueError(f"gosym: {name}={v!r}: accepts one of {', '.join(words)}")
+    return v
 
 
-def hier() -> dict[str, int]:
+HIER = tuple(name for name in (*_table.WHOLE, *_table.WORDS) if name.startswith("GOSYM_HIER_"))
+
+
+def hier() -> dict[str, int | str]:
     """Every GOSYM_HIER_* setting, name -> value (ValueError naming a bad one)."""
-    return {name: whole(name) for name in HIER}
+    return {name: whole(name) if name in _table.WHOLE else word(name) for name in HIER}
 
 
 def agree(rank: int, theirs: dict, mine: dict) -> None:

@@ -31,13 +31,19 @@ class AnySourceWork(Work):
         return self._src[0]
 
 
-def recv_anysource(pg, tensors, tag):
-    """pg.recv_anysource (see the module's doc)."""
+def host_tensor(tensors):
+    """The one tensor of a receive from any source; NotImplementedError for a CUDA one."""
     t = _one(tensors, "recv")
     if isinstance(t, torch.Tensor) and t.is_cuda:
         raise NotImplementedError("gosym: recv from any source into a CUDA tensor is not "
                                   "supported (as with NCCL); pass src, or receive into a CPU "
                                   "tensor")
+    return t
+
+
+def recv_anysource(pg, tensors, tag):
+    """pg.recv_anysource (see the module's doc)."""
+    t = host_tensor(tensors)
     cb = []
     dst = _dst(t, cb, False)
     code, mult = move_dtype(dst)

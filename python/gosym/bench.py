@@ -49,6 +49,12 @@ OPS = (
     "all_to_all_single_skew",
 )
 DEFAULT_SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M"
+# Second gosym groups, made with settings of their own: backend -> (environment, CUDA only).
+VARIANTS = {
+    "gosym-sema": ({"GOSYM_GPU_SEMA_MIN": "1"}, True),  # every reduction by the semaphores
+    "gosym-hier": ({"GOSYM_HIER_CHOICE": "hier"}, False),  # across hosts: always hierarchical
+    "gosym-flat": ({"GOSYM_HIER_CHOICE": "flat"}, False),  # across hosts: always flat
+}
 ELEM = 4  # float32
 SKEW_FRACTION = 8  # in the skewed all_to_all, each minor destination gets 1/(8*W) of the data
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
@@ -104,7 +110,8 @@ def parse_args(argv):
                    help="comma list (default gosym,gloo on cpu, gosym,nccl on cuda); on cuda "
                         "also symm-1shot, symm-2shot: PyTorch symmetric memory's all_reduce, and "
                         "gosym-sema: gosym's all_reduce by the semaphore protocol; on both, "
-                        "gosym-bound: gosym on buffers from gosym.empty")
+                        "gosym-bound: gosym on buffers from gosym.empty, and across hosts "
+                        "gosym-hier / gosym-flat: gosym with GOSYM_HIER_CHOICE=hier / flat")
     p.add_argument("--ops", default=",".join(OPS), help="comma list from: " + ",".join(OPS))
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help=f"comma list of per-rank input sizes in bytes (default {DEFAULT_SIZES})")
@@ -409,6 +416,7 @@ class Bench:
         self.groups = {}  # measured backend -> group
         self.failures = {}
         self.ctrl = None
+        self.hosts = None  # ranks per host where the gosym group spans hosts
 
     # ---- setup
 
@@ -427,7 +435,7 @@ class Bench:
     def setup(self):
         dist, args = self.dist, self.args
         timeout = datetime.timedelta(seconds=args.op_timeout)
-        want_gosym = "gosym" in args.backends
+        want_gosym = any(b.startswith("gosym") for b in args.backends)
         if want_gosym:
             try:
                 import gosym  # registers the backend with torch.distributed
@@ -463,17 +471,13 @@ class Bench:
                 self.groups["gosym"] = g
         if "gosym-bound" in args.backends and "gosym" in self.groups:
             self.groups["gosym-bound"] = self.groups["gosym"]
-        if "gosym-sema" in args.backends and "gosym" in self.groups and args.device == "cuda":
-            # A second gosym group whose reductions all take the semaphore protocol: the
-            # CUDA tunables are read when a group's first CUDA op sets it up.
-            os.environ["GOSYM_GPU_SEMA_MIN"] = "1"
-            try:
-                g = dist.new_group(backend="gosym", timeout=timeout)
-                dist.all_reduce(self.torch.zeros(1, device=self.device), group=g)
-                self.torch.cuda.synchronize()
-                self.groups["gosym-sema"] = g
-            finally:
-                del os.environ["GOSYM_GPU_SEMA_MIN"]
+        for b, (env, cuda_only) in VARIANTS.items():
+            if b in args.backends and "gosym" in self.groups and (
+                    args.device == "cuda" or not cuda_only):
+                self.groups[b] = self._variant(env, timeout)
+        st = _try(lambda: self.gosym.stats(self.groups["gosym"]))
+        if isinstance(st, dict) and "hier" in st:
+            self.hosts = [len(h) for h in st["hier"]["hosts"]]
         for b in args.backends:
             if b.startswith("gosym"):
                 continue
@@ -485,6 +489,24 @@ class Bench:
                 self.groups[b] = self.groups["_symm"]
             else:
                 self.groups[b] = dist.new_group(backend=b, timeout=timeout)
+
+    def _variant(self, env, timeout):
+        """A second gosym group made, and set up by a first op, with env set: the group's
+        settings (GOSYM_HIER_*) are read at creation, the CUDA tunables at its first CUDA op."""
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            g = self.dist.new_group(backend="gosym", timeout=timeout)
+            self.dist.all_reduce(self.torch.zeros(1, device=self.device), group=g)
+            if self.args.device == "cuda":
+                self.torch.cuda.synchronize()
+            return g
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     # ---- one case
 
@@ -591,7 +613,7 @@ class Bench:
         self.setup()
         measured = [b for b in args.backends if b in self.groups]
         baselines = [b for b in args.backends if not b.startswith("gosym")]
-        main = "gosym"
+        main = next((b for b in measured if b.startswith("gosym")), "gosym")
         base = baselines[0] if baselines else None
         table = Table(self.rank == 0, main, base, "gosym-bound" if "gosym-bound" in measured else None)
 
@@ -638,6 +660,7 @@ class Bench:
                 "machine": machine_info(self.torch, self.world, self.gosym, args.device),
                 "config": dict(vars(args)),
                 "default_backend": self.default_backend,
+                "hosts": self.hosts,
                 "measured_backends": measured,
                 "method": {
                     "latency": "per-iteration wall time (perf_counter_ns, or CUDA events), max "

@@ -18,8 +18,10 @@ from . import _settings, hier
 def new_group(store, rank, size, timeout, name, global_ranks):
     """The gosym group of these ranks: a ProcessGroupGosym where host detection puts them on
     one host, else a HierGroup. The ranks' GOSYM_HIER_* settings are compared first, as the
-    engine compares the settings it shares: they choose the algorithms across hosts."""
+    engine compares the settings it shares: they choose the algorithms across hosts, and so
+    does the table of measurements (gosym.hier.schedule), whose digest is compared with them."""
     settings = _settings.hier()  # a bad value fails here, before any rank waits for this one
+    settings[hier.TABLE_KEY] = hier.schedule.digest()
     seen, key = hier.exchange(store, rank, size, timeout, name, settings)
     hosts = {}
     try:

@@ -94,7 +94,25 @@ def test_hier_defaults_and_limits_come_from_the_table():
     for name, least in [("GOSYM_HIER_RAIL_MIN", 1), ("GOSYM_HIER_CHUNK", 4096),
                         ("GOSYM_HIER_REPORT_S", 0)]:
         assert f"{name}='{least - 1}': accepts a whole number from {least}" in p.stdout, p.stdout
-    assert "['GOSYM_HIER_CHUNK', 'GOSYM_HIER_RAIL_MIN', 'GOSYM_HIER_REPORT_S']" in p.stdout
+    assert ("['GOSYM_HIER_CHOICE', 'GOSYM_HIER_CHUNK', 'GOSYM_HIER_RAIL_MIN', "
+            "'GOSYM_HIER_REPORT_S']") in p.stdout
+
+
+def test_hier_choice_takes_its_words():
+    """GOSYM_HIER_CHOICE: the table's default (table) when unset, each of its words, and a
+    ValueError naming the variable and the words for anything else."""
+    code = ("import os\nfrom gosym import _settings\n"
+            "os.environ.pop('GOSYM_HIER_CHOICE', None)\n"
+            "print(_settings.hier()['GOSYM_HIER_CHOICE'])\n"
+            "for v in ('table', 'hier', 'flat'):\n"
+            "    os.environ['GOSYM_HIER_CHOICE'] = v\n"
+            "    assert _settings.hier()['GOSYM_HIER_CHOICE'] == v, v\n"
+            "os.environ['GOSYM_HIER_CHOICE'] = 'fast'\n"
+            "try:\n    _settings.hier()\nexcept ValueError as e:\n    print(e)\n")
+    p = run_python(code)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[0] == "table", p.stdout
+    assert "GOSYM_HIER_CHOICE='fast': accepts one of table, hier, flat" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("world", [2, 3])

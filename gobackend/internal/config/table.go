@@ -88,6 +88,8 @@ var (
 		"Chunk bytes of the pipelined all_reduce across hosts: one chunk's inter-host step overlaps the next chunk's intra-host reduce-scatter.")
 	_ = pyIntRow("GOSYM_HIER_REPORT_S", 10, 0,
 		"After a failure across hosts, seconds a rank waits for the others to report it; the ranks that do not are named as lost.")
+	_ = enumRow("GOSYM_HIER_CHOICE", "table", []string{"table", "hier", "flat"}, false, Python,
+		"Across hosts, whether all_reduce, all_gather, reduce_scatter, broadcast and reduce take the hierarchical schedule or run flat on the inter-host engine (Gloo, NCCL) over every rank: table (per op, size and hosts x ranks per host from the measurements in python/gosym/hier/measured.py; flat where none was measured), hier (always hierarchical) or flat (always flat). Every rank must use the same.")
 	_ = textRow("GOSYM_LIBRARY", "libgosym.so in the package", Python,
 		"Path of the libgosym.so that python/gosym loads.")
 	_ = enumRow("GOSYM_PROFILER_RANGES", "1", []string{"0", "1"}, false, Python,

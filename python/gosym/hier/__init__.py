@@ -15,7 +15,7 @@ Otherwise the group is a HierGroup, the hierarchy UCC's cl/hier and Open MPI's H
 - rail l: an inter-host group over the ranks of local index l, one per host that has one
   (rail 0, the hosts' first ranks, is the leaders' group);
 - flat: an inter-host group over every rank, for what needs any pair (send/recv across
-  hosts, all_to_all, gather, scatter).
+  hosts, all_to_all, gather, scatter), and for the ops that the choice (schedule) runs flat.
 
 Gloo's inner groups are created with the group (their construction is collective); NCCL's
 at the first CUDA op that needs them (theirs is not). They are shut down with the group.
@@ -27,13 +27,20 @@ The modules, by job:
 - runner: the thread that runs a HierGroup's host-side ops in post order;
 - lifetime: HierBase, a HierGroup's creation, inner groups, posting of ops, shutdown, and
   what a failure leaves (the lost ranks named);
-- algorithms: HierAlgorithms, the paths between hosts (the leaders, the rails);
+- algorithms: HierAlgorithms, the paths between hosts (the leaders, the rails) and the flat
+  group's, and the choice between them;
+- schedule: that choice per op, size and shape (GOSYM_HIER_CHOICE, the table of
+  measurements in measured);
 - group: HierGroup, its ops as torch calls them.
 """
 
 from __future__ import annotations
 
+from . import schedule
 from .group import HierGroup
 from .hosts import HOST_ENV, exchange, host_id, linked
 
-__all__ = ["HOST_ENV", "HierGroup", "exchange", "host_id", "linked"]
+# The name under which the choice table's digest travels with the GOSYM_HIER_* settings.
+TABLE_KEY = "the choice table (gosym.hier.measured) digest"
+
+__all__ = ["HOST_ENV", "TABLE_KEY", "HierGroup", "exchange", "host_id", "linked", "schedule"]

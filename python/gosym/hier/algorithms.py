@@ -1,9 +1,11 @@
-"""The paths of a HierGroup's reductions and gathers between hosts.
+"""The paths of a HierGroup's reductions, broadcasts and gathers between hosts, and the
+choice between them and the flat group (gosym.hier.schedule).
 
-Through the leaders (any hosts): a host's ranks meet at its local index 0, the leaders (rail
-0) run the inter-host step, and local index 0 hands the result on to its host. Along the
-rails (hosts of equal rank counts, at least GOSYM_HIER_RAIL_MIN bytes): every local index
-moves 1/n of the data between hosts over its own rail, all_reduce pipelined in chunks of
+Flat: the inter-host engine's own op on the flat group of every rank. Hierarchical, through
+the leaders (any hosts): a host's ranks meet at its local index 0, the leaders (rail 0) run
+the inter-host step, and local index 0 hands the result on to its host; along the rails
+(hosts of equal rank counts, at least GOSYM_HIER_RAIL_MIN bytes): every local index moves 1/n
+of the data between hosts over its own rail, all_reduce pipelined in chunks of
 GOSYM_HIER_CHUNK bytes.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch._C import _distributed_c10d as _c10d
 
+from . import schedule
 from .lifetime import HierBase
 from .tensors import _bytes, _divide, _opts, _red_wire, _split_op, _wait
 
@@ -19,6 +22,16 @@ from .tensors import _bytes, _divide, _opts, _red_wire, _split_op, _wait
 class HierAlgorithms(HierBase):
     """The rail and leader algorithms of a HierGroup, on contiguous 1-D buffers, run as an
     op's steps (on the worker thread, or at once for CUDA ops)."""
+
+    # ---- the choice -----------------------------------------------------------------
+
+    def _hier(self, op, nbytes, dev):
+        """Whether op (gosym.hier.schedule.OPS) of nbytes (one rank's input) on dev takes the
+        hierarchical schedule, else the flat group's op; counted by path for stats."""
+        path = schedule.choose(dev, op, nbytes, self._shape, self._choice)
+        key = f"{op}/{path}"
+        self._paths[key] = self._paths.get(key, 0) + 1
+        return path == schedule.HIER
 
     # ---- reductions -------------------------------------------------------------
 
@@ -84,38 +97,61 @@ class HierAlgorithms(HierBase):
     def _use_rails(self, nbytes, numel):
         return self._balanced and self._n > 1 and nbytes >= self._rail_min and numel >= self._n
 
-    def _allreduce_flat(self, buf, op, dev):
-        """all_reduce of a contiguous 1-D buffer in place."""
+    def _allreduce(self, buf, op, dev):
+        """all_reduce of a contiguous 1-D buffer in place, on the path the choice gives."""
         lop, iop, avg, scale = _split_op(op, buf)
         if not buf.numel():
             return
+        if self._hier("all_reduce", buf.numel() * buf.element_size(), dev):
+            self._allreduce_hier(buf, lop, iop, scale, dev)
+        else:
+            if scale is not None:
+                buf.mul_(scale)
+            self._inter_allreduce(self._group("flat", dev), buf, iop)
+        if avg:
+            _divide(buf, self._size)
+
+    def _allreduce_hier(self, buf, lop, iop, scale, dev):
         if self._use_rails(buf.numel() * buf.element_size(), buf.numel()):
             self._ar_rails(buf, lop, iop, dev)
         else:
             self._ar_leaders(buf, lop, iop, scale, dev)
-        if avg:
-            _divide(buf, self._size)
 
-    def _reduce_leaders(self, buf, root, lop, iop, avg, scale, dev):
-        """reduce to group rank root through the leaders: local index 0 gathers its host, the
-        leaders reduce to the root's host's one, which hands the result on to its host (the
-        root among them)."""
-        hr, _ = self._where[root]
-        self._host_reduce(buf, lop, scale)
-        if self._lidx == 0:
-            w, back = _red_wire(buf)
-            _wait(self._group("rail", dev).reduce([w], _opts(_c10d.ReduceOptions, reduceOp=iop,
-                                                             rootRank=hr)))
-            if back:
-                buf.copy_(w)
-        if self._host == hr:
-            self._local_bcast(buf, 0)
+    def _reduce(self, buf, root, lop, iop, avg, scale, dev):
+        """reduce to group rank root: on the flat group, or through the leaders (local index 0
+        gathers its host, the leaders reduce to the root's host's one, which hands the result
+        on to its host, the root among them)."""
+        if not self._hier("reduce", buf.numel() * buf.element_size(), dev):
+            self._inter_reduce(self._group("flat", dev), buf if scale is None else buf * scale,
+                               buf, root, iop)
+        else:
+            hr, _ = self._where[root]
+            self._host_reduce(buf, lop, scale)
+            if self._lidx == 0:
+                self._inter_reduce(self._group("rail", dev), buf, buf, hr, iop)
+            if self._host == hr:
+                self._local_bcast(buf, 0)
         if avg and self._rank == root:
             _divide(buf, self._size)
 
-    def _broadcast_leaders(self, buf, root, dev):
-        """broadcast from group rank root: inside the root's host, among the leaders, then
-        inside every other host."""
+    def _inter_reduce(self, pg, src, buf, root, op):
+        """reduce of src to pg's rank root, whose buf (src itself, or where src goes after)
+        takes the result."""
+        w, back = _red_wire(src)
+        _wait(pg.reduce([w], _opts(_c10d.ReduceOptions, reduceOp=op, rootRank=root)))
+        if pg.rank() == root:
+            if back:
+                src.copy_(w)
+            if src is not buf:
+                buf.copy_(src)
+
+    def _broadcast(self, buf, root, dev):
+        """broadcast from group rank root: on the flat group, or inside the root's host, among
+        the leaders, then inside every other host."""
+        if not self._hier("broadcast", buf.numel() * buf.element_size(), dev):
+            _wait(self._group("flat", dev).broadcast(
+                [_bytes(buf)], _opts(_c10d.BroadcastOptions, rootRank=root)))
+            return
         hr, lr = self._where[root]
         buf = _bytes(buf)
         if self._host == hr:
@@ -140,6 +176,9 @@ class HierAlgorithms(HierBase):
         m = inp.numel()
         rows = out.view(self._size, m)
         if not m:
+            return
+        if not self._hier("all_gather_into_tensor", m * inp.element_size(), dev):
+            _wait(self._group("flat", dev)._allgather_base(out, inp, _opts(_c10d.AllgatherOptions)))
             return
         if self._use_rails(out.numel() * out.element_size(), out.numel()):
             # the rail's pieces (one per host), then the host's rails: (local index, host)
@@ -170,25 +209,32 @@ class HierAlgorithms(HierBase):
 
     def _scatter_rows(self, out, inp, op, dev):
         """out (m) <- the reduction of every rank's row `rank` of inp (size x m, contiguous)."""
-        lop, iop, avg, _ = _split_op(op, out)
+        lop, iop, avg, scale = _split_op(op, out)
         m = out.numel()
-        if self._use_rails(inp.numel() * inp.element_size(), inp.numel()):
+        if not m:
+            return  # nothing moves (as an empty all_reduce)
+        if not self._hier("reduce_scatter_tensor", inp.numel() * inp.element_size(), dev):
+            self._inter_reduce_scatter(self._group("flat", dev), out,
+                                       inp if scale is None else inp * scale, iop)
+        elif self._use_rails(inp.numel() * inp.element_size(), inp.numel()):
             # rows in (local index, host) order: the host's reduce-scatter gives each rank
             # its local index's rows (one per host), the rail's reduce-scatter its own row
             y = inp.view(self._size, m).index_select(0, self._order(dev)).view(-1)
             shard = out.new_empty(len(self._hosts) * m)
             _wait(self._local._reduce_scatter_base(
                 shard, y, _opts(_c10d.ReduceScatterOptions, reduceOp=lop)))
-            ws, back = _red_wire(shard)
-            wo = out.new_empty(m, dtype=ws.dtype) if back else _red_wire(out)[0]
-            _wait(self._group("rail", dev)._reduce_scatter_base(
-                wo, ws, _opts(_c10d.ReduceScatterOptions, reduceOp=iop)))
-            if back:
-                out.copy_(wo)
+            self._inter_reduce_scatter(self._group("rail", dev), out, shard, iop)
         else:
             tmp = inp.clone()
-            self._allreduce_flat(tmp, op, dev)
+            self._allreduce_hier(tmp, lop, iop, scale, dev)
             out.copy_(tmp.view(self._size, m)[self._rank])
-            return
         if avg:
             _divide(out, self._size)
+
+    def _inter_reduce_scatter(self, pg, out, src, op):
+        """out (m) <- the reduction over pg's ranks of their src's block of pg's rank."""
+        ws, back = _red_wire(src)
+        wo = out.new_empty(out.numel(), dtype=ws.dtype) if back else _red_wire(out)[0]
+        _wait(pg._reduce_scatter_base(wo, ws, _opts(_c10d.ReduceScatterOptions, reduceOp=op)))
+        if back:
+            out.copy_(wo)

@@ -2,8 +2,9 @@
 
 Each op checks what it can at the call, then runs as a sequence of steps on the inner
 groups (gosym.hier.lifetime posts them; gosym.hier.algorithms holds the paths between
-hosts): reductions, broadcast and the gathers through the leaders or along the rails;
-all_to_all, gather, scatter and send/recv across hosts on the flat inter-host group.
+hosts): reductions, broadcast and the gathers on the flat inter-host group or through the
+leaders or along the rails, as gosym.hier.schedule chooses; all_to_all, gather, scatter and
+send/recv across hosts on the flat inter-host group.
 """
 
 from __future__ import annotations
@@ -13,14 +14,26 @@ from datetime import timedelta
 import torch
 from torch._C import _distributed_c10d as _c10d
 
+from .. import anysource as _anysource
 from .. import forms as _forms
-from .._errors import DistBackendError
 from .._tensors import _one, _op_device, _same_dtype
 from ..work import EventWork
 from .algorithms import HierAlgorithms
 from .tensors import _bytes, _contig, _copy_back, _opts, _split_op, _wait
 
 _ZERO = timedelta(0)
+
+
+class _Received(EventWork):
+    """A receive from any source that is done (into a temporary, copied back): its sender."""
+
+    def __init__(self, out, src):
+        super().__init__(out)
+        self._src = src
+        self._finish(None)
+
+    def _source_rank(self):
+        return self._src
 
 
 class HierGroup(HierAlgorithms):
@@ -60,7 +73,7 @@ class HierGroup(HierAlgorithms):
             if not t.numel():
                 return  # nothing moves (and gosym's steps of an empty op are not collective)
             buf = t if t.is_contiguous() else t.contiguous()
-            fn(buf.view(-1), dev)
+            fn(buf if buf.dim() == 1 else buf.view(-1), dev)
             if buf is not t:
                 t.copy_(buf)
 
@@ -74,7 +87,7 @@ class HierGroup(HierAlgorithms):
         _split_op(opts.reduceOp, t)  # bad input raises here, not on the worker
         op = opts.reduceOp
         return self._in_place("all_reduce", tensors,
-                              lambda buf, dev: self._allreduce_flat(buf, op, dev), opts.asyncOp)
+                              lambda buf, dev: self._allreduce(buf, op, dev), opts.asyncOp)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or _c10d.AllreduceCoalescedOptions()
@@ -87,7 +100,7 @@ class HierGroup(HierAlgorithms):
 
         def run(dev):
             flat = torch.cat([t.reshape(-1) for t in tensors])
-            self._allreduce_flat(flat, op, dev)
+            self._allreduce(flat, op, dev)
             off = 0
             for t in tensors:
                 t.copy_(flat[off:off + t.numel()].view(t.shape))
@@ -102,7 +115,7 @@ class HierGroup(HierAlgorithms):
         lop, iop, avg, scale = _split_op(opts.reduceOp, t)
 
         def run(buf, dev):
-            self._reduce_leaders(buf, root, lop, iop, avg, scale, dev)
+            self._reduce(buf, root, lop, iop, avg, scale, dev)
 
         return self._in_place("reduce", tensors, run, opts.asyncOp)
 
@@ -110,7 +123,7 @@ class HierGroup(HierAlgorithms):
         opts = opts or _c10d.BroadcastOptions()
         root = self._root(opts.rootRank, "broadcast")
         return self._in_place("broadcast", tensors,
-                              lambda buf, dev: self._broadcast_leaders(buf, root, dev),
+                              lambda buf, dev: self._broadcast(buf, root, dev),
                               opts.asyncOp)
 
     # ---- all_gather, reduce_scatter ---------------------------------------------------
@@ -296,9 +309,7 @@ class HierGroup(HierAlgorithms):
         hp, lp = self._where[peer]
         if hp == self._host:
             return (self._local.recv if recv else self._local.send)(tensors, lp, tag)
-        if self._broken is not None:
-            raise DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
-                                    f"failure: {self._broken}")
+        self._usable(what)
         pg = self._group("flat", self._dev(_op_device(t)))
         if not recv:
             return pg.send([_bytes(t.contiguous())], peer, tag)
@@ -316,6 +327,32 @@ class HierGroup(HierAlgorithms):
 
     def recv(self, tensors, srcRank, tag):  # noqa: N803
         return self._p2p("recv", tensors, srcRank, tag, True)
+
+    def recv_anysource(self, tensors, tag):
+        """recv from any source (dist.recv(t) without src) into a CPU tensor, where this rank
+        is alone on its host: every sender is then on another host and sends through the
+        flat group, on which Gloo's own receive from any source takes the message (its Work's
+        _source_rank() is the sender's group rank). Where this rank shares its host, a sender
+        of its host sends through the local gosym group and one of another host through
+        Gloo, and one receive cannot wait on both: NotImplementedError saying so."""
+        t = _anysource.host_tensor(tensors)
+        if self._n > 1:
+            mates = [r for r in self._hosts[self._host] if r != self._rank]
+            raise NotImplementedError(
+                f"gosym: recv from any source on a group across hosts needs the receiving rank "
+                f"alone on its host, and rank {self._rank} shares host {self._host} with ranks "
+                f"{mates}: their sends travel through gosym's group of the host, those of other "
+                "hosts through Gloo, and one receive cannot wait on both. Pass src, or receive "
+                "from any source on a group within one host or of one rank per host")
+        self._usable("recv")
+        pg = self._group("flat", "cpu")
+        if t.is_contiguous():
+            return pg.recv_anysource([_bytes(t)], tag)
+        buf = t.contiguous()
+        w = pg.recv_anysource([_bytes(buf)], tag)
+        w.wait()
+        t.copy_(buf)
+        return _Received(tensors, w._source_rank())
 
     def barrier(self, opts=None):
         """Every host's ranks meet, then the leaders, then every host's again; a group that

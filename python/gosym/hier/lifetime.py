@@ -17,6 +17,7 @@ from .._streams import _raw_stream
 from .._tensors import _op_device
 from ..backend import ProcessGroupGosym
 from ..work import EventWork, cuda_work
+from . import schedule
 from .hosts import linked
 from .runner import Runner
 
@@ -37,14 +38,17 @@ class HierBase(ProcessGroupGosym):
         the data between hosts) on hosts of equal rank counts, smaller ones and any on
         unequal hosts the hosts' leaders; the rails' all_reduce is pipelined in chunks of
         GOSYM_HIER_CHUNK bytes (one chunk's inter-host step overlaps the next one's
-        intra-host reduce-scatter); after a failure, a rank waits GOSYM_HIER_REPORT_S
-        seconds for every other rank to report it before naming those that did not as lost."""
+        intra-host reduce-scatter); GOSYM_HIER_CHOICE says whether those ops, broadcast and
+        reduce take this schedule or run flat (gosym.hier.schedule); after a failure, a rank
+        waits GOSYM_HIER_REPORT_S seconds for every other rank to report it before naming
+        those that did not as lost."""
         dist.ProcessGroup.__init__(self, rank, size)
         self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
         self._new_group = new_group
         self._rail_min = settings["GOSYM_HIER_RAIL_MIN"]
         self._chunk = settings["GOSYM_HIER_CHUNK"]
         self._report_s = settings["GOSYM_HIER_REPORT_S"]
+        self._choice = settings["GOSYM_HIER_CHOICE"]
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._h, self._cuda = 0, None
@@ -55,6 +59,8 @@ class HierBase(ProcessGroupGosym):
         self._n = len(hosts[self._host])
         self._balanced = len(counts) == 1
         self._rail = [rs[self._lidx] for rs in hosts if len(rs) > self._lidx]
+        self._shape = schedule.shape(len(rs) for rs in hosts)
+        self._paths = {}  # "op/hier" or "op/flat" -> ops that took it (stats)
         self._seq = 0
         self._split_count = 0
         self._broken = None
@@ -86,7 +92,8 @@ class HierBase(ProcessGroupGosym):
     def _stats_json(self):
         s = json.loads(self._local._stats_json())
         s["hier"] = {"hosts": self._hosts, "host": self._host, "local_rank": self._lidx,
-                     "inner_groups": sorted(f"{k}/{d}" for k, d in self._inner)}
+                     "inner_groups": sorted(f"{k}/{d}" for k, d in self._inner),
+                     "shape": self._shape, "choice": self._choice, "paths": dict(self._paths)}
         return json.dumps(s)
 
     def shutdown(self):
@@ -140,13 +147,18 @@ class HierBase(ProcessGroupGosym):
 
     # ---- running ops -----------------------------------------------------------
 
-    def _post(self, what, keep, out, fn, async_op=True):
-        """Runs fn(dev) (the op's steps) as op `what`: CUDA ops (keep's tensors on a GPU)
-        at once on the caller's stream, host ops on the worker thread (inline when called
-        from it, by a future's callback). Errors become gosym errors naming the op."""
+    def _usable(self, what):
+        """DistBackendError for op `what` on a group an earlier failure broke."""
         if self._broken is not None:
             raise DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
                                     f"failure: {self._broken}")
+
+    def _post(self, what, keep, out, fn, async_op=True):
+        """Runs fn(dev) (the op's steps) as op `what`: CUDA ops (keep's tensors on a GPU)
+        at once on the caller's stream, host ops on the worker thread (inline when called
+        from it, by a future's callback, or when synchronous and none is pending: the
+        runner's inline). Errors become gosym errors naming the op."""
+        self._usable(what)
         dev = _op_device(keep)
         self._seq += 1
         seq = self._seq
@@ -162,8 +174,11 @@ class HierBase(ProcessGroupGosym):
             self._cuda = dev
             run()
             return cuda_work(out, dev, _raw_stream(dev)) if async_op else None
+        on_thread = self._runner.on_thread()
+        if not async_op and not on_thread and self._runner.inline(run):
+            return None  # no Work to make: creating one costs more than a small op here
         w = EventWork(out)
-        if self._runner.on_thread():
+        if on_thread:
             try:
                 run()
                 w._finish(None)

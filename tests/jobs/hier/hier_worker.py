@@ -1,12 +1,15 @@
 """A gosym group across (simulated) hosts: every op x dtype against gloo on the same ranks
 and a float64 / exact reference, async Work and futures, send/recv within and across
-hosts, new_group across and within hosts, split_group across and within hosts, DDP and FSDP2 against gloo's losses, teardown;
-or (--scenario) a rank lost or late on either host.
+hosts, recv from any source, the choice between the hierarchical schedule and the flat group
+(sizes of either, the same paths on every rank), new_group across and within hosts,
+split_group across and within hosts, DDP and FSDP2 against gloo's losses, teardown; or
+(--scenario) a rank lost or late on either host.
 
 Run by test_hier.py under simhosts.py (two network namespaces) with
 --hosts giving the ranks per host, host-major. GOSYM_HIER_RAIL_MIN and GOSYM_HIER_CHUNK
 are set small by the test, so the sizes here take the rails, in several chunks, with
-ragged ends, as well as the leaders' path.
+ragged ends, as well as the leaders' path; GOSYM_HIER_CHOICE=hier, so that every op takes
+the hierarchical schedule but in the choice part's group.
 """
 
 from __future__ import annotations
@@ -61,8 +64,9 @@ class Ops:
     """The op matrix: each op on gosym (the default group) and on the reference group of the
     same ranks (gloo on CPU, NCCL on CUDA), with tensors on dev."""
 
-    def __init__(self, ck, rank, world, gloo, dev):
+    def __init__(self, ck, rank, world, gloo, dev, group=None):
         self.ck, self.rank, self.world, self.gloo, self.dev = ck, rank, world, gloo, dev
+        self.group = group  # the gosym group under test (None: the default group)
         self.ref_ok = True
 
     def inputs(self, case, n, dtype, opname=""):
@@ -74,7 +78,7 @@ class Ops:
     def both(self, case, fn, exp, tol=None):
         """fn(group) -> the tensor to check; run on gosym (must match exp) and on gloo (must
         match exp too where gloo runs the op: the same ranks, the same data)."""
-        got = real(fn(None))
+        got = real(fn(self.group))
         exp = real(exp)
         why = wc.compare(got, exp, tol)
         self.ck.check(f"{case} [gosym]", why is None, why or "")
@@ -248,16 +252,97 @@ def run_ops(ck, rank, world, gloo, counts):
     Ops(ck, rank, world, gloo, DEVICE).run()
 
 
+# check_choice's table: every op flat below 64 KiB of one rank's input, hierarchical from it;
+# its sizes (elements): 1000 (flat: at most 8000 bytes a rank, reduce_scatter world x that),
+# 40000 (hierarchical: at least 80000 bytes, int16).
+CHOICE_POINTS = ((1024, 2.0, 1.0), (65536, 1.0, 2.0))
+FLAT_N, HIER_N = 1000, 40000
+
+
+def check_choice(ck, rank, world, gloo, counts):
+    """GOSYM_HIER_CHOICE=table on a new group whose table (patched alike on every rank) has
+    this shape's entry: each op at a flat-chosen size (every dtype) and at a hierarchical one
+    (float32, int16) against the float64 / exact references and the reference group, each op
+    on the path chosen (the group's stats), and the same paths on every rank."""
+    import gosym
+    from gosym.hier import schedule
+
+    want = {p: sorted(f"{op}/{p}" for op in schedule.OPS) for p in ("flat", "hier")}
+    saved, env = schedule.TABLE, os.environ.get("GOSYM_HIER_CHOICE")
+    schedule.TABLE = {("cpu", schedule.shape(counts)): {
+        "sources": ["hier_worker"], "hier": "-", "flat": "-",
+        "ops": {op: CHOICE_POINTS for op in schedule.OPS}}}
+    os.environ["GOSYM_HIER_CHOICE"] = "table"
+    try:
+        g = dist.new_group()
+    finally:
+        os.environ["GOSYM_HIER_CHOICE"] = env
+    try:
+        ops = Ops(ck, rank, world, gloo, DEVICE, g)
+        for dtype in DTYPES:
+            ops.reductions(dtype, FLAT_N)
+            ops.moves(dtype, FLAT_N)
+        flat = gosym.stats(g)["hier"]["paths"]
+        ck.check("choice: every op flat below 64 KiB", sorted(flat) == want["flat"], f"{flat}")
+        for dtype in (torch.float32, torch.int16):
+            ops.reductions(dtype, HIER_N)
+            ops.moves(dtype, HIER_N)
+        paths = gosym.stats(g)["hier"]["paths"]
+        hier = sorted(k for k in paths if k.endswith("/hier"))
+        ck.check("choice: every op hierarchical from 64 KiB",
+                 hier == want["hier"] and all(paths[k] == n for k, n in flat.items()),
+                 f"{paths}")
+        seen = [None] * world
+        dist.all_gather_object(seen, paths, group=gloo)
+        ck.check("choice: the same paths on every rank", all(p == paths for p in seen), f"{seen}")
+    finally:
+        schedule.TABLE = saved
+        dist.destroy_process_group(g)
+
+
+def check_anysource(ck, rank, world, gloo, counts):
+    """recv from any source: a rank alone on its host takes every other rank's message in
+    whatever order they come (dist.recv without src returns the sender), into contiguous and
+    non-contiguous tensors; a rank that shares its host gets a NotImplementedError saying
+    why, at once, and the group goes on."""
+    hosts = host_ranks(counts)
+    mine = next(h for h in hosts if rank in h)
+    if len(mine) > 1:
+        t = torch.zeros(5)
+        e = ck.expect_error("recv from any source beside a rank of the host", dist.recv, t)
+        ck.check("recv from any source: says why", "alone on its host" in str(e), str(e))
+    for dst in (h[0] for h in hosts if len(h) == 1):
+        if rank != dst:
+            dist.send(torch.full((6,), float(rank)), dst, tag=7)
+            continue
+        got = {}
+        for i in range(world - 1):
+            t = torch.zeros(6) if i % 2 else torch.zeros(6, 3)[:, 1]  # every other strided
+            src = dist.recv(t, tag=7)
+            got[src] = t.clone()
+        others = sorted(set(range(world)) - {rank})
+        ck.check("recv from any source: every sender once", sorted(got) == others, f"{sorted(got)}")
+        for src, t in got.items():
+            ck.check(f"recv from any source: rank {src}'s data", bool((t == src).all()), f"{t}")
+    dist.barrier()
+
+
+def host_ranks(counts):
+    """The ranks of each host, host-major."""
+    hosts, start = [], 0
+    for c in counts:
+        hosts.append(list(range(start, start + c)))
+        start += c
+    return hosts
+
+
 def check_layout(ck, rank, world, gloo, counts):
     import gosym
     from gosym.hier import HierGroup
 
     pg = dist.distributed_c10d._get_default_group()
     ck.check("layout: a HierGroup", isinstance(pg, HierGroup), f"got {pg!r}")
-    hosts, start = [], 0
-    for c in counts:
-        hosts.append(list(range(start, start + c)))
-        start += c
+    hosts = host_ranks(counts)
     got = gosym.stats()["hier"]["hosts"]
     ck.check("layout: hosts", got == hosts, f"hosts {got}, want {hosts}")
 
@@ -523,7 +608,8 @@ def main():
     gloo = dist.new_group(backend="nccl" if DEVICE.type == "cuda" else "gloo")
     part = wc.part_runner(ck, rank, world, gloo, counts)
     parts = {"layout": check_layout, "ops": run_ops, "async": check_async, "p2p": check_p2p,
-             "groups": check_groups, "split": check_split, "training": check_training}
+             "anysource": check_anysource, "choice": check_choice, "groups": check_groups,
+             "split": check_split, "training": check_training}
     for name in args.parts.split(","):
         t0 = time.monotonic()
         part(name, parts[name])

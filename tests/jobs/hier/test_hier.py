@@ -16,8 +16,10 @@ _WHY = unavailable()
 needs_netns = pytest.mark.skipif(_WHY is not None, reason=f"simulated hosts: {_WHY}")
 # hosts for the tests that run anywhere: namespaces where they can be made, else host ids
 ANY_HOSTS = SimHosts if _WHY is None else IdHosts
-# Small thresholds, so that the test's sizes take the rails in several ragged chunks.
-HIER_ENV = {"GOSYM_HIER_RAIL_MIN": "4096", "GOSYM_HIER_CHUNK": "4096", "GOSYM_HIER_REPORT_S": "8"}
+# Small thresholds, so that the test's sizes take the rails in several ragged chunks, and
+# every op the hierarchical schedule (test_choice_across_hosts tests the choice).
+HIER_ENV = {"GOSYM_HIER_RAIL_MIN": "4096", "GOSYM_HIER_CHUNK": "4096", "GOSYM_HIER_REPORT_S": "8",
+            "GOSYM_HIER_CHOICE": "hier"}
 
 
 class SimJob(Job):
@@ -48,14 +50,28 @@ def run_hosts(counts, worker, args, outdir, timeout=300, env=None, gpus=False, k
 @needs_netns
 @pytest.mark.parametrize("counts", [(2, 2), (1, 1), (1, 2)], ids=["2x2", "2x1", "1+2"])
 def test_ops_across_hosts(counts, outdir):
-    """Every op x dtype, async Work, p2p, new_group, split_group, teardown; DDP and FSDP2 on
-    2x2."""
-    parts = "layout,ops,async,p2p,groups,split" + (",training" if counts == (2, 2) else "")
+    """Every op x dtype, async Work, p2p, recv from any source, new_group, split_group,
+    teardown; DDP and FSDP2 on 2x2."""
+    parts = "layout,ops,async,p2p,anysource,groups,split" + (",training" if counts == (2, 2)
+                                                               else "")
     hosts = ",".join(map(str, counts))
     res = run_hosts(counts, "hier_worker", ["--hosts", hosts, "--parts", parts, "--timeout", 60],
                     outdir, timeout=600)
     res.assert_ok()
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
+
+
+@pytest.mark.parametrize("counts", [(2, 2), (1, 2)], ids=["2x2", "1+2"])
+def test_choice_across_hosts(counts, outdir):
+    """GOSYM_HIER_CHOICE=table with a table (patched in the workers) that runs every op flat
+    below 64 KiB and hierarchical from it: sizes of both, every dtype at the flat one, are
+    right against float64 / exact references and the reference group, every op took the path
+    chosen, and every rank the same paths; recv from any source."""
+    hosts = ",".join(map(str, counts))
+    res = run_hosts(counts, "hier_worker", ["--hosts", hosts, "--parts", "layout,choice,anysource",
+                                            "--timeout", 60], outdir, timeout=600, kind=ANY_HOSTS)
+    res.assert_ok()
+    assert all(r["passed"] >= 300 for r in res.results), "suspiciously few checks"
 
 
 @needs_netns

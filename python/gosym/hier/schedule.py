@@ -1,0 +1,115 @@
+"""The choice between a HierGroup's hierarchical schedule and its flat group, per op
+(docs/ARCHITECTURE.md, "Hierarchical or flat").
+
+An op with a hierarchical schedule runs it, or the inter-host engine's own op (Gloo, NCCL) on
+the group's flat inner group over every rank, as choose() says for its device type, its size
+(the bytes of one rank's input, as gosym.bench counts them), the group's shape and
+GOSYM_HIER_CHOICE. With "table" (the default) the answer comes from the measurements in
+gosym.hier.measured; a (device type, shape) or an op they do not cover runs flat. Every
+input is the same on every rank, and so is the answer.
+
+entry() turns a gosym.bench report into a table entry (scripts/hier_table.py writes
+gosym.hier.measured with it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+
+from .measured import TABLE
+
+HIER, FLAT = "hier", "flat"
+MODES = ("table", HIER, FLAT)  # GOSYM_HIER_CHOICE's words
+# The ops that have a hierarchical schedule, by their gosym.bench names; the list forms and
+# all_reduce_coalesced take their tensor form's points.
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "reduce")
+
+
+def shape(counts) -> str:
+    """A group's shape from its hosts' rank counts (host order): "HxN" for H hosts of N ranks
+    each, else the counts joined by "+" ("1+2")."""
+    counts = [int(c) for c in counts]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"gosym: a group's shape needs hosts of at least one rank, got {counts}")
+    if len(set(counts)) == 1:
+        return f"{len(counts)}x{counts[0]}"
+    return "+".join(map(str, counts))
+
+
+def choose(device: str, op: str, nbytes: int, shape_key: str, mode: str = "table",
+           table=None) -> str:
+    """HIER or FLAT for op (one of OPS) of nbytes on a group of shape_key whose tensors are
+    on device ("cpu" or "cuda"), under GOSYM_HIER_CHOICE mode. With "table": the point of
+    the op's entry at the largest measured size <= nbytes (the smallest one below it), HIER
+    where the hierarchical schedule's time was below the flat op's there; FLAT where
+    the table has no entry for (device, shape_key) or no points for op."""
+    if mode not in MODES:
+        raise ValueError(f"gosym: GOSYM_HIER_CHOICE={mode!r}: accepts one of {', '.join(MODES)}")
+    if op not in OPS:
+        raise ValueError(f"gosym: no hierarchical schedule to choose for op {op!r}")
+    if mode != "table":
+        return mode
+    got = (TABLE if table is None else table).get((device, shape_key))
+    points = got["ops"].get(op) if got else None
+    if not points:
+        return FLAT
+    pick = points[0]
+    for p in points:
+        if p[0] <= nbytes:
+            pick = p
+    _, hier_us, flat_us = pick
+    return HIER if hier_us < flat_us else FLAT
+
+
+def digest(table=None) -> str:
+    """A short digest of the table, which every rank of a group must share (gosym.factory
+    compares it with the GOSYM_HIER_* settings at creation)."""
+    t = TABLE if table is None else table
+    text = json.dumps(sorted((list(k), v) for k, v in t.items()), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], dict]:
+    """((device, shape), entry) of the table from gosym.bench reports (JSON) of one device type
+    and shape, reports being (file, report) pairs, in which backend `hier` ran the
+    hierarchical schedule and `flat` the op flat over the same ranks (gosym-flat: gosym's
+    flat path, what choosing flat costs; or, where that was not measured, the inter-host
+    engine's own group). The entry:
+    {"sources": the files, "hier": hier, "flat": flat, "ops": op -> points}: for each op of
+    OPS that both measured without error in every report, the points (bytes of one rank's
+    input, hier us, flat us) by size, each the median over the reports of their medians
+    (several runs, where one disturbed run must not decide). The shape comes from the
+    reports' "hosts" (ranks per host: gosym.bench records them for a group across hosts),
+    else from hosts (for reports from before it did)."""
+    keys, runs = set(), []
+    for source, report in reports:
+        named = report.get("hosts")
+        if named and hosts and list(named) != list(hosts):
+            raise ValueError(f"{source}: the report's hosts {named} are not {list(hosts)}")
+        if not (named or hosts):
+            raise ValueError(f"{source}: the report names no hosts (gosym.bench records them "
+                             "for a group across hosts): give them with the source")
+        keys.add((report["config"]["device"], shape(named or hosts)))
+        runs.append({(r["backend"], r["op"], r["size"]): r["median_us"]
+                     for r in report["results"]
+                     if r.get("backend") in (hier, flat) and "error" not in r})
+    if len(keys) != 1:
+        raise ValueError(f"one entry's reports must share a device type and shape, got "
+                         f"{sorted(keys)}")
+    ops = {}
+    for op in OPS:
+        sizes = sorted({s for b, o, s in runs[0] if o == op})
+        pts = tuple((s, _median(runs, (hier, op, s)), _median(runs, (flat, op, s)))
+                    for s in sizes if all((b, op, s) in m for m in runs for b in (hier, flat)))
+        if pts:
+            ops[op] = pts
+    sources = [source for source, _ in reports]
+    if not ops:
+        raise ValueError(f"{sources}: no op measured on both {hier!r} and {flat!r}")
+    return keys.pop(), {"sources": sources, "hier": hier, "flat": flat, "ops": ops}
+
+
+def _median(runs, key):
+    return round(statistics.median(m[key] for m in runs), 1)

@@ -1,0 +1,150 @@
+"""The choice between the hierarchical schedule and the flat group across hosts
+(gosym.hier.schedule) and its table of measurements (gosym.hier.measured): the table says what
+its results files say and cites files that exist, the rule between measured sizes, the
+default for what was not measured, and GOSYM_HIER_CHOICE's words."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, base_env
+
+from gosym.hier import schedule
+from gosym.hier.measured import TABLE
+
+# flat below 64 KiB, hierarchical from 64 KiB to 16 MiB (exclusive), flat again from 16 MiB
+POINTS = ((1024, 9.0, 5.0), (65536, 3.0, 5.0), (1 << 20, 7.0, 8.0), (16 << 20, 9.0, 8.0))
+FAKE = {("cpu", "2x2"): {"sources": ["-"], "hier": "h", "flat": "f",
+                         "ops": {"all_reduce": POINTS}}}
+
+
+def test_table_is_what_its_files_say():
+    """scripts/hier_table.py --check: every entry is what its results file gives, and every
+    file it cites exists."""
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "hier_table.py"), "--check"],
+                       capture_output=True, text=True, timeout=120, env=base_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_entries_cite_existing_files():
+    assert TABLE, "the table is empty"
+    for key, e in TABLE.items():
+        assert e["sources"], key
+        for f in e["sources"]:
+            assert (REPO / f).is_file(), (key, f)
+            assert f.startswith("docs/results/"), (key, f)
+        for op, points in e["ops"].items():
+            assert op in schedule.OPS, (key, op)
+            sizes = [p[0] for p in points]
+            assert sizes == sorted(set(sizes)), (key, op, sizes)
+
+
+@pytest.mark.parametrize("nbytes,want", [
+    (0, "flat"), (1, "flat"), (1024, "flat"), (65535, "flat"),   # below and at the first point
+    (65536, "hier"), ((1 << 20) - 1, "hier"), (1 << 20, "hier"),  # from a winning point on
+    ((16 << 20) - 1, "hier"), (16 << 20, "flat"), (1 << 30, "flat"),  # the last point onwards
+])
+def test_a_size_takes_the_largest_measured_point_at_or_below_it(nbytes, want):
+    assert schedule.choose("cpu", "all_reduce", nbytes, "2x2", table=FAKE) == want
+
+
+def test_below_the_smallest_point_its_choice():
+    table = {("cpu", "2x2"): {**FAKE[("cpu", "2x2")], "ops": {"all_reduce": POINTS[1:]}}}
+    assert schedule.choose("cpu", "all_reduce", 1, "2x2", table=table) == "hier"
+
+
+@pytest.mark.parametrize("device,op,shape", [
+    ("cuda", "all_reduce", "2x2"),  # another device type
+    ("cpu", "all_reduce", "2x4"),   # another shape: not carried over
+    ("cpu", "all_reduce", "1+2"),
+    ("cpu", "broadcast", "2x2"),    # an op the entry has no points for
+])
+def test_unmeasured_runs_flat(device, op, shape):
+    for nbytes in (1, 65536, 1 << 26):
+        assert schedule.choose(device, op, nbytes, shape, table=FAKE) == "flat"
+
+
+def test_modes_override_the_table():
+    for mode in ("hier", "flat"):
+        for nbytes in (1, 65536, 1 << 26):
+            assert schedule.choose("cpu", "all_reduce", nbytes, "2x2", mode, FAKE) == mode
+            assert schedule.choose("cuda", "reduce", nbytes, "9x9", mode, FAKE) == mode
+
+
+def test_bad_mode_and_op_are_clear_errors():
+    with pytest.raises(ValueError, match="GOSYM_HIER_CHOICE='fast': accepts one of table, "
+                                         "hier, flat"):
+        schedule.choose("cpu", "all_reduce", 1, "2x2", "fast")
+    with pytest.raises(ValueError, match="no hierarchical schedule to choose for op 'all_to_all'"):
+        schedule.choose("cpu", "all_to_all", 1, "2x2")
+
+
+def test_shapes():
+    assert schedule.shape([2, 2]) == "2x2"
+    assert schedule.shape([1, 1, 1]) == "3x1"
+    assert schedule.shape([1, 2]) == "1+2"
+    assert schedule.shape([2, 1]) == "2+1"
+    with pytest.raises(ValueError, match="at least one rank"):
+        schedule.shape([2, 0])
+
+
+def test_committed_cuda_2x2_choices():
+    """Session 17's 2 x 2 H100: flat below 1 MiB (the hierarchical schedule's three steps lose
+    at 64 KiB), hierarchical from 1 MiB for all_reduce and all_gather, from 16 MiB for
+    reduce_scatter (1 MiB lost: 343 against 305 us); no broadcast or reduce measured: flat."""
+    want = {"all_reduce": 1 << 20, "all_gather_into_tensor": 1 << 20,
+            "reduce_scatter_tensor": 16 << 20}
+    for op, first in want.items():
+        assert schedule.choose("cuda", op, first - 1, "2x2") == "flat", op
+        assert schedule.choose("cuda", op, first, "2x2") == "hier", op
+        assert schedule.choose("cuda", op, 1 << 30, "2x2") == "hier", op
+    for op in ("broadcast", "reduce"):
+        assert schedule.choose("cuda", op, 1 << 26, "2x2") == "flat", op
+
+
+def _report(hosts, results, device="cpu"):
+    report = {"config": {"device": device}, "results": [
+        {"backend": b, "op": op, "size": size, "median_us": us, **kw}
+        for b, op, size, us, kw in results]}
+    if hosts:
+        report["hosts"] = hosts
+    return report
+
+
+def test_entry_from_a_report():
+    """entry(): the points of both backends, by size; a failed case is left out; the hosts
+    from the report, else from the caller; a report of other hosts than said is refused."""
+    report = _report([2, 2], [
+        ("g", "all_reduce", 4096, 10.04, {}), ("x", "all_reduce", 4096, 12.0, {}),
+        ("g", "all_reduce", 1024, 5.0, {}), ("x", "all_reduce", 1024, 4.0, {}),
+        ("g", "broadcast", 1024, 1.0, {"error": "boom"}), ("x", "broadcast", 1024, 1.0, {}),
+        ("g", "all_to_all_single", 1024, 1.0, {}), ("x", "all_to_all_single", 1024, 1.0, {})])
+    key, e = schedule.entry([("docs/results/x.json", report)], "g", "x")
+    assert key == ("cpu", "2x2")
+    assert e == {"sources": ["docs/results/x.json"], "hier": "g", "flat": "x",
+                 "ops": {"all_reduce": ((1024, 5.0, 4.0), (4096, 10.0, 12.0))}}
+    del report["hosts"]
+    assert schedule.entry([("f", report)], "g", "x", [1, 2])[0] == ("cpu", "1+2")
+    with pytest.raises(ValueError, match="names no hosts"):
+        schedule.entry([("f", report)], "g", "x")
+    report["hosts"] = [2, 2]
+    with pytest.raises(ValueError, match=r"hosts \[2, 2\] are not \[1, 2\]"):
+        schedule.entry([("f", report)], "g", "x", [1, 2])
+
+
+def test_entry_of_several_runs_takes_the_median():
+    """Three runs: each point is the median of theirs, so one disturbed run decides nothing;
+    a size one run lacks is left out; runs of other shapes or devices are not one entry."""
+    runs = [_report([2, 2], [("g", "all_reduce", 1024, g, {}), ("x", "all_reduce", 1024, x, {}),
+                             ("g", "all_reduce", 4096, 1.0, {}), ("x", "all_reduce", 4096, 2.0, {})])
+            for g, x in ((5.0, 4.0), (50.0, 4.5), (4.8, 3.0))]
+    runs[1]["results"] = runs[1]["results"][:2]  # the second run has no 4 KiB
+    _, e = schedule.entry([(f"r{i}", r) for i, r in enumerate(runs)], "g", "x")
+    assert e["ops"] == {"all_reduce": ((1024, 5.0, 4.0),)}
+    with pytest.raises(ValueError, match="share a device type and shape"):
+        schedule.entry([("a", runs[0]), ("b", dict(runs[0], hosts=[1, 2]))], "g", "x")
+    with pytest.raises(ValueError, match="share a device type and shape"):
+        schedule.entry([("a", runs[0]), ("b", dict(runs[0], config={"device": "cuda"}))],
+                       "g", "x")
