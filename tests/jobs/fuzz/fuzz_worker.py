@@ -8,14 +8,36 @@ checked against a float64 (integers: exact, wrapping) reference computed locally
 outputs poisoned first; results every member holds are compared bit for bit across the
 group's ranks at the end (through a gloo group, not the group under test).
 
+Threads (--threads T): T programs at once, one per thread, each over groups of its own (and
+on CUDA on a stream of its own). On CUDA they take turns to post: a sequence drawn from
+--seed, the same on every rank, says which program issues its next step, and a program
+issues only on its turn. NCCL's rule for concurrent communicators is that their kernels
+block waiting for peers, so every rank must launch the ops of different communicators in
+one order; threads that post as they are scheduled interleave differently on each rank and
+can hang the GPUs (measured: NCCL itself hangs on the unordered program at world 4). So a
+turn covers exactly the calls that post to peers (the step's issue: every torch.distributed
+call on a group under test, a synchronous op's own wait within it, the first use that
+creates a communicator, the object calls' several collectives, barrier,
+batch_isend_irecv), and nothing that blocks on the device or on a peer's later post
+(waits, futures, stream synchronisations, the checks' copies to the host, the digest
+comparison over the per-program gloo group) holds one: those run concurrently on each
+program's thread. Each step is one turn on every rank, a rank outside the step's group
+passing it on, so the sequence means the same everywhere; a program that ends (or fails)
+gives up its remaining turns. Groups are all made before the threads start, in one order.
+--free-threads posts unordered on CUDA as well (not a valid NCCL program: it may hang);
+on the CPU the threads run free (Gloo allows concurrent groups) unless GOSYM_FUZZ_TURNS=1
+asks for turns there too (how the turns are tested without a GPU).
+
 Run (from the repository root):
     PYTHONPATH=python:tests/jobs/common torchrun --nproc-per-node N \
-        tests/jobs/fuzz/fuzz_worker.py --seed S --ops K [--cuda] [--threads T]
+        tests/jobs/fuzz/fuzz_worker.py --seed S --ops K [--cuda] [--threads T [--free-threads]]
 A failure names the seed and the step, so one program replays it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import random
 import sys
@@ -47,6 +69,9 @@ def add_args(p):
     p.add_argument("--cuda", action="store_true")
     p.add_argument("--groups", type=int, default=3, help="random subgroups besides the world")
     p.add_argument("--threads", type=int, default=1, help="programs run at once, one per thread")
+    p.add_argument("--free-threads", action="store_true",
+                   help="on CUDA, threads post in any order instead of taking turns: not a valid NCCL program "
+                        "(NCCL needs one order of ops across communicators on every rank), it may hang")
 
 
 def draw_size(r: random.Random) -> int:
@@ -121,13 +146,67 @@ def close(got: torch.Tensor, ref: torch.Tensor, xs: list[torch.Tensor], op: str)
     return True, ""
 
 
+class Turns:
+    """Which program of this process posts next: a sequence of program indices, each index
+    once per step of its program, shuffled from the seed (the same on every rank). take(i)
+    blocks until the head of the sequence is i, skipping the programs that left; the turn
+    passes on when the with-block ends. Every grant is logged (the order the test compares
+    across ranks)."""
+
+    def __init__(self, programs: int, steps: int, seed: int, stall_s: float):
+        self.seq = [i for i in range(programs) for _ in range(steps)]
+        random.Random(seed * 7753 + 1).shuffle(self.seq)
+        self.pos = 0
+        self.gone: set[int] = set()
+        self.cond = threading.Condition()
+        self.stall_s = stall_s  # no turn passed on for this long: report a hang, not hang
+        self.log: list[tuple[int, int]] = []
+
+    def _skip(self):
+        while self.pos < len(self.seq) and self.seq[self.pos] in self.gone:
+            self.pos += 1
+
+    @contextlib.contextmanager
+    def take(self, i: int, step: int):
+        with self.cond:
+            while True:
+                if self.pos >= len(self.seq) or i in self.gone:
+                    raise RuntimeError(f"program {i} asked for a turn at step {step} and has none left")
+                if self.seq[self.pos] == i:
+                    break
+                pos = self.pos
+                if not self.cond.wait_for(lambda: self.pos != pos, timeout=self.stall_s):
+                    raise RuntimeError(f"program {i} waited {self.stall_s:.0f} s for its turn at step {step}: "
+                                       f"turn {pos} of {len(self.seq)}, program {self.seq[pos]}'s, never passed on")
+            self.log.append((i, step))
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.pos += 1
+                self._skip()
+                self.cond.notify_all()
+
+    def leave(self, i: int):
+        """Program i takes no more turns (it ended, or it failed): the sequence skips it."""
+        with self.cond:
+            self.gone.add(i)
+            self._skip()
+            self.cond.notify_all()
+
+    def digest(self) -> str:
+        return hashlib.sha1(repr(self.log).encode()).hexdigest()
+
+
 class Program:
     """Draws and runs the ops; checks each when its result is due."""
 
-    def __init__(self, args, rank, world, dev, seed, own_world=False):
+    def __init__(self, args, rank, world, dev, seed, own_world=False, turns=None, index=0):
         """own_world: the program's "world" is a group of its own (programs run at once on
-        several threads share no group, as torch requires)."""
+        several threads share no group, as torch requires). turns: the Turns its steps
+        post by (program index in it), or None to post freely."""
         self.args, self.rank, self.world, self.dev, self.seed = args, rank, world, dev, seed
+        self.turns, self.index = turns, index
         self.r = random.Random(seed)  # the program: drawn alike on every rank
         self.local = random.Random(seed * 1009 + rank)  # this rank's own order of waits
         self.ck = wc.Checker(rank)
@@ -182,6 +261,11 @@ class Program:
         return t, base
 
     # -- running ------------------------------------------------------------------------
+    def turn(self, step):
+        """Held while the step posts (see the module's docstring): nothing in it may wait
+        for the device or for another program's later post."""
+        return self.turns.take(self.index, step) if self.turns else contextlib.nullcontext()
+
     def run(self):
         slow = float(os.environ.get("GOSYM_FUZZ_SLOW_S", "0"))  # report steps slower than this
         for step in range(self.args.ops):
@@ -269,27 +353,32 @@ class Program:
         if os.environ.get("GOSYM_FUZZ_TRACE") == "1":  # every step named as it starts
             print(f"fuzz rank {self.rank}: begins {case}", file=sys.stderr, flush=True)
         if self.rank not in members:
-            return
+            with self.turn(step):  # the step's turn on every rank: passed on here
+                return
         self.counts[kind] = self.counts.get(kind, 0) + 1
         me = members.index(self.rank)
         ctx = dict(step=step, case=case, group=group, members=members, me=me, dtype=dtype, n=n, op=op,
                    root=root, shift=shift, splits=splits, sizes=sizes, strided=strided, batch=batch,
                    variant=variant, count=count)
         self.cur = torch.device("cpu") if on_cpu else self.dev
+        # inputs and outputs made (host-to-device copies that wait for this thread's stream)
+        # before the turn; the turn covers the post alone: a synchronous op's wait within
+        # issue() needs only the peers' posts of this same turn
         issue, check = getattr(self, "op_" + kind)(**ctx)
-        try:
-            if stream:
-                s = self.side[stream - 1]
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
+        with self.turn(step):
+            try:
+                if stream:
+                    s = self.side[stream - 1]
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        work = issue(is_async)
+                    if not is_async:
+                        torch.cuda.current_stream().wait_stream(s)
+                else:
                     work = issue(is_async)
-                if not is_async:
-                    torch.cuda.current_stream().wait_stream(s)
-            else:
-                work = issue(is_async)
-        except Exception as e:  # noqa: BLE001 - reported
-            self.ck.fail(case, f"raised {wc.error_text(e)}")
-            return
+            except Exception as e:  # noqa: BLE001 - reported
+                self.ck.fail(case, f"raised {wc.error_text(e)}")
+                return
         if is_async:
             self.pending.append((case, work, check))
         else:
@@ -501,9 +590,10 @@ class Program:
         x = self.inp(step, self.rank, n, dtype)
         peers = [m for m in members if m != self.rank]
         outs = {p: self.buffer(n, dtype, False)[0] for p in peers}
+        ins = {p: self.put(x) for p in peers}  # here, not in issue(): the copies wait for the stream
 
         def issue(is_async):
-            ops = [o for p in peers for o in (dist.P2POp(dist.isend, self.put(x), p, group=group),
+            ops = [o for p in peers for o in (dist.P2POp(dist.isend, ins[p], p, group=group),
                                               dist.P2POp(dist.irecv, outs[p], p, group=group))]
             works = dist.batch_isend_irecv(ops) if ops else []
             if is_async:
@@ -620,6 +710,9 @@ class Both:
 
 def run_all(progs):
     """Runs the programs, at once on threads of their own when there are several."""
+    # Turns on CUDA (progs' Turns) for NCCL's rule on concurrent communicators: its kernels
+    # block waiting for their peers, so ops of different communicators launched in an order
+    # that differs between ranks (threads scheduled differently on each) can hang the GPUs.
     def run(p):
         try:
             if p.args.cuda:
@@ -633,6 +726,9 @@ def run_all(progs):
             p.run()
         except Exception as e:  # noqa: BLE001 - reported
             p.ck.fail(f"seed {p.seed}", f"the program raised {wc.error_text(e)}")
+        finally:
+            if p.turns:  # the others must not wait for turns of a program that ended
+                p.turns.leave(p.index)
     if len(progs) == 1:
         return run(progs[0])
     threads = [threading.Thread(target=run, args=(p,), name=f"fuzz-{p.seed}") for p in progs]
@@ -653,9 +749,13 @@ def main():
     else:
         rank, world = wc.init(args.backend, args.timeout)
         dev = torch.device("cpu")
+    # turns: on CUDA (NCCL's rule, see run_all); on the CPU only when asked (a test of the turns)
+    ordered = args.threads > 1 and not args.free_threads and (
+        args.cuda or os.environ.get("GOSYM_FUZZ_TURNS") == "1")
+    turns = Turns(args.threads, args.ops, args.seed, stall_s=max(120.0, 3 * args.timeout)) if ordered else None
     # groups are made here, program by program, in the same order on every rank
-    progs = [Program(args, rank, world, dev, args.seed + 7919 * i, own_world=args.threads > 1)
-             for i in range(args.threads)]
+    progs = [Program(args, rank, world, dev, args.seed + 7919 * i, own_world=args.threads > 1, turns=turns,
+                     index=i) for i in range(args.threads)]
     run_all(progs)
     if args.cuda:
         torch.cuda.synchronize()
@@ -664,6 +764,8 @@ def main():
         ck.failures += p.ck.failures
         ck.passed += p.ck.passed
         ck.info.setdefault("ops_run", {})[p.seed] = p.counts
+    if turns:  # the order the turns were granted in: the same on every rank
+        ck.info["turns"] = {"taken": len(turns.log), "order": turns.digest()}
     wc.write_result(ck.result(digests={f"{p.seed}/{k}": v for p in progs for k, v in p.digests.items()}))
     wc.print_summary(ck, f"fuzz seed {args.seed}" + (f" x{args.threads} threads" if args.threads > 1 else ""))
     dist.destroy_process_group()

@@ -38,11 +38,24 @@ def test_fuzz_threads(world, outdir):
                        outdir=outdir))
 
 
+def test_fuzz_turns(outdir):
+    """Three programs at once taking turns to post, as on CUDA (NCCL's rule: one order of
+    ops across communicators on every rank), here on the CPU (GOSYM_FUZZ_TURNS=1): every
+    result checked, every step's turn granted, in the same order on every rank."""
+    res = run_torchrun("fuzz_worker", 4, fuzz_args(SEEDS[0], "--threads", 3, "--timeout", 60), timeout=600,
+                       outdir=outdir, env={"GOSYM_FUZZ_TURNS": "1"})
+    check(res)
+    turns = [r["info"].get("turns") for r in res.results]
+    assert all(t and t["taken"] == 3 * int(OPS) for t in turns), f"turns not taken as the sequence says: {turns}"
+    assert len({t["order"] for t in turns}) == 1, f"ranks granted the turns in different orders: {turns}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_fuzz_cuda(seed, threads, outdir):
-    """One rank per GPU, ops on the current and on side streams, some on the CPU."""
+    """One rank per GPU, ops on the current and on side streams, some on the CPU; two
+    threads post by turns (as NCCL requires)."""
     world = cuda_device_count()
     if world < 2:
         pytest.skip(f"needs 2 GPUs, found {world}")
