@@ -10,6 +10,8 @@
 //               every pair of ranks as LL lines (ll.cuh): broadcast,
 //               all-gather, all-to-all, gather and scatter of small inputs in
 //               one launch with no barrier.
+//   gs_bcast_relay  a broadcast by scatter and relay: each byte leaves the
+//               root once (large broadcasts at three ranks or more).
 //   gs_barrier  a stream-ordered barrier of all ranks: launch 1 block of 32.
 //   gs_sema_wait  the waiting half of the semaphore protocol (sema.go):
 //               launch 1 block of 32.
@@ -163,4 +165,93 @@ extern "C" __global__ void __launch_bounds__(32) gs_sema_wait(gs_sema_params p) 
 		return;
 	}
 	gs_st_release(sem, 0u);
+}
+
+// Broadcast by scatter and relay (the pipelined ring's traffic on a switch):
+// the bytes are cut into world-1 chunks, one per non-root; the non-root of
+// index j (ranks in order, the root left out) pulls chunk j from the root
+// into its own output, slice by slice, publishing each slice (PROG word of
+// its block, release), while it pulls every other non-root's chunk from
+// that rank's output as soon as the slices are there. The root's egress
+// carries each byte once and every rank's ingress each byte once, so the
+// op runs near one link's bandwidth, where every peer reading the root
+// shares the root's egress world-1 ways. Blocks [0, G) of a non-root pull
+// from the root (first, so that the host emulation, which runs blocks one
+// after another, meets them before their readers); block i*G+b (i >= 1)
+// relays sub-range b of the chunk of non-root j+i (mod world-1). Sub-range
+// b of every chunk is a fixed per bytes; its slices are step bytes. The
+// last thread of a block publishes, after every thread fenced its copy; the
+// first thread polls (so both are right when a block's threads run one
+// after another). The root's blocks copy its input to its output (when
+// apart) and account for the slices it will not wait for (SEEN words), so
+// that every rank's counts stay in step whoever is root.
+extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_bcast_relay(gs_relay_params p) {
+	if (!gs_config_ok(p.pads, p.world, p.rank))
+		return;
+	gs_u32 *own = p.pads[p.rank];
+	const int m = p.world - 1, G = p.blocks;
+	if (m < 1 || G < 1 || p.root < 0 || p.root >= p.world || (int)gridDim.x != G * m || p.step == 0 ||
+	    p.step % 16u != 0) {
+		if (threadIdx.x == 0)
+			gs_record_error(own, GS_ERR_CONFIG, (gs_u32)G, 2);
+		return;
+	}
+	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
+		return;
+	const int role = blockIdx.x / G, b = blockIdx.x % G;
+	const gs_u64 chunk = ((p.bytes + m - 1) / m + 15u) / 16u * 16u;
+	const gs_u64 per = ((chunk + G - 1) / G + 15u) / 16u * 16u;
+	const gs_u64 slices = (per + p.step - 1) / p.step;
+	if (p.rank == p.root) {
+		const int q = role < p.root ? role : role + 1;
+		if (threadIdx.x == 0)
+			own[GS_PAD_RELAY_SEEN + q * GS_MAX_BLOCKS + b] += (gs_u32)slices;
+		if (p.outs[p.rank] != p.src)
+			gs_copy_block_share((char *)p.outs[p.rank], (const char *)p.src, p.bytes);
+	} else {
+		const int j = p.rank < p.root ? p.rank : p.rank - 1;
+		const int cj = (j + role) % m;      // whose chunk: this rank's own for role 0
+		const int q = cj < p.root ? cj : cj + 1; // that chunk's rank
+		const char *from = role == 0 ? (const char *)p.src : (const char *)p.outs[q];
+		char *to = (char *)p.outs[p.rank];
+		const gs_u64 end = (cj + 1) * chunk < p.bytes ? (cj + 1) * chunk : p.bytes;
+		const gs_u64 lo = cj * chunk + b * per;
+		gs_u32 *prog = own + GS_PAD_RELAY_PROG + b;
+		gs_u32 *seen = own + GS_PAD_RELAY_SEEN + q * GS_MAX_BLOCKS + b;
+		const gs_u32 base = role == 0 ? *prog : *seen;
+		gs_u32 have = base; // what the first thread last saw of q's count
+		for (gs_u64 k = 0; k < slices; ++k) {
+			gs_u64 s_lo = lo + k * p.step, s_hi = s_lo + p.step;
+			s_hi = s_hi < lo + per ? s_hi : lo + per;
+			s_hi = s_hi < end ? s_hi : end;
+			if (role != 0) {
+				int failed = 0;
+				const gs_u32 want = base + (gs_u32)k + 1u;
+				if (threadIdx.x == 0 && (int)(have - want) < 0) {
+					const gs_u32 *flag = p.pads[q] + GS_PAD_RELAY_PROG + b;
+					if (gs_poll(flag, GsReached{want}, p.timeout_ns, own))
+						have = gs_ld_acquire(flag);
+					else {
+						gs_record_error(own, GS_ERR_TIMEOUT, GS_RELAY_DETAIL | ((gs_u32)b << 8) | (gs_u32)q,
+						                1u << q);
+						failed = 1;
+					}
+				}
+				if (__syncthreads_or(failed))
+					return;
+			}
+			if (s_lo < s_hi)
+				gs_copy_seg(to + s_lo, from + s_lo, s_hi - s_lo, threadIdx.x, blockDim.x);
+			if (role == 0) {
+				__threadfence_system();
+				__syncthreads();
+				if (threadIdx.x == blockDim.x - 1)
+					gs_st_release(prog, base + (gs_u32)k + 1u);
+			}
+		}
+		if (role != 0 && threadIdx.x == 0)
+			*seen = base + (gs_u32)slices;
+	}
+	__threadfence_system();
+	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
 }

@@ -26,7 +26,7 @@
 #define GS_LL_BLOCKS 64
 #define GS_LL_LINES 1024
 #define GS_LL_WAIT 16777216
-#define GS_PAD_USED 5216
+#define GS_PAD_USED 6368
 #define GS_ERR_TIMEOUT 1
 #define GS_ERR_CONFIG 2
 #define GS_SYNC_START 1
@@ -67,6 +67,9 @@
 #define GS_A2AV_WAIT_SLOT 0
 #define GS_A2AV_WAIT_DATA 1
 #define GS_A2AV_MISMATCH 2
+#define GS_PAD_RELAY_PROG 5216
+#define GS_PAD_RELAY_SEEN 5344
+#define GS_RELAY_DETAIL 134217728
 
 struct gs_ar_params { // 208 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
@@ -157,6 +160,19 @@ struct gs_a2av_params { // 424 bytes, Go: cuda.A2AVParams
 	int nb;                                  // offset 408
 	int world;                               // offset 412
 	int rank;                                // offset 416
+};
+
+struct gs_relay_params { // 176 bytes, Go: cuda.RelayParams
+	void *outs[GS_MAX_RANKS];                // offset 0
+	unsigned int *pads[GS_MAX_RANKS];        // offset 64
+	const void *src;                         // offset 128
+	unsigned long long bytes;                // offset 136
+	unsigned long long step;                 // offset 144
+	unsigned long long timeout_ns;           // offset 152
+	int world;                               // offset 160
+	int rank;                                // offset 164
+	int root;                                // offset 168
+	int blocks;                              // offset 172
 };
 
 #endif // GOSYM_PARAMS_CUH

@@ -108,8 +108,8 @@ for s in "${steps[@]}"; do
 		ngpu=$(nvidia-smi -L | wc -l)
 		echo "== fuzzer on CUDA at world $ngpu, seed ${GOSYM_FUZZ_SEED:-101}, threads ${GOSYM_FUZZ_THREADS:-1}"
 		mkdir -p /tmp/fuzz-slow
-		GOSYM_FUZZ_SLOW_S=1 GOSYM_TEST_OUT=/tmp/fuzz-slow timeout "${GOSYM_FUZZ_S:-240}" torchrun --nproc-per-node "$ngpu" \
-			tests/workers/fuzz_worker.py --cuda --seed "${GOSYM_FUZZ_SEED:-101}" --ops "${GOSYM_FUZZ_OPS:-300}" \
+		GOSYM_FUZZ_SLOW_S=1 GOSYM_TEST_OUT=/tmp/fuzz-slow PYTHONPATH=python:tests/jobs/common:tests/jobs/fuzz timeout "${GOSYM_FUZZ_S:-240}" torchrun --nproc-per-node "$ngpu" \
+			tests/jobs/fuzz/fuzz_worker.py --cuda --seed "${GOSYM_FUZZ_SEED:-101}" --ops "${GOSYM_FUZZ_OPS:-300}" \
 			--threads "${GOSYM_FUZZ_THREADS:-1}" --backend "${GOSYM_FUZZ_BACKEND:-gosym}" --timeout 60 >/tmp/fuzz-slow/log 2>&1
 		echo "exit $?"; grep -E "^fuzz rank|rror|FAIL" /tmp/fuzz-slow/log | tail -40
 		cp /tmp/fuzz-slow/log "$out/fuzz-slow.log" ;;

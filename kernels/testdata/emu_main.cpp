@@ -947,6 +947,79 @@ static void copy_case(int world, size_t chunk, unsigned grid, unsigned block, Pa
 	passed++;
 }
 
+// Broadcast by scatter and relay (gs_bcast_relay): a run of broadcasts on
+// one group, each from the root roots[i] (the counts of the pads carry over
+// from op to op, whoever is root), in place or not, at odd offsets; every
+// rank's output against the root's input, guards intact, no pad error.
+static void relay_case(int world, const std::vector<int> &roots, size_t bytes, int blocks, size_t step,
+                       size_t mis, bool inplace, Pads &pads) {
+	std::string name = "relay world=" + std::to_string(world) + " bytes=" + std::to_string(bytes) +
+	                   " blocks=" + std::to_string(blocks) + " step=" + std::to_string(step);
+	for (int root : roots) {
+		std::vector<Buf> in, out;
+		for (int r = 0; r < world; ++r) {
+			in.emplace_back(bytes, mis);
+			for (size_t i = 0; i < bytes; ++i)
+				in.back().data()[i] = (unsigned char)rng();
+			out.emplace_back(bytes, (mis * 3 + r) % 16);
+		}
+		std::vector<gs_relay_params> ps(world);
+		for (int r = 0; r < world; ++r) {
+			gs_relay_params &p = ps[r];
+			memset(&p, 0, sizeof p);
+			for (int q = 0; q < world; ++q) {
+				p.outs[q] = inplace && q == root ? in[q].data() : out[q].data();
+				p.pads[q] = pads.at(q);
+			}
+			p.src = in[root].data();
+			p.bytes = bytes;
+			p.step = step;
+			p.timeout_ns = 5000000000ull;
+			p.world = world;
+			p.rank = r;
+			p.root = root;
+			p.blocks = blocks;
+		}
+		run_all(gs_bcast_relay, ps, (unsigned)(blocks * (world - 1)), 64);
+		std::string err = pads.errors();
+		if (!err.empty())
+			return fail(name + " root=" + std::to_string(root) + ": pad errors" + err);
+		for (int r = 0; r < world; ++r) {
+			Buf &o = inplace && r == root ? in[r] : out[r];
+			if (!o.guards_intact())
+				return fail(name + ": write outside rank " + std::to_string(r) + "'s output");
+			if (memcmp(o.data(), in[root].data(), bytes) != 0)
+				return fail(name + " root=" + std::to_string(root) + ": rank " + std::to_string(r) + "'s output");
+		}
+	}
+	passed++;
+}
+
+// gs_bcast_relay refuses a grid that is not blocks*(world-1), and a step
+// that is not a multiple of 16, with a config error and no write.
+static void relay_config_case() {
+	Pads pads(3);
+	Buf in(64, 0), out(64, 0);
+	gs_relay_params p;
+	memset(&p, 0, sizeof p);
+	for (int q = 0; q < 3; ++q) {
+		p.outs[q] = out.data();
+		p.pads[q] = pads.at(q);
+	}
+	p.src = in.data();
+	p.bytes = 64;
+	p.step = 16;
+	p.world = 3;
+	p.rank = 1;
+	p.blocks = 2;
+	run_rank(gs_bcast_relay, p, 3, 32); // the grid must be 4
+	p.step = 24;
+	run_rank(gs_bcast_relay, p, 4, 32);
+	if (pads.at(1)[GS_PAD_ERROR] != GS_ERR_CONFIG || !out.untouched())
+		return fail("relay config: error " + std::to_string(pads.at(1)[GS_PAD_ERROR]));
+	passed++;
+}
+
 static void barrier_case(int world, Pads &pads, int times) {
 	std::vector<gs_barrier_params> ps(world);
 	for (int r = 0; r < world; ++r) {
@@ -1327,6 +1400,18 @@ int main() {
 			copy_case(world, chunk, grids[rng() % 3], blocks[rng() % 3], pads[world]);
 	for (int world : worlds)
 		barrier_case(world, pads[world], 5);
+	for (int world = 2; world <= GS_MAX_RANKS; ++world) {
+		Pads rp(world);
+		std::vector<int> roots;
+		for (int i = 0; i < 3; ++i)
+			roots.push_back((int)(rng() % world));
+		roots.push_back(world - 1);
+		for (size_t bytes : {1, 15, 16, 100, 4097, 65536 + 3})
+			for (int blocks : {1, 3})
+				relay_case(world, roots, bytes, blocks, 16u << (rng() % 8), rng() % 16, rng() % 2, rp);
+		relay_case(world, {0, world - 1, 0}, 300000, 2, 4096, 5, false, rp);
+	}
+	relay_config_case();
 	timeout_case();
 	config_case();
 	for (int world : worlds)

@@ -369,13 +369,15 @@ PATH_COUNTERS = ("gpu_ops", "gpu_direct_ops", "gpu_reg_direct_ops", "gpu_ll_move
 
 def path_of(before, after):
     """Which CUDA path a case's ops took, from the counters' growth over its run: 'll' (one
-    LL launch), 'direct' (the peers' own buffers), 'paced' (gs_a2av), else 'staged', with the
+    LL launch), 'direct' (the peers' own buffers), 'relay' (a broadcast by scatter and relay on
+    them), 'paced' (gs_a2av), else 'staged', with the
     reduction algorithms that ran (gpu_algo_*). Mixed paths are joined with '+'."""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after if isinstance(after.get(k), int)}
     ops = d.get("gpu_ops", 0)
     if ops <= 0:
         return "none"
-    parts = {"ll": d.get("gpu_ll_moves", 0), "direct": d.get("gpu_direct_ops", 0),
+    relay = d.get("gpu_relay_ops", 0)  # direct ops that ran gs_bcast_relay
+    parts = {"ll": d.get("gpu_ll_moves", 0), "relay": relay, "direct": d.get("gpu_direct_ops", 0) - relay,
              "paced": d.get("gpu_paced_all_to_all", 0)}
     named = sum(parts.values())
     if named < ops:

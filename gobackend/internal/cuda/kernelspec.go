@@ -71,6 +71,7 @@ var (
 	P2PRecvKernel  = &Kernel{Name: "gs_p2p_recv", Source: "p2p.cu", Params: []*Struct{p2pLayout}}
 	LLMoveKernel   = &Kernel{Name: "gs_llmove", Source: "copy.cu", Params: []*Struct{llMoveLayout}}
 	A2AVKernel     = &Kernel{Name: "gs_a2av", Source: "p2p.cu", Params: []*Struct{a2avLayout}}
+	RelayKernel    = &Kernel{Name: "gs_bcast_relay", Source: "copy.cu", Params: []*Struct{relayLayout}}
 	allKernels     = buildKernels()
 	kernelByName   = func() map[string]*Kernel {
 		m := map[string]*Kernel{}
@@ -107,7 +108,8 @@ var nvlsPairs = []struct {
 func nvlsKernelName(typ, op string) string { return "gs_nvls_" + typ + "_" + op }
 
 func buildKernels() []*Kernel {
-	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel, LLMoveKernel, A2AVKernel}
+	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel, LLMoveKernel, A2AVKernel,
+		RelayKernel}
 	for _, a := range []Algo{OneShot, TwoShot, Pull, LL} {
 		for _, t := range reduceTypes {
 			for _, op := range []string{"sum", "prod", "min", "max"} {

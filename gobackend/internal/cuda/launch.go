@@ -54,7 +54,7 @@ type Kernel struct {
 
 // Param is a value that can be passed as a kernel parameter: one of the
 // parameter structs of this package (ARParams, CopyParams, BarrierParams,
-// SemaParams, NVLSParams, P2PParams, LLMoveParams).
+// SemaParams, NVLSParams, P2PParams, LLMoveParams, A2AVParams, RelayParams).
 type Param interface {
 	kernelParam() (*Struct, unsafe.Pointer)
 }
@@ -71,6 +71,9 @@ func (p *LLMoveParams) kernelParam() (*Struct, unsafe.Pointer) {
 	return llMoveLayout, unsafe.Pointer(p)
 }
 func (p *A2AVParams) kernelParam() (*Struct, unsafe.Pointer) { return a2avLayout, unsafe.Pointer(p) }
+func (p *RelayParams) kernelParam() (*Struct, unsafe.Pointer) {
+	return relayLayout, unsafe.Pointer(p)
+}
 
 // Module is a loaded CUBIN/PTX image, bound to the context it was loaded in.
 type Module struct {

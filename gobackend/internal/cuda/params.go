@@ -70,6 +70,18 @@ const (
 	A2AVWaitData = 1 // a receiver block waited for its sender's chunk
 	A2AVMismatch = 2 // the sender's piece has another size than the receiver expects
 
+	// Broadcast by scatter and relay (copy.cu, gs_bcast_relay): word
+	// PadRelayProgWord+b counts the slices block b of this rank pulled from
+	// the root into its own chunk (written by that block, release; read by
+	// the peers that relay the chunk), and PadRelaySeenWord+q*MaxBlocks+b
+	// how many of rank q's block b this rank has accounted for (local).
+	// Both only grow, by the same number of slices on every rank per op.
+	PadRelayProgWord = PadA2AVHdrWord + 2*MaxRanks*A2AVBlocks
+	PadRelaySeenWord = PadRelayProgWord + MaxBlocks
+	// GS_RELAY_DETAIL: set in the detail of a timeout gs_bcast_relay
+	// recorded, with block << 8 | the peer whose chunk it waited for.
+	RelayDetail = 1 << 27
+
 	// Low-latency all-reduce (gs_ll): block b of a launch sends LLLines
 	// lines of 16 bytes to every peer, each 8 data bytes with the launch's
 	// flag twice, into the peer's LL area: blocks × 2 (parity) × world ×
@@ -149,7 +161,7 @@ const (
 
 const (
 	padErrorEnd         = PadAbortDetailWord + 1 // one past the error words, the host pointer and the abort words
-	padUsedWords        = PadA2AVHdrWord + 2*MaxRanks*A2AVBlocks
+	padUsedWords        = PadRelaySeenWord + MaxRanks*MaxBlocks
 	defaultReduceBlocks = 24 // PyTorch's one-shot limit (register-heavy kernels)
 	defaultCopyBlocks   = 32
 	vectorBytes         = 16
@@ -180,6 +192,7 @@ const (
 	// A gs_a2av detail has room for its block and peer.
 	_ = uint(256 - A2AVBlocks)
 	_ = uint(A2AVDetail - LLWaitDetail*2)
+	_ = uint(RelayDetail - SigDetail*2)
 	// The p2p control words fit their allocation.
 	_ = uint(P2PGoneWord - P2PErrorWord - P2PErrorWords)
 	_ = uint(HostErrorWords - P2PErrorWords)
@@ -253,6 +266,9 @@ var headerConsts = []struct {
 	{"GS_A2AV_WAIT_SLOT", A2AVWaitSlot},
 	{"GS_A2AV_WAIT_DATA", A2AVWaitData},
 	{"GS_A2AV_MISMATCH", A2AVMismatch},
+	{"GS_PAD_RELAY_PROG", PadRelayProgWord},
+	{"GS_PAD_RELAY_SEEN", PadRelaySeenWord},
+	{"GS_RELAY_DETAIL", RelayDetail},
 }
 
 // ARParams is the one parameter of the all-reduce kernels (gs_ar_params).
@@ -339,6 +355,28 @@ type A2AVParams struct {
 	NB        int32             `cuda:"nb,int"`                        // blocks per pair and direction, 1..A2AVBlocks
 	World     int32             `cuda:"world,int"`
 	Rank      int32             `cuda:"rank,int"`
+}
+
+// RelayParams is the parameter of gs_bcast_relay, a broadcast of Bytes
+// from the root's Src by scatter and relay: the world-1 other ranks each
+// pull one chunk from the root into their own output (Outs[Rank]) slice by
+// slice, and pull every other non-root's chunk from that rank's output as
+// soon as its slices are there (PadRelayProgWord). The root sends each
+// byte once and every rank receives it once, as on a pipelined ring.
+// Blocks blocks per chunk (the grid is Blocks*(World-1), the same on
+// every rank); Step bytes per slice (a multiple of 16). Outs[q] is rank
+// q's output mapped here; Src the root's input mapped here.
+type RelayParams struct {
+	Outs      [MaxRanks]uintptr `cuda:"outs,void *,GS_MAX_RANKS"`
+	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
+	Src       uintptr           `cuda:"src,const void *"`
+	Bytes     uint64            `cuda:"bytes,unsigned long long"`
+	Step      uint64            `cuda:"step,unsigned long long"`
+	TimeoutNs uint64            `cuda:"timeout_ns,unsigned long long"`
+	World     int32             `cuda:"world,int"`
+	Rank      int32             `cuda:"rank,int"`
+	Root      int32             `cuda:"root,int"`
+	Blocks    int32             `cuda:"blocks,int"`
 }
 
 // BarrierParams is the parameter of gs_barrier (one block of 32 threads).
@@ -516,8 +554,9 @@ var (
 	p2pLayout     = mustLayout("gs_p2p_params", P2PParams{})
 	llMoveLayout  = mustLayout("gs_llmove_params", LLMoveParams{})
 	a2avLayout    = mustLayout("gs_a2av_params", A2AVParams{})
+	relayLayout   = mustLayout("gs_relay_params", RelayParams{})
 	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout, semaLayout, nvlsLayout, p2pLayout, llMoveLayout,
-		a2avLayout}
+		a2avLayout, relayLayout}
 )
 
 // C renders the struct declaration, with offsets as comments.

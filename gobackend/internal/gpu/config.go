@@ -29,6 +29,9 @@ type Config struct {
 	// differ, which agrees on them on the host anyway, so reading in
 	// place costs it one round less than it costs the others
 	a2avDirectMin int
+	// GOSYM_GPU_RELAY_MIN, _BLOCKS, _SLICE: broadcast by scatter and relay
+	// (gs_bcast_relay) at three ranks or more, on the direct path
+	relayMin, relayBlocks, relaySlice int
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
 	captureDirectMin int
@@ -61,6 +64,9 @@ func ConfigFromEnv() Config {
 		// Measured on 2×H200: direct wins from 4 MiB, not at 1 MiB
 		// (docs/DECISIONS.md).
 		a2avDirectMin: config.GPUA2AVDirectMin.Get(),
+		relayMin:      config.GPURelayMin.Get(),
+		relayBlocks:   config.GPURelayBlocks.Get(),
+		relaySlice:    config.GPURelaySlice.Get(),
 		// Measured on 2×H200: see docs/DECISIONS.md.
 		captureDirectMin: config.GPUCaptureDirectMin.Get(),
 		regMin:           config.GPURegDirectMin.Get(),

@@ -543,15 +543,22 @@ func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, er
 	}
 	var mine []spanRec // what peers will address in this rank's memory
 	relevant := everyone(t.world)
+	published := op.In // the address peers read of this rank's (after the record)
+	relay := op.Kind == ops.Broadcast && t.relays(n)
 	switch op.Kind {
 	case ops.AllReduce, ops.AllGather:
 		mine = append(mine, spanRec{op.In, n})
 	case ops.Broadcast:
-		if t.rank == op.Root {
+		switch {
+		case t.rank == op.Root:
 			mine = append(mine, spanRec{op.In, n})
+		case relay: // the others relay from this rank's output
+			mine, published = append(mine, spanRec{op.Out, n}), op.Out
 		}
-		relevant = make([]bool, t.world)
-		relevant[op.Root] = true
+		if !relay {
+			relevant = make([]bool, t.world)
+			relevant[op.Root] = true
+		}
 	case ops.ReduceScatter:
 		for _, pc := range op.InPieces {
 			mine = append(mine, spanRec{pc.Addr, n})
@@ -575,7 +582,7 @@ func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, er
 	if op.Kind == ops.AllReduce && op.In != op.Out {
 		le.PutUint64(meta, 0) // two-shot runs in place: every rank takes the staged path
 	}
-	le.PutUint64(meta[regionBytes:], uint64(op.In))
+	le.PutUint64(meta[regionBytes:], uint64(published))
 	for r, pc := range op.InPieces {
 		le.PutUint64(meta[regionBytes+8+8*r:], uint64(pc.Addr))
 	}
@@ -603,6 +610,9 @@ func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, er
 		}
 		return true, t.moveDirect(segs, n, s)
 	case ops.Broadcast:
+		if relay {
+			return true, t.relayBroadcast(op, n, in, s)
+		}
 		var segs []copySeg
 		if t.rank != op.Root {
 			segs = append(segs, copySeg{op.Out, in(op.Root), n})
@@ -625,6 +635,48 @@ func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, er
 		p.Numel, p.Out = uint64(op.Count), op.Out
 		return true, t.reduceKernel(op, cuda.TwoShot, &p, s)
 	}
+}
+
+// relays says whether a broadcast of n bytes runs by scatter and relay:
+// from three ranks, where every peer reading the root would share the
+// root's egress world-1 ways (the same answer on every rank).
+func (t *Team) relays(n uintptr) bool {
+	return t.world >= 3 && int(n) >= t.cfg.relayMin
+}
+
+// relayBroadcast runs gs_bcast_relay (copy.cu) after the direct path's
+// agreement: in(r) is rank r's published buffer mapped here, the root's
+// input and the others' outputs.
+func (t *Team) relayBroadcast(op *ops.Op, n uintptr, in func(int) uintptr, s cuda.Stream) error {
+	f, err := t.function(cuda.RelayKernel)
+	if err != nil {
+		return err
+	}
+	t.used = true
+	t.counters.relayOps.Add(1)
+	m := t.world - 1
+	g := max(min(t.cfg.relayBlocks, cuda.MaxBlocks/m), 1)
+	p := cuda.RelayParams{Pads: t.pads, Src: in(op.Root), Bytes: uint64(n), Step: relayStep(uint64(n), m, g, t.cfg.relaySlice),
+		TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank), Root: int32(op.Root), Blocks: int32(g)}
+	for q := range t.world {
+		p.Outs[q] = in(q)
+	}
+	p.Outs[t.rank] = op.Out
+	if t.rank == op.Root {
+		p.Src = op.In
+	}
+	_, block := cuda.CopyGrid(0)
+	return t.g.d.Launch(f, cuda.D1(uint32(g*m)), block, 0, s, &p)
+}
+
+// relayStep is gs_bcast_relay's slice for n bytes over m chunks of g
+// blocks each: an eighth of a block's share (a relaying block trails its
+// puller by about one slice), from 16 KiB up to most, a multiple of 16.
+func relayStep(n uint64, m, g, most int) uint64 {
+	up16 := func(v uint64) uint64 { return (v + 15) / 16 * 16 }
+	chunk := up16((n + uint64(m) - 1) / uint64(m))
+	per := up16((chunk + uint64(g) - 1) / uint64(g))
+	return up16(min(max(per/8, 16<<10), uint64(max(most, 16))))
 }
 
 // allToAllRegistered says whether an equal-split all_to_all of n bytes per

@@ -57,6 +57,7 @@ type State struct {
 // Counters count what the data plane did, for the endpoint's stats.
 type Counters struct {
 	directOps atomic.Int64 // ops that ran on the peers' own buffers (direct.go)
+	relayOps  atomic.Int64 // of those, broadcasts by scatter and relay (gs_bcast_relay)
 	ipcOpens  atomic.Int64 // peer allocations mapped (cache misses)
 	ipcHits   atomic.Int64 // peer allocations found mapped
 	llMoves   atomic.Int64 // data movement by one gs_llmove launch (ops.go, llMove)
@@ -124,6 +125,7 @@ func (g *State) Stats(m map[string]any) {
 	m["gpu_device"] = int(g.device.Load()) - 1
 	m["gpu_stage_bytes"] = g.stage.Load()
 	m["gpu_direct_ops"] = g.counters.directOps.Load()
+	m["gpu_relay_ops"] = g.counters.relayOps.Load()
 	m["gpu_ipc_opens"] = g.counters.ipcOpens.Load()
 	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
 	m["gpu_ll_moves"] = g.counters.llMoves.Load()

@@ -152,6 +152,7 @@ static CUfunc_st functions[] = {
     GS_AR_TYPES(AR_ONESHOT) GS_AR_TYPES(AR_TWOSHOT) GS_AR_TYPES(AR_PULL) GS_AR_TYPES(AR_LL)
     {FN(gs_copy, gs_copy_params)},
     {FN(gs_llmove, gs_llmove_params)},
+    {FN(gs_bcast_relay, gs_relay_params)},
     {FN(gs_barrier, gs_barrier_params)},
     {FN(gs_sema_wait, gs_sema_params)},
     NVLS(f32, sum) NVLS(f16, sum) NVLS(f16, min) NVLS(f16, max) NVLS(bf16, sum) NVLS(bf16, min)
