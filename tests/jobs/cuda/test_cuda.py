@@ -50,9 +50,10 @@ def cuda_job(request, tmp_path_factory):
 def cuda_direct_job(tmp_path_factory):
     """Every op large enough for the direct path (peers' own buffers through CUDA IPC),
     small all_reduce included (no LL kernel, which comes first), skewed all_to_all
-    included (the host agreement leads there)."""
+    included (the host agreement leads there), every broadcast by scatter and relay from
+    three ranks (down to one element: chunks and slices of every shape)."""
     return _worker_job(tmp_path_factory, "cuda_direct", GOSYM_GPU_DIRECT_MIN="1",
-                       GOSYM_GPU_LL_MAX="0")
+                       GOSYM_GPU_LL_MAX="0", GOSYM_GPU_RELAY_MIN="1")
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +105,10 @@ def test_direct_path(cuda_direct_job):
     # buffers reused op after op are mapped once: the cache serves the rest
     assert 0 < st["gpu_ipc_opens"] < st["gpu_ipc_hits"], st
     assert st["gpu_paced_all_to_all"] == 0, st
+    if _world() >= 3:
+        assert st["gpu_relay_ops"] > 50, st
+    else:  # one non-root: nothing to relay
+        assert st["gpu_relay_ops"] == 0, st
 
 
 def test_oneshot_path(cuda_oneshot_job):
