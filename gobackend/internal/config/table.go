@@ -50,7 +50,7 @@ var (
 		"GOSYM_GPU_DIRECT_MIN for broadcast and all_gather.")
 	GPURelayMin = intRow("GOSYM_GPU_RELAY_MIN", 4*miB, 1, math.MaxInt, "", true,
 		"Broadcasts of at least this many bytes, at three ranks or more, run by scatter and relay (gs_bcast_relay): each non-root pulls one chunk from the root and relays it to the others, so each byte leaves the root once. Only on the direct path (from GOSYM_GPU_MOVE_DIRECT_MIN).")
-	GPURelayBlocks = intRow("GOSYM_GPU_RELAY_BLOCKS", 16, 1, 128, "", true,
+	GPURelayBlocks = intRow("GOSYM_GPU_RELAY_BLOCKS", 32, 1, 128, "", true,
 		"Blocks per chunk of gs_bcast_relay (its grid: this times world-1, at most 128).")
 	GPURelaySlice = intRow("GOSYM_GPU_RELAY_SLICE", 512*kiB, 16, math.MaxInt, "", true,
 		"The largest slice of gs_bcast_relay, in bytes: a relaying rank reads a chunk's slice once its puller published it. Slices are an eighth of a block's share, from 16 KiB up to this.")
@@ -158,6 +158,10 @@ var (
 		"1: the fuzzer names every step as it starts, on stderr (where a run stalls).")
 	_ = textRow("GOSYM_FUZZ_STACKS_S", "", Tests,
 		"The fuzzer prints every thread's Python stack once after this many seconds, if still running.")
+	_ = textRow("GOSYM_FUZZ_TURNS", "", Tests,
+		"1: the fuzzer's threaded programs post by turns on the CPU too (on CUDA they always do, unless --free-threads): the same posting order on every rank.")
+	_ = textRow("GOSYM_FUZZ_BACKEND", "gosym", Tests,
+		"scripts/device_cuda.sh fuzz-slow: the backend the fuzzer runs on (nccl: the same program on NCCL).")
 	_ = textRow("GOSYM_STARTBENCH_OUT", "", Tests,
 		"Where python -m gosym.startbench's ranks write their times (set by it).")
 	_ = textRow("GOSYM_CLIENTS_COMPILE", "inductor on CUDA, aot_eager on CPU", Tests,
