@@ -29,8 +29,9 @@ type Config struct {
 	// differ, which agrees on them on the host anyway, so reading in
 	// place costs it one round less than it costs the others
 	a2avDirectMin int
-	// GOSYM_GPU_RELAY_MIN, _BLOCKS, _SLICE: broadcast by scatter and relay
-	// (gs_bcast_relay) at three ranks or more, on the direct path
+	// GOSYM_GPU_RELAY_MIN, GOSYM_GPU_RELAY_BLOCKS, GOSYM_GPU_RELAY_SLICE:
+	// broadcast by scatter and relay (gs_bcast_relay) at three ranks or
+	// more, on the direct path
 	relayMin, relayBlocks, relaySlice int
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
