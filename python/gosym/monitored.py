@@ -47,7 +47,7 @@ def monitored_barrier(pg, timeout, wait_all_ranks: bool) -> None:
     timeout = pg._timeout if timeout is None else timeout
     calls = getattr(pg, "_monitored_calls", 0) + 1
     pg._monitored_calls = calls
-    tag = _TAG_BASE + calls
+    tag = getattr(pg, "_monitored_tag_base", _TAG_BASE) + calls
     rank, world = pg.rank(), pg.size()
     token = torch.zeros(1, dtype=torch.int64)
     if rank != 0:

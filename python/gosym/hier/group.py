@@ -9,19 +9,16 @@ send/recv across hosts on the flat inter-host group.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 from torch._C import _distributed_c10d as _c10d
 
 from .. import anysource as _anysource
 from .. import forms as _forms
+from .. import monitored as _monitored
 from .._tensors import _one, _op_device, _same_dtype
 from ..work import EventWork
 from .algorithms import HierAlgorithms
 from .tensors import _bytes, _contig, _copy_back, _opts, _split_op, _wait
-
-_ZERO = timedelta(0)
 
 
 class _Received(EventWork):
@@ -163,8 +160,14 @@ class HierGroup(HierAlgorithms):
         return self._post("all_gather", (outs, t), outs, run, opts.asyncOp)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        pairs = zip(output_lists, input_list, strict=True)
-        works = [self.allgather([o], [i], opts) for o, i in pairs]
+        """torch's layout: one output list per rank, output_lists[r][i] is rank r's input i
+        (one all_gather per input; the last one's Work, the ops run in order)."""
+        world, n = self._size, len(input_list)
+        if len(output_lists) != world or any(len(o) != n for o in output_lists):
+            raise ValueError(f"gosym: all_gather_coalesced: expected {world} output lists (one "
+                             f"per rank) of {n} tensors (one per input), got "
+                             f"{[len(o) for o in output_lists]}")
+        works = [self.allgather([[o[i] for o in output_lists]], [t], opts) for i, t in enumerate(input_list)]
         return works[-1] if works else None
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -371,8 +374,15 @@ class HierGroup(HierAlgorithms):
 
         return self._post("barrier", [], [], run, opts.asyncOp)
 
+    # monitored_barrier's tags: Gloo (the flat group's sends) takes tags in [0, 2^31), so not
+    # the negative ones of one host; the top 2^24 of that range are kept for it
+    _monitored_tag_base = (1 << 31) - (1 << 24)
+
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        self.barrier().wait(timeout if timeout is not None else _ZERO)
+        """gloo's monitored barrier over this group's send/recv (gosym.monitored), as on one
+        host: the ranks that did not arrive are named on rank 0, the others are told."""
+        self._usable("monitored_barrier")
+        _monitored.monitored_barrier(self, timeout, wait_all_ranks)
 
 
 _forms.accept(HierGroup)
