@@ -131,7 +131,9 @@ def _wrap(fn, title, pick):
     title = f"gosym:{title}"
 
     def op(self, *args, **kwargs):  # torch passes barrier's opts by name
-        if not _enabled():
+        # a group whose ops are steps of another group's op (a HierGroup's local group,
+        # called on its runner thread) records no range of its own
+        if not _enabled() or getattr(self, "_gosym_inner", False):
             return fn(self, *args, **kwargs)
         return _profiled(fn, self, args, kwargs, title, pick)
 

@@ -15,6 +15,7 @@ from torch._C import _distributed_c10d as _c10d
 from .. import anysource as _anysource
 from .. import forms as _forms
 from .. import monitored as _monitored
+from .. import profiling as _profiling
 from .._tensors import _one, _op_device, _same_dtype
 from ..work import EventWork
 from .algorithms import HierAlgorithms
@@ -51,7 +52,7 @@ class HierGroup(HierAlgorithms):
         for x in ts:
             _same_dtype(like, x, what)
         if ts[self._rank].numel() != like.numel():
-            raise ValueError(f"gosym: {what}: {kind} tensor {self._rank} (this rank's) has "
+            raise ValueError(f"gosym: {what}: this rank's {kind} tensor (number {self._rank}) has "
                              f"{ts[self._rank].numel()} elements, expected {like.numel()}")
         for x in ts if not uneven else ():
             if x.numel() != like.numel():
@@ -385,4 +386,5 @@ class HierGroup(HierAlgorithms):
         _monitored.monitored_barrier(self, timeout, wait_all_ranks)
 
 
+_profiling.instrument(HierGroup)
 _forms.accept(HierGroup)

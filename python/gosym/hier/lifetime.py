@@ -71,6 +71,7 @@ class HierBase(ProcessGroupGosym):
         local_store = dist.PrefixStore(f"host{self._host}/", self._store)
         self._local = linked(local_store, self._lidx, self._n, timeout, f"{name}/host{self._host}",
                              [self._global_ranks[r] for r in mine], mine, hid)
+        self._local._gosym_inner = True  # its ops are steps of this group's: no ranges of their own
         self._runner = Runner(name)
         try:
             self._group("rail", "cpu")
