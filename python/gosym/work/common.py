@@ -19,10 +19,17 @@ _UNWAITED = collections.deque(maxlen=64)
 def _keep_unwaited(w) -> None:
     """Keeps w (being finalized) alive while C++ may use it (see _UNWAITED)."""
     if not getattr(w, "_waited", False):
-        try:
-            _UNWAITED.append(w)
-        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to use it
-            pass
+        _keep(w)
+
+
+def _keep(w) -> None:
+    """Keeps w (being finalized) alive a while, waited or not: C++ also waits through the
+    Python object and may use it after (DDP's reducer waits on its join Work in the backward
+    pass, then takes its future)."""
+    try:
+        _UNWAITED.append(w)
+    except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to use it
+        pass
 
 
 def _settle(fut, out, exc):

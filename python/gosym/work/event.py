@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .._errors import DistBackendError
-from .common import _ZERO, _keep_unwaited, _settle
+from .common import _ZERO, _keep, _settle
 
 
 class EventWork(dist._Work):
@@ -70,4 +70,6 @@ class EventWork(dist._Work):
         return fut
 
     def __del__(self):
-        _keep_unwaited(self)
+        # waited or not (torch's wait() from C++ sets _waited too): these hold host tensors
+        # only, and a HierGroup's DDP join failed without it ("Work::getFuture not implemented")
+        _keep(self)

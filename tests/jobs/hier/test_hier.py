@@ -175,11 +175,10 @@ def test_cuda_fuzz_across_hosts(outdir):
                          timeout=900, gpus=True, kind=ANY_HOSTS))
 
 
-# Parts of the one-host conformance worker that do not hold across hosts yet: DDP's join
-# (the backward pass fails with "Work::getFuture not implemented" on a Work C++ holds), and
-# recv from any source where the receiver shares its host (refused with
-# NotImplementedError, see HierGroup.recv_anysource).
-_CONFORM_ACROSS_SKIP = "any_source,any_source_data,ddp_join"
+# The part of the one-host conformance worker that does not hold across hosts: recv from any
+# source where the receiver shares its host (refused with NotImplementedError, see
+# HierGroup.recv_anysource).
+_CONFORM_ACROSS_SKIP = "any_source,any_source_data"
 
 
 def test_conformance_across_hosts(outdir):
@@ -187,7 +186,8 @@ def test_conformance_across_hosts(outdir):
     ranks: all_gather_coalesced's layout against gloo, monitored_barrier naming the ranks
     that stay away, one gosym:<op> range per op in both profilers (none for the inner
     groups' steps), the timeout error naming the missing rank, torch's short call forms,
-    all_gather and reduce_scatter of unequal sizes, send/recv to the rank itself."""
+    all_gather and reduce_scatter of unequal sizes, send/recv to the rank itself, DDP under
+    join() with uneven inputs."""
     res = run_hosts((2, 2), "conformance_worker", ["--timeout", 60, "--skip", _CONFORM_ACROSS_SKIP], outdir,
                     timeout=240, kind=ANY_HOSTS)
     res.assert_ok()
