@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,6 +103,27 @@ for s in "${steps[@]}"; do
 		nvidia-smi topo -m | head -$(($(nvidia-smi -L | wc -l) + 1))
 		nvcc -O3 -arch=sm_90 -o /tmp/nvswitch_probe scripts/nvswitch_probe.cu &&
 			timeout 200 /tmp/nvswitch_probe "${GOSYM_PROBE_MIB:-256}" | tee "$out/nvswitch_probe.txt" ;;
+	fuzz-seeds)
+		# the CUDA fuzzer at every GPU over GOSYM_FUZZ_SEEDS (default: 20 seeds from 1000), one
+		# job at a time (four jobs sharing the GPUs ran past a 60 s limit where one alone takes
+		# about 10 s), then worlds 2 and 3 on the first GPUs over the CI seeds
+		ngpu=$(nvidia-smi -L | wc -l) fz=/tmp/fuzz-seeds
+		seeds=($(echo "${GOSYM_FUZZ_SEEDS:-$(seq -s, 1000 1019)}" | tr , " "))
+		mkdir -p $fz
+		runs=() && for sd in "${seeds[@]}"; do runs+=("$ngpu $sd"); done
+		for w in 2 3; do ((w < ngpu)) && runs+=("$w 101" "$w 202"); done
+		echo "== fuzzer on CUDA: ${#seeds[@]} seeds at world $ngpu, then worlds 2 and 3"
+		for run in "${runs[@]}"; do
+			read -r w sd <<<"$run"
+			mkdir -p $fz/w$w-$sd
+			CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((w - 1))) GOSYM_TEST_OUT=$fz/w$w-$sd PYTHONPATH=python:tests/jobs/common:tests/jobs/fuzz \
+				timeout "${GOSYM_FUZZ_S:-90}" torchrun --nproc-per-node "$w" tests/jobs/fuzz/fuzz_worker.py --cuda --seed "$sd" \
+				--ops "${GOSYM_FUZZ_OPS:-300}" --timeout 60 >$fz/w$w-$sd.log 2>&1
+			rc=$?
+			echo "world $w seed $sd: exit $rc $(grep -h 'fuzz seed' $fz/w$w-$sd.log | head -1)"
+			((rc == 0)) || grep -h "FAIL" $fz/w$w-$sd.log | head -3
+		done | tee $out/fuzz-seeds.txt
+		summary+=("fuzz-seeds: $(grep -c 'exit 0' $out/fuzz-seeds.txt) of ${#runs[@]} passed") ;;
 	fuzz-slow)
 		# the CUDA fuzzer at every GPU, each step slower than 1 s named (where a run stalls)
 		ngpu=$(nvidia-smi -L | wc -l)

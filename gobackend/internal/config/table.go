@@ -119,7 +119,7 @@ var (
 	_ = textRow("GOSYM_FUZZ_THREADS", "1", Build,
 		"Programs at once (threads) in scripts/device_cuda.sh fuzz-slow.")
 	_ = textRow("GOSYM_FUZZ_S", "240", Build,
-		"Seconds scripts/device_cuda.sh fuzz-slow may run.")
+		"Seconds scripts/device_cuda.sh fuzz-slow may run (fuzz-seeds: each run, default 90).")
 	_ = textRow("GOSYM_CUDACHECK", "build/cudacheck", Build,
 		"The cudacheck binary scripts/gpu_check.sh runs.")
 	_ = textRow("GOSYM_TEST_OUT", "a per-test directory", Tests,
@@ -131,7 +131,7 @@ var (
 	_ = enumRow("GOSYM_CONFORMANCE_REFERENCE", "0", []string{"0", "1"}, false, Tests,
 		"1: tests/jobs/conformance/test_conformance.py also checks gloo's outcomes at world 3 against the committed ones (world 2 always).")
 	_ = textRow("GOSYM_FUZZ_SEEDS", "101,202", Tests,
-		"tests/jobs/fuzz/test_fuzz.py's seeds, comma-separated: each runs one random program (fuzz_worker.py) per world.")
+		"tests/jobs/fuzz/test_fuzz.py's seeds, comma-separated: each runs one random program (fuzz_worker.py) per world. scripts/device_cuda.sh fuzz-seeds: the seeds it runs at every GPU (default 1000 to 1019).")
 	_ = textRow("GOSYM_FUZZ_OPS", "300", Tests,
 		"The number of ops in each of tests/jobs/fuzz/test_fuzz.py's random programs.")
 	_ = textRow("GOSYM_TEST_BACKEND", "gosym", Tests,
