@@ -175,17 +175,20 @@ def test_cuda_fuzz_across_hosts(outdir):
                          timeout=900, gpus=True, kind=ANY_HOSTS))
 
 
-# The part of the one-host conformance worker that does not hold across hosts: recv from any
+# The parts of the one-host conformance worker that do not hold across hosts: recv from any
 # source where the receiver shares its host (refused with NotImplementedError, see
-# HierGroup.recv_anysource).
-_CONFORM_ACROSS_SKIP = "any_source,any_source_data"
+# HierGroup.recv_anysource), and the timeout's wording: across hosts the failure names the
+# op, its sequence number and the missing rank (test_rank_lost), but its cause is whichever
+# inner transport noticed first, a timeout or the late rank's Gloo pair closing (CI saw the
+# latter), so "Timed out" is not always in it.
+_CONFORM_ACROSS_SKIP = "any_source,any_source_data,timeout"
 
 
 def test_conformance_across_hosts(outdir):
     """torch's forms and gosym's one-host conformance checks on a group across 2 hosts x 2
     ranks: all_gather_coalesced's layout against gloo, monitored_barrier naming the ranks
     that stay away, one gosym:<op> range per op in both profilers (none for the inner
-    groups' steps), the timeout error naming the missing rank, torch's short call forms,
+    groups' steps), torch's short call forms,
     all_gather and reduce_scatter of unequal sizes, send/recv to the rank itself, DDP under
     join() with uneven inputs."""
     res = run_hosts((2, 2), "conformance_worker", ["--timeout", 60, "--skip", _CONFORM_ACROSS_SKIP], outdir,
