@@ -244,6 +244,10 @@ int32_t gosym_view_release(uint64_t view);
 /* Process-wide counters (live handles, fds, mappings) as JSON. */
 int32_t gosym_stats(char *buf, uint64_t cap, uint64_t *len);
 
+/* Every goroutine's stack, as text (Go's runtime.Stack): where a call that does not return
+   is waiting, for a hang report. */
+int32_t gosym_debug_stacks(char *buf, uint64_t cap, uint64_t *len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,6 +22,7 @@ import "C"
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"time"
 	"unsafe"
@@ -199,6 +200,21 @@ func gosym_stats(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int
 		m["mem_"+k] = v
 	}
 	b, _ := json.Marshal(m)
+	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
+}
+
+//export gosym_debug_stacks
+func gosym_debug_stacks(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
+	defer guard(&rc)
+	b := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(b, true)
+		if n < len(b) || len(b) >= 64<<20 {
+			b = b[:n]
+			break
+		}
+		b = make([]byte, 2*len(b))
+	}
 	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
 }
 

@@ -172,6 +172,7 @@ _SIGNATURES = {
     "gosym_work_finish": (c_int32, [c_uint64, c_int64]),
     "gosym_op_run": (c_int32, [c_uint64, c_char_p]),
     "gosym_stats": (c_int32, [c_void_p, c_uint64, _u64p]),
+    "gosym_debug_stacks": (c_int32, [c_void_p, c_uint64, _u64p]),
     "gosym_mem_alloc": (c_int32, [c_uint64, _u64p, _u64p]),
     "gosym_mem_map": (c_int32, [c_uint64, c_uint64, c_int32, _u64p]),
     "gosym_mem_unmap": (c_int32, [c_uint64]),
@@ -339,3 +340,9 @@ def version() -> str:
 
 def process_stats_json() -> str:
     return read_string(lib.gosym_stats)
+
+
+def engine_stacks() -> str:
+    """Every goroutine's stack in the engine (gosym_debug_stacks), for a hang report: where
+    a native call that does not return is waiting."""
+    return read_string(lib.gosym_debug_stacks)

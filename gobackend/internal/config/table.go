@@ -157,7 +157,7 @@ var (
 	_ = textRow("GOSYM_FUZZ_TRACE", "", Tests,
 		"1: the fuzzer names every step as it starts, on stderr (where a run stalls).")
 	_ = textRow("GOSYM_FUZZ_STACKS_S", "", Tests,
-		"The fuzzer prints every thread's Python stack once after this many seconds, if still running.")
+		"The fuzzer prints every thread's Python stack once after this many seconds, if still running, and (on gosym) the engine's goroutines (gosym_debug_stacks).")
 	_ = textRow("GOSYM_FUZZ_TURNS", "", Tests,
 		"1: the fuzzer's threaded programs post by turns on the CPU too (on CUDA they always do, unless --free-threads): the same posting order on every rank.")
 	_ = textRow("GOSYM_FUZZ_BACKEND", "gosym", Tests,

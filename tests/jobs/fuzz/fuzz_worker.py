@@ -743,7 +743,16 @@ def main():
     if os.environ.get("GOSYM_FUZZ_STACKS_S"):  # every thread's Python stack, if still running then
         import faulthandler
 
-        faulthandler.dump_traceback_later(float(os.environ["GOSYM_FUZZ_STACKS_S"]), exit=False)
+        after = float(os.environ["GOSYM_FUZZ_STACKS_S"])
+        faulthandler.dump_traceback_later(after, exit=False)
+        if args.backend == "gosym":  # and the engine's goroutines: where a native call waits
+            from gosym import _lib
+
+            def engine():
+                print(f"engine stacks of pid {os.getpid()}:\n{_lib.engine_stacks()}", file=sys.stderr, flush=True)
+            timer = threading.Timer(after, engine)
+            timer.daemon = True  # a run that ends first does not wait for it
+            timer.start()
     if args.cuda:
         rank, world, dev, _ = wc.init_cuda(args)
     else:
