@@ -23,7 +23,7 @@
 // alignment, so that block b of the rank that stages a range and block b of
 // the rank that pulls it agree on the range their block barrier covers.
 __device__ __forceinline__ void gs_copy_block_share(char *dst, const char *src, gs_u64 bytes) {
-	const gs_u64 per = ((bytes + gridDim.x - 1) / gridDim.x + 15u) / 16u * 16u;
+	const gs_u64 per = gs_share16(bytes, gridDim.x);
 	gs_u64 lo = (gs_u64)blockIdx.x * per, hi = lo + per;
 	lo = lo < bytes ? lo : bytes;
 	hi = hi < bytes ? hi : bytes;
@@ -199,8 +199,8 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_bcast_relay(gs
 	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
 		return;
 	const int role = blockIdx.x / G, b = blockIdx.x % G;
-	const gs_u64 chunk = ((p.bytes + m - 1) / m + 15u) / 16u * 16u;
-	const gs_u64 per = ((chunk + G - 1) / G + 15u) / 16u * 16u;
+	const gs_u64 chunk = gs_share16(p.bytes, m);
+	const gs_u64 per = gs_share16(chunk, G);
 	const gs_u64 slices = (per + p.step - 1) / p.step;
 	if (p.rank == p.root) {
 		const int q = role < p.root ? role : role + 1;

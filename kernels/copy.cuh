@@ -6,6 +6,12 @@
 
 #include "common.cuh"
 
+// One of parts equal shares of n bytes, rounded up to 16 (the last share may
+// be short or empty): the same answer wherever a byte range is split alike.
+__device__ __forceinline__ gs_u64 gs_share16(gs_u64 n, gs_u64 parts) {
+	return ((n + parts - 1) / parts + 15u) / 16u * 16u;
+}
+
 // Thread g of stride threads copies its share of a segment, four units in
 // flight at a time: a pull over NVLink waits about a microsecond per load,
 // so one load per thread at a time held a block to some 8 GB/s (the loads

@@ -94,7 +94,7 @@ __device__ __forceinline__ void gs_p2p_share(gs_u64 bytes, gs_u64 slot_bytes, gs
 	const gs_u64 round = slot_bytes * nb, base = j * round;
 	const gs_u64 left = bytes > base ? bytes - base : 0;
 	const gs_u64 rb = left < round ? left : round;
-	const gs_u64 per = ((rb + nb - 1) / nb + 15u) / 16u * 16u;
+	const gs_u64 per = gs_share16(rb, nb);
 	gs_u64 lo = (gs_u64)b * per, hi = lo + per;
 	lo = lo < rb ? lo : rb;
 	hi = hi < rb ? hi : rb;
