@@ -34,11 +34,22 @@ for s in "${steps[@]}"; do
 		# two ranks compile the kernels into the cache (NVRTC, about a minute) before many do at once
 		echo "== warm the kernel cache"
 		timeout 200 torchrun --nproc-per-node 2 scripts/sanitize_cuda.py ops 2>&1 | tail -3 ;;
-	clients | hier | fuzz)
-		# real clients (FSDP2, DTensor, DDP, pipelining, DCP, compile) against NCCL at the suite's
-		# worlds; or two simulated hosts of half the GPUs each, NCCL between them; or the fuzzer's
-		# random programs on CUDA tensors (every GPU, and across two simulated hosts)
-		sel=(tests/jobs/clients/test_clients.py -k cuda) && [[ $s == hier ]] && sel=(tests/jobs/hier/test_hier.py -k "cuda and not fuzz" tests/jobs/conformance/test_conformance.py)
+	clients)
+		# real clients (FSDP2, DTensor, DDP, pipelining, DCP, compile) against NCCL, one pytest
+		# per world (GOSYM_CLIENT_WORLDS, default every GPU world here), each within its own limit;
+		# the outcomes of each world land in $out as soon as its jobs end
+		ngpu=$(nvidia-smi -L | wc -l)
+		for w in ${GOSYM_CLIENT_WORLDS:-$(seq 2 "$ngpu")}; do
+			((w > ngpu)) && continue
+			echo "== pytest tests/jobs/clients/test_clients.py -k cuda-w$w-"
+			GOSYM_TEST_OUT=$out timeout "${GOSYM_CLIENT_S:-280}" python3 -m pytest -q -rfE --timeout=270 -p no:cacheprovider \
+				tests/jobs/clients/test_clients.py -k "cuda-w$w-" --junitxml="$out/clients-w$w.xml" 2>&1 | tail -30 | tee /tmp/gosym-pytest.tail
+			summary+=("clients w$w: $(tail -1 /tmp/gosym-pytest.tail)")
+		done ;;
+	hier | fuzz)
+		# two simulated hosts of half the GPUs each, NCCL between them; or the fuzzer's random
+		# programs on CUDA tensors (every GPU, and across two simulated hosts)
+		sel=(tests/jobs/hier/test_hier.py -k "cuda and not fuzz" tests/jobs/conformance/test_conformance.py)
 		[[ $s == fuzz ]] && sel=(tests/jobs/fuzz/test_fuzz.py tests/jobs/hier/test_hier.py -k "fuzz and cuda")
 		if [[ $s == hier ]] && (($(nvidia-smi -L | wc -l) >= 4)); then
 			# two of the GPUs alone: two simulated hosts of one GPU each (the 2-GPU kind's case)
@@ -107,7 +118,7 @@ for s in "${steps[@]}"; do
 		# the CUDA fuzzer at every GPU over GOSYM_FUZZ_SEEDS (default: 20 seeds from 1000), one
 		# job at a time (four jobs sharing the GPUs ran past a 60 s limit where one alone takes
 		# about 10 s), then worlds 2 and 3 on the first GPUs over the CI seeds
-		ngpu=$(nvidia-smi -L | wc -l) fz=/tmp/fuzz-seeds
+		ngpu=$(nvidia-smi -L | wc -l) fz=$out/fuzz-seeds
 		seeds=($(echo "${GOSYM_FUZZ_SEEDS:-$(seq -s, 1000 1019)}" | tr , " "))
 		mkdir -p $fz
 		runs=() && for sd in "${seeds[@]}"; do runs+=("$ngpu $sd"); done

@@ -307,28 +307,29 @@ def run(endpoint: int, desc: bytes) -> None:
         raise error(st)
 
 
-def read_string(fn, *args) -> str:
-    """Calls a (…, buf, cap, *len) function of gosym.h, growing the buffer once if short."""
-    cap = 4096
+def _read(fn, args, cap: int, extra: int) -> bytes:
+    """Calls a (…, buf, cap, *len) function of gosym.h, growing the buffer while it is short:
+    the call fails with the length it needs (plus `extra` for a string's NUL), and what it
+    reports may grow between calls (engine_stacks)."""
     n = c_uint64()
     while True:
         buf = ctypes.create_string_buffer(cap)
-        check(fn(*args, buf, cap, ctypes.byref(n)))
-        if n.value <= cap:
-            return buf.raw[: n.value].rstrip(b"\0").decode("utf-8", "replace")
-        cap = n.value
+        st = fn(*args, buf, cap, ctypes.byref(n))
+        if st and n.value + extra > cap:
+            cap = n.value + extra + 4096
+            continue
+        check(st)
+        return buf.raw[: n.value]
+
+
+def read_string(fn, *args) -> str:
+    """A string out of a (…, buf, cap, *len) function of gosym.h."""
+    return _read(fn, args, 4096, 1).decode("utf-8", "replace")
 
 
 def read_bytes(fn, *args) -> bytes:
     """Like read_string, for binary output (endpoint blobs)."""
-    cap = 1024
-    n = c_uint64()
-    while True:
-        buf = ctypes.create_string_buffer(cap)
-        check(fn(*args, buf, cap, ctypes.byref(n)))
-        if n.value <= cap:
-            return buf.raw[: n.value]
-        cap = n.value
+    return _read(fn, args, 1024, 0)
 
 
 def version() -> str:

@@ -122,7 +122,7 @@ func TestLLMoveParams(t *testing.T) {
 				op := mk(r)
 				op.DType, op.Count = dtype.Float32, count
 				if kind == ops.AllToAll {
-					op.Count = 0 // its pieces carry the counts, as ops.Even leaves them
+					op.Count, op.EqualSplit = 0, true // as ops.Even leaves all_to_all_single
 				}
 				p, ok := tm.llMoveParams(op)
 				require.True(t, ok, "%s world %d rank %d", kind, world, r)
@@ -158,6 +158,15 @@ func TestLLMoveParams(t *testing.T) {
 		InPieces: []ops.Piece{{Addr: 8, Count: 1}, {Addr: 16, Count: 2}}, OutPieces: []ops.Piece{{Addr: 32, Count: 1}, {Addr: 40, Count: 2}}}
 	_, ok = tm.llMoveParams(uneven)
 	require.False(t, ok, "uneven all_to_all")
+	// Pieces equal on this rank but passed by the caller (torch's all_to_all or
+	// split sizes): a peer's may differ (its own piece), so no LL without the flag.
+	looks := &ops.Op{Kind: ops.AllToAll, DType: dtype.Float32,
+		InPieces: []ops.Piece{{Addr: 8, Count: 2}, {Addr: 16, Count: 2}}, OutPieces: []ops.Piece{{Addr: 32, Count: 2}, {Addr: 40, Count: 2}}}
+	_, ok = tm.llMoveParams(looks)
+	require.False(t, ok, "locally equal pieces of an all_to_all with splits")
+	looks.EqualSplit = true
+	_, ok = tm.llMoveParams(looks)
+	require.True(t, ok, "all_to_all_single without splits")
 	tm.llArea = 0
 	_, ok = tm.llMoveParams(&ops.Op{Kind: ops.Broadcast, DType: dtype.Float32, Count: 1, In: 1, Out: 1})
 	require.False(t, ok, "no LL area")

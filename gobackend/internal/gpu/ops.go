@@ -441,7 +441,7 @@ func (t *Team) llMoveParams(op *ops.Op) (cuda.LLMoveParams, bool) {
 		}
 		p.Dst[op.Root] = op.Out
 	case ops.AllToAll:
-		c, ok := uniform(op)
+		c, ok := equalSplit(op)
 		if !ok {
 			return p, false
 		}
@@ -555,7 +555,7 @@ func pieceStride(pieces []ops.Piece, es uintptr) (stride uintptr, even bool) {
 // rank j's staging into its piece from j.
 func (t *Team) allToAll(op *ops.Op, s cuda.Stream, agree agreeFunc) error {
 	es := uintptr(op.DType.Size())
-	n, even := uniform(op)
+	n, even := equalSplit(op)
 	if even && int(n*es) < t.directMin(op) && !t.allToAllRegistered(op, n*es) {
 		// The equal-split all_to_all_single: every rank moves n elements to and
 		// from every rank, so every rank knows the chunk count without asking.
@@ -669,16 +669,14 @@ func (t *Team) allToAllChunks(op *ops.Op, s cuda.Stream, longest uintptr) error 
 	})
 }
 
-// uniform reports whether every input and output piece of op has the same
-// count n.
-func uniform(op *ops.Op) (n uintptr, ok bool) {
-	c := op.InPieces[0].Count
-	for j := range op.InPieces {
-		if op.InPieces[j].Count != c || op.OutPieces[j].Count != c {
-			return 0, false
-		}
+// equalSplit is the count n every rank moves to and from every rank when
+// op is equal-split by contract (ops.Op.EqualSplit). Only then may a rank
+// pick a path without agreeing on the splits: every rank picks the same.
+func equalSplit(op *ops.Op) (n uintptr, ok bool) {
+	if !op.EqualSplit || len(op.InPieces) == 0 {
+		return 0, false
 	}
-	return uintptr(c), true
+	return uintptr(op.InPieces[0].Count), true
 }
 
 // clip is how many of a piece's total bytes lie in [at, at+size).

@@ -73,6 +73,12 @@ type Op struct {
 	InPieces  []Piece
 	OutPieces []Piece
 	Seq       uint64 // per-endpoint collective (or per-pair message) number
+	// EqualSplit: an all_to_all whose caller passed no pieces (torch's
+	// all_to_all_single without split sizes), so every rank moves the same
+	// count to and from every rank by contract. Pieces that merely look
+	// equal on one rank say nothing of the others' (a peer's own piece may
+	// differ), so only this flag lets a rank skip agreeing on the splits.
+	EqualSplit bool
 }
 
 // Who names the op in errors.
@@ -115,6 +121,7 @@ func Even(o *Op, world int) {
 	}
 	if o.Kind == AllToAll {
 		o.Count = 0 // as with explicit pieces: they carry the counts
+		o.EqualSplit = true
 	}
 }
 

@@ -2,8 +2,8 @@
 
 A *job* is one launch of clients_worker.py on ``world`` ranks of one backend
 (conftest's spawn launcher, a hard deadline); it runs every requested scenario
-in turn, so a (device, world) pair costs two launches (reference, gosym) whatever
-the number of scenarios. The reference is gloo on CPU and NCCL on CUDA.
+in turn, so a (device, world) pair costs two launches (reference, gosym) per shard
+(shards_for) whatever the number of scenarios. The reference is gloo on CPU and NCCL on CUDA.
 ``compare`` turns the two jobs' per-rank values into one ``Outcome`` per
 scenario: the largest relative difference and whether every value is bitwise
 equal. Torch-free (the pytest process and the table CLI import it).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -248,10 +249,31 @@ def compare(name: str, device: str, world: int, ref: JobRun, got: JobRun) -> Out
                    bitwise and bool(rels), lasts[0], lasts[1], problems, secs, rtol)
 
 
+def shards_for(device: str) -> int:
+    """How many job pairs run a (device, world) pair's scenarios at once: GOSYM_CLIENTS_SHARDS,
+    else 3 on CUDA (the GPUs are shared and torch.compile is CPU time, so three pairs take
+    little longer than one) and 1 on CPU (a CI host has two cores)."""
+    return max(1, int(os.environ.get("GOSYM_CLIENTS_SHARDS") or (3 if device == "cuda" else 1)))
+
+
 def run_pair(device: str, world: int, names: list[str], outdir: Path) -> list[Outcome]:
-    """The reference job and the gosym job of ``names`` at ``world``; an Outcome per name."""
-    # at once: the pair costs one job's time (the GPUs are shared, and compared values
-    # do not depend on timing)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        ref, got = pool.map(lambda b: run_job(device, world, b, names, outdir), (REFERENCE[device], "gosym"))
-    return [compare(n, device, world, ref, got) for n in names]
+    """The reference jobs and the gosym jobs of ``names`` at ``world``; an Outcome per name.
+    The names are dealt to shards_for(device) shards, and every shard's two jobs run at
+    once (compared values do not depend on timing). With GOSYM_TEST_OUT set, the outcomes
+    are written there as soon as they are known (clients-<device>-w<world>.json), so a run
+    cut off later keeps them."""
+    shards = [names[i::shards_for(device)] for i in range(shards_for(device))]
+    shards = [sh for sh in shards if sh]
+    jobs = [(i, b, sh) for i, sh in enumerate(shards) for b in (REFERENCE[device], "gosym")]
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        runs = list(pool.map(lambda j: run_job(device, world, j[1], j[2], Path(outdir) / f"shard{j[0]}"), jobs))
+    out = []
+    for i, sh in enumerate(shards):
+        ref, got = runs[2 * i], runs[2 * i + 1]
+        out += [compare(n, device, world, ref, got) for n in sh]
+    out.sort(key=lambda o: names.index(o.scenario))
+    if os.environ.get("GOSYM_TEST_OUT"):
+        dest = Path(os.environ["GOSYM_TEST_OUT"]) / f"clients-{device}-w{world}.json"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(json.dumps([o.row() for o in out], indent=1))
+    return out

@@ -410,8 +410,8 @@ def dtypes(ck, rank, world, dev, nccl, digests):
 
 def uneven(ck, rank, world, dev, digests):
     """all_to_all_single with uneven and zero splits (rank r sends r+j+1 rows of 5 to j,
-    none to itself on rank 0), all_to_all (list), gather and scatter, and mismatched
-    splits (mismatched_splits)."""
+    none to itself on rank 0), all_to_all (list), both where only rank 0's own piece
+    differs, gather and scatter, and mismatched splits (mismatched_splits)."""
     cols = 5
 
     def rows(i, j):
@@ -438,6 +438,26 @@ def uneven(ck, rank, world, dev, digests):
     dist.all_to_all(outs, ins[rank])
     why = wc.compare(torch.cat(outs), torch.cat([ins[j][rank] for j in range(world)]))
     ck.check(case, why is None, why or "")
+
+    # every piece the same size but rank 0's to itself: the other ranks' pieces all look
+    # equal, and theirs alone do not say the op is equal-split (it hung before the fix)
+    for k in (0, 64):
+        def size(i, j):
+            return k + 3 if i == j == 0 else k
+        case = f"all_to_all/only_self_differs/{k}"
+        ins = [[_input(f"{case}/{i}/{j}", 0, size(i, j), torch.int64, "SUM", dev)
+                for j in range(world)] for i in range(world)]
+        outs = [_poison(size(j, rank), torch.int64, dev) for j in range(world)]
+        dist.all_to_all(outs, ins[rank])
+        why = wc.compare(torch.cat(outs), torch.cat([ins[j][rank] for j in range(world)]))
+        ck.check(case, why is None, why or "")
+        case = f"all_to_all_single/only_self_differs/{k}"
+        flat = [torch.cat(ins[i]) for i in range(world)]
+        out = _poison(sum(size(j, rank) for j in range(world)), torch.int64, dev)
+        dist.all_to_all_single(out, flat[rank], [size(j, rank) for j in range(world)],
+                               [size(rank, j) for j in range(world)])
+        why = wc.compare(out, torch.cat([ins[j][rank] for j in range(world)]))
+        ck.check(case, why is None, why or "")
 
     for root in sorted({0, world - 1}):
         case = f"gather/root{root}"
