@@ -15,6 +15,7 @@ if not dist.is_available():
     raise ImportError("gosym: this torch build has no torch.distributed")
 
 from . import _lib  # noqa: E402 - raises ImportError when the library is missing or mismatched
+from ._compile import keep_dynamo_out  # noqa: E402
 from .backend import ProcessGroupGosym  # noqa: E402
 from .factory import register  # noqa: E402
 from .memory import (MemHandle, blob_info, contiguous_view, empty, empty_like,  # noqa: E402
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 register()
+keep_dynamo_out()  # torch.compile runs gosym's frames as written (_compile says why)
 
 
 def engine_version() -> str:
