@@ -168,7 +168,7 @@ class HierBase(ProcessGroupGosym):
             try:
                 fn(self._dev(dev))
             except Exception as e:
-                raise self._failed(what, seq, e) from e
+                raise self._failed(what, seq, e, keep) from e
 
         if dev >= 0:
             self._runner.drain()  # host ops posted earlier go first on the inner groups
@@ -192,36 +192,61 @@ class HierBase(ProcessGroupGosym):
         w.wait()
         return None
 
-    def _failed(self, what, seq, e):
+    def _failed(self, what, seq, e, keep=None):
         """The error of op what (seq) that failed with e: the inner groups are aborted (a
         peer in a gosym step with this rank fails at once, one in a Gloo step at the latest
-        at its timeout), the failure is reported through the store, and the ranks that do
-        not report it within GOSYM_HIER_REPORT_S are named as lost."""
+        at its timeout), the failure is reported through the store with the op's signature
+        (keep's tensors), and the ranks that do not report it within GOSYM_HIER_REPORT_S
+        are named as lost; ranks that report a different op or different tensors are named
+        with theirs (mismatched arguments across hosts fail in the inter-host step, which
+        cannot say why)."""
         if self._broken is not None:
             return DistBackendError(f"gosym: {what} (seq {seq}): {self._broken}")
         self._broken = "aborting"
         self._close_inner(abort=True)
         self._local.abort()
-        lost = self._lost(what, seq)
+        lost = self._lost(f"{what} (seq {seq}) of {signature(keep)}")
         msg = (f"gosym: {what} (seq {seq}) across hosts failed on rank {self._rank} of "
                f"{self._size} (group {self._name!r}, host {self._host} of ranks "
                f"{self._hosts[self._host]}): {lost}; cause: {type(e).__name__}: {e}")
         self._broken = msg
         return DistBackendError(msg)
 
-    def _lost(self, what, seq):
+    def _lost(self, op):
+        """Reports op (what this rank posted) as failed and waits for every rank's report:
+        who did not report, and who reported another op than this rank's."""
         try:
             keys = [f"failed/{r}" for r in range(self._size)]
-            self._store.set(keys[self._rank], f"{what} {seq}")
+            self._store.set(keys[self._rank], op)
             deadline = time.monotonic() + self._report_s
             while True:
                 late = [r for r in range(self._size) if not self._store.check([keys[r]])]
                 if not late or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
+            ops = {r: self._store.get(keys[r]).decode() for r in range(self._size) if r not in late}
         except Exception as e:  # noqa: BLE001 - the store's host may be the lost one
             return f"the store is unreachable to name the lost ranks ({e})"
+        other = next((r for r, o in ops.items() if o != op), None)
+        differ = ("" if other is None else f"the ranks posted different ops: rank {self._rank} "
+                  f"{op}, rank {other} {ops[other]}; ")
         if not late:
-            return "every rank reported the failure (no rank was lost)"
-        return (f"ranks {late} were lost or are blocked elsewhere (no report of the failure "
-                f"from them within {self._report_s:.0f} s)")
+            return differ + "every rank reported the failure (no rank was lost)"
+        return differ + (f"ranks {late} were lost or are blocked elsewhere (no report of the "
+                         f"failure from them within {self._report_s:.0f} s)")
+
+
+def signature(keep) -> str:
+    """An op's tensors as dtype[shape]@device, for naming what each rank posted."""
+    out = []
+
+    def walk(x):
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        elif hasattr(x, "dtype") and hasattr(x, "shape"):
+            out.append(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}@{x.device.type}")
+
+    walk(keep)
+    text = ", ".join(out) or "no tensors"
+    return text if len(text) <= 400 else text[:400] + "..."

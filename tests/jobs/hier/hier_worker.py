@@ -577,6 +577,33 @@ def scenario(args, ck, rank, world):
     return err
 
 
+def mismatch(args, ck, rank, world, counts):
+    """The second host's ranks broadcast where the first host's all_reduce: every rank raises
+    a gosym error naming a rank of each host with the op and tensors each posted (at the
+    inter-host step's timeout: Gloo and NCCL wait there). Sizes that differ are not tried:
+    Gloo's pair aborts the process on a message longer than the receive."""
+    far = rank >= counts[0]
+    t = torch.ones(args.elems)
+    err = None
+    t0 = time.monotonic()
+    try:
+        for _ in range(3):  # a rank whose step happened to succeed fails in the next one
+            if far:
+                dist.broadcast(t, src=0)
+            else:
+                dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001 - the error under test
+        err = e
+    msg = str(err) if err is not None else ""
+    ck.check("raised", err is not None, "no error")
+    ck.check("a gosym error", msg.startswith("gosym:"), msg[:300])
+    ck.check("names the mismatch", "the ranks posted different ops" in msg, msg[:1500])
+    ops = [f"{op} (seq 1) of float32[{args.elems}]@cpu" for op in ("all_reduce", "broadcast")]
+    ck.check("names both ranks' ops", all(o in msg for o in ops), msg[:1500])
+    ck.info["error"] = msg[:1500]
+    ck.info["seconds"] = round(time.monotonic() - t0, 1)
+
+
 def main():
     def extra(p):
         p.add_argument("--hosts", default="2,2")
@@ -597,7 +624,10 @@ def main():
     rank, world = wc.init(args.backend, args.timeout)
     ck = wc.Checker(rank)
     if args.scenario:
-        scenario(args, ck, rank, world)
+        if args.scenario == "mismatch":
+            mismatch(args, ck, rank, world, counts)
+        else:
+            scenario(args, ck, rank, world)
         wc.write_result(ck.result())
         wc.print_summary(ck, f"hier {args.scenario}")
         if rank == 0:  # its process hosts the store: stay until the others reported

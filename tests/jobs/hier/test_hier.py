@@ -87,6 +87,18 @@ def test_rank_lost(scenario, victim, outdir):
     assert not fails, "\n".join(fails) + f"\n{res.tail(6000)}"
 
 
+@pytest.mark.parametrize("elems", [100, 100000], ids=["small", "rails"])
+def test_mismatch_across_hosts_names_both(elems, outdir):
+    """One host's ranks broadcast where the other's all_reduce: every rank raises, naming a
+    rank of each host with the op and tensors each posted, within the timeout (3 s) and
+    the reports' wait (GOSYM_HIER_REPORT_S, 8 s here)."""
+    res = run_hosts((2, 2), "hier_worker", ["--hosts", "2,2", "--scenario", "mismatch",
+                                            "--elems", elems, "--timeout", 3], outdir,
+                    timeout=180, kind=ANY_HOSTS)
+    res.assert_ok()
+    assert all(r["info"]["seconds"] < 15 for r in res.results), [r["info"] for r in res.results]
+
+
 @needs_netns
 def test_detection_and_connect_disagree(outdir):
     """GOSYM_HOST_ID naming one host for both: the connect fails, and says why."""
