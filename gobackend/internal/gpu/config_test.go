@@ -122,7 +122,7 @@ func TestLLMoveParams(t *testing.T) {
 				op := mk(r)
 				op.DType, op.Count = dtype.Float32, count
 				if kind == ops.AllToAll {
-					op.Count, op.EqualSplit = 0, true // as ops.Even leaves all_to_all_single
+					op.Count, op.EvenPieces = 0, true // as ops.Even leaves all_to_all_single
 				}
 				p, ok := tm.llMoveParams(op)
 				require.True(t, ok, "%s world %d rank %d", kind, world, r)
@@ -164,7 +164,7 @@ func TestLLMoveParams(t *testing.T) {
 		InPieces: []ops.Piece{{Addr: 8, Count: 2}, {Addr: 16, Count: 2}}, OutPieces: []ops.Piece{{Addr: 32, Count: 2}, {Addr: 40, Count: 2}}}
 	_, ok = tm.llMoveParams(looks)
 	require.False(t, ok, "locally equal pieces of an all_to_all with splits")
-	looks.EqualSplit = true
+	looks.EvenPieces = true
 	_, ok = tm.llMoveParams(looks)
 	require.True(t, ok, "all_to_all_single without splits")
 	tm.llArea = 0

@@ -384,13 +384,14 @@ func (t *Team) llAreas() (a [cuda.MaxRanks]uintptr) {
 // alike, from the segment size.
 func (t *Team) llOp(op *ops.Op, s cuda.Stream) (bool, error) {
 	if op.Kind == ops.ReduceScatter {
-		es := uintptr(op.DType.Size())
-		stride, even := pieceStride(op.InPieces, es)
-		if !even || !t.lowLatency(op.Count*op.DType.Size()) {
+		// LL reads the input as one strided run, so only where every rank's is
+		// one by contract (reduce_scatter_tensor): a rank whose list-form
+		// pieces happened to lie evenly would take LL while its peers staged.
+		if !op.EvenPieces || !t.lowLatency(op.Count*op.DType.Size()) {
 			return false, nil
 		}
 		t.algos.Add(algoLL, t.rank, op)
-		return true, t.llReduce(op, op.InPieces[0].Addr, uint64(stride/es), s)
+		return true, t.llReduce(op, op.InPieces[0].Addr, uint64(op.Count), s)
 	}
 	p, ok := t.llMoveParams(op)
 	if !ok {
@@ -670,10 +671,11 @@ func (t *Team) allToAllChunks(op *ops.Op, s cuda.Stream, longest uintptr) error 
 }
 
 // equalSplit is the count n every rank moves to and from every rank when
-// op is equal-split by contract (ops.Op.EqualSplit). Only then may a rank
-// pick a path without agreeing on the splits: every rank picks the same.
+// the all_to_all op is equal-split by contract (ops.Op.EvenPieces). Only then
+// may a rank pick a path without agreeing on the splits: every rank picks
+// the same.
 func equalSplit(op *ops.Op) (n uintptr, ok bool) {
-	if !op.EqualSplit || len(op.InPieces) == 0 {
+	if !op.EvenPieces || len(op.InPieces) == 0 {
 		return 0, false
 	}
 	return uintptr(op.InPieces[0].Count), true

@@ -73,12 +73,14 @@ type Op struct {
 	InPieces  []Piece
 	OutPieces []Piece
 	Seq       uint64 // per-endpoint collective (or per-pair message) number
-	// EqualSplit: an all_to_all whose caller passed no pieces (torch's
-	// all_to_all_single without split sizes), so every rank moves the same
-	// count to and from every rank by contract. Pieces that merely look
-	// equal on one rank say nothing of the others' (a peer's own piece may
-	// differ), so only this flag lets a rank skip agreeing on the splits.
-	EqualSplit bool
+	// EvenPieces: ops.Even made this op's pieces (its caller passed one
+	// buffer), so their layout is the same on every rank by contract: an
+	// all_to_all is equal-split, a reduce_scatter's input pieces lie Count
+	// elements apart. Pieces that merely look so on one rank say nothing of
+	// the others' (a peer's own all_to_all piece may differ, its
+	// reduce_scatter inputs lie elsewhere), so only this flag lets a rank
+	// choose a path by their layout without agreeing on it.
+	EvenPieces bool
 }
 
 // Who names the op in errors.
@@ -113,6 +115,7 @@ func Even(o *Op, world int) {
 		}
 		return ps
 	}
+	o.EvenPieces = true
 	if ins {
 		o.InPieces, o.In = even(o.In), 0
 	}
@@ -121,7 +124,6 @@ func Even(o *Op, world int) {
 	}
 	if o.Kind == AllToAll {
 		o.Count = 0 // as with explicit pieces: they carry the counts
-		o.EqualSplit = true
 	}
 }
 
