@@ -14,8 +14,14 @@ for kv in NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_
 	[[ "${!name-}" == "$want" ]] || { echo "REFUSING: $name=${!name-<unset>}, need $want" >&2; exit 2; }
 done
 export PYTHONPATH=python PYTHONUNBUFFERED=1
-out="${OUT:-/tmp/gosym-device}"
+# Everything is written under $out; the device tool returns at most 8 files, so with $OUT set
+# (the device tool's folder) $out is packed into one $OUT/device-out.tgz on exit, a step cut off
+# by the call's limit (SIGTERM) included.
+out=/tmp/gosym-device
 mkdir -p "$out"
+pack() { [[ -n ${OUT-} ]] && tar czf "$OUT/device-out.tgz" -C "$out" . 2>/dev/null; }
+trap pack EXIT
+trap 'exit 143' TERM INT
 steps=("$@")
 summary=() # repeated at the end: the device returns only the output's tail
 # rows: a bench table cut to size, latency, baseline, ratio and check (and its failures)
