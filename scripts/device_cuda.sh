@@ -42,13 +42,13 @@ for s in "${steps[@]}"; do
 		timeout 200 torchrun --nproc-per-node 2 scripts/sanitize_cuda.py ops 2>&1 | tail -3 ;;
 	clients)
 		# real clients (FSDP2, DTensor, DDP, pipelining, DCP, compile) against NCCL, one pytest
-		# per world (GOSYM_CLIENT_WORLDS, default every GPU world here), each within its own limit;
+		# per world (GOSYM_CLIENTS_WORLDS, default every GPU world here), each within its own limit;
 		# the outcomes of each world land in $out as soon as its jobs end
 		ngpu=$(nvidia-smi -L | wc -l)
-		for w in ${GOSYM_CLIENT_WORLDS:-$(seq 2 "$ngpu")}; do
+		for w in ${GOSYM_CLIENTS_WORLDS:-$(seq 2 "$ngpu")}; do
 			((w > ngpu)) && continue
 			echo "== pytest tests/jobs/clients/test_clients.py -k cuda-w$w-"
-			GOSYM_TEST_OUT=$out timeout "${GOSYM_CLIENT_S:-280}" python3 -m pytest -q -rfE --timeout=270 -p no:cacheprovider \
+			GOSYM_TEST_OUT=$out timeout "${GOSYM_CLIENTS_S:-280}" python3 -m pytest -q -rfE --timeout=270 -p no:cacheprovider \
 				tests/jobs/clients/test_clients.py -k "cuda-w$w-" --junitxml="$out/clients-w$w.xml" 2>&1 | tail -30 | tee /tmp/gosym-pytest.tail
 			summary+=("clients w$w: $(tail -1 /tmp/gosym-pytest.tail)")
 		done ;;

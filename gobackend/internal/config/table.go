@@ -150,6 +150,12 @@ var (
 		"Seconds: the group timeout inside the real-client test jobs (tests/jobs/clients).")
 	_ = textRow("GOSYM_CLIENTS_JOB_TIMEOUT", "400", Tests,
 		"Seconds: the launcher's deadline for one real-client test job (tests/jobs/clients).")
+	_ = textRow("GOSYM_CLIENTS_SHARDS", "", Tests,
+		"How many reference/gosym job pairs run a (device, world) pair's real-client scenarios at once (tests/jobs/clients/harness.py; empty: 3 on CUDA, 1 on CPU).")
+	_ = textRow("GOSYM_CLIENTS_WORLDS", "", Build,
+		"The worlds scripts/device_cuda.sh clients runs, space-separated (empty: 2 up to the GPUs there), one pytest each.")
+	_ = textRow("GOSYM_CLIENTS_S", "280", Build,
+		"Seconds scripts/device_cuda.sh clients gives each world's pytest.")
 	_ = textRow("GOSYM_CLIENTS_SCENARIO_TIMEOUT", "150", Tests,
 		"Seconds one real-client scenario may run before its job reports it hung by name and resumes after it.")
 	_ = textRow("GOSYM_FUZZ_SLOW_S", "", Tests,

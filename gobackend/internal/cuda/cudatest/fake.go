@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/stretchr/testify/require"
@@ -51,7 +52,13 @@ func InFakeChild(t *testing.T) bool {
 	if _, err := cuda.LoadNVRTC(); err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
+	args := []string{"-test.run=^" + t.Name() + "$", "-test.v"}
+	if d, ok := t.Deadline(); ok { // the child times out first, so its goroutines are shown
+		if left := time.Until(d) - 15*time.Second; left > 0 {
+			args = append(args, "-test.timeout="+left.String())
+		}
+	}
+	cmd := exec.Command(os.Args[0], args...)
 	// The kernel cache is the user's (keyed by source, arch and NVRTC):
 	// the children share it, so allreduce.cu compiles once per machine,
 	// not once per child (about a minute each on a busy host).

@@ -3,9 +3,11 @@
 // code (kernels/testdata/emu.h) so that launches really run them. VMM
 // allocations are memfd pages mapped with mmap, so an exported fd imported
 // elsewhere aliases the same memory, as on a GPU. Enough of the driver API
-// for cudacheck; everything else is absent. The p2p kernels run each
-// block's threads as threads of their own (a real __syncthreads, see
-// emu.h), one block after another; gs_a2av, whose blocks wait on each
+// for cudacheck; everything else is absent. The p2p kernels and gs_copy
+// run each block's threads as threads of their own (a real __syncthreads,
+// see emu.h), one block after another (gs_copy's block barrier orders all
+// its threads' staging before their pulls: run one thread after another, a
+// thread pulled what a later one had yet to stage); gs_a2av, whose blocks wait on each
 // other through the peers, runs every block of a launch at once, each
 // with its threads as threads of their own; the rest one thread after
 // another. FAKECUDA_P2P_THREADS=n runs the p2p kernels' blocks with at
@@ -150,7 +152,7 @@ template <class P> static void invoke(void *fn, void *param) {
 #define NVLS(t, o) {FN(gs_nvls_##t##_##o, gs_nvls_params)},
 static CUfunc_st functions[] = {
     GS_AR_TYPES(AR_ONESHOT) GS_AR_TYPES(AR_TWOSHOT) GS_AR_TYPES(AR_PULL) GS_AR_TYPES(AR_LL)
-    {FN(gs_copy, gs_copy_params)},
+    {FN(gs_copy, gs_copy_params), true},
     {FN(gs_llmove, gs_llmove_params)},
     {FN(gs_bcast_relay, gs_relay_params)},
     {FN(gs_barrier, gs_barrier_params)},
