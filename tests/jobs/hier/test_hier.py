@@ -87,6 +87,27 @@ def test_rank_lost(scenario, victim, outdir):
     assert not fails, "\n".join(fails) + f"\n{res.tail(6000)}"
 
 
+def test_clients_across_hosts(outdir):
+    """Real clients across 2 hosts x 2 ranks on CPU: DDP, FSDP2 and a 2-D FSDP x TP mesh (TP
+    inside each host, FSDP across them) give the per-step losses of Gloo on the same four ranks
+    (tests/jobs/clients: the same scenarios, compared within their tolerance)."""
+    import harness as h
+
+    names = ["ddp", "fsdp2_fp32", "fsdp_tp"]
+    ref = h.run_job("cpu", 4, "gloo", names, outdir / "gloo")
+    scratch = outdir / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    res = run_hosts((2, 2), "clients_worker", ["--device", "cpu", "--scenarios", ",".join(names),
+                                               "--scratch", scratch, "--timeout", 60,
+                                               "--scenario-timeout", 150],
+                    outdir / "gosym", timeout=600, kind=ANY_HOSTS)
+    got = h.JobRun("gosym", res.results, None if res.returncode == 0 else res.tail(4000),
+                   0.0)
+    outcomes = [h.compare(n, "cpu", 4, ref, got) for n in names]
+    assert all(o.ok for o in outcomes), [(o.scenario, o.problems) for o in outcomes if not o.ok]
+    assert all(r["backend"] == "gosym" for r in res.results)
+
+
 @pytest.mark.parametrize("elems", [100, 100000], ids=["small", "rails"])
 def test_mismatch_across_hosts_names_both(elems, outdir):
     """One host's ranks broadcast where the other's all_reduce: every rank raises, naming a
