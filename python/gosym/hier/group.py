@@ -168,7 +168,8 @@ class HierGroup(HierAlgorithms):
             raise ValueError(f"gosym: all_gather_coalesced: expected {world} output lists (one "
                              f"per rank) of {n} tensors (one per input), got "
                              f"{[len(o) for o in output_lists]}")
-        works = [self.allgather([[o[i] for o in output_lists]], [t], opts) for i, t in enumerate(input_list)]
+        works = [self.allgather([[o[i] for o in output_lists]], [t], opts)
+                 for i, t in enumerate(input_list)]
         return works[-1] if works else None
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):

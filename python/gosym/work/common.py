@@ -8,8 +8,9 @@ from datetime import timedelta
 
 _ZERO = timedelta(0)
 # Works that Python dropped before anyone waited on them or took their future (EventWorks:
-# any dropped one, see _keep), kept a while longer: C++ may still hold one (DDP keeps the Work of its join all_reduce, made in the
-# forward pass, to wait on and read in the backward pass). torch reaches a Work written in
+# any dropped one, see _keep), kept a while longer: C++ may still hold one (DDP keeps the
+# Work of its join all_reduce, made in the forward pass, to wait on and read in the backward
+# pass). torch reaches a Work written in
 # Python only while its Python object lives (pybind11 looks the methods up on it); once it
 # is gone, torch's base Work::wait() waits forever. __del__ puts such a Work here, which
 # revives it until this many later ones pushed it out.

@@ -34,7 +34,6 @@ class EventWork(dist._Work):
             _settle(fut, self._out, exc)
 
     def wait(self, timeout=_ZERO):
-        self._waited = True
         t = timeout or self._limit
         secs = t.total_seconds() if isinstance(t, timedelta) else float(t or 0)
         if not self._done.wait(secs or None):
@@ -59,7 +58,6 @@ class EventWork(dist._Work):
         return self._out
 
     def get_future(self):
-        self._waited = True
         with self._lock:
             if self._fut is not None:
                 return self._fut
@@ -70,6 +68,6 @@ class EventWork(dist._Work):
         return fut
 
     def __del__(self):
-        # waited or not (torch's wait() from C++ sets _waited too): these hold host tensors
+        # waited or not (torch's C++ waits through this object too): these hold host tensors
         # only, and a HierGroup's DDP join failed without it ("Work::getFuture not implemented")
         _keep(self)

@@ -262,8 +262,8 @@ def run_pair(device: str, world: int, names: list[str], outdir: Path) -> list[Ou
     once (compared values do not depend on timing). With GOSYM_TEST_OUT set, the outcomes
     are written there as soon as they are known (clients-<device>-w<world>.json), so a run
     cut off later keeps them."""
-    shards = [names[i::shards_for(device)] for i in range(shards_for(device))]
-    shards = [sh for sh in shards if sh]
+    k = shards_for(device)
+    shards = [names[i::k] for i in range(k) if names[i::k]]
     jobs = [(i, b, sh) for i, sh in enumerate(shards) for b in (REFERENCE[device], "gosym")]
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         runs = list(pool.map(lambda j: run_job(device, world, j[1], j[2], Path(outdir) / f"shard{j[0]}"), jobs))

@@ -7,13 +7,14 @@
 // run each block's threads as threads of their own (a real __syncthreads,
 // see emu.h), one block after another (gs_copy's block barrier orders all
 // its threads' staging before their pulls: run one thread after another, a
-// thread pulled what a later one had yet to stage); gs_a2av, whose blocks wait on each
-// other through the peers, runs every block of a launch at once, each
-// with its threads as threads of their own; the rest one thread after
-// another. FAKECUDA_P2P_THREADS=n runs the p2p kernels' blocks with at
-// most n threads (at least 32; they work with any block size from 32 up):
-// fewer OS threads for tests of many launches. Streams are worker threads, so the launches of simulated ranks
-// on different streams run concurrently. Built with:
+// thread pulled what a later one had yet to stage); gs_a2av, whose blocks
+// wait on each other through the peers, runs every block of a launch at
+// once, each with its threads as threads of their own; the rest one thread
+// after another. FAKECUDA_P2P_THREADS=n runs the threaded kernels' blocks
+// with at most n threads (at least 32; they work with any block size from
+// 32 up): fewer OS threads for tests of many launches. Streams are worker
+// threads, so the launches of simulated ranks on different streams run
+// concurrently. Built with:
 //   g++ -shared -fPIC -include kernels/testdata/emu.h -I kernels -I <cuda pkg>
 #include "allreduce.cu"
 #include "copy.cu"
