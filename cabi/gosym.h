@@ -244,6 +244,12 @@ int32_t gosym_view_release(uint64_t view);
 /* Process-wide counters (live handles, fds, mappings) as JSON. */
 int32_t gosym_stats(char *buf, uint64_t cap, uint64_t *len);
 
+/* Turns on (on != 0) or off the count of CUDA driver calls and of the host time spent in
+   them, reported by gosym_stats as driver_calls and driver_ns: the call-cost bench
+   (gosym.callcost) tells the engine's time from the driver's with it. Off (the default), a
+   driver call pays one branch. */
+int32_t gosym_driver_timing(int32_t on);
+
 /* Every goroutine's stack, as text (Go's runtime.Stack): where a call that does not return
    is waiting, for a hang report. */
 int32_t gosym_debug_stacks(char *buf, uint64_t cap, uint64_t *len);

@@ -203,6 +203,13 @@ func gosym_stats(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int
 	return ret(copyOut(b, unsafe.Pointer(buf), capacity, length, true))
 }
 
+//export gosym_driver_timing
+func gosym_driver_timing(on C.int32_t) (rc C.int32_t) {
+	defer guard(&rc)
+	gobackend.SetDriverTiming(on != 0)
+	return C.GOSYM_OK
+}
+
 //export gosym_debug_stacks
 func gosym_debug_stacks(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)

@@ -16,6 +16,7 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/comm"
 	"github.com/gosym/gosym/gobackend/internal/config"
+	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/gpu"
 	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
@@ -411,10 +412,17 @@ func (e *Endpoint) StatsMap() map[string]any {
 	return m
 }
 
-// ProcessStats reports process-wide live resources (for leak tests).
+// ProcessStats reports process-wide live resources (for leak tests) and the
+// driver calls timed while SetDriverTiming was on (for the call-cost bench, gosym.callcost).
 func ProcessStats() map[string]any {
+	calls, ns := cuda.Timed()
 	return map[string]any{
 		"endpoints": liveEndpoints.Load(), "regions": shm.LiveRegions(), "memfds": shm.LiveFDs(),
 		"auth_rejected": comm.Rejected.Load(), "goroutines": runtime.NumGoroutine(),
+		"driver_calls": calls, "driver_ns": ns,
 	}
 }
+
+// SetDriverTiming turns on or off the count of CUDA driver calls and of the
+// host time spent in them (ProcessStats' driver_calls and driver_ns).
+func SetDriverTiming(on bool) { cuda.SetTiming(on) }

@@ -173,6 +173,7 @@ _SIGNATURES = {
     "gosym_op_run": (c_int32, [c_uint64, c_char_p]),
     "gosym_stats": (c_int32, [c_void_p, c_uint64, _u64p]),
     "gosym_debug_stacks": (c_int32, [c_void_p, c_uint64, _u64p]),
+    "gosym_driver_timing": (c_int32, [c_int32]),
     "gosym_mem_alloc": (c_int32, [c_uint64, _u64p, _u64p]),
     "gosym_mem_map": (c_int32, [c_uint64, c_uint64, c_int32, _u64p]),
     "gosym_mem_unmap": (c_int32, [c_uint64]),

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from ._torchrun import module_job
+
 _RANK_ENV = "GOSYM_STARTBENCH_OUT"
 
 
@@ -66,10 +68,7 @@ def _job(device: str, backend: str, nproc: int, timeout: float) -> dict:
     """One fresh job of backend; the slowest rank's times."""
     with tempfile.TemporaryDirectory(prefix="gosym-startbench-") as tmp:
         env = dict(os.environ, GOSYM_KERNEL_CACHE=os.path.join(tmp, "kernels"), **{_RANK_ENV: tmp})
-        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg, env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "gosym.startbench", "--rank-of", device, backend]
+        cmd, env = module_job(nproc, "gosym.startbench", "--rank-of", device, backend, env=env)
         t0 = time.perf_counter()
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - t0

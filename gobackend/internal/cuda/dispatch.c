@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dispatch.h"
 
@@ -30,6 +31,15 @@ static const gscu_sym nvrtc_syms[] = {
     GSCU_NVRTC_FUNCS(ROW)
 #undef ROW
 };
+
+volatile int gscu_timing;
+unsigned long long gscu_timed_calls, gscu_timed_ns;
+
+unsigned long long gscu_now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
 
 static void **slot(void *table, const gscu_sym *s) { return (void **)((char *)table + s->offset); }
 

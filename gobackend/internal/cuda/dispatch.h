@@ -310,9 +310,26 @@ enum {
 	if (!(t)->mc_enabled)                                                                \
 		return GSCU_ERROR_REFUSED;
 
+/* Host time spent inside the driver, for the call-cost bench (gosym.callcost):
+ * counted only while gscu_timing is set (Go's cuda.SetTiming), so an op pays one
+ * predictable branch per driver call when nobody measures. */
+extern volatile int gscu_timing;
+extern unsigned long long gscu_timed_calls, gscu_timed_ns;
+unsigned long long gscu_now_ns(void);
+static inline void gscu_timed(unsigned long long t0) {
+	__atomic_fetch_add(&gscu_timed_ns, gscu_now_ns() - t0, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&gscu_timed_calls, 1, __ATOMIC_RELAXED);
+}
+
 #define GSCU_WRAP(tier, name, dl, ver, params, args)                                          \
 	static inline CUresult gscu_##name(const gscu_driver *t, GSCU_UNPAREN params) {       \
 		GSCU_GUARD_##tier(t) if (!t->name) return GSCU_ERROR_NO_SYMBOL;               \
+		if (__builtin_expect(gscu_timing, 0)) {                                       \
+			unsigned long long t0 = gscu_now_ns();                                \
+			CUresult r = t->name args;                                            \
+			gscu_timed(t0);                                                       \
+			return r;                                                             \
+		}                                                                             \
 		return t->name args;                                                          \
 	}
 GSCU_DRIVER_FUNCS(GSCU_WRAP)
