@@ -40,6 +40,35 @@ def stream_of(raw, idx):
     return s
 
 
+_loaded = set()  # devices whose copy kernels load_copies has loaded in this process
+
+
+def load_copies(idx) -> None:
+    """Loads, once per process and device, torch's copy kernels that gosym launches around
+    its own: a non-contiguous tensor's contiguous copy and its copy-back (the strided
+    kernel), and plain copies, aligned and not (each an instantiation per dtype). Under
+    CUDA's lazy loading (torch's default) a kernel's first launch loads it, and loading
+    waits for the device: with a receive already spinning there until its peer sends, and
+    the peer in the same place, the pair deadlocks (the GPU suite's strided send/recv did,
+    once receives were enqueued at the call). The engine loads its own modules at setup;
+    these are torch's, so they are run once here, before the group's first kernel."""
+    if idx in _loaded:
+        return
+    _loaded.add(idx)
+    for dt in _COPY_DTYPES:
+        a = torch.empty((4, 3), dtype=dt, device=idx)
+        a[:, 0].contiguous()  # strided source, contiguous destination
+        a[1:, 0].copy_(a[0])  # contiguous source, strided destination
+        flat = a.view(-1)
+        flat[:4].copy_(flat[4:8])  # aligned
+        flat[1:5].copy_(flat[7:11])  # one element off: the unvectorised instantiation
+
+
+_COPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+                torch.int16, torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn,
+                torch.float8_e5m2, torch.complex64, torch.complex128)
+
+
 def record(tensors, stream) -> None:
     """Marks every CUDA tensor in tensors (nested in lists and tuples) as used on stream,
     as ProcessGroupNCCL does for its collectives' tensors: the caching allocator then
@@ -84,8 +113,11 @@ class CudaStreams:
                 raise _lib.error(st)
 
     def index(self, idx):
-        """idx, checked against the device this group's CUDA ops already run on."""
-        if self.device is not None and idx != self.device:
+        """idx, checked against the device this group's CUDA ops already run on; before the
+        group's first CUDA op, torch's copy kernels are loaded there (load_copies)."""
+        if self.device is None:
+            load_copies(idx)
+        elif idx != self.device:
             raise ValueError(f"gosym: group {self._group()._name!r} runs on cuda:{self.device} "
                              f"on this rank; got a tensor on cuda:{idx} (one device per rank "
                              f"and group)")
@@ -151,7 +183,8 @@ class CudaStreams:
         a caller that posts and then only synchronises the device (or drops the Work)
         gets the transfer. A launched receive spins on the GPU until its peer sends, so
         nothing of gosym's may load a module while one runs (CUDA's lazy loading waits
-        for the device there): the engine loads every module of its own at group setup.
+        for the device there): the engine loads every module of its own at group setup,
+        and index() has torch's copy kernels loaded (load_copies).
         Posts that wait on each other (a ring of isend/irecv) complete in any order,
         each pair and direction on its own stream.
 

@@ -161,9 +161,10 @@ def strided(ck, rank, peer, dev):
     """A non-contiguous source (every other column) into a non-contiguous destination
     (a column block of a wider matrix): the elements in between stay poisoned. Both
     ranks post the irecv first and only then make the source, whose first strided fp16
-    copy loads a kernel module lazily, which synchronises the device: with the irecv's
-    kernel already spinning on the GPU, that deadlocked the pair until the kernels timed
-    out (the sends and receives are launched at wait() now)."""
+    copy (gosym's contiguous copy of the source, its copy-back into the destination) is
+    torch's strided copy kernel: loaded lazily at its first launch, which waits for the
+    device, with the irecv's kernel already spinning there, that deadlocked the pair until
+    the kernels timed out; gosym loads those kernels before its first (load_copies)."""
     rows, cols = 257, 33
     case = "strided"
 

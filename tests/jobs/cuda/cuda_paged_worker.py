@@ -34,13 +34,13 @@ import gc
 import torch
 import torch.distributed as dist
 import wcommon as wc
-from cuda_reg_worker import OPS, against_nccl, delta
+from cuda_reg_worker import OPS, against_nccl, delta, direct_reads
 from cuda_worker import _input, _reference
 from gpuref import compare_reduced
 
 import gosym
 
-KEYS = ("gpu_direct_ops", "gpu_page_runs_made", "gpu_page_runs_retired", "gpu_peer_map_hits",
+KEYS = ("gpu_direct_ops", "gpu_relay_ops", "gpu_page_runs_made", "gpu_page_runs_retired", "gpu_peer_map_hits",
         "gpu_peer_map_misses", "gpu_peer_map_dropped", "gpu_page_runs_kept")
 DIRECT_MIN = 8 << 20
 # Elements per rank (float32): 1 MiB (staged), 8 MiB + 5, 48 MiB + 3 (several 20 MiB pages).
@@ -72,8 +72,7 @@ def collectives(ck, rank, world, dev, nccl):
             out = torch.empty(nout * k, device=dev) if nout else None
             for rep in range(REPS):
                 d = against_nccl(ck, f"{case}/{rep}", name, rank, x, out, call, nccl, stats)
-                peers_read = world - 1 if name != "broadcast" else int(rank != 0)
-                publishes = name != "broadcast" or rank == 0
+                peers_read, publishes = direct_reads(ck, f"{case}/{rep}", name, rank, world, d)
                 if k * 4 < DIRECT_MIN:
                     ck.check(f"{case}/{rep}: staged", d["gpu_direct_ops"] == 0 and d["gpu_page_runs_made"] == 0,
                              str(d))

@@ -40,7 +40,8 @@ from gpuref import compare_reduced
 import gosym
 
 REG_KEYS = ("gpu_bindings_created", "gpu_bindings_reused", "gpu_bindings_released", "gpu_peer_maps",
-            "gpu_peer_map_hits", "gpu_peer_map_misses", "gpu_peer_map_dropped", "gpu_reg_direct_ops")
+            "gpu_peer_map_hits", "gpu_peer_map_misses", "gpu_peer_map_dropped", "gpu_reg_direct_ops",
+            "gpu_relay_ops")
 # Elements per rank (float32): 1 KiB (below the registered threshold), 1 MiB + 3 elements
 # (odd, above it), 8 MiB.
 SIZES = [256, (1 << 18) + 3, 1 << 21]
@@ -54,6 +55,20 @@ def reg_stats(group=None) -> dict:
 
 def delta(a: dict, b: dict) -> dict:
     return {k: b[k] - a[k] for k in a}
+
+
+def direct_reads(ck, case, name, rank, world, d) -> tuple[int, bool]:
+    """(how many peers' buffers this rank's direct op read, whether it published its own) for
+    the op whose stats delta is d. A broadcast reads the root's buffer only, and only the root
+    publishes; relayed (gs_bcast_relay: world >= 3 and large, test_direct_path checks when),
+    every rank publishes its buffer and maps every peer's, since each non-root also reads the
+    others' outputs."""
+    relayed = d["gpu_relay_ops"] == 1
+    ck.check(f"{case}: only a broadcast of 3 or more ranks relays",
+             not relayed or (name == "broadcast" and world >= 3), str(d))
+    if name != "broadcast" or relayed:
+        return world - 1, True
+    return int(rank != 0), rank == 0
 
 
 # op -> (input elements, output elements (0: in place), call(x, out, group)) for k per rank
@@ -139,9 +154,7 @@ def collectives(ck, rank, world, dev, nccl, alloc="torch"):
             for rep in range(REPS):
                 out = torch.empty(nout * k, device=dev) if nout else None
                 d = against_nccl(ck, f"{case}/{rep}", name, rank, x, out, call, nccl, reg_stats)
-                # broadcast: only the root's buffer is read (and bound), by the others
-                peers_read = world - 1 if name != "broadcast" else int(rank != 0)
-                binds_here = name != "broadcast" or rank == 0
+                peers_read, binds_here = direct_reads(ck, f"{case}/{rep}", name, rank, world, d)
                 if k * 4 < reg_min:
                     ck.check(f"{case}/{rep}: below the threshold nothing binds",
                              d["gpu_bindings_created"] == 0 and d["gpu_reg_direct_ops"] == 0, str(d))

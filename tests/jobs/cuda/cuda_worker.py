@@ -960,9 +960,19 @@ def main():
     rank, world, dev, nccl = wc.init_cuda(args)
     ck = wc.Checker(rank)
     only = os.environ.get("CUDA_WORKER_PARTS")  # comma-separated parts to run; unset: all
-    if only:
-        run_part = ck.run
-        ck.run = lambda name, *a, **kw: run_part(name, *a, **kw) if name in only.split(",") else None
+    run_part, done = ck.run, ck.info.setdefault("parts_done", [])
+
+    def run(name, fn, *a, **kw):
+        """ck.run for the parts chosen; each that ran to its end is in info["parts_done"]."""
+        if only and name not in only.split(","):
+            return None
+
+        def body(*a, **kw):
+            out = fn(*a, **kw)
+            done.append(name)
+            return out
+        return run_part(name, body, *a, **kw)
+    ck.run = run
     digests = {}
     t0 = time.perf_counter()
     ck.run("matrix", matrix, ck, rank, world, dev, nccl, digests)
