@@ -285,7 +285,14 @@ class Program:
         CUDA some collectives by a device synchronisation alone before the check (an NCCL
         collective is enqueued at its call, so that completes it; wait() comes after)."""
         order = self.local.sample(range(len(self.pending)), k)
-        how = [self.local.choices(("wait", "future", "device"), (0.6, 0.25, 0.15))[0] for _ in order]
+        # With programs on other threads, no device synchronisation completes an op: a
+        # device-wide one would also wait for another program's kernels, whose peers may wait
+        # for this thread's next post (a deadlock on NCCL as well), and a stream's does not
+        # cover an async op on a side stream (the caller's stream is joined to it only by
+        # wait(); NCCL runs it on its own stream). Seed 202 at world 4, threads 2 checked such
+        # ops' outputs before they were written.
+        ways = ("wait", "future", "device") if self.args.threads == 1 else ("wait", "future")
+        how = [self.local.choices(ways, (0.6, 0.25, 0.15)[:len(ways)])[0] for _ in order]
         done = [self.pending[i] for i in order]
         self.pending = [p for i, p in enumerate(self.pending) if i not in set(order)]
         for (case, work, check), via in zip(done, how):
@@ -294,15 +301,8 @@ class Program:
                 continue
             try:
                 if via == "device" and self.args.cuda and " cpu" not in case:  # host ops: only wait
-                    # sends and receives too: NCCL enqueues every op at its call. With
-                    # programs on other threads only this thread's stream (an op on a side
-                    # stream is joined to it): a device-wide synchronize would also wait
-                    # for another program's kernels, whose peers may be waiting for this
-                    # thread's next post (a deadlock on NCCL as well).
-                    if self.args.threads > 1:
-                        torch.cuda.current_stream().synchronize()
-                    else:
-                        torch.cuda.synchronize()
+                    # sends and receives too: NCCL enqueues every op at its call
+                    torch.cuda.synchronize()
                     self.ck.run(case + " (after a device synchronize)", check)
                     work.wait()
                     continue
