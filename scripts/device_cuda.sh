@@ -213,7 +213,7 @@ for s in "${steps[@]}"; do
 				--target-time 0.05 --no-check --json "$out/tune-copyblocks-$cb.json" 2>&1 | tail -12
 		done
 		echo "-- host cost per call, layer by layer"
-		timeout 200 torchrun --nproc-per-node 2 scripts/cuda_overhead.py --json "$out/overhead.json" 2>&1 | grep " us$" ;;
+		timeout 200 python3 -m gosym.callcost --device cuda --nproc 2 --json "$out/callcost-tune.json" 2>&1 | tail -40 ;;
 	ll)
 		echo "== small all_reduce: LL kernel (default) against the one-shot (GOSYM_GPU_LL_MAX=0), gosym alone"
 		for ll in 0 524288; do
@@ -297,8 +297,8 @@ for s in "${steps[@]}"; do
 				--json "$out/pinned-$pin-$RANDOM.json" 2>&1 | tail -6
 		done ;;
 	host)
-		echo "== host cost per call: torch's dispatch to a C++ backend against a Python one (no GPU used), then gosym's layers"
-		timeout 100 python3 scripts/probe_dispatch.py --json "$out/dispatch.json" 2>&1
+		echo "== host cost per call: gosym's layers beside torch's do-nothing groups, then the other ops"
+		timeout 200 python3 -m gosym.callcost --device cuda --nproc 2 --json "$out/callcost-cuda-w2.json" 2>&1 | tail -40
 		timeout 200 torchrun --nproc-per-node 2 scripts/cuda_overhead.py --json "$out/overhead.json" 2>&1 | grep " us$" ;;
 	graph)
 		echo "== bench graph"
