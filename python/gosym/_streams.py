@@ -52,8 +52,8 @@ def load_copies(idx) -> None:
     the peer in the same place, the pair deadlocks (the GPU suite's strided send/recv did,
     once receives were enqueued at the call). The engine loads its own modules at setup;
     these are torch's, so they are run once here, before the group's first kernel."""
-    if idx in _loaded:
-        return
+    if _capturing():
+        return  # the copies would join the graph being captured: a later op loads them
     _loaded.add(idx)
     for dt in _COPY_DTYPES:
         a = torch.empty((4, 3), dtype=dt, device=idx)
@@ -113,14 +113,15 @@ class CudaStreams:
                 raise _lib.error(st)
 
     def index(self, idx):
-        """idx, checked against the device this group's CUDA ops already run on; before the
-        group's first CUDA op, torch's copy kernels are loaded there (load_copies)."""
-        if self.device is None:
-            load_copies(idx)
-        elif idx != self.device:
+        """idx, checked against the device this group's CUDA ops already run on, where
+        torch's copy kernels are loaded first (load_copies: at the group's first CUDA op and
+        every send or recv until it did)."""
+        if self.device is not None and idx != self.device:
             raise ValueError(f"gosym: group {self._group()._name!r} runs on cuda:{self.device} "
                              f"on this rank; got a tensor on cuda:{idx} (one device per rank "
                              f"and group)")
+        if idx not in _loaded:
+            load_copies(idx)
         return idx
 
     def post(self, desc, idx):
