@@ -5,9 +5,11 @@ as lost."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
+import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
@@ -60,6 +62,9 @@ class HierBase(ProcessGroupGosym):
         self._balanced = len(counts) == 1
         self._rail = [rs[self._lidx] for rs in hosts if len(rs) > self._lidx]
         self._shape = schedule.shape(len(rs) for rs in hosts)
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL: every op's arguments compared across the ranks
+        # first (_agree), as torch's wrapper does for Gloo and NCCL (it skips Python groups)
+        self._check_args = dist.get_debug_level() == dist.DebugLevel.DETAIL
         self._paths = {}  # "op/hier" or "op/flat" -> ops that took it (stats)
         self._seq = 0
         self._split_count = 0
@@ -166,7 +171,11 @@ class HierBase(ProcessGroupGosym):
 
         def run():
             try:
+                if self._check_args:
+                    self._agree(what, seq, keep)
                 fn(self._dev(dev))
+            except ArgumentsDiffer:
+                raise  # no rank ran the op: the group stays usable
             except Exception as e:
                 raise self._failed(what, seq, e, keep) from e
 
@@ -191,6 +200,26 @@ class HierBase(ProcessGroupGosym):
             return w
         w.wait()
         return None
+
+    def _agree(self, what, seq, keep):
+        """Compares op what's arguments (fingerprint) across every rank before it runs, on
+        the flat Gloo group: a digest each, and only where they differ the texts (through
+        the store), so that every rank raises naming a rank whose differ and both. Without
+        it, arguments that differ across hosts fail inside the inter-host step: Gloo aborts
+        the process on a size that differs, NCCL may hang, as they do flat."""
+        mine = fingerprint(what, keep)
+        digest = hashlib.blake2b(mine.encode(), digest_size=8).digest()
+        t = torch.tensor([int.from_bytes(digest, "little", signed=True)], dtype=torch.int64)
+        every = torch.empty(self._size, dtype=torch.int64)
+        self._group("flat", "cpu")._allgather_base(every, t).wait()
+        other = next((r for r in range(self._size) if every[r] != t[0]), None)
+        if other is None:
+            return
+        self._store.set(f"args/{seq}/{self._rank}", mine)
+        theirs = self._store.get(f"args/{seq}/{other}").decode()
+        raise ArgumentsDiffer(f"gosym: {what} (seq {seq}): the ranks posted different arguments "
+                              f"(TORCH_DISTRIBUTED_DEBUG=DETAIL): rank {self._rank} {mine}, "
+                              f"rank {other} {theirs}")
 
     def _failed(self, what, seq, e, keep=None):
         """The error of op what (seq) that failed with e: the inner groups are aborted (a
@@ -236,8 +265,27 @@ class HierBase(ProcessGroupGosym):
                          f"failure from them within {self._report_s:.0f} s)")
 
 
-def signature(keep) -> str:
-    """An op's tensors as dtype[shape]@device, for naming what each rank posted."""
+class ArgumentsDiffer(ValueError):
+    """An op whose arguments differ across the ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL)."""
+
+
+# Ops whose tensors have the same shapes on every rank; the others (the list forms, whose
+# sizes may differ as NCCL's _v forms, all_to_all's splits, gather and scatter, whose lists
+# only the root passes) are compared by their dtypes and devices alone.
+_SAME_SHAPES = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "broadcast",
+                          "all_gather_into_tensor", "reduce_scatter_tensor", "barrier"})
+
+
+def fingerprint(what, keep) -> str:
+    """What every rank must pass alike to op what on tensors keep."""
+    if what in _SAME_SHAPES:
+        return f"{what} of {signature(keep)}"
+    return f"{what} of {signature(keep, shapes=False)}"
+
+
+def signature(keep, shapes=True) -> str:
+    """An op's tensors as dtype[shape]@device (shapes False: the distinct dtype@device), for
+    naming what each rank posted."""
     out = []
 
     def walk(x):
@@ -245,8 +293,11 @@ def signature(keep) -> str:
             for y in x:
                 walk(y)
         elif hasattr(x, "dtype") and hasattr(x, "shape"):
-            out.append(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}@{x.device.type}")
+            shape = list(x.shape) if shapes else ""
+            out.append(f"{str(x.dtype).removeprefix('torch.')}{shape}@{x.device.type}")
 
     walk(keep)
+    if not shapes:
+        out = sorted(set(out))
     text = ", ".join(out) or "no tensors"
     return text if len(text) <= 400 else text[:400] + "..."

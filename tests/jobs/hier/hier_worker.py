@@ -581,7 +581,8 @@ def mismatch(args, ck, rank, world, counts):
     """The second host's ranks broadcast where the first host's all_reduce: every rank raises
     a gosym error naming a rank of each host with the op and tensors each posted (at the
     inter-host step's timeout: Gloo and NCCL wait there). Sizes that differ are not tried:
-    Gloo's pair aborts the process on a message longer than the receive."""
+    Gloo's pair aborts the process on a message longer than the receive (args_differ: with
+    TORCH_DISTRIBUTED_DEBUG=DETAIL they are caught before)."""
     far = rank >= counts[0]
     t = torch.ones(args.elems)
     err = None
@@ -602,6 +603,29 @@ def mismatch(args, ck, rank, world, counts):
     ck.check("names both ranks' ops", all(o in msg for o in ops), msg[:1500])
     ck.info["error"] = msg[:1500]
     ck.info["seconds"] = round(time.monotonic() - t0, 1)
+
+
+def args_differ(args, ck, rank, world, counts):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: the second host's ranks all_reduce one element more than
+    the first host's. Every rank raises a ValueError naming a rank whose arguments differ from
+    its own and both, before any inter-host step (where Gloo would abort the process on the
+    longer message); no rank ran the op, so the group goes on: an all_reduce after it sums."""
+    far = rank >= counts[0]
+    t = torch.ones(args.elems + int(far))
+    err = None
+    try:
+        dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001 - the error under test
+        err = e
+    msg = str(err) if err is not None else ""
+    ck.check("a ValueError", isinstance(err, ValueError), repr(err)[:300])
+    ck.check("names the difference", "the ranks posted different arguments" in msg, msg[:1500])
+    fps = [f"all_reduce of float32[{n}]@cpu" for n in (args.elems, args.elems + 1)]
+    ck.check("names both ranks' arguments", all(f in msg for f in fps), msg[:1500])
+    x = torch.full((args.elems,), float(rank + 1))
+    dist.all_reduce(x)
+    ck.check("the group goes on", bool((x == world * (world + 1) / 2).all()), str(x[:4]))
+    ck.info["error"] = msg[:1500]
 
 
 def main():
@@ -626,6 +650,8 @@ def main():
     if args.scenario:
         if args.scenario == "mismatch":
             mismatch(args, ck, rank, world, counts)
+        elif args.scenario == "args_differ":
+            args_differ(args, ck, rank, world, counts)
         else:
             scenario(args, ck, rank, world)
         wc.write_result(ck.result())

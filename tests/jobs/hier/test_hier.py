@@ -120,6 +120,17 @@ def test_mismatch_across_hosts_names_both(elems, outdir):
     assert all(r["info"]["seconds"] < 15 for r in res.results), [r["info"] for r in res.results]
 
 
+def test_arguments_differ_across_hosts_under_debug_detail(outdir):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's switch for comparing every op's arguments across
+    the ranks first, which it applies to Gloo and NCCL but not to Python groups): one host's
+    ranks all_reduce one element more than the other's; every rank raises a ValueError naming
+    both, and the group goes on."""
+    res = run_hosts((2, 2), "hier_worker", ["--hosts", "2,2", "--scenario", "args_differ",
+                                            "--elems", 1000, "--timeout", 10], outdir,
+                    timeout=180, kind=ANY_HOSTS, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    res.assert_ok()
+
+
 @needs_netns
 def test_detection_and_connect_disagree(outdir):
     """GOSYM_HOST_ID naming one host for both: the connect fails, and says why."""
