@@ -248,9 +248,16 @@ class ProcessGroupGosym(dist.ProcessGroup):
         no CUDA send or receive pending, the common case, that happens right here, with no
         further frame but the builder's (on 2xH200 the frames this skips cost ~0.5 us of a
         ~12 us dist.all_reduce); the first op of a group goes through CudaStreams.op, the
-        rest through _work."""
+        rest through _work. A synchronous op on a dense host tensor is one native call too
+        (post, wait, release)."""
         t = _one(tensors, what)
-        fast = t.__class__ is _Tensor and t.is_cuda and t.layout is _strided and t.is_contiguous()
+        dense = t.__class__ is _Tensor and t.layout is _strided and t.is_contiguous()
+        if dense and not opts.asyncOp and t.is_cpu:
+            # A synchronous host op on a dense tensor: one native call, as the CUDA path's.
+            code, mult, red, scale = _in_place_types(build, t, opts)
+            _run(self._h, build(code, t.numel() * mult, t.data_ptr(), red, scale, root))
+            return None
+        fast = dense and t.is_cuda
         streams = self._streams
         if fast and not streams.pending:
             idx = t.get_device()
