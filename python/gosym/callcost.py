@@ -7,7 +7,8 @@ of each layer (perf_counter_ns around a burst; on CUDA the device is synchronize
 bursts, untimed, so the launch queue never fills and only the host is timed) and takes the
 median per call over the bursts; the table gives the slowest rank's median.
 
-Layers, for all_reduce (in place) and all_gather_into_tensor of --numel float32 per rank:
+Layers, for all_reduce and broadcast (in place), all_gather_into_tensor, reduce_scatter_tensor
+and all_to_all_single of --numel float32 per rank (a multiple of the world size):
 
 - ``torch fake group``: dist.<op> on torch's FakeProcessGroup, a C++ group that does nothing:
   the floor of torch's Python wrapper and dispatcher.
@@ -41,7 +42,8 @@ import time
 from ._torchrun import module_job
 
 _OUT_ENV = "GOSYM_CALLCOST_OUT"
-OPS = ("all_reduce", "all_gather_into_tensor")
+OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+       "all_to_all_single")
 
 
 def _null_group_class(dist):
@@ -57,7 +59,17 @@ def _null_group_class(dist):
         def allreduce(self, tensors, opts=None):
             return None
 
+        def broadcast(self, tensors, opts=None):
+            return None
+
         def _allgather_base(self, output, input, opts=None):
+            return None
+
+        def _reduce_scatter_base(self, output, input, opts=None):
+            return None
+
+        def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=None):
             return None
 
         def getBackendName(self):
@@ -135,18 +147,35 @@ def _rank_main(device, numel, calls, bursts):
     ctrl = dist.new_group(backend="gloo")
     x = torch.zeros(numel, device=dev)
     out = torch.zeros(numel * world, device=dev)
-    AR, AG = dist.AllreduceOptions(), torch._C._distributed_c10d.AllgatherOptions()
-    AR.asyncOp = AG.asyncOp = False  # as dist.<op>(async_op=False) passes them
+    part = torch.zeros(numel // world, device=dev)  # reduce_scatter_tensor's output
+    c10d = torch._C._distributed_c10d
+    opts = {name: getattr(c10d, name)() for name in ("AllreduceOptions", "BroadcastOptions",
+                                                      "AllgatherOptions", "ReduceScatterOptions",
+                                                      "AllToAllOptions")}
+    for o in opts.values():
+        o.asyncOp = False  # as dist.<op>(async_op=False) passes them
+    AR, BC, AG, RS, AA = opts.values()
     cls = type(pg)
+
+    def forms(method, *args):
+        """The op's group method called with args, with and without the profiler hook."""
+        return dict(method=lambda: getattr(pg, method)(*args),
+                    bare=lambda: getattr(cls, method).__wrapped__(pg, *args))
+
     ops = {
-        "all_reduce": dict(
-            dist=lambda g=None: dist.all_reduce(x, group=g),
-            method=lambda: pg.allreduce([x], AR),
-            bare=lambda: cls.allreduce.__wrapped__(pg, [x], AR)),
+        "all_reduce": dict(dist=lambda g=None: dist.all_reduce(x, group=g),
+                           **forms("allreduce", [x], AR)),
+        "broadcast": dict(dist=lambda g=None: dist.broadcast(x, 0, group=g),
+                          **forms("broadcast", [x], BC)),
         "all_gather_into_tensor": dict(
             dist=lambda g=None: dist.all_gather_into_tensor(out, x, group=g),
-            method=lambda: pg._allgather_base(out, x, AG),
-            bare=lambda: cls._allgather_base.__wrapped__(pg, out, x, AG)),
+            **forms("_allgather_base", out, x, AG)),
+        "reduce_scatter_tensor": dict(
+            dist=lambda g=None: dist.reduce_scatter_tensor(part, x, group=g),
+            **forms("_reduce_scatter_base", part, x, RS)),
+        "all_to_all_single": dict(
+            dist=lambda g=None: dist.all_to_all_single(out[:numel], x, group=g),
+            **forms("alltoall_base", out[:numel], x, [], [], AA)),
     }
     rows = {}
 
@@ -235,6 +264,8 @@ def main(argv=None) -> int:
         import torch
 
         nproc = torch.cuda.device_count() if a.device == "cuda" else 2
+    if a.numel % nproc:
+        p.error(f"--numel must be a multiple of the {nproc} ranks (reduce_scatter_tensor)")
     with tempfile.TemporaryDirectory(prefix="gosym-callcost-") as tmp:
         cmd, env = module_job(nproc, "gosym.callcost", "--rank-of", a.device, str(a.numel),
                               str(a.calls), str(a.bursts), env=dict(os.environ, **{_OUT_ENV: tmp}))
