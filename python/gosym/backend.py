@@ -705,5 +705,5 @@ class ProcessGroupGosym(dist.ProcessGroup):
         _monitored.monitored_barrier(self, timeout, wait_all_ranks)
 
 
-_profiling.instrument(ProcessGroupGosym)
-_forms.accept(ProcessGroupGosym)
+_profiling.instrument(ProcessGroupGosym, skip=_forms.FORMS)  # forms' wrapper records their ranges
+_forms.accept(ProcessGroupGosym, _profiling.hook)

@@ -16,7 +16,8 @@ and all_to_all_single of --numel float32 per rank (a multiple of the world size)
   (no Work: torch skips the wait), the floor for any backend written in Python.
 - ``gosym dist.<op>``: what a user pays.
 - ``gosym method``: the group's method called directly, without torch's wrapper.
-- ``gosym method, bare``: the same without the profiler hook (gosym.profiling's wrapper).
+- ``gosym method, bare``: the same without the wrapper every op method has (gosym.forms'
+  call forms and gosym.profiling's check for a running profiler).
 - ``native call``: the one gosym_op_run the method makes, replayed with the descriptor it
   passed: ctypes, the Go engine and the CUDA driver (and on the CPU the collective itself).
 - ``ctypes floor``: a native call that does nothing (gosym_abi_version).
@@ -24,13 +25,15 @@ and all_to_all_single of --numel float32 per rank (a multiple of the world size)
   it while timing is on (gosym_driver_timing), and the driver calls per op.
 - ``record_stream``: one Tensor.record_stream, which gosym's CUDA path makes per tensor.
 
-The derived rows split the total: torch's wrapper (dist.<op> - method), gosym's Python
-(method - native call), Go (native call - ctypes floor - driver).
+The derived rows split the total: torch's wrapper (dist.<op> - method), the entry wrapper
+(method - bare), gosym's Python (bare - native call), Go (native call - ctypes floor -
+driver).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -158,9 +161,9 @@ def _rank_main(device, numel, calls, bursts):
     cls = type(pg)
 
     def forms(method, *args):
-        """The op's group method called with args, with and without the profiler hook."""
-        return dict(method=lambda: getattr(pg, method)(*args),
-                    bare=lambda: getattr(cls, method).__wrapped__(pg, *args))
+        """The op's group method called with args, with and without its wrappers."""
+        wrapped, bare = getattr(cls, method), inspect.unwrap(getattr(cls, method))
+        return dict(method=lambda: wrapped(pg, *args), bare=lambda: bare(pg, *args))
 
     ops = {
         "all_reduce": dict(dist=lambda g=None: dist.all_reduce(x, group=g),
@@ -231,7 +234,7 @@ def derived(row):
         if not r:
             continue
         out[f"{op}: = torch's wrapper"] = r[f"gosym dist.{op}"] - r["gosym method"]
-        out[f"{op}: = profiler hook"] = r["gosym method"] - r["gosym method, bare"]
+        out[f"{op}: = entry wrapper"] = r["gosym method"] - r["gosym method, bare"]
         out[f"{op}: = gosym's Python"] = r["gosym method, bare"] - r["native call"]
         out[f"{op}: = ctypes"] = row["ctypes floor"]
         out[f"{op}: = Go"] = r["native call"] - row["ctypes floor"] - r["driver"]

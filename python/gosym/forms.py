@@ -173,22 +173,33 @@ def _full_check(kinds, opts_cls):
     return check
 
 
-def _wrap(fn, method):
+def _wrap(fn, method, hook):
     params, opts_cls, _ = FORMS[method]
     is_full = _full_check([k for _, k in params], opts_cls)
+    if hook is None:
+        def op(self, *args, **kwargs):
+            if not kwargs and is_full(args):
+                return fn(self, *args)
+            return fn(self, *full_form(method, args, kwargs))
 
-    def op(self, *args, **kwargs):
-        if not kwargs and is_full(args):
-            return fn(self, *args)
-        return fn(self, *full_form(method, args, kwargs))
+        return functools.update_wrapper(op, fn)
+    enabled, ranged = hook
+
+    def op(self, *args, **kwargs):  # the call forms and the profiler's range in one frame
+        if kwargs or not is_full(args):
+            args = full_form(method, args, kwargs)
+        if enabled():
+            return ranged(fn, self, args)
+        return fn(self, *args)
 
     return functools.update_wrapper(op, fn)
 
 
-def accept(cls):
+def accept(cls, hook=lambda method: None):
     """Wraps the op methods cls defines so that each accepts every call form torch binds
-    (module doc); those it inherits are wrapped where they are defined."""
+    (module doc); those it inherits are wrapped where they are defined. hook(method) is
+    gosym.profiling.hook: the method's range, recorded from the same wrapper (None: none)."""
     for method in FORMS:
         if method in cls.__dict__:
-            setattr(cls, method, _wrap(cls.__dict__[method], method))
+            setattr(cls, method, _wrap(cls.__dict__[method], method, hook(method)))
     return cls

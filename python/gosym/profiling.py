@@ -2,8 +2,10 @@
 and NCCL record theirs ("gloo:all_reduce"): one range per op, named like gloo's, with the op's
 input tensors (their shapes show when the profiler records shapes), marked async.
 
-instrument(cls) wraps the process group's op methods. While no profiler runs, a wrapped call
-costs one check of torch's profiler flag (torch._C._autograd._profiler_enabled) and one frame.
+instrument(cls) wraps the process group's op methods; those with call forms of their own get
+their range from gosym.forms' wrapper (hook), in its frame. While no profiler runs, a call costs
+one check of torch's profiler flag (torch._C._autograd._profiler_enabled), plus a frame for
+the methods instrument wraps itself.
 While one runs, the range starts at the call and ends when the op is done: for an op that is
 done when the method returns (a synchronous host op, a CUDA op enqueued on its stream) at
 once, else when its Work completes (Work.wait() waits for the range to be closed).
@@ -140,11 +142,32 @@ def _wrap(fn, title, pick):
     return functools.update_wrapper(op, fn)
 
 
-def instrument(cls):
-    """Wraps cls's op methods (OPS) so that each records its gosym:<op> range; with
-    GOSYM_PROFILER_RANGES=0 leaves them alone (no ranges, and not the wrapper's cost)."""
+def hook(method):
+    """The range of op method for a wrapper another module writes (gosym.forms puts its call
+    forms and the range in one frame): None where method records none (not one of OPS, or
+    GOSYM_PROFILER_RANGES=0), else (enabled, ranged): enabled() says whether a profiler
+    runs (the wrapper's one check while none does), ranged(fn, pg, args) runs fn(pg, *args)
+    inside the range."""
+    if method not in OPS or not _settings.profiler_ranges():
+        return None
+    title, pick = OPS[method]
+    title = f"gosym:{title}"
+
+    def ranged(fn, pg, args):
+        if getattr(pg, "_gosym_inner", False):
+            return fn(pg, *args)
+        return _profiled(fn, pg, args, {}, title, pick)
+
+    return _enabled, ranged
+
+
+def instrument(cls, skip=()):
+    """Wraps cls's op methods (OPS) but those in skip (wrapped with hook by another module)
+    so that each records its gosym:<op> range; with GOSYM_PROFILER_RANGES=0 leaves them
+    alone (no ranges, and not the wrapper's cost)."""
     if not _settings.profiler_ranges():
         return cls
     for name, (title, pick) in OPS.items():
-        setattr(cls, name, _wrap(getattr(cls, name), title, pick))
+        if name not in skip:
+            setattr(cls, name, _wrap(getattr(cls, name), title, pick))
     return cls

@@ -387,5 +387,5 @@ class HierGroup(HierAlgorithms):
         _monitored.monitored_barrier(self, timeout, wait_all_ranks)
 
 
-_profiling.instrument(HierGroup)
-_forms.accept(HierGroup)
+_profiling.instrument(HierGroup, skip=_forms.FORMS)  # forms' wrapper records their ranges
+_forms.accept(HierGroup, _profiling.hook)
