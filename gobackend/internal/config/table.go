@@ -170,6 +170,8 @@ var (
 		"scripts/device_cuda.sh fuzz-slow: the backend the fuzzer runs on (nccl: the same program on NCCL).")
 	_ = textRow("GOSYM_STARTBENCH_OUT", "", Tests,
 		"Where python -m gosym.startbench's ranks write their times (set by it).")
+	_ = textRow("GOSYM_CALLCOST_OUT", "", Tests,
+		"Where python -m gosym.callcost's ranks write their times (set by it).")
 	_ = textRow("GOSYM_CLIENTS_COMPILE", "inductor on CUDA, aot_eager on CPU", Tests,
 		"The torch.compile backend of the real-client tests' compiled scenarios.")
 )
