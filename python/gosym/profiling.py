@@ -129,34 +129,34 @@ def _profiled(fn, pg, args, kwargs, title, pick):
     return work
 
 
-def _wrap(fn, title, pick):
-    title = f"gosym:{title}"
+def _wrap(fn, method):
+    enabled, ranged = hook(method)
 
-    def op(self, *args, **kwargs):  # torch passes barrier's opts by name
-        # a group whose ops are steps of another group's op (a HierGroup's local group,
-        # called on its runner thread) records no range of its own
-        if not _enabled() or getattr(self, "_gosym_inner", False):
+    def op(self, *args, **kwargs):  # torch passes monitored_barrier's arguments by name
+        if not enabled():
             return fn(self, *args, **kwargs)
-        return _profiled(fn, self, args, kwargs, title, pick)
+        return ranged(fn, self, args, kwargs)
 
     return functools.update_wrapper(op, fn)
 
 
 def hook(method):
-    """The range of op method for a wrapper another module writes (gosym.forms puts its call
-    forms and the range in one frame): None where method records none (not one of OPS, or
-    GOSYM_PROFILER_RANGES=0), else (enabled, ranged): enabled() says whether a profiler
-    runs (the wrapper's one check while none does), ranged(fn, pg, args) runs fn(pg, *args)
-    inside the range."""
+    """The range of op method for a wrapper (instrument's, or gosym.forms', which puts its
+    call forms and the range in one frame): None where method records none (not one of OPS,
+    or GOSYM_PROFILER_RANGES=0), else (enabled, ranged): enabled() says whether a profiler
+    runs (the wrapper's one check while none does), ranged(fn, pg, args, kwargs) runs
+    fn(pg, *args, **kwargs) inside the range."""
     if method not in OPS or not _settings.profiler_ranges():
         return None
     title, pick = OPS[method]
     title = f"gosym:{title}"
 
-    def ranged(fn, pg, args):
+    def ranged(fn, pg, args, kwargs=None):
+        # a group whose ops are steps of another group's op (a HierGroup's local group,
+        # called on its runner thread) records no range of its own
         if getattr(pg, "_gosym_inner", False):
-            return fn(pg, *args)
-        return _profiled(fn, pg, args, {}, title, pick)
+            return fn(pg, *args, **(kwargs or {}))
+        return _profiled(fn, pg, args, kwargs or {}, title, pick)
 
     return _enabled, ranged
 
@@ -167,7 +167,7 @@ def instrument(cls, skip=()):
     alone (no ranges, and not the wrapper's cost)."""
     if not _settings.profiler_ranges():
         return cls
-    for name, (title, pick) in OPS.items():
+    for name in OPS:
         if name not in skip:
-            setattr(cls, name, _wrap(getattr(cls, name), title, pick))
+            setattr(cls, name, _wrap(getattr(cls, name), name))
     return cls
