@@ -260,20 +260,28 @@ def run_pair(device: str, world: int, names: list[str], outdir: Path) -> list[Ou
     """The reference jobs and the gosym jobs of ``names`` at ``world``; an Outcome per name.
     The names are dealt to shards_for(device) shards, and every shard's two jobs run at
     once (compared values do not depend on timing). With GOSYM_TEST_OUT set, the outcomes
-    are written there as soon as they are known (clients-<device>-w<world>.json), so a run
-    cut off later keeps them."""
+    are written there as soon as they are known, shard by shard
+    (clients-<device>-w<world>.json), so a run cut off later keeps those of the shards that
+    finished."""
     k = shards_for(device)
     shards = [names[i::k] for i in range(k) if names[i::k]]
-    jobs = [(i, b, sh) for i, sh in enumerate(shards) for b in (REFERENCE[device], "gosym")]
-    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-        runs = list(pool.map(lambda j: run_job(device, world, j[1], j[2], Path(outdir) / f"shard{j[0]}"), jobs))
-    out = []
-    for i, sh in enumerate(shards):
-        ref, got = runs[2 * i], runs[2 * i + 1]
-        out += [compare(n, device, world, ref, got) for n in sh]
-    out.sort(key=lambda o: names.index(o.scenario))
+    backends = (REFERENCE[device], "gosym")
+    dest = None
     if os.environ.get("GOSYM_TEST_OUT"):
         dest = Path(os.environ["GOSYM_TEST_OUT"]) / f"clients-{device}-w{world}.json"
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(json.dumps([o.row() for o in out], indent=1))
+    out, runs = [], {}
+    with concurrent.futures.ThreadPoolExecutor(len(shards) * 2) as pool:
+        pending = {pool.submit(run_job, device, world, b, sh, Path(outdir) / f"shard{i}"): (i, b)
+                   for i, sh in enumerate(shards) for b in backends}
+        for f in concurrent.futures.as_completed(pending):
+            i, b = pending[f]
+            runs[(i, b)] = f.result()
+            if any((i, x) not in runs for x in backends):
+                continue  # the shard's other job still runs
+            out += [compare(n, device, world, runs[(i, backends[0])], runs[(i, "gosym")])
+                    for n in shards[i]]
+            out.sort(key=lambda o: names.index(o.scenario))
+            if dest is not None:
+                dest.write_text(json.dumps([o.row() for o in out], indent=1))
     return out
