@@ -9,6 +9,7 @@ package cuda
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -429,6 +430,21 @@ func (d *Driver) StreamDestroy(ctx Context, s Stream) error {
 // StreamSynchronize blocks until all work on s is done.
 func (d *Driver) StreamSynchronize(ctx Context, s Stream) error {
 	return d.check("cuStreamSynchronize", C.gscu_in_cuStreamSynchronize(d.t, cCtx(ctx), cStream(s)))
+}
+
+// Privately runs enqueue on a stream of its own in ctx and waits for it:
+// the caller's streams, which may hold kernels waiting for peers, stay out
+// of it (setup writes, the p2p channels' control).
+func (d *Driver) Privately(ctx Context, enqueue func(Stream) error) error {
+	s, err := d.StreamCreate(ctx, StreamNonBlocking)
+	if err != nil {
+		return err
+	}
+	err = enqueue(s)
+	if err == nil {
+		err = d.StreamSynchronize(ctx, s)
+	}
+	return errors.Join(err, d.StreamDestroy(ctx, s))
 }
 
 // StreamCaptureInfo reports whether s is being captured into a CUDA graph

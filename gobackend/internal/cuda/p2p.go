@@ -145,24 +145,9 @@ func (c *P2PChannel) allocate() error {
 // zeroCtrl clears the control allocation before the peer may signal into
 // it (the counters start at zero and only grow).
 func (c *P2PChannel) zeroCtrl() error {
-	return c.onPrivateStream(func(s Stream) error {
+	return c.d.Privately(c.spec.Ctx, func(s Stream) error {
 		return c.d.MemsetD32Async(c.spec.Ctx, c.Ctrl, 0, P2PCtrlBytes/4, s)
 	})
-}
-
-// onPrivateStream runs enqueue on a stream of its own and waits for it,
-// keeping the caller's streams out of it.
-func (c *P2PChannel) onPrivateStream(enqueue func(Stream) error) error {
-	d, ctx := c.d, c.spec.Ctx
-	s, err := d.StreamCreate(ctx, StreamNonBlocking)
-	if err != nil {
-		return err
-	}
-	err = enqueue(s)
-	if err == nil {
-		err = d.StreamSynchronize(ctx, s)
-	}
-	return errors.Join(err, d.StreamDestroy(ctx, s))
 }
 
 // hello is this side's announcement after allocating with result local:
@@ -262,7 +247,7 @@ func (c *P2PChannel) closeImports() error {
 func (c *P2PChannel) Leave(tell bool) error {
 	var err error
 	if c.PeerCtrl != 0 && tell {
-		err = c.onPrivateStream(func(s Stream) error {
+		err = c.d.Privately(c.spec.Ctx, func(s Stream) error {
 			return c.d.MemsetD32Async(c.spec.Ctx, c.PeerCtrl+4*P2PGoneWord, 1, 1, s)
 		})
 	}
@@ -277,7 +262,7 @@ func (c *P2PChannel) Abort(code, detail uint32) error {
 	if c.Ctrl == 0 {
 		return nil
 	}
-	return c.onPrivateStream(func(s Stream) error {
+	return c.d.Privately(c.spec.Ctx, func(s Stream) error {
 		return c.d.PutAbort(c.spec.Ctx, s, c.Ctrl, P2PAbortWord, P2PAbortDetailWord, code, detail)
 	})
 }

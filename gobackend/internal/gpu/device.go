@@ -178,18 +178,9 @@ func (g *Device) Context() cuda.Context { return g.ctx }
 // Ordinal is the device's CUDA ordinal.
 func (g *Device) Ordinal() int { return g.ordinal }
 
-// privately runs enqueue on a stream of its own and waits for it: the
-// caller's streams, which may hold kernels waiting for peers, stay out of it.
+// privately is cuda.Driver.Privately in the device's context.
 func (g *Device) privately(enqueue func(s cuda.Stream) error) error {
-	s, err := g.d.StreamCreate(g.ctx, cuda.StreamNonBlocking)
-	if err != nil {
-		return err
-	}
-	defer g.d.StreamDestroy(g.ctx, s)
-	if err := enqueue(s); err != nil {
-		return err
-	}
-	return g.d.StreamSynchronize(g.ctx, s)
+	return g.d.Privately(g.ctx, enqueue)
 }
 
 // idle waits for every stream of the device's context, for at most limit
