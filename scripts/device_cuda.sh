@@ -69,12 +69,14 @@ for s in "${steps[@]}"; do
 			--junitxml="$out/$s.xml" 2>&1 | tail -40 | tee /tmp/gosym-pytest.tail
 		summary+=("$s: $(tail -1 /tmp/gosym-pytest.tail)") ;;
 	conform)
-		# torch's own suite, NCCL's selection, NCCL and gosym, at world 2 and (4 GPUs) world 4:
+		# torch's own suite, NCCL's selection, NCCL and gosym, at world 2 and (4 GPUs) world 4, or
+		# at the worlds GOSYM_CONFORM_WORLDS names (one call per world where both do not fit):
 		# every run in shards, all at once on shared GPUs (outcomes are written test by test, so
 		# a shard cut off at the limit keeps what it finished), then merged and compared
 		[[ -d build/pydeps ]] && export PYTHONPATH=$PYTHONPATH:build/pydeps
 		ngpu=$(nvidia-smi -L | wc -l) shards=${GOSYM_CONFORM_SHARDS:-3} cf=/tmp/gosym-conform
 		worlds=(2) && ((ngpu >= 4)) && worlds=(2 4)
+		[[ -n ${GOSYM_CONFORM_WORLDS-} ]] && read -ra worlds <<<"$GOSYM_CONFORM_WORLDS"
 		# GOSYM_CONFORM_K_FILE: a file holding a -k pattern (a rerun of some tests)
 		sel=() && [[ -n ${GOSYM_CONFORM_K_FILE-} ]] && sel=(-k "$(<"$GOSYM_CONFORM_K_FILE")")
 		mkdir -p $cf

@@ -110,6 +110,8 @@ var (
 		"Shards per backend and world size of scripts/device_cuda.sh conform (all run at once).")
 	_ = textRow("GOSYM_CONFORM_S", "480", Build,
 		"Seconds each shard of scripts/device_cuda.sh conform may run (it keeps the tests it finished).")
+	_ = textRow("GOSYM_CONFORM_WORLDS", "2, and 4 on 4 GPUs", Build,
+		"The world sizes scripts/device_cuda.sh conform runs, space-separated (one call per world where both do not fit).")
 	_ = textRow("GOSYM_CONFORM_K_FILE", "", Build,
 		"A file holding a -k pattern for scripts/device_cuda.sh conform (a rerun of some tests).")
 	_ = textRow("GOSYM_PROBE_MIB", "256", Build,
