@@ -564,9 +564,11 @@ func (t *Team) allToAll(op *ops.Op, s cuda.Stream, agree agreeFunc) error {
 		// op fails at the group timeout, as an all_reduce of mismatched counts.)
 		return t.allToAllChunks(op, s, n*es)
 	}
-	// Splits that differ: the paced kernel where set, except on registered
-	// inputs (registration is symmetric), which agree to be read in place.
-	if !even && t.cfg.a2avBlocks > 0 && t.world > 1 && !t.inputRegistered(op) {
+	// Splits that differ: the paced kernel where set (an agreed setting), on
+	// any inputs. Not by whether this rank's input is registered: a rank that
+	// sends nothing has no input to find registered while its peers' are, and
+	// the ranks would part ways (the paced kernel here, the agreement there).
+	if !even && t.cfg.a2avBlocks > 0 && t.world > 1 {
 		return t.allToAllPaced(op, s)
 	}
 	w := t.world
