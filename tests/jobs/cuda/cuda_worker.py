@@ -566,6 +566,33 @@ def skewed(ck, rank, world, dev, nccl, digests):
         bad += (dst != exp).sum()
     torch.cuda.synchronize()
     ck.check("skewed: a CUDA graph of 5, replayed 20 times", int(bad) == 0, f"{int(bad)} wrong elements")
+    if dist.get_backend() == "gosym":
+        _registered_silent_sender(ck, rank, world, dev)
+
+
+def _registered_silent_sender(ck, rank, world, dev):
+    """Inputs registered on every rank (gosym.mem_map), rank 0 sending nothing and every
+    other rank 1000 + j elements to each rank j: every rank takes one path though rank 0 has
+    no input to find registered (with GOSYM_GPU_A2AV_BLOCKS set it took the paced kernel
+    while the others waited to agree on the splits, until the group's timeout)."""
+    import gosym
+
+    case = "skewed/registered, rank 0 sends nothing"
+    buf = torch.empty(1 << 20, device=dev)  # 4 MiB, registered whole on every rank
+    h = gosym.mem_map(buf)
+    send = [[0] * world if r == 0 else [1000 + j for j in range(world)] for r in range(world)]
+    ins = [torch.arange(sum(send[r]), dtype=torch.float32, device=dev) + 1e6 * r
+           for r in range(world)]
+    inp = buf[:sum(send[rank])]
+    inp.copy_(ins[rank])
+    n = sum(send[j][rank] for j in range(world))
+    out = torch.full((n,), float("nan"), device=dev)
+    dist.all_to_all_single(out, inp, [send[j][rank] for j in range(world)], send[rank])
+    exp = torch.cat([ins[j][sum(send[j][:rank]):sum(send[j][:rank + 1])] for j in range(world)])
+    why = wc.compare(out, exp)
+    ck.check(case, why is None, why or "")
+    torch.cuda.synchronize()
+    h.unmap()
 
 
 def mismatched_splits(ck, rank, world, dev):
