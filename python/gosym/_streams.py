@@ -51,7 +51,10 @@ def load_copies(idx) -> None:
     waits for the device: with a receive already spinning there until its peer sends, and
     the peer in the same place, the pair deadlocks (the GPU suite's strided send/recv did,
     once receives were enqueued at the call). The engine loads its own modules at setup;
-    these are torch's, so they are run once here, before the group's first kernel."""
+    these are torch's, so they are run once here, before this process's first send or
+    receive on the device. Collectives need not wait for it: every rank launches a group's
+    collectives in one order, so a kernel that waits for its peers' is never waiting for a
+    launch that a load on this rank holds back; a posted receive is."""
     if _capturing():
         return  # the copies would join the graph being captured: a later op loads them
     _loaded.add(idx)
@@ -113,15 +116,11 @@ class CudaStreams:
                 raise _lib.error(st)
 
     def index(self, idx):
-        """idx, checked against the device this group's CUDA ops already run on, where
-        torch's copy kernels are loaded first (load_copies: at the group's first CUDA op and
-        every send or recv until it did)."""
+        """idx, checked against the device this group's CUDA ops already run on."""
         if self.device is not None and idx != self.device:
             raise ValueError(f"gosym: group {self._group()._name!r} runs on cuda:{self.device} "
                              f"on this rank; got a tensor on cuda:{idx} (one device per rank "
                              f"and group)")
-        if idx not in _loaded:
-            load_copies(idx)
         return idx
 
     def post(self, desc, idx):
@@ -185,7 +184,7 @@ class CudaStreams:
         gets the transfer. A launched receive spins on the GPU until its peer sends, so
         nothing of gosym's may load a module while one runs (CUDA's lazy loading waits
         for the device there): the engine loads every module of its own at group setup,
-        and index() has torch's copy kernels loaded (load_copies).
+        and torch's copy kernels are loaded here before the first (load_copies).
         Posts that wait on each other (a ring of isend/irecv) complete in any order,
         each pair and direction on its own stream.
 
@@ -195,6 +194,8 @@ class CudaStreams:
         them before it ran."""
         _check(t)
         idx = self.index(t.get_device())
+        if idx not in _loaded:
+            load_copies(idx)
         if peer is None:  # this rank itself: matched at the flush (gosym.selfp2p)
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(idx))
