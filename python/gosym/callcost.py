@@ -197,6 +197,7 @@ def _rank_main(device, numel, calls, bursts):
     x.zero_()
 
     stats = _lib.process_stats_json
+    n_timed = calls * (bursts + 2)  # the calls one timed() makes, its untimed bursts included
     for op, fns in ops.items():
         timed(f"{op}: torch fake group", lambda: fns["dist"](fake))
         timed(f"{op}: torch null Python group", lambda: fns["dist"](null))
@@ -207,12 +208,11 @@ def _rank_main(device, numel, calls, bursts):
         timed(f"{op}: native call", lambda: _lib.op_run(h, desc))
         before = json.loads(stats())
         _lib.lib.gosym_driver_timing(1)
-        n_before = calls * (bursts + 2)
         timed(f"{op}: native call, driver timed", lambda: _lib.op_run(h, desc))
         _lib.lib.gosym_driver_timing(0)
         after = json.loads(stats())
-        rows[f"{op}: driver"] = (after["driver_ns"] - before["driver_ns"]) / n_before / 1e3
-        rows[f"{op}: driver calls per op"] = (after["driver_calls"] - before["driver_calls"]) / n_before
+        rows[f"{op}: driver"] = (after["driver_ns"] - before["driver_ns"]) / n_timed / 1e3
+        rows[f"{op}: driver calls per op"] = (after["driver_calls"] - before["driver_calls"]) / n_timed
         x.zero_()
     abi = _lib.lib.gosym_abi_version
     timed("ctypes floor", abi)

@@ -278,9 +278,7 @@ _SAME_SHAPES = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "broad
 
 def fingerprint(what, keep) -> str:
     """What every rank must pass alike to op what on tensors keep."""
-    if what in _SAME_SHAPES:
-        return f"{what} of {signature(keep)}"
-    return f"{what} of {signature(keep, shapes=False)}"
+    return f"{what} of {signature(keep, shapes=what in _SAME_SHAPES)}"
 
 
 def signature(keep, shapes=True) -> str:
