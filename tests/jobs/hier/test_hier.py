@@ -87,25 +87,40 @@ def test_rank_lost(scenario, victim, outdir):
     assert not fails, "\n".join(fails) + f"\n{res.tail(6000)}"
 
 
-def test_clients_across_hosts(outdir):
-    """Real clients across 2 hosts x 2 ranks on CPU: DDP, FSDP2 and a 2-D FSDP x TP mesh (TP
-    inside each host, FSDP across them) give the per-step losses of Gloo on the same four ranks
-    (tests/jobs/clients: the same scenarios, compared within their tolerance)."""
+def _clients_across_hosts(device, per, names, outdir):
+    """The client scenarios `names` on 2 simulated hosts x `per` ranks (one GPU each on CUDA)
+    against the reference backend (Gloo, NCCL) flat on the same ranks: per-step losses within
+    the scenarios' tolerance (tests/jobs/clients)."""
     import harness as h
 
-    names = ["ddp", "fsdp2_fp32", "fsdp_tp"]
-    ref = h.run_job("cpu", 4, "gloo", names, outdir / "gloo")
+    ref = h.run_job(device, 2 * per, h.REFERENCE[device], names, outdir / "reference")
     scratch = outdir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    res = run_hosts((2, 2), "clients_worker", ["--device", "cpu", "--scenarios", ",".join(names),
-                                               "--scratch", scratch, "--timeout", 60,
-                                               "--scenario-timeout", 150],
-                    outdir / "gosym", timeout=600, kind=ANY_HOSTS)
+    res = run_hosts((per, per), "clients_worker", ["--device", device, "--scenarios", ",".join(names),
+                                                   "--scratch", scratch, "--timeout", 60,
+                                                   "--scenario-timeout", 150],
+                    outdir / "gosym", timeout=600, gpus=device == "cuda", kind=ANY_HOSTS)
     got = h.JobRun("gosym", res.results, None if res.returncode == 0 else res.tail(4000),
                    0.0)
-    outcomes = [h.compare(n, "cpu", 4, ref, got) for n in names]
+    outcomes = [h.compare(n, device, 2 * per, ref, got) for n in names]
     assert all(o.ok for o in outcomes), [(o.scenario, o.problems) for o in outcomes if not o.ok]
-    assert all(r["backend"] == "gosym" for r in res.results)
+    assert all(r is not None and r["backend"] == "gosym" for r in res.results)
+
+
+def test_clients_across_hosts(outdir):
+    """Real clients across 2 hosts x 2 ranks on CPU: DDP, FSDP2 and a 2-D FSDP x TP mesh (TP
+    inside each host, FSDP across them) give the per-step losses of Gloo on the same four ranks."""
+    _clients_across_hosts("cpu", 2, ["ddp", "fsdp2_fp32", "fsdp_tp"], outdir)
+
+
+@pytest.mark.gpu
+def test_cuda_clients_across_hosts(outdir):
+    """The same on GPUs: 2 simulated hosts of half the GPUs each (1 or 2 per host), gosym
+    inside a host and NCCL between, against flat NCCL on the same GPUs: DDP and FSDP2, and
+    the 2-D FSDP x TP mesh (TP inside each host) where each host has 2 GPUs."""
+    per = gpus_per_host()
+    names = ["ddp", "fsdp2_fp32", "fsdp2_bf16"] + (["fsdp_tp"] if per == 2 else [])
+    _clients_across_hosts("cuda", per, names, outdir)
 
 
 @pytest.mark.parametrize("elems", [100, 100000], ids=["small", "rails"])
