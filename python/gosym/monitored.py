@@ -32,11 +32,13 @@ def _fail(msg: str):
 
 
 def _arrived(work, left_s: float) -> bool:
-    """Whether work (a receive) completed within left_s seconds (0: only look)."""
-    if left_s <= 0:
-        return work.is_completed() and work.exception() is None
+    """Whether work (a receive: gosym's, or Gloo's across hosts) completed within left_s
+    seconds (0: only look). A completed one is waited for its outcome: Gloo's Work cannot
+    hand its exception() to Python."""
+    if left_s <= 0 and not work.is_completed():
+        return False
     try:
-        work.wait(timedelta(seconds=left_s))
+        work.wait(timedelta(seconds=max(left_s, 0)))
     except RuntimeError:  # timed out, or the peer left: it did not arrive
         return False
     return True

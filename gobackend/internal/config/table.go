@@ -96,6 +96,8 @@ var (
 		"After a failure across hosts, seconds a rank waits for the others to report it; the ranks that do not are named as lost.")
 	_ = enumRow("GOSYM_HIER_CHOICE", "table", []string{"table", "hier", "flat"}, false, Python,
 		"Across hosts, whether all_reduce, all_gather, reduce_scatter, broadcast and reduce take the hierarchical schedule or run flat on the inter-host engine (Gloo, NCCL) over every rank: table (per op, size and hosts x ranks per host from the measurements in python/gosym/hier/measured.py; flat where none was measured), hier (always hierarchical) or flat (always flat). Every rank must use the same.")
+	_ = enumRow("GOSYM_HIER_CPU_P2P", "gloo", []string{"gloo", "local"}, false, Python,
+		"Across hosts, how sends and receives of CPU tensors travel: gloo (every pair through the inter-host Gloo group, as a Gloo group does it: recv from any source works on every rank) or local (two ranks of one host through gosym's shared memory, faster, but a rank that shares its host cannot receive from any source: its host's senders and the others' take different transports). Every rank must use the same.")
 	_ = textRow("GOSYM_LIBRARY", "libgosym.so in the package", Python,
 		"Path of the libgosym.so that python/gosym loads.")
 	_ = enumRow("GOSYM_PROFILER_RANGES", "1", []string{"0", "1"}, false, Python,

@@ -307,12 +307,13 @@ class HierGroup(HierAlgorithms):
     # ---- point to point, barrier ----------------------------------------------------
 
     def _p2p(self, what, tensors, peer, tag, recv):
-        """send/recv: through the local gosym group to a rank of this host, straight
-        through the flat inter-host group to any other."""
+        """send/recv: straight through the flat inter-host group (Gloo, NCCL), or through the
+        local gosym group to a rank of this host (_local_pair). Each pair uses one of the two,
+        so its messages keep their order."""
         peer = self._peer(peer, what)
         t = _one(tensors, what)
         hp, lp = self._where[peer]
-        if hp == self._host:
+        if hp == self._host and self._local_pair(t, peer):
             return (self._local.recv if recv else self._local.send)(tensors, lp, tag)
         self._usable(what)
         pg = self._group("flat", self._dev(_op_device(t)))
@@ -327,6 +328,16 @@ class HierGroup(HierAlgorithms):
         w._finish(None)
         return w
 
+    def _local_pair(self, t, peer):
+        """Whether a send or recv of t with peer, a rank of this host, goes through the local
+        gosym group: CUDA tensors always (NCCL has no receive from any source) and the rank
+        itself (Gloo cannot send to itself); CPU tensors with GOSYM_HIER_CPU_P2P=local only.
+        By default they go through Gloo like every other pair's, so that a receive from any
+        source, which Gloo takes from whichever pair brings a message first, sees every
+        sender: one receive cannot wait on two transports (a receive posted to Gloo cannot be
+        taken back once another transport's message arrived first)."""
+        return self._cpu_p2p_local or peer == self._rank or not t.is_cpu
+
     def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names
         return self._p2p("send", tensors, dstRank, tag, False)
 
@@ -334,21 +345,20 @@ class HierGroup(HierAlgorithms):
         return self._p2p("recv", tensors, srcRank, tag, True)
 
     def recv_anysource(self, tensors, tag):
-        """recv from any source (dist.recv(t) without src) into a CPU tensor, where this rank
-        is alone on its host: every sender is then on another host and sends through the
-        flat group, on which Gloo's own receive from any source takes the message (its Work's
-        _source_rank() is the sender's group rank). Where this rank shares its host, a sender
-        of its host sends through the local gosym group and one of another host through
-        Gloo, and one receive cannot wait on both: NotImplementedError saying so."""
+        """recv from any source (dist.recv(t) without src) into a CPU tensor: Gloo's own
+        receive from any source on the flat group (its Work's _source_rank() is the sender's
+        group rank), which every CPU send to this rank takes (_local_pair). With
+        GOSYM_HIER_CPU_P2P=local a rank that shares its host gets NotImplementedError saying
+        so: its host's senders then use the local gosym group."""
         t = _anysource.host_tensor(tensors)
-        if self._n > 1:
+        if self._n > 1 and self._cpu_p2p_local:
             mates = [r for r in self._hosts[self._host] if r != self._rank]
             raise NotImplementedError(
-                f"gosym: recv from any source on a group across hosts needs the receiving rank "
-                f"alone on its host, and rank {self._rank} shares host {self._host} with ranks "
-                f"{mates}: their sends travel through gosym's group of the host, those of other "
-                "hosts through Gloo, and one receive cannot wait on both. Pass src, or receive "
-                "from any source on a group within one host or of one rank per host")
+                f"gosym: recv from any source on a group across hosts with "
+                f"GOSYM_HIER_CPU_P2P=local needs the receiving rank alone on its host, and rank "
+                f"{self._rank} shares host {self._host} with ranks {mates}: their sends travel "
+                "through gosym's group of the host, those of other hosts through Gloo, and one "
+                "receive cannot wait on both. Pass src, or leave GOSYM_HIER_CPU_P2P unset (gloo)")
         self._usable("recv")
         pg = self._group("flat", "cpu")
         if t.is_contiguous():

@@ -41,7 +41,9 @@ class HierBase(ProcessGroupGosym):
         unequal hosts the hosts' leaders; the rails' all_reduce is pipelined in chunks of
         GOSYM_HIER_CHUNK bytes (one chunk's inter-host step overlaps the next one's
         intra-host reduce-scatter); GOSYM_HIER_CHOICE says whether those ops, broadcast and
-        reduce take this schedule or run flat (gosym.hier.schedule); after a failure, a rank
+        reduce take this schedule or run flat (gosym.hier.schedule); GOSYM_HIER_CPU_P2P
+        whether CPU sends and receives between ranks of one host go through gosym (local) or,
+        as every other pair's, through Gloo (gloo); after a failure, a rank
         waits GOSYM_HIER_REPORT_S seconds for every other rank to report it before naming
         those that did not as lost."""
         dist.ProcessGroup.__init__(self, rank, size)
@@ -51,6 +53,7 @@ class HierBase(ProcessGroupGosym):
         self._chunk = settings["GOSYM_HIER_CHUNK"]
         self._report_s = settings["GOSYM_HIER_REPORT_S"]
         self._choice = settings["GOSYM_HIER_CHOICE"]
+        self._cpu_p2p_local = settings["GOSYM_HIER_CPU_P2P"] == "local"
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._h, self._cuda = 0, None

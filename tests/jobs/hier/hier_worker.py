@@ -301,19 +301,14 @@ def check_choice(ck, rank, world, gloo, counts):
 
 
 def check_anysource(ck, rank, world, gloo, counts):
-    """recv from any source: a rank alone on its host takes every other rank's message in
-    whatever order they come (dist.recv without src returns the sender), into contiguous and
-    non-contiguous tensors; a rank that shares its host gets a NotImplementedError saying
-    why, at once, and the group goes on."""
-    hosts = host_ranks(counts)
-    mine = next(h for h in hosts if rank in h)
-    if len(mine) > 1:
-        t = torch.zeros(5)
-        e = ck.expect_error("recv from any source beside a rank of the host", dist.recv, t)
-        ck.check("recv from any source: says why", "alone on its host" in str(e), str(e))
-    for dst in (h[0] for h in hosts if len(h) == 1):
+    """recv from any source, as Gloo: each rank in turn takes every other rank's message, of
+    its host and of the others, in whatever order they come (dist.recv without src returns
+    the sender), into contiguous and non-contiguous tensors. On a group made with
+    GOSYM_HIER_CPU_P2P=local a rank that shares its host gets a NotImplementedError saying
+    why, at once, and the group goes on (its local pairs through gosym)."""
+    for dst in range(world):
         if rank != dst:
-            dist.send(torch.full((6,), float(rank)), dst, tag=7)
+            dist.send(torch.full((6,), float(rank * 10 + dst)), dst, tag=7)
             continue
         got = {}
         for i in range(world - 1):
@@ -323,8 +318,29 @@ def check_anysource(ck, rank, world, gloo, counts):
         others = sorted(set(range(world)) - {rank})
         ck.check("recv from any source: every sender once", sorted(got) == others, f"{sorted(got)}")
         for src, t in got.items():
-            ck.check(f"recv from any source: rank {src}'s data", bool((t == src).all()), f"{t}")
+            ck.check(f"recv from any source: rank {src}'s data", bool((t == src * 10 + dst).all()),
+                     f"{t}")
     dist.barrier()
+    os.environ["GOSYM_HIER_CPU_P2P"] = "local"
+    try:
+        g = dist.new_group(backend="gosym")
+    finally:
+        del os.environ["GOSYM_HIER_CPU_P2P"]
+    mine = next(h for h in host_ranks(counts) if rank in h)
+    if len(mine) > 1:
+        e = ck.expect_error("local p2p: recv from any source beside a rank of the host",
+                            dist.recv, torch.zeros(5), group=g)
+        ck.check("local p2p: says why", "alone on its host" in str(e), str(e))
+    # the local pairs through gosym: a ring of sends and receives naming their peers
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    t = torch.zeros(4)
+    works = [dist.isend(torch.full((4,), float(rank)), nxt, group=g),
+             dist.irecv(t, prv, group=g)]
+    for w in works:
+        w.wait()
+    ck.check("local p2p: the ring's data", bool((t == prv).all()), f"{t}")
+    dist.barrier()
+    dist.destroy_process_group(g)
 
 
 def host_ranks(counts):
