@@ -17,6 +17,8 @@ import time
 import traceback
 from pathlib import Path
 
+_STARTED = time.monotonic()  # before torch's import: the job's phases (main) start here
+
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "common")]
 
@@ -67,7 +69,11 @@ def main():
         dev = torch.device("cpu")
     if args.backend == "gosym":
         import gosym  # noqa: F401  (registers the backend)
+    t_init = time.monotonic()
     dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout), **kw)
+    # Seconds of the job's phases outside the scenarios (imports, init, teardown), so that a
+    # slow job says where its time went.
+    phases = {"imports_s": round(t_init - _STARTED, 2), "init_s": round(time.monotonic() - t_init, 2)}
     ctx = sc.Ctx(rank, world, dev, args.backend, args.scratch)
     results = {}
     for name in args.scenarios.split(","):
@@ -90,7 +96,11 @@ def main():
         results[name] = entry
         # Written after every scenario, so a later hang keeps the earlier results.
         wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results})
+    t_end = time.monotonic()
     dist.destroy_process_group()
+    phases["destroy_s"] = round(time.monotonic() - t_end, 2)
+    wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results,
+                     "phases": phases})
 
 
 if __name__ == "__main__":

@@ -147,6 +147,8 @@ def run_job(device: str, world: int, backend: str, names: list[str], outdir: Pat
             if res is not None:
                 merged = ranks[r] or {"rank": r, "backend": backend, "scenarios": {}}
                 merged["scenarios"].update(res.get("scenarios", {}))
+                if "phases" in res:
+                    merged.setdefault("phases", {}).update(res["phases"])
                 ranks[r] = merged
         done = [n for n in left if all(e is not None and not e.get("started") for e in
                                        (run.entry(r, n) for r in range(world)))]
@@ -199,6 +201,10 @@ class Outcome:
     problems: list[str]
     seconds: tuple[float, float] = (0.0, 0.0)  # reference, gosym (rank 0)
     rtol: float = RTOL
+    # the whole launches of the scenario's shard (reference, gosym), and gosym's rank 0's
+    # phases outside the scenarios (imports, init, destroy): where a slow pair's time went
+    job_seconds: tuple[float, float] = (0.0, 0.0)
+    phases: dict | None = None
 
     def row(self) -> dict:
         return dataclasses.asdict(self)
@@ -246,7 +252,9 @@ def compare(name: str, device: str, world: int, ref: JobRun, got: JobRun) -> Out
             problems.append(f"{run.backend} job: {run.problem}"[-6000:])
     secs = tuple(((j.entry(0, name) or {}).get("seconds") or 0.0) for j in (ref, got))
     return Outcome(name, device, world, not problems, max(rels) if rels else None,
-                   bitwise and bool(rels), lasts[0], lasts[1], problems, secs, rtol)
+                   bitwise and bool(rels), lasts[0], lasts[1], problems, secs, rtol,
+                   (round(ref.seconds, 2), round(got.seconds, 2)),
+                   (got.ranks[0] or {}).get("phases") if got.ranks else None)
 
 
 def shards_for(device: str) -> int:
