@@ -48,7 +48,8 @@ for s in "${steps[@]}"; do
 		for w in ${GOSYM_CLIENTS_WORLDS:-$(seq 2 "$ngpu")}; do
 			((w > ngpu)) && continue
 			echo "== pytest tests/jobs/clients/test_clients.py -k cuda-w$w-"
-			GOSYM_TEST_OUT=$out timeout "${GOSYM_CLIENTS_S:-280}" python3 -m pytest -q -rfE --timeout=270 -p no:cacheprovider \
+			lim=${GOSYM_CLIENTS_S:-520} # world 3 on 4xH200 took 410 s (session 22)
+			GOSYM_TEST_OUT=$out timeout "$lim" python3 -m pytest -q -rfE --timeout=$((lim - 10)) -p no:cacheprovider \
 				tests/jobs/clients/test_clients.py -k "cuda-w$w-" --junitxml="$out/clients-w$w.xml" 2>&1 | tail -30 | tee /tmp/gosym-pytest.tail
 			summary+=("clients w$w: $(tail -1 /tmp/gosym-pytest.tail)")
 		done ;;

@@ -158,7 +158,7 @@ var (
 		"How many reference/gosym job pairs run a (device, world) pair's real-client scenarios at once (tests/jobs/clients/harness.py; empty: 3 on CUDA, 1 on CPU).")
 	_ = textRow("GOSYM_CLIENTS_WORLDS", "", Build,
 		"The worlds scripts/device_cuda.sh clients runs, space-separated (empty: 2 up to the GPUs there), one pytest each.")
-	_ = textRow("GOSYM_CLIENTS_S", "280", Build,
+	_ = textRow("GOSYM_CLIENTS_S", "520", Build,
 		"Seconds scripts/device_cuda.sh clients gives each world's pytest.")
 	_ = textRow("GOSYM_CLIENTS_SCENARIO_TIMEOUT", "150", Tests,
 		"Seconds one real-client scenario may run before its job reports it hung by name and resumes after it.")
