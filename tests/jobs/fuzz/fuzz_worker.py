@@ -556,25 +556,30 @@ class Program:
 
     def op_p2p(self, step, case, group, members, me, dtype, n, shift, batch, **_):
         """Every member sends to the one shift places on and receives from the one shift back
-        (itself in a group of one), as one batch or as isend/irecv pairs."""
+        (itself in a group of one), as one batch or as isend/irecv pairs; on the CPU every
+        third step's receive names no source (gloo's receive from any source: the one sender
+        of its tag), and its Work must name the sender."""
         k = len(members)
         to, frm = members[(me + shift) % k], members[(me - shift) % k]
         x = self.put(self.inp(step, self.rank, n, dtype))
         want = self.inp(step, frm, n, dtype)
         out, _ = self.buffer(n, dtype, False)
         batch = batch or k == 1  # torch's isend refuses the rank itself
+        anysrc = self.cur.type == "cpu" and not batch and step % 3 == 0
+        posted = []
 
         def issue(is_async):
             if batch:
                 works = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, to, group=group, tag=step),
                                                 dist.P2POp(dist.irecv, out, frm, group=group, tag=step)])
             else:
-                pair = [(dist.isend, x, to), (dist.irecv, out, frm)]
+                pair = [(dist.isend, x, to), (dist.irecv, out, None if anysrc else frm)]
                 if self.args.cuda and me % 2:
                     # NCCL's pairs: one side receives first (two sends first on one pair's
                     # stream wait for each other), as NCCL's users must order them
                     pair.reverse()
                 works = [f(t, peer, group=group, tag=step) for f, t, peer in pair]
+                posted.extend(w for (f, _, _), w in zip(pair, works) if f is dist.irecv)
             if not is_async:
                 for w in works:
                     w.wait()
@@ -583,6 +588,11 @@ class Program:
 
         def check():
             self.expect(case, out, want, [want])
+            if anysrc:
+                got = posted[0]._source_rank()
+                if group is not None:
+                    got = dist.get_global_rank(group, got)
+                self.ck.check(f"{case}: any source names the sender", got == frm, f"{got}, want {frm}")
         return issue, check
 
     def op_p2p_all(self, step, case, group, members, me, dtype, n, **_):
