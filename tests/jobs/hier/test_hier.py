@@ -108,9 +108,10 @@ def _clients_across_hosts(device, per, names, outdir):
 
 
 def test_clients_across_hosts(outdir):
-    """Real clients across 2 hosts x 2 ranks on CPU: DDP, FSDP2 and a 2-D FSDP x TP mesh (TP
-    inside each host, FSDP across them) give the per-step losses of Gloo on the same four ranks."""
-    _clients_across_hosts("cpu", 2, ["ddp", "fsdp2_fp32", "fsdp_tp"], outdir)
+    """Real clients across 2 hosts x 2 ranks on CPU: DDP, FSDP2, a 2-D FSDP x TP mesh (TP
+    inside each host, FSDP across them) and 1F1B pipelining (a stage per rank: its sends and
+    receives within a host and across) give the per-step losses of Gloo on the same four ranks."""
+    _clients_across_hosts("cpu", 2, ["ddp", "fsdp2_fp32", "fsdp_tp", "pipe_1f1b"], outdir)
 
 
 @pytest.mark.gpu
