@@ -97,6 +97,9 @@ def main():
         # Written after every scenario, so a later hang keeps the earlier results.
         wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results})
     t_end = time.monotonic()
+    phases["destroy_started"] = True  # without destroy_s after it: the teardown hung
+    wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results,
+                     "phases": phases})
     dist.destroy_process_group()
     phases["destroy_s"] = round(time.monotonic() - t_end, 2)
     wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results,

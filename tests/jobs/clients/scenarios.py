@@ -360,6 +360,17 @@ def _split_values(ctx) -> list[float]:
     return out
 
 
+def stall_at_exit(ctx):
+    """Not a client: the harness's own test of a job that hangs after its scenarios. Every
+    value is right, and on gosym the last rank's process then never exits (an exit handler
+    sleeps), as a teardown that hangs would look."""
+    if ctx.rank == ctx.world - 1 and ctx.backend == "gosym":
+        import atexit
+
+        atexit.register(time.sleep, 3600)
+    return [1.0]
+
+
 def stall(ctx):
     """Not a client: the harness's own test of a hung scenario. The last rank sleeps and
     the others wait for it in a collective, as a hang in a real client would look."""

@@ -83,3 +83,14 @@ def test_hung_scenario_named_and_job_resumed(tmp_path, monkeypatch):
         assert stalled["values"] is None and stalled.get("hung"), stalled
         assert "stall" in stalled["error"], stalled
         assert run.entry(r, "funcol_eager")["values"], run.entry(r, "funcol_eager")
+
+
+def test_job_hung_after_its_scenarios_fails(tmp_path):
+    """Every value matches, but gosym's job does not end (its last rank hangs at exit, until
+    the job's deadline): the outcome fails and says where each rank got to."""
+    ref = h.run_job("cpu", 2, "gloo", ["stall_at_exit"], tmp_path / "ref", timeout=120)
+    got = h.run_job("cpu", 2, "gosym", ["stall_at_exit"], tmp_path / "got", timeout=25)
+    o = h.compare("stall_at_exit", "cpu", 2, ref, got)
+    assert not o.ok, o
+    assert "did not end cleanly" in o.problems[0], o.problems
+    assert "rank 1: destroyed in" in o.problems[0], o.problems
