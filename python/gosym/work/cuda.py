@@ -92,10 +92,10 @@ class CudaSideWork(CudaWork):
     """A CUDA send or recv of group `pg`, to run on one of its internal streams (`side`)
     after the caller's stream. Its kernel is enqueued at the call, as NCCL's (a send to or
     recv from this rank itself once its partner is posted; _streams.CudaStreams.p2p), and
-    `_done` is recorded after it. wait() makes the
-    caller's current stream wait for `_done` (ProcessGroupNCCL's semantics; capture-legal,
-    so a CUDA graph may capture the op and its wait, which joins `side` back into the
-    capture), or raises the error that kept the op from being launched, or the group's."""
+    `_done` is recorded after it. wait() makes the caller's current stream wait for `_done`
+    (ProcessGroupNCCL's semantics; capture-legal, so a CUDA graph may capture the op and its
+    wait, which joins `side` back into the capture), or raises the error that kept the op
+    from being launched, or the group's."""
 
     __slots__ = ("_side", "_done", "_pg", "_err")
 

@@ -76,13 +76,18 @@ def main():
     phases = {"imports_s": round(t_init - _STARTED, 2), "init_s": round(time.monotonic() - t_init, 2)}
     ctx = sc.Ctx(rank, world, dev, args.backend, args.scratch)
     results = {}
+
+    def write():
+        wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results,
+                         "phases": phases})
+
     for name in args.scenarios.split(","):
         t0 = time.monotonic()
         entry = {"values": None, "error": None}
         # Marked before it runs: a scenario that hangs is named by the harness, which
         # resumes the job after it (a hung collective may never raise).
         results[name] = {"values": None, "error": None, "started": True}
-        wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results})
+        write()
         watchdog = _deadline(rank, name, args.scenario_timeout, results, args.backend)
         try:
             entry["values"] = getattr(sc, name)(ctx)
@@ -95,15 +100,13 @@ def main():
         entry["seconds"] = round(time.monotonic() - t0, 2)
         results[name] = entry
         # Written after every scenario, so a later hang keeps the earlier results.
-        wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results})
+        write()
     t_end = time.monotonic()
     phases["destroy_started"] = True  # without destroy_s after it: the teardown hung
-    wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results,
-                     "phases": phases})
+    write()
     dist.destroy_process_group()
     phases["destroy_s"] = round(time.monotonic() - t_end, 2)
-    wc.write_result({"rank": rank, "failures": [], "backend": args.backend, "scenarios": results,
-                     "phases": phases})
+    write()
 
 
 if __name__ == "__main__":
