@@ -134,7 +134,8 @@ for s in "${steps[@]}"; do
 		nvcc -O3 -arch=sm_90 -o /tmp/nvswitch_probe scripts/nvswitch_probe.cu &&
 			timeout 200 /tmp/nvswitch_probe "${GOSYM_PROBE_MIB:-256}" | tee "$out/nvswitch_probe.txt" ;;
 	fuzz-seeds)
-		# the CUDA fuzzer at every GPU over GOSYM_FUZZ_SEEDS (default: 20 seeds from 1000), one
+		# the CUDA fuzzer at every GPU over GOSYM_FUZZ_SEEDS (default: 20 seeds from 1000), with
+		# GOSYM_FUZZ_THREADS programs per rank (default 1), one
 		# job at a time (four jobs sharing the GPUs ran past a 60 s limit where one alone takes
 		# about 10 s), then worlds 2 and 3 on the first GPUs over the CI seeds
 		ngpu=$(nvidia-smi -L | wc -l) fz=$out/fuzz-seeds
@@ -148,7 +149,7 @@ for s in "${steps[@]}"; do
 			mkdir -p $fz/w$w-$sd
 			CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((w - 1))) GOSYM_TEST_OUT=$fz/w$w-$sd PYTHONPATH=python:tests/jobs/common:tests/jobs/fuzz \
 				timeout "${GOSYM_FUZZ_S:-90}" torchrun --nproc-per-node "$w" tests/jobs/fuzz/fuzz_worker.py --cuda --seed "$sd" \
-				--ops "${GOSYM_FUZZ_OPS:-300}" --timeout 60 >$fz/w$w-$sd.log 2>&1
+				--ops "${GOSYM_FUZZ_OPS:-300}" --threads "${GOSYM_FUZZ_THREADS:-1}" --timeout 60 >$fz/w$w-$sd.log 2>&1
 			rc=$?
 			echo "world $w seed $sd: exit $rc $(grep -h 'fuzz seed' $fz/w$w-$sd.log | head -1)"
 			((rc == 0)) || grep -h "FAIL" $fz/w$w-$sd.log | head -3

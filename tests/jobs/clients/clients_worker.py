@@ -102,6 +102,15 @@ def main():
         # Written after every scenario, so a later hang keeps the earlier results.
         write()
     t_end = time.monotonic()
+    if args.backend != "gosym":
+        # The reference's teardown is not under test, and NCCL's can hang: at world 3 on
+        # 4xH200 (sessions 22 and 23) an NCCL job sat 380 s after its scenarios until the
+        # job's deadline while gosym's shard ended in 19 s. Its results are written; leave.
+        phases["destroy_skipped"] = True
+        write()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     phases["destroy_started"] = True  # without destroy_s after it: the teardown hung
     write()
     dist.destroy_process_group()
