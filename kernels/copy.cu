@@ -185,6 +185,30 @@ extern "C" __global__ void __launch_bounds__(32) gs_sema_wait(gs_sema_params p) 
 // after another). The root's blocks copy its input to its output (when
 // apart) and account for the slices it will not wait for (SEEN words), so
 // that every rank's counts stay in step whoever is root.
+// The push mode of gs_bcast_relay (p.push): the whole grid of a non-root
+// pulls its own chunk from the root once and stores each piece into its
+// own output and every other non-root's: no flags, the closing barrier
+// (after a system fence) is what tells a rank that its output is whole.
+// The root copies its input to its output when apart.
+__device__ __forceinline__ void gs_bcast_push(const gs_relay_params &p, gs_u64 chunk) {
+	const gs_u64 g = gs_thread_index(), stride = gs_thread_count();
+	if (p.rank == p.root) {
+		if (p.outs[p.rank] != p.src)
+			gs_copy_seg((char *)p.outs[p.rank], (const char *)p.src, p.bytes, g, stride);
+		return;
+	}
+	const int j = p.rank < p.root ? p.rank : p.rank - 1;
+	const gs_u64 lo = j * chunk < p.bytes ? j * chunk : p.bytes;
+	const gs_u64 hi = lo + chunk < p.bytes ? lo + chunk : p.bytes;
+	char *to[GS_MAX_RANKS - 1];
+	int nd = 0;
+	to[nd++] = (char *)p.outs[p.rank] + lo; // this rank's own first: the rest cross the switch
+	for (int q = 0; q < p.world && q < GS_MAX_RANKS; ++q)
+		if (q != p.rank && q != p.root)
+			to[nd++] = (char *)p.outs[q] + lo;
+	gs_copy_seg_to<GS_MAX_RANKS - 1>(to, nd, (const char *)p.src + lo, hi - lo, g, stride);
+}
+
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_bcast_relay(gs_relay_params p) {
 	if (!gs_config_ok(p.pads, p.world, p.rank))
 		return;
@@ -198,8 +222,14 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_bcast_relay(gs
 	}
 	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
 		return;
-	const int role = blockIdx.x / G, b = blockIdx.x % G;
 	const gs_u64 chunk = gs_share16(p.bytes, m);
+	if (p.push) {
+		gs_bcast_push(p, chunk);
+		__threadfence_system();
+		gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+		return;
+	}
+	const int role = blockIdx.x / G, b = blockIdx.x % G;
 	const gs_u64 per = gs_share16(chunk, G);
 	const gs_u64 slices = (per + p.step - 1) / p.step;
 	if (p.rank == p.root) {

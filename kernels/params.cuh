@@ -162,7 +162,7 @@ struct gs_a2av_params { // 424 bytes, Go: cuda.A2AVParams
 	int rank;                                // offset 416
 };
 
-struct gs_relay_params { // 176 bytes, Go: cuda.RelayParams
+struct gs_relay_params { // 184 bytes, Go: cuda.RelayParams
 	void *outs[GS_MAX_RANKS];                // offset 0
 	unsigned int *pads[GS_MAX_RANKS];        // offset 64
 	const void *src;                         // offset 128
@@ -173,6 +173,7 @@ struct gs_relay_params { // 176 bytes, Go: cuda.RelayParams
 	int rank;                                // offset 164
 	int root;                                // offset 168
 	int blocks;                              // offset 172
+	int push;                                // offset 176
 };
 
 #endif // GOSYM_PARAMS_CUH

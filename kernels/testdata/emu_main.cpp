@@ -952,9 +952,10 @@ static void copy_case(int world, size_t chunk, unsigned grid, unsigned block, Pa
 // from op to op, whoever is root), in place or not, at odd offsets; every
 // rank's output against the root's input, guards intact, no pad error.
 static void relay_case(int world, const std::vector<int> &roots, size_t bytes, int blocks, size_t step,
-                       size_t mis, bool inplace, Pads &pads) {
-	std::string name = "relay world=" + std::to_string(world) + " bytes=" + std::to_string(bytes) +
-	                   " blocks=" + std::to_string(blocks) + " step=" + std::to_string(step);
+                       size_t mis, bool inplace, Pads &pads, bool push = false) {
+	std::string name = std::string(push ? "relay push" : "relay") + " world=" + std::to_string(world) +
+	                   " bytes=" + std::to_string(bytes) + " blocks=" + std::to_string(blocks) +
+	                   " step=" + std::to_string(step);
 	for (int root : roots) {
 		std::vector<Buf> in, out;
 		for (int r = 0; r < world; ++r) {
@@ -979,6 +980,7 @@ static void relay_case(int world, const std::vector<int> &roots, size_t bytes, i
 			p.rank = r;
 			p.root = root;
 			p.blocks = blocks;
+			p.push = push;
 		}
 		run_all(gs_bcast_relay, ps, (unsigned)(blocks * (world - 1)), 64);
 		std::string err = pads.errors();
@@ -1406,10 +1408,14 @@ int main() {
 		for (int i = 0; i < 3; ++i)
 			roots.push_back((int)(rng() % world));
 		roots.push_back(world - 1);
+		// push and pull modes interleaved on one group: the pull mode's counts must stay in
+		// step across push-mode ops (which leave them alone)
 		for (size_t bytes : {1, 15, 16, 100, 4097, 65536 + 3})
 			for (int blocks : {1, 3})
-				relay_case(world, roots, bytes, blocks, 16u << (rng() % 8), rng() % 16, rng() % 2, rp);
+				for (bool push : {false, true})
+					relay_case(world, roots, bytes, blocks, 16u << (rng() % 8), rng() % 16, rng() % 2, rp, push);
 		relay_case(world, {0, world - 1, 0}, 300000, 2, 4096, 5, false, rp);
+		relay_case(world, {world - 1, 0}, 300000 + 7, 2, 4096, 3, true, rp, true);
 	}
 	relay_config_case();
 	timeout_case();

@@ -365,7 +365,11 @@ type A2AVParams struct {
 // byte once and every rank receives it once, as on a pipelined ring.
 // Blocks blocks per chunk (the grid is Blocks*(World-1), the same on
 // every rank); Step bytes per slice (a multiple of 16). Outs[q] is rank
-// q's output mapped here; Src the root's input mapped here.
+// q's output mapped here; Src the root's input mapped here. With Push set
+// a non-root stores each piece it pulls from the root into every other
+// non-root's output as well as its own (the whole grid on its own chunk,
+// no per-slice flags): stores cross the switch without a round trip,
+// where the relay's loads wait for their replies.
 type RelayParams struct {
 	Outs      [MaxRanks]uintptr `cuda:"outs,void *,GS_MAX_RANKS"`
 	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
@@ -377,6 +381,7 @@ type RelayParams struct {
 	Rank      int32             `cuda:"rank,int"`
 	Root      int32             `cuda:"root,int"`
 	Blocks    int32             `cuda:"blocks,int"`
+	Push      int32             `cuda:"push,int"`
 }
 
 // BarrierParams is the parameter of gs_barrier (one block of 32 threads).

@@ -33,6 +33,10 @@ type Config struct {
 	// broadcast by scatter and relay (gs_bcast_relay) at three ranks or
 	// more, on the direct path
 	relayMin, relayBlocks, relaySlice int
+	// GOSYM_GPU_RS_DIRECT_MIN: directMin for reduce_scatter (0: by the
+	// world, rsDirectMin)
+	rsDirectMin int
+	relayPush   bool // GOSYM_GPU_RELAY_PUSH: the relay's push mode
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
 	captureDirectMin int
@@ -68,6 +72,8 @@ func ConfigFromEnv() Config {
 		relayMin:      config.GPURelayMin.Get(),
 		relayBlocks:   config.GPURelayBlocks.Get(),
 		relaySlice:    config.GPURelaySlice.Get(),
+		relayPush:     config.GPURelayPush.On(),
+		rsDirectMin:   config.GPURSDirectMin.Or(0),
 		// Measured on 2×H200: see docs/DECISIONS.md.
 		captureDirectMin: config.GPUCaptureDirectMin.Get(),
 		regMin:           config.GPURegDirectMin.Get(),

@@ -255,3 +255,21 @@ func TestA2AVResident(t *testing.T) {
 	_, err := a2avResident(64, 3, 3)
 	require.EqualError(t, err, "gosym: the paced all_to_all (GOSYM_GPU_A2AV_BLOCKS) needs at least 4 blocks of 512 threads resident at once for 3 ranks; this GPU holds 3: unset GOSYM_GPU_A2AV_BLOCKS")
 }
+
+// reduce_scatter's threshold is the one measured at its world (2 MiB of
+// output at 4 ranks), directMin at worlds not measured, and
+// GOSYM_GPU_RS_DIRECT_MIN where set; never above directMin.
+func TestReduceScatterDirectMinByWorld(t *testing.T) {
+	cfg := Config{directMin: 8 << 20}
+	for world, want := range map[int]int{2: 8 << 20, 3: 8 << 20, 4: 2 << 20, 8: 8 << 20} {
+		require.Equal(t, want, rsDirectMin(cfg, world), "world %d", world)
+		tm := &Team{cfg: cfg, world: world}
+		require.Equal(t, want, tm.directMin(&ops.Op{Kind: ops.ReduceScatter}), "world %d", world)
+	}
+	cfg.rsDirectMin = 512 << 10
+	require.Equal(t, 512<<10, rsDirectMin(cfg, 2))
+	require.Equal(t, 512<<10, rsDirectMin(cfg, 4))
+	cfg.directMin = 256 << 10
+	require.Equal(t, 256<<10, rsDirectMin(cfg, 4))
+	require.Equal(t, 256<<10, rsDirectMin(Config{directMin: 256 << 10}, 4))
+}
