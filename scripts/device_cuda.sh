@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [callcost] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [callcost] [step] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -117,6 +117,10 @@ for s in "${steps[@]}"; do
 		timeout 540 python3 tests/jobs/hier/simhosts.py --hosts $per,$per --gpus -- python3 -m gosym.bench --device cuda \
 			--backends gosym,gosym-hier,gosym-flat,nccl --batch 10 --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
 			--sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M --target-time 0.05 --json "$out/bench-hier-cuda-${per}x2.json" 2>&1 | tail -50 ;;
+	step)
+		# an FSDP2 step of a 1.07 B-parameter model (bf16), gosym against NCCL in one job
+		echo "== FSDP2 step (gosym.stepbench)"
+		timeout 300 python3 -m gosym.stepbench --device cuda --json "$out/stepbench.json" 2>&1 | tail -8 ;;
 	callcost)
 		# the host cost of one small eager op, layer by layer (torch's wrapper, gosym's Python,
 		# ctypes, Go, the driver), beside torch's do-nothing groups: one rank, then every GPU
