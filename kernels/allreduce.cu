@@ -11,6 +11,8 @@
 //   gs_pull_<type>_<op>     one-shot without its barriers: the caller orders
 //                           the launch after every peer's input is ready and
 //                           before anyone reuses it (the semaphore protocol).
+//   gs_arpush_<type>_<op>   two-shot whose reduce-scatter half pushes into the
+//                           peers' stagings (in rounds) and folds locally.
 //   gs_ll_<type>_<op>       low latency, for small inputs: every rank stores
 //                           its input into every peer's LL area as lines
 //                           that carry their own flag, and reduces the lines
@@ -29,6 +31,7 @@
 // Launch: block = GS_BLOCK_THREADS threads, grid <= GS_MAX_BLOCKS, the same
 // grid on every rank for the same call (barrier slots are per block). out
 // must not alias any peer's buffer in one-shot: peers are still reading it.
+#include "copy.cuh"
 #include "ll.cuh"
 
 // Folds element i of every peer.
@@ -262,6 +265,92 @@ __device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
 	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
 }
 
+// ---- two-shot with a push reduce-scatter -------------------------------------------
+//
+// gs_arpush: two-shot's op (in place on the peers' buffers p.peers), but the
+// reduce-scatter half pushes: in rounds, each rank stores slice q of its
+// buffer into rank q's staging (p.stages[q], slot rank), and rank q folds
+// slice q from its own buffer and its own staging (local loads only), in
+// rank order, and stores the result into every rank's buffer. Stores cross
+// the switch without waiting for a reply, where two-shot's loads from the
+// peers wait a round trip each. A round's slices are an equal share of
+// what is left, a multiple of 16 bytes, at most p.slot elements (the
+// staging holds world slots of p.slot elements and 16 bytes; block b keeps
+// to its own part of every slot, whatever the round). Block b of
+// every rank handles sub-range b of every slice, so the block barriers are
+// the only synchronisation: one at the start (every rank's buffer and
+// staging are free), one after the pushes (the pieces are there), one
+// after the results (the staging may take the next round, the buffers are
+// final). A piece lands in a slot at its destination buffer's 16-byte
+// phase, so that the fold meets its sources and its own buffer in step.
+template <class T, class Op> __device__ __forceinline__ void gs_arpush(const gs_ar_params &p) {
+	typedef typename T::S S;
+	if (!gs_config_ok(p.pads, p.world, p.rank))
+		return;
+	const gs_u64 N = GsPack<T>::kN, W = (gs_u64)p.world, es = sizeof(S), me = (gs_u64)p.rank;
+	// Block b owns [b * most, (b + 1) * most) of every slot in every round: blocks run apart
+	// (a barrier joins block b of every rank, not the blocks of one rank), so a sub-range
+	// that moved with the round's slice length could land on one a peer's other block still
+	// folds.
+	const gs_u64 most = p.slot / gridDim.x / N * N;
+	if (most == 0 || p.slot % N != 0) {
+		if (threadIdx.x == 0)
+			gs_record_error(p.pads[p.rank], GS_ERR_CONFIG, (gs_u32)p.slot, 3);
+		return;
+	}
+	if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
+		return;
+	const gs_u64 slot_bytes = p.slot * es + 16u;
+	const gs_u64 phase = (gs_u64)p.peers[me] & 15u;
+	bool same = phase % es == 0; // every buffer in the same phase: the fold can use vectors
+	for (int q = 0; q < p.world && q < GS_MAX_RANKS; ++q)
+		same = same && (((gs_u64)p.peers[q] & 15u) == phase);
+	const gs_u64 head = ((16u - phase) & 15u) / es; // the first element on a 16-byte boundary
+	for (gs_u64 start = 0; start < p.numel;) {
+		gs_u64 s = (p.numel - start + W - 1) / W;
+		s = (s + N - 1) / N * N;
+		s = s < most * gridDim.x ? s : most * gridDim.x;
+		const gs_u64 per = ((s + gridDim.x - 1) / gridDim.x + N - 1) / N * N; // at most `most`
+		const gs_u64 lo = (gs_u64)blockIdx.x * per, at = (gs_u64)blockIdx.x * most; // in the slice, the slot
+		// this block's sub-range of slice q: [base + lo, base + hi)
+		for (gs_u64 k = 1; k < W; ++k) {
+			const gs_u64 q = (me + k) % W; // in turn: each rank's stores go to one peer at a time
+			const gs_u64 base = start + q * s;
+			const gs_u64 len = base < p.numel ? (p.numel - base < s ? p.numel - base : s) : 0;
+			const gs_u64 hi = lo + per < len ? lo + per : len;
+			if (lo < hi)
+				gs_copy_seg((char *)p.stages[q] + me * slot_bytes + ((gs_u64)p.peers[q] & 15u) + at * es,
+				            (const char *)p.peers[me] + (base + lo) * es, (hi - lo) * es, threadIdx.x,
+				            blockDim.x);
+		}
+		__threadfence_system();
+		if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
+			return;
+		const gs_u64 base = start + me * s;
+		const gs_u64 len = base < p.numel ? (p.numel - base < s ? p.numel - base : s) : 0;
+		const gs_u64 hi = lo + per < len ? lo + per : len;
+		if (lo < hi) {
+			// element i of the slice: src[r] + i * es as rank r sent it, dst[q] + i * es on rank q
+			// (base is a multiple of 16 bytes: the slice starts in every buffer's phase)
+			const char *src[GS_MAX_RANKS];
+			char *dst[GS_MAX_RANKS];
+#pragma unroll
+			for (int r = 0; r < GS_MAX_RANKS; ++r) {
+				src[r] = (gs_u64)r == me || r >= p.world
+				             ? (const char *)p.peers[me] + base * es
+				             : (const char *)p.stages[me] + r * slot_bytes + phase + (at - lo) * es;
+				dst[r] = (char *)p.peers[r < p.world ? r : 0] + base * es;
+			}
+			gs_reduce_range<T, Op>(src, p.world, dst, p.world, lo, hi, same ? head : len, p.scale, p.post,
+			                       threadIdx.x, blockDim.x);
+		}
+		__threadfence_system();
+		if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
+			return;
+		start += W * s;
+	}
+}
+
 // ---- low latency (LL) -----------------------------------------------------------
 //
 // Every rank stores its input into every peer's LL area as lines (ll.cuh
@@ -343,7 +432,8 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 
 #define GS_AR_KERNELS(tname, T)                                                               \
 	GS_AR_OPS(oneshot, tname, T)                                                           \
-	GS_AR_OPS(twoshot, tname, T) GS_AR_OPS(pull, tname, T) GS_AR_OPS(ll, tname, T)
+	GS_AR_OPS(twoshot, tname, T) GS_AR_OPS(pull, tname, T) GS_AR_OPS(ll, tname, T)           \
+	    GS_AR_OPS(arpush, tname, T)
 
 // Every element type, as X(kernel name part, element type), in the order of
 // kernelspec.go's reduceTypes; the host emulation and the fake driver list

@@ -73,6 +73,15 @@ func TestHostEmulationP2P(t *testing.T) { runEmulation(t, "testdata/emu_p2p.cpp"
 // rank's timeout and bad launches.
 func TestHostEmulationA2AV(t *testing.T) { runEmulation(t, "testdata/emu_a2av.cpp") }
 
+// TestHostEmulationARPush runs gs_arpush of allreduce.cu
+// (testdata/emu_arpush.cpp) with every block of every rank at once and the
+// threads of a block as OS threads (a rank's fold waits for every thread of
+// its peers' blocks to have pushed): bit for bit against gs_twoshot on the
+// same inputs at worlds 1 to 8, every phase, slots from one vector (many
+// rounds) to the whole staging, ops back to back on one group's pads, and a
+// bad slot refused.
+func TestHostEmulationARPush(t *testing.T) { runEmulation(t, "testdata/emu_arpush.cpp") }
+
 // runEmulation builds program against emu.h (with the address and
 // undefined-behaviour sanitizers where g++ has them) and runs it.
 func runEmulation(t *testing.T, program string) {

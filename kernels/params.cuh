@@ -71,20 +71,22 @@
 #define GS_PAD_RELAY_SEEN 5344
 #define GS_RELAY_DETAIL 134217728
 
-struct gs_ar_params { // 208 bytes, Go: cuda.ARParams
+struct gs_ar_params { // 280 bytes, Go: cuda.ARParams
 	const void *peers[GS_MAX_RANKS];         // offset 0
 	unsigned int *pads[GS_MAX_RANKS];        // offset 64
-	void *out;                               // offset 128
-	const void *in;                          // offset 136
-	unsigned long long numel;                // offset 144
-	unsigned long long src_offset;           // offset 152
-	unsigned long long in_stride;            // offset 160
-	unsigned long long stage_stride;         // offset 168
-	unsigned long long timeout_ns;           // offset 176
-	double scale;                            // offset 184
-	int post;                                // offset 192
-	int world;                               // offset 196
-	int rank;                                // offset 200
+	void *stages[GS_MAX_RANKS];              // offset 128
+	unsigned long long slot;                 // offset 192
+	void *out;                               // offset 200
+	const void *in;                          // offset 208
+	unsigned long long numel;                // offset 216
+	unsigned long long src_offset;           // offset 224
+	unsigned long long in_stride;            // offset 232
+	unsigned long long stage_stride;         // offset 240
+	unsigned long long timeout_ns;           // offset 248
+	double scale;                            // offset 256
+	int post;                                // offset 264
+	int world;                               // offset 268
+	int rank;                                // offset 272
 };
 
 struct gs_copy_params { // 480 bytes, Go: cuda.CopyParams

@@ -5,7 +5,7 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck.
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [callcost] [step] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -206,6 +206,29 @@ for s in "${steps[@]}"; do
 			echo "sanitizer (direct path) exit ${PIPESTATUS[0]}"
 		else
 			echo "no compute-sanitizer on this machine"
+		fi ;;
+	variants)
+		# what session 23 built and could not measure, side by side (40 ops per sample): all_reduce
+		# on gs_arpush (GOSYM_GPU_AR_PUSH=1, checked against gloo) against two-shot and NCCL; the
+		# broadcast push's blocks per chunk; and, where build/libgosym-tail.so exists (branch
+		# try/copy-tail-predicated: make lib there, copy python/gosym/libgosym.so to it, carry it),
+		# the predicated copy tail against this library on the copy-shaped ops
+		B=(python3 -m gosym.bench --device cuda --batch 40 --target-time 0.05)
+		echo "== all_reduce: two-shot and NCCL, then gs_arpush"
+		timeout 150 "${B[@]}" --ops all_reduce --backends gosym,nccl --sizes 16M,64M,256M,1G --json "$out/var-ar.json" 2>&1 | rows
+		GOSYM_GPU_AR_PUSH=1 timeout 150 "${B[@]}" --ops all_reduce --backends gosym --sizes 16M,64M,256M,1G \
+			--json "$out/var-arpush.json" 2>&1 | rows
+		for g in 16 24 32; do
+			echo "== broadcast, GOSYM_GPU_RELAY_BLOCKS=$g"
+			GOSYM_GPU_RELAY_BLOCKS=$g timeout 100 "${B[@]}" --ops broadcast --backends gosym --sizes 8M,16M,64M,256M \
+				--no-check --json "$out/var-bcast-$g.json" 2>&1 | rows
+		done
+		if [[ -f build/libgosym-tail.so ]]; then
+			for lib in python/gosym/libgosym.so build/libgosym-tail.so; do
+				echo "== copy-shaped ops, GOSYM_LIBRARY=$lib"
+				GOSYM_LIBRARY=$lib timeout 150 "${B[@]}" --ops broadcast,all_gather_into_tensor,all_to_all_single \
+					--backends gosym --sizes 4M,16M,64M --json "$out/var-lib-$(basename "$lib" .so).json" 2>&1 | rows
+			done
 		fi ;;
 	batch)
 		echo "== bench eager, 40 back-to-back ops per pair of CUDA events (the baselines' method)"

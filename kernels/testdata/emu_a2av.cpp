@@ -31,25 +31,7 @@ static const size_t kPadWords = GS_PAD_BYTES / 4;
 // One launch on one rank: every block at once, the threads of each as OS
 // threads of one emulated block.
 static void launch(const gs_a2av_params &p, unsigned grid, unsigned block = kBlock) {
-	std::vector<std::unique_ptr<gs_emu_block>> blks;
-	std::vector<std::thread> th;
-	th.reserve((size_t)grid * block);
-	for (unsigned b = 0; b < grid; ++b) {
-		blks.emplace_back(new gs_emu_block);
-		gs_emu_block *k = blks.back().get();
-		k->n = block;
-		for (unsigned t = 0; t < block; ++t)
-			th.emplace_back([&p, k, grid, block, b, t] {
-				gridDim = {grid, 1, 1};
-				blockDim = {block, 1, 1};
-				blockIdx = {b, 0, 0};
-				threadIdx = {t, 0, 0};
-				gs_emu_blk = k;
-				gs_a2av(p);
-			});
-	}
-	for (auto &x : th)
-		x.join();
+	emu_launch_threads(gs_a2av, &p, 1, grid, block);
 }
 
 // Chunks of a piece of bytes (gs_p2p_rounds): at least one.

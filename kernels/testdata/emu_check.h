@@ -5,7 +5,9 @@
 #define GOSYM_EMU_CHECK_H
 
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 thread_local gs_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -45,5 +47,34 @@ struct Buf {
 		return true;
 	}
 };
+
+// One launch of k on each of n ranks at once (ps[0..n)): every block of
+// every rank at once, the threads of each block as OS threads of one
+// emulated block (a real __syncthreads), for kernels whose blocks wait on
+// other ranks' blocks mid-launch.
+template <class P>
+static void emu_launch_threads(void (*k)(P), const P *ps, size_t n, unsigned grid, unsigned block) {
+	std::vector<std::unique_ptr<gs_emu_block>> blks;
+	std::vector<std::thread> th;
+	th.reserve(n * grid * block);
+	for (size_t r = 0; r < n; ++r)
+		for (unsigned b = 0; b < grid; ++b) {
+			blks.emplace_back(new gs_emu_block);
+			gs_emu_block *blk = blks.back().get();
+			blk->n = block;
+			const P *p = ps + r;
+			for (unsigned t = 0; t < block; ++t)
+				th.emplace_back([k, p, blk, grid, block, b, t] {
+					gridDim = {grid, 1, 1};
+					blockDim = {block, 1, 1};
+					blockIdx = {b, 0, 0};
+					threadIdx = {t, 0, 0};
+					gs_emu_blk = blk;
+					k(*p);
+				});
+		}
+	for (auto &x : th)
+		x.join();
+}
 
 #endif // GOSYM_EMU_CHECK_H

@@ -56,6 +56,8 @@ var (
 		"Blocks per chunk of gs_bcast_relay (its grid: this times world-1, at most 128).")
 	GPURelaySlice = intRow("GOSYM_GPU_RELAY_SLICE", 512*kiB, 16, math.MaxInt, "", true,
 		"The largest slice of gs_bcast_relay, in bytes: a relaying rank reads a chunk's slice once its puller published it. Slices are an eighth of a block's share, from 16 KiB up to this.")
+	GPUARPush = enumRow("GOSYM_GPU_AR_PUSH", "0", []string{"0", "1"}, true, Engine,
+		"1: all_reduce on the direct path runs gs_arpush (its reduce-scatter half stores into the peers' stagings and folds locally) instead of two-shot (whose reduce-scatter half loads from the peers). Off until measured.")
 	GPURelayPush = enumRow("GOSYM_GPU_RELAY_PUSH", "1", []string{"0", "1"}, true, Engine,
 		"1: gs_bcast_relay pushes (each non-root pulls its chunk from the root once and stores it into every other non-root's output: stores cross the switch without a round trip); 0: it relays by pulls, slice by slice.")
 	GPUA2AVDirectMin = intRow("GOSYM_GPU_A2AV_DIRECT_MIN", 2*miB, 1, math.MaxInt, "", true,
@@ -178,6 +180,8 @@ var (
 		"scripts/device_cuda.sh fuzz-slow: the backend the fuzzer runs on (nccl: the same program on NCCL).")
 	_ = textRow("GOSYM_STARTBENCH_OUT", "", Tests,
 		"Where python -m gosym.startbench's ranks write their times (set by it).")
+	_ = textRow("GOSYM_STEPBENCH_OUT", "", Tests,
+		"Where python -m gosym.stepbench's ranks write their step times and losses (set by it).")
 	_ = textRow("GOSYM_CALLCOST_OUT", "", Tests,
 		"Where python -m gosym.callcost's ranks write their times (set by it).")
 	_ = textRow("GOSYM_CLIENTS_COMPILE", "inductor on CUDA, aot_eager on CPU", Tests,

@@ -23,6 +23,9 @@ const (
 	// their own flag, and reduces what arrives: no barrier, one trip over
 	// NVLink (gs_ll; inputs up to LLMaxBytes).
 	LL
+	// ArPush: two-shot whose reduce-scatter half pushes into the peers'
+	// stagings and folds locally (gs_arpush; ARParams.Stages and Slot).
+	ArPush
 )
 
 func (a Algo) String() string {
@@ -35,6 +38,8 @@ func (a Algo) String() string {
 		return "pull"
 	case LL:
 		return "ll"
+	case ArPush:
+		return "arpush"
 	}
 	return fmt.Sprintf("algo(%d)", int(a))
 }
@@ -110,7 +115,7 @@ func nvlsKernelName(typ, op string) string { return "gs_nvls_" + typ + "_" + op 
 func buildKernels() []*Kernel {
 	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel, LLMoveKernel, A2AVKernel,
 		RelayKernel}
-	for _, a := range []Algo{OneShot, TwoShot, Pull, LL} {
+	for _, a := range []Algo{OneShot, TwoShot, Pull, LL, ArPush} {
 		for _, t := range reduceTypes {
 			for _, op := range []string{"sum", "prod", "min", "max"} {
 				ks = append(ks, &Kernel{Name: reduceKernelName(a, t.name, op), Source: ReduceSource,
@@ -213,7 +218,7 @@ func ReduceGrid(a Algo, numel uint64, esize, world int) (grid, block Dim3) {
 // blocks than the latency-oriented default.
 func ReduceGridLimit(a Algo, numel uint64, esize, world, limit int) (grid, block Dim3) {
 	work := (numel*uint64(esize) + vectorBytes - 1) / vectorBytes // 16-byte vectors
-	if a == TwoShot && world > 1 {
+	if (a == TwoShot || a == ArPush) && world > 1 {
 		work = (work + uint64(world) - 1) / uint64(world)
 	}
 	blocks := (work + BlockThreads - 1) / BlockThreads

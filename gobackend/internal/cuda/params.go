@@ -279,11 +279,17 @@ var headerConsts = []struct {
 // ranks' LL areas (LLAreaBytes each), with no barrier (LLGrid's shape).
 // gs_twoshot_*: in place on the peers' buffers at src_offset; each rank
 // reduces its 1/world slice and writes the result into every peer's buffer.
+// gs_arpush_*: two-shot's op whose reduce-scatter half pushes: each rank
+// stores slice q of its buffer into rank q's staging (Stages[q]), which
+// folds it locally, in rounds of at most Slot elements a slice (a multiple
+// of 16 bytes; a staging holds World slots of Slot elements and 16 bytes).
 // Peers and Pads are the local addresses of every rank's buffer and signal
 // pad (index = rank); entries at and past World are ignored.
 type ARParams struct {
 	Peers     [MaxRanks]uintptr `cuda:"peers,const void *,GS_MAX_RANKS"`
 	Pads      [MaxRanks]uintptr `cuda:"pads,unsigned int *,GS_MAX_RANKS"`
+	Stages    [MaxRanks]uintptr `cuda:"stages,void *,GS_MAX_RANKS"` // gs_arpush: every rank's staging
+	Slot      uint64            `cuda:"slot,unsigned long long"`    // gs_arpush: elements of a slice per round, at most
 	Out       uintptr           `cuda:"out,void *"`
 	In        uintptr           `cuda:"in,const void *"` // one-shot: stage this first (0: staged already)
 	Numel     uint64            `cuda:"numel,unsigned long long"`

@@ -36,14 +36,14 @@ func TestParamLayouts(t *testing.T) {
 			}
 		})
 	}
-	require.Equal(t, uintptr(208), arLayout.Size) // the scale is a double
+	require.Equal(t, uintptr(280), arLayout.Size) // the scale is a double
 	off := map[string]uintptr{}
 	for _, f := range arLayout.Fields {
 		off[f.Name] = f.Offset
 	}
-	require.Equal(t, map[string]uintptr{"peers": 0, "pads": 64, "out": 128, "in": 136, "numel": 144,
-		"src_offset": 152, "in_stride": 160, "stage_stride": 168, "timeout_ns": 176, "scale": 184,
-		"post": 192, "world": 196, "rank": 200}, off)
+	require.Equal(t, map[string]uintptr{"peers": 0, "pads": 64, "stages": 128, "slot": 192, "out": 200,
+		"in": 208, "numel": 216, "src_offset": 224, "in_stride": 232, "stage_stride": 240, "timeout_ns": 248,
+		"scale": 256, "post": 264, "world": 268, "rank": 272}, off)
 }
 
 func TestLayoutRejectsBadTags(t *testing.T) {

@@ -36,6 +36,7 @@ type Config struct {
 	// GOSYM_GPU_RS_DIRECT_MIN: directMin for reduce_scatter (0: by the
 	// world, rsDirectMin)
 	rsDirectMin int
+	arPush      bool // GOSYM_GPU_AR_PUSH: all_reduce on the direct path runs gs_arpush
 	relayPush   bool // GOSYM_GPU_RELAY_PUSH: the relay's push mode
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
@@ -74,6 +75,7 @@ func ConfigFromEnv() Config {
 		relaySlice:    config.GPURelaySlice.Get(),
 		relayPush:     config.GPURelayPush.On(),
 		rsDirectMin:   config.GPURSDirectMin.Or(0),
+		arPush:        config.GPUARPush.On(),
 		// Measured on 2×H200: see docs/DECISIONS.md.
 		captureDirectMin: config.GPUCaptureDirectMin.Get(),
 		regMin:           config.GPURegDirectMin.Get(),

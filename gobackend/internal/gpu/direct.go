@@ -633,8 +633,21 @@ func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, er
 			p.Peers[r] = in(r)
 		}
 		p.Numel, p.Out = uint64(op.Count), op.Out
+		if t.cfg.arPush {
+			p.Stages, p.Slot = t.stages, arPushSlot(t.stage, t.world, op.DType.Size())
+			return true, t.reduceKernel(op, cuda.ArPush, &p, s)
+		}
 		return true, t.reduceKernel(op, cuda.TwoShot, &p, s)
 	}
+}
+
+// arPushSlot is gs_arpush's most elements of a slice per round: a staging
+// of stage bytes holds world slots of that many elements and 16 bytes
+// (a piece lands at its destination's 16-byte phase), a multiple of 16
+// bytes.
+func arPushSlot(stage uintptr, world, es int) uint64 {
+	per := (uint64(stage)/uint64(world) - 16) / 16 * 16
+	return per / uint64(es)
 }
 
 // relays says whether a broadcast of n bytes runs by scatter and relay:

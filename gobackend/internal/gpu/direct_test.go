@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/cuda"
 )
 
 // relayStep gives every rank the same slice for an op, a multiple of 16
@@ -40,5 +42,21 @@ func TestRelaysFromThreeRanks(t *testing.T) {
 	}{{2, 1 << 30, false}, {3, 4 << 20, true}, {3, 4<<20 - 1, false}, {8, 1 << 30, true}} {
 		tm := &Team{world: c.world, cfg: cfg}
 		require.Equal(t, c.want, tm.relays(c.n), "world %d, %d bytes", c.world, c.n)
+	}
+}
+
+// gs_arpush's slot: world slots of it and 16 bytes each fit in the
+// staging, a whole number of 16-byte vectors, and enough for every block
+// of the largest grid to own one vector of it.
+func TestArPushSlotFitsTheStaging(t *testing.T) {
+	for _, stage := range []uintptr{64 << 10, 1 << 20, 32 << 20} {
+		for world := 2; world <= cuda.MaxRanks; world++ {
+			for _, es := range []int{1, 2, 4, 8} {
+				slot := arPushSlot(stage, world, es)
+				require.LessOrEqual(t, uint64(world)*(slot*uint64(es)+16), uint64(stage), "stage %d world %d es %d", stage, world, es)
+				require.Zero(t, slot*uint64(es)%16)
+				require.GreaterOrEqual(t, slot, uint64(cuda.MaxBlocks*16/es))
+			}
+		}
 	}
 }

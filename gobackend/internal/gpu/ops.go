@@ -114,7 +114,9 @@ func (t *Team) reduction(op *ops.Op, s cuda.Stream, agree agreeFunc) error {
 	}
 	if root < 0 {
 		done, err := t.direct(op, s, agree)
-		if done {
+		if done && t.cfg.arPush {
+			t.algos.Add(algoArPush, t.rank, op)
+		} else if done {
 			t.algos.Add(algoTwoShot, t.rank, op)
 		}
 		if done || err != nil {

@@ -76,10 +76,11 @@ const (
 	algoSema                    // semaphore protocol, unicast pull kernel
 	algoNVLS                    // semaphore protocol, multimem.ld_reduce
 	algoLL                      // LL kernel: flagged lines into the peers' LL areas, no barrier
+	algoArPush                  // gs_arpush: two-shot whose reduce-scatter half pushes
 	numGPUAlgos
 )
 
-var algoNames = [numGPUAlgos]string{"oneshot", "twoshot", "sema_unicast", "nvls", "ll"}
+var algoNames = [numGPUAlgos]string{"oneshot", "twoshot", "sema_unicast", "nvls", "ll", "arpush"}
 
 func (a algoKind) String() string { return algoNames[a] }
 

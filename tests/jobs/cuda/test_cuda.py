@@ -57,6 +57,15 @@ def cuda_direct_job(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def cuda_arpush_job(tmp_path_factory):
+    """The direct path with all_reduce on gs_arpush (GOSYM_GPU_AR_PUSH=1: its reduce-scatter
+    half pushes into the peers' stagings), in rounds of the jobs' 1 MiB staging (many
+    rounds from a few hundred KiB up)."""
+    return _worker_job(tmp_path_factory, "cuda_arpush", GOSYM_GPU_DIRECT_MIN="1",
+                       GOSYM_GPU_LL_MAX="0", GOSYM_GPU_AR_PUSH="1")
+
+
+@pytest.fixture(scope="module")
 def cuda_oneshot_job(tmp_path_factory):
     """Small all_reduce on the one-shot kernel over the staging (GOSYM_GPU_LL_MAX=0: no
     LL kernel), eager (staging fused into the launch) and captured (copy + kernel); and
@@ -109,6 +118,14 @@ def test_direct_path(cuda_direct_job):
         assert st["gpu_relay_ops"] > 50, st
     else:  # one non-root: nothing to relay
         assert st["gpu_relay_ops"] == 0, st
+
+
+def test_arpush_path(cuda_arpush_job):
+    r0 = _checked(cuda_arpush_job, 700)
+    st = r0["stats"]
+    assert st["gpu_direct_ops"] > 1000, st
+    # the direct path's all_reduce ran gs_arpush (two-shot only where an op stages)
+    assert st["gpu_algo_arpush"] > 100 and st["gpu_algo_arpush"] > st["gpu_algo_twoshot"], st
 
 
 def test_oneshot_path(cuda_oneshot_job):
