@@ -10,9 +10,10 @@
 // thread pulled what a later one had yet to stage); gs_a2av, whose blocks
 // wait on each other through the peers, runs every block of a launch at
 // once, each with its threads as threads of their own; the rest one thread
-// after another. FAKECUDA_P2P_THREADS=n runs the threaded kernels' blocks
-// with at most n threads (at least 32; they work with any block size from
-// 32 up): fewer OS threads for tests of many launches. Streams are worker
+// after another; so does gs_arpush, whose folds wait on its peers' pushes.
+// FAKECUDA_P2P_THREADS=n runs the threaded kernels' blocks with at most n
+// threads (at least 32; they work with any block size from 32 up): fewer OS
+// threads for tests of many launches. Streams are worker
 // threads, so the launches of simulated ranks on different streams run
 // concurrently. Built with:
 //   g++ -shared -fPIC -include kernels/testdata/emu.h -I kernels -I <cuda pkg>
@@ -150,9 +151,13 @@ template <class P> static void invoke(void *fn, void *param) {
 #define AR_TWOSHOT(t, T) AR_OPS(twoshot, t)
 #define AR_PULL(t, T) AR_OPS(pull, t)
 #define AR_LL(t, T) AR_OPS(ll, t)
+// gs_arpush: a rank's fold waits for every thread of its peers' blocks to have pushed
+#define AR_CONC(a, t, o) {FN(gs_##a##_##t##_##o, gs_ar_params), true, true},
+#define AR_ARPUSH(t, T) AR_CONC(arpush, t, sum) AR_CONC(arpush, t, prod) AR_CONC(arpush, t, min) AR_CONC(arpush, t, max)
 #define NVLS(t, o) {FN(gs_nvls_##t##_##o, gs_nvls_params)},
 static CUfunc_st functions[] = {
     GS_AR_TYPES(AR_ONESHOT) GS_AR_TYPES(AR_TWOSHOT) GS_AR_TYPES(AR_PULL) GS_AR_TYPES(AR_LL)
+    GS_AR_TYPES(AR_ARPUSH)
     {FN(gs_copy, gs_copy_params), true},
     {FN(gs_llmove, gs_llmove_params)},
     {FN(gs_bcast_relay, gs_relay_params)},
@@ -258,7 +263,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 		return 201; // CUDA_ERROR_INVALID_CONTEXT: gosym must set one
 	if (gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024 || gx == 0)
 		return INVALID_VALUE;
-	if (f->threaded && !f->concurrent) // FAKECUDA_P2P_THREADS: fewer OS threads per block
+	if (f->threaded) // FAKECUDA_P2P_THREADS: fewer OS threads per block
 		if (const char *v = getenv("FAKECUDA_P2P_THREADS"))
 			bx = std::min(bx, (unsigned)std::max(32, atoi(v)));
 	std::string p((const char *)params[0], f->param_size); // copied now, like the driver
