@@ -19,13 +19,14 @@ import (
 func TestGPUAlgoStats(t *testing.T) {
 	var s algoStats
 	op := &ops.Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 3}
-	for _, a := range []algoKind{algoOneShot, algoSema, algoSema, algoNVLS, algoSema, algoLL} {
+	for _, a := range []algoKind{algoOneShot, algoSema, algoSema, algoNVLS, algoSema, algoLL, algoArPush, algoArPush} {
 		s.Add(a, 0, op)
 	}
 	m := map[string]any{}
 	s.stats(m)
 	require.Equal(t, map[string]any{"gpu_algo_oneshot": int64(1), "gpu_algo_twoshot": int64(0),
-		"gpu_algo_sema_unicast": int64(3), "gpu_algo_nvls": int64(1), "gpu_algo_ll": int64(1)}, m)
+		"gpu_algo_sema_unicast": int64(3), "gpu_algo_nvls": int64(1), "gpu_algo_ll": int64(1),
+		"gpu_algo_arpush": int64(2)}, m)
 }
 
 func TestReduceScale(t *testing.T) {
