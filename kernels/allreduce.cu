@@ -283,15 +283,19 @@ __device__ __forceinline__ void gs_twoshot(const gs_ar_params &p) {
 // after the results (the staging may take the next round, the buffers are
 // final). A piece lands in a slot at its destination buffer's 16-byte
 // phase, so that the fold meets its sources and its own buffer in step.
+// Elements of a slice of s elements from base, within numel.
+__device__ __forceinline__ gs_u64 gs_slice_len(gs_u64 base, gs_u64 s, gs_u64 numel) {
+	return base < numel ? (numel - base < s ? numel - base : s) : 0;
+}
+
 template <class T, class Op> __device__ __forceinline__ void gs_arpush(const gs_ar_params &p) {
 	typedef typename T::S S;
 	if (!gs_config_ok(p.pads, p.world, p.rank))
 		return;
 	const gs_u64 N = GsPack<T>::kN, W = (gs_u64)p.world, es = sizeof(S), me = (gs_u64)p.rank;
 	// Block b owns [b * most, (b + 1) * most) of every slot in every round: blocks run apart
-	// (a barrier joins block b of every rank, not the blocks of one rank), so a sub-range
-	// that moved with the round's slice length could land on one a peer's other block still
-	// folds.
+	// (a barrier joins block b of every rank, not the blocks of one rank), so a part that
+	// moved with the round's slice length could land where a peer's other block still folds.
 	const gs_u64 most = p.slot / gridDim.x / N * N;
 	if (most == 0 || p.slot % N != 0) {
 		if (threadIdx.x == 0)
@@ -316,7 +320,7 @@ template <class T, class Op> __device__ __forceinline__ void gs_arpush(const gs_
 		for (gs_u64 k = 1; k < W; ++k) {
 			const gs_u64 q = (me + k) % W; // in turn: each rank's stores go to one peer at a time
 			const gs_u64 base = start + q * s;
-			const gs_u64 len = base < p.numel ? (p.numel - base < s ? p.numel - base : s) : 0;
+			const gs_u64 len = gs_slice_len(base, s, p.numel);
 			const gs_u64 hi = lo + per < len ? lo + per : len;
 			if (lo < hi)
 				gs_copy_seg((char *)p.stages[q] + me * slot_bytes + ((gs_u64)p.peers[q] & 15u) + at * es,
@@ -327,7 +331,7 @@ template <class T, class Op> __device__ __forceinline__ void gs_arpush(const gs_
 		if (!gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
 			return;
 		const gs_u64 base = start + me * s;
-		const gs_u64 len = base < p.numel ? (p.numel - base < s ? p.numel - base : s) : 0;
+		const gs_u64 len = gs_slice_len(base, s, p.numel);
 		const gs_u64 hi = lo + per < len ? lo + per : len;
 		if (lo < hi) {
 			// element i of the slice: src[r] + i * es as rank r sent it, dst[q] + i * es on rank q

@@ -167,24 +167,6 @@ extern "C" __global__ void __launch_bounds__(32) gs_sema_wait(gs_sema_params p) 
 	gs_st_release(sem, 0u);
 }
 
-// Broadcast by scatter and relay (the pipelined ring's traffic on a switch):
-// the bytes are cut into world-1 chunks, one per non-root; the non-root of
-// index j (ranks in order, the root left out) pulls chunk j from the root
-// into its own output, slice by slice, publishing each slice (PROG word of
-// its block, release), while it pulls every other non-root's chunk from
-// that rank's output as soon as the slices are there. The root's egress
-// carries each byte once and every rank's ingress each byte once, so the
-// op runs near one link's bandwidth, where every peer reading the root
-// shares the root's egress world-1 ways. Blocks [0, G) of a non-root pull
-// from the root (first, so that the host emulation, which runs blocks one
-// after another, meets them before their readers); block i*G+b (i >= 1)
-// relays sub-range b of the chunk of non-root j+i (mod world-1). Sub-range
-// b of every chunk is a fixed per bytes; its slices are step bytes. The
-// last thread of a block publishes, after every thread fenced its copy; the
-// first thread polls (so both are right when a block's threads run one
-// after another). The root's blocks copy its input to its output (when
-// apart) and account for the slices it will not wait for (SEEN words), so
-// that every rank's counts stay in step whoever is root.
 // The push mode of gs_bcast_relay (p.push): the whole grid of a non-root
 // pulls its own chunk from the root once and stores each piece into its
 // own output and every other non-root's: no flags, the closing barrier
@@ -209,6 +191,24 @@ __device__ __forceinline__ void gs_bcast_push(const gs_relay_params &p, gs_u64 c
 	gs_copy_seg_to<GS_MAX_RANKS - 1>(to, nd, (const char *)p.src + lo, hi - lo, g, stride);
 }
 
+// Broadcast by scatter and relay (the pipelined ring's traffic on a switch):
+// the bytes are cut into world-1 chunks, one per non-root; the non-root of
+// index j (ranks in order, the root left out) pulls chunk j from the root
+// into its own output, slice by slice, publishing each slice (PROG word of
+// its block, release), while it pulls every other non-root's chunk from
+// that rank's output as soon as the slices are there. The root's egress
+// carries each byte once and every rank's ingress each byte once, so the
+// op runs near one link's bandwidth, where every peer reading the root
+// shares the root's egress world-1 ways. Blocks [0, G) of a non-root pull
+// from the root (first, so that the host emulation, which runs blocks one
+// after another, meets them before their readers); block i*G+b (i >= 1)
+// relays sub-range b of the chunk of non-root j+i (mod world-1). Sub-range
+// b of every chunk is a fixed per bytes; its slices are step bytes. The
+// last thread of a block publishes, after every thread fenced its copy; the
+// first thread polls (so both are right when a block's threads run one
+// after another). The root's blocks copy its input to its output (when
+// apart) and account for the slices it will not wait for (SEEN words), so
+// that every rank's counts stay in step whoever is root.
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_bcast_relay(gs_relay_params p) {
 	if (!gs_config_ok(p.pads, p.world, p.rank))
 		return;
