@@ -13,34 +13,31 @@ __device__ __forceinline__ gs_u64 gs_share16(gs_u64 n, gs_u64 parts) {
 }
 
 // Thread g of stride threads copies its share of a segment into nd <= ND
-// destinations (one load, nd stores), four units in flight at a time: a
-// pull over NVLink waits about a microsecond per load, so one load per
-// thread at a time held a block to some 8 GB/s (the loads all come before
-// the stores: the compiler may not reorder them itself, dst and src could
-// alias).
+// destinations (one load, nd stores), four units in flight at a time, the
+// last round too (predicated): a pull over NVLink waits about a microsecond
+// per load, so one load per thread at a time held a block to some 8 GB/s,
+// and a mid-size op is only a few rounds per thread (the loads all come
+// before the stores: the compiler may not reorder them itself, dst and src
+// could alias).
 template <class W, int ND>
 __device__ __forceinline__ void gs_copy_units(char *const *dst, int nd, gs_u64 off, const char *src,
                                               gs_u64 units, gs_u64 g, gs_u64 stride) {
 	const W *s = (const W *)(src + off);
-	gs_u64 i = g;
-	for (; i + 3 * stride < units; i += 4 * stride) {
-		const W a = s[i], b = s[i + stride], c = s[i + 2 * stride], e = s[i + 3 * stride];
+	for (gs_u64 i = g; i < units; i += 4 * stride) {
+		W v[4];
+#pragma unroll
+		for (int u = 0; u < 4; ++u)
+			if (i + u * stride < units)
+				v[u] = s[i + u * stride];
 #pragma unroll
 		for (int k = 0; k < ND; ++k)
 			if (k < nd) {
 				W *d = (W *)(dst[k] + off);
-				d[i] = a;
-				d[i + stride] = b;
-				d[i + 2 * stride] = c;
-				d[i + 3 * stride] = e;
-			}
-	}
-	for (; i < units; i += stride) {
-		const W a = s[i];
 #pragma unroll
-		for (int k = 0; k < ND; ++k)
-			if (k < nd)
-				((W *)(dst[k] + off))[i] = a;
+				for (int u = 0; u < 4; ++u)
+					if (i + u * stride < units)
+						d[i + u * stride] = v[u];
+			}
 	}
 }
 
