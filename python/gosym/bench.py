@@ -661,6 +661,8 @@ class Bench:
             report = {
                 "machine": machine_info(self.torch, self.world, self.gosym, args.device),
                 "config": dict(vars(args)),
+                # what the run set (a table of choices reads which variant a report measured)
+                "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("GOSYM_")},
                 "default_backend": self.default_backend,
                 "hosts": self.hosts,
                 "measured_backends": measured,

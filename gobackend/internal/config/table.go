@@ -48,11 +48,11 @@ var (
 		"Ops of at least this many bytes per rank (all_to_all: its longest piece) read the peers' buffers in place (the direct path) instead of staging; all_reduce from min(this, GOSYM_GPU_TWOSHOT_MIN). The per-kind thresholds below are at most this.")
 	GPUMoveDirectMin = intRow("GOSYM_GPU_MOVE_DIRECT_MIN", 4*miB, 1, math.MaxInt, "", true,
 		"GOSYM_GPU_DIRECT_MIN for broadcast and all_gather.")
-	GPURSDirectMin = intRow("GOSYM_GPU_RS_DIRECT_MIN", 0, 1, math.MaxInt, "2 MiB at 4 ranks (measured on 4×H200), else GOSYM_GPU_DIRECT_MIN", true,
+	GPURSDirectMin = intRow("GOSYM_GPU_RS_DIRECT_MIN", 0, 1, math.MaxInt, "as measured for the world and GPU (2 MiB at 4×H200: scripts/gpu_table.py), else GOSYM_GPU_DIRECT_MIN", true,
 		"GOSYM_GPU_DIRECT_MIN for reduce_scatter, in bytes of one rank's output.")
 	GPURelayMin = intRow("GOSYM_GPU_RELAY_MIN", 4*miB, 1, math.MaxInt, "", true,
 		"Broadcasts of at least this many bytes, at three ranks or more, run by scatter and relay (gs_bcast_relay): each non-root pulls one chunk from the root and relays it to the others, so each byte leaves the root once. Only on the direct path (from GOSYM_GPU_MOVE_DIRECT_MIN).")
-	GPURelayBlocks = intRow("GOSYM_GPU_RELAY_BLOCKS", 32, 1, 128, "", true,
+	GPURelayBlocks = intRow("GOSYM_GPU_RELAY_BLOCKS", 32, 1, 128, "32, or as measured for the world, GPU and size (4×H200: 16 from 8 to 256 MiB; scripts/gpu_table.py)", true,
 		"Blocks per chunk of gs_bcast_relay (its grid: this times world-1, at most 128).")
 	GPURelaySlice = intRow("GOSYM_GPU_RELAY_SLICE", 512*kiB, 16, math.MaxInt, "", true,
 		"The largest slice of gs_bcast_relay, in bytes: a relaying rank reads a chunk's slice once its puller published it. Slices are an eighth of a block's share, from 16 KiB up to this.")

@@ -32,10 +32,11 @@ type Config struct {
 	// GOSYM_GPU_RELAY_MIN, GOSYM_GPU_RELAY_BLOCKS, GOSYM_GPU_RELAY_SLICE:
 	// broadcast by scatter and relay (gs_bcast_relay) at three ranks or
 	// more, on the direct path
-	relayMin, relayBlocks, relaySlice int
-	// GOSYM_GPU_RS_DIRECT_MIN: directMin for reduce_scatter (0: by the
-	// world, rsDirectMin)
-	rsDirectMin int
+	relayMin, relaySlice int
+	relayBlocks          knob // by measurement (choice.go)
+	// GOSYM_GPU_RS_DIRECT_MIN: directMin for reduce_scatter, by
+	// measurement (choice.go; rsDirectMin)
+	rsDirectMin knob
 	arPush      bool // GOSYM_GPU_AR_PUSH: all_reduce on the direct path runs gs_arpush
 	relayPush   bool // GOSYM_GPU_RELAY_PUSH: the relay's push mode
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
@@ -71,10 +72,10 @@ func ConfigFromEnv() Config {
 		// (docs/DECISIONS.md).
 		a2avDirectMin: config.GPUA2AVDirectMin.Get(),
 		relayMin:      config.GPURelayMin.Get(),
-		relayBlocks:   config.GPURelayBlocks.Get(),
+		relayBlocks:   knobOf(config.GPURelayBlocks),
 		relaySlice:    config.GPURelaySlice.Get(),
 		relayPush:     config.GPURelayPush.On(),
-		rsDirectMin:   config.GPURSDirectMin.Or(0),
+		rsDirectMin:   knobOf(config.GPURSDirectMin),
 		arPush:        config.GPUARPush.On(),
 		// Measured on 2×H200: see docs/DECISIONS.md.
 		captureDirectMin: config.GPUCaptureDirectMin.Get(),

@@ -3,6 +3,7 @@ package gpu
 import (
 	"testing"
 
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/ops"
@@ -256,20 +257,22 @@ func TestA2AVResident(t *testing.T) {
 	require.EqualError(t, err, "gosym: the paced all_to_all (GOSYM_GPU_A2AV_BLOCKS) needs at least 4 blocks of 512 threads resident at once for 3 ranks; this GPU holds 3: unset GOSYM_GPU_A2AV_BLOCKS")
 }
 
-// reduce_scatter's threshold is the one measured at its world (2 MiB of
-// output at 4 ranks), directMin at worlds not measured, and
-// GOSYM_GPU_RS_DIRECT_MIN where set; never above directMin.
+// reduce_scatter's threshold is the one measured at its world and GPU (2
+// MiB of output at 4 ranks of sm_90: measured.go), directMin at worlds or
+// GPUs not measured, and GOSYM_GPU_RS_DIRECT_MIN where set; never above
+// directMin.
 func TestReduceScatterDirectMinByWorld(t *testing.T) {
-	cfg := Config{directMin: 8 << 20}
+	cfg := Config{directMin: 8 << 20, rsDirectMin: knobOf(config.GPURSDirectMin)}
 	for world, want := range map[int]int{2: 8 << 20, 3: 8 << 20, 4: 2 << 20, 8: 8 << 20} {
-		require.Equal(t, want, rsDirectMin(cfg, world), "world %d", world)
-		tm := &Team{cfg: cfg, world: world}
+		require.Equal(t, want, rsDirectMin(cfg, world, 90), "world %d", world)
+		require.Equal(t, 8<<20, rsDirectMin(cfg, world, 100), "world %d on sm_100", world)
+		tm := &Team{cfg: cfg, world: world, g: &Device{arch: 90}}
 		require.Equal(t, want, tm.directMin(&ops.Op{Kind: ops.ReduceScatter}), "world %d", world)
 	}
-	cfg.rsDirectMin = 512 << 10
-	require.Equal(t, 512<<10, rsDirectMin(cfg, 2))
-	require.Equal(t, 512<<10, rsDirectMin(cfg, 4))
+	cfg.rsDirectMin = knob{name: config.GPURSDirectMin.Name, set: 512 << 10}
+	require.Equal(t, 512<<10, rsDirectMin(cfg, 2, 90))
+	require.Equal(t, 512<<10, rsDirectMin(cfg, 4, 90))
 	cfg.directMin = 256 << 10
-	require.Equal(t, 256<<10, rsDirectMin(cfg, 4))
-	require.Equal(t, 256<<10, rsDirectMin(Config{directMin: 256 << 10}, 4))
+	require.Equal(t, 256<<10, rsDirectMin(cfg, 4, 90))
+	require.Equal(t, 256<<10, rsDirectMin(Config{directMin: 256 << 10, rsDirectMin: knobOf(config.GPURSDirectMin)}, 4, 90))
 }

@@ -668,7 +668,7 @@ func (t *Team) relayBroadcast(op *ops.Op, n uintptr, in func(int) uintptr, s cud
 	t.used = true
 	t.counters.relayOps.Add(1)
 	m := t.world - 1
-	g := max(min(t.cfg.relayBlocks, cuda.MaxBlocks/m), 1)
+	g := max(min(t.cfg.relayBlocks.at(t.world, t.arch(), int(n)), cuda.MaxBlocks/m), 1)
 	p := cuda.RelayParams{Pads: t.pads, Src: in(op.Root), Bytes: uint64(n), Step: relayStep(uint64(n), m, g, t.cfg.relaySlice),
 		TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank), Root: int32(op.Root), Blocks: int32(g)}
 	if t.cfg.relayPush {

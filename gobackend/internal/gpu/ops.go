@@ -156,24 +156,18 @@ func (t *Team) directMin(op *ops.Op) int {
 	case op.Kind == ops.Broadcast || op.Kind == ops.AllGather:
 		return min(t.cfg.directMin, t.cfg.moveDirectMin)
 	case op.Kind == ops.ReduceScatter:
-		return rsDirectMin(t.cfg, t.world)
+		return rsDirectMin(t.cfg, t.world, t.arch())
 	}
 	return t.cfg.directMin
 }
 
 // rsDirectMin is the direct path's threshold for reduce_scatter, in bytes
 // of one rank's output: GOSYM_GPU_RS_DIRECT_MIN where set, else what was
-// measured at this world. At 4 ranks (4×H200, session 23,
-// docs/results/2026-11-28-s23-rs-direct-4xH200.json) the direct one-shot
-// took 46.5/48.0 µs at 2/4 MiB of output against the staged path's
-// 61.7/65.6 (NCCL 39.8/57.9) and lost at 1 MiB (49.5 against 35.0). Other
-// worlds keep GOSYM_GPU_DIRECT_MIN (measured at 2), unmeasured elsewhere.
-func rsDirectMin(cfg Config, world int) int {
-	switch {
-	case cfg.rsDirectMin > 0:
-		return min(cfg.directMin, cfg.rsDirectMin)
-	case world == 4:
-		return min(cfg.directMin, 2<<20)
+// measured at this world and GPU (2 MiB at 4×H200: measured.go), else
+// directMin; never above directMin.
+func rsDirectMin(cfg Config, world, arch int) int {
+	if v := cfg.rsDirectMin.at(world, arch, 0); v > 0 {
+		return min(cfg.directMin, v)
 	}
 	return cfg.directMin
 }
