@@ -115,6 +115,7 @@ def _rank_main(a) -> None:
         return loss
 
     times = {b: [] for b in backends}
+    host = {b: [] for b in backends}  # until step() returned, before the sync: the CPU's part
     losses = {b: [] for b in backends}
     for b in backends:  # warm-up: allocators, kernels, the groups' buffers
         for i in range(a.warmup):
@@ -128,12 +129,26 @@ def _rank_main(a) -> None:
                 sync()
                 t0 = time.perf_counter()
                 loss = step(b, x)
+                host[b].append(time.perf_counter() - t0)
                 sync()
                 times[b].append(time.perf_counter() - t0)
                 losses[b].append(float(loss.item()))
+    profiles = {}
+    if a.profile:  # one more step each, under torch's profiler: where the device time goes
+        from torch.profiler import ProfilerActivity, profile
+
+        for b in backends:
+            sync()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                step(b, batches[-1])
+                sync()
+            profiles[b] = "\n".join(prof.key_averages().table(sort_by=k, row_limit=a.profile)
+                                     for k in ("device_time_total", "self_cpu_time_total"))
+    stats = gosym.stats(groups["gosym"])  # the counters of its paths (direct, cache misses)
     dist.barrier()
     dist.destroy_process_group()
-    out = {"rank": rank, "world": world, "times_s": times, "losses": losses, "params": params}
+    out = {"rank": rank, "world": world, "times_s": times, "host_s": host, "losses": losses,
+           "params": params, "gosym_stats": stats, "profiles": profiles}
     with open(os.path.join(os.environ[_RANK_ENV], f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
 
@@ -145,8 +160,10 @@ def _summary(ranks: list[dict], backends: list[str]) -> dict:
     for b in backends:
         steps = [max(r["times_s"][b][i] for r in ranks) for i in range(len(ranks[0]["times_s"][b]))]
         q = statistics.quantiles(steps, n=10) if len(steps) >= 2 else [steps[0]] * 9
+        hosts = [max(r["host_s"][b][i] for r in ranks) for i in range(len(steps))]
         out[b] = {"median_ms": statistics.median(steps) * 1e3, "p10_ms": q[0] * 1e3,
-                  "p90_ms": q[-1] * 1e3, "steps": len(steps)}
+                  "p90_ms": q[-1] * 1e3, "steps": len(steps),
+                  "host_median_ms": statistics.median(hosts) * 1e3}
     ref = ranks[0]["losses"][backends[0]]
     for b in backends:
         got = ranks[0]["losses"][b]
@@ -172,6 +189,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per backend first")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds the job may take")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="profile one more step per backend and print rank 0's top ROWS ops by "
+                        "device time, then by the CPU's own time")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a, _ = p.parse_known_args(argv)
     cuda = a.device == "cuda"
@@ -195,7 +215,7 @@ def main(argv=None) -> int:
     args = ["--rank", "--device", a.device, "--backends", a.backends, "--dim", str(a.dim),
             "--layers", str(a.layers), "--tokens", str(a.tokens), "--seq", str(a.seq),
             "--reduce-dtype", a.reduce_dtype, "--steps", str(a.steps), "--rounds", str(a.rounds),
-            "--warmup", str(a.warmup)]
+            "--warmup", str(a.warmup), "--profile", str(a.profile)]
     with tempfile.TemporaryDirectory(prefix="gosym-stepbench-") as tmp:
         cmd, env = module_job(nproc, "gosym.stepbench", *args, env=dict(os.environ, **{_RANK_ENV: tmp}))
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
@@ -209,13 +229,19 @@ def main(argv=None) -> int:
     print(f"FSDP2 step, {a.device}, {nproc} ranks: {params / 1e6:.1f} M parameters (dim {a.dim}, "
           f"{a.layers} blocks), {a.tokens} tokens per rank, bf16 parameters, {a.reduce_dtype} "
           f"reduction; slowest rank per step")
-    print(f"{'backend':8} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'steps':>6} "
+    print(f"{'backend':8} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'host ms':>8} {'steps':>6} "
           f"{'loss rel diff':>14} {'vs ' + backends[-1]:>10}")
     base = summary[backends[-1]]["median_ms"]
     for b in backends:
         s = summary[b]
-        print(f"{b:8} {s['median_ms']:10.2f} {s['p10_ms']:8.2f} {s['p90_ms']:8.2f} {s['steps']:6d} "
+        print(f"{b:8} {s['median_ms']:10.2f} {s['p10_ms']:8.2f} {s['p90_ms']:8.2f} "
+              f"{s['host_median_ms']:8.2f} {s['steps']:6d} "
               f"{s['loss_max_rel']:14.3g} {base / s['median_ms']:9.2f}x")
+    for b, table in ranks[0]["profiles"].items():
+        print(f"== {b}, rank 0, one step under the profiler\n{table}")
+    st = ranks[0]["gosym_stats"]
+    print("gosym rank 0 counters:", {k: v for k, v in sorted(st.items())
+                                     if k.startswith("gpu_") and isinstance(v, int) and v})
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": a.device, "nproc": nproc, "params": params,

@@ -20,7 +20,7 @@ def test_stepbench_times_both_backends_on_the_same_losses(tmp_path):
     out = tmp_path / "step.json"
     res = _run("--nproc", "2", "--dim", "32", "--layers", "3", "--tokens", "48", "--seq", "8",
                "--steps", "3", "--rounds", "2", "--warmup", "1", "--reduce-dtype", "fp32",
-               "--json", str(out))
+               "--profile", "5", "--json", str(out))
     assert res.returncode == 0, res.stderr[-4000:]
     rep = json.loads(out.read_text())
     assert rep["params"] == 3 * (8 * 32 * 32 + 2 * 32)
@@ -28,6 +28,8 @@ def test_stepbench_times_both_backends_on_the_same_losses(tmp_path):
     for b, s in rep["summary"].items():
         assert s["steps"] == 6, (b, s)
         assert 0 < s["p10_ms"] <= s["median_ms"] <= s["p90_ms"], (b, s)
+        # the host's part of a step (until step() returns) is at most the step
+        assert 0 < s["host_median_ms"] <= s["p90_ms"], (b, s)
         # the same model, batches and reduction type: the losses agree to rounding
         assert s["loss_max_rel"] < 1e-3, (b, s)
     for r in rep["ranks"]:
@@ -35,6 +37,10 @@ def test_stepbench_times_both_backends_on_the_same_losses(tmp_path):
         # training moves: the last loss is not the first (the steps did something)
         assert r["losses"]["gosym"][-1] != r["losses"]["gosym"][0]
     assert "gosym" in res.stdout and "gloo" in res.stdout
+    # --profile: one more step per backend under torch's profiler, rank 0's top ops printed
+    assert set(rep["ranks"][0]["profiles"]) == {"gosym", "gloo"}
+    assert "one step under the profiler" in res.stdout and "Self CPU" in res.stdout
+    assert rep["ranks"][0]["gosym_stats"]["gpu_device"] == -1  # the counters came back (CPU)
 
 
 def test_stepbench_refuses_tokens_that_do_not_split():

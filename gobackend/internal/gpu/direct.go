@@ -166,6 +166,10 @@ type directSide struct {
 	fresh       *memreg.Memh // this rank's registered memh published unbound in this op
 	run         *pageRun     // ... or its run of paged memory
 	swapFD      swapFunc     // sends the fds of fresh VMM memory (swapFunc)
+	// everyNeeds: every rank maps every relevant rank's allocation in this
+	// op (not all_to_all, where a rank maps only whom it reads), so a vote
+	// that passes means each is mapped everywhere (registry.held)
+	everyNeeds bool
 }
 
 // swapFunc announces body and fds to every peer over the links and
@@ -305,14 +309,17 @@ func (s *directSide) negotiate(metas [][]byte, relevant, need []bool, mode direc
 	if !s.capturing {
 		s.reg.flush(s.ipc) // drops deferred while a graph was captured
 	}
-	direct, vote := mode != directNone, false
+	direct, vote, held := mode != directNone, false, false
 	for r := range p.regions {
 		rg := &p.regions[r]
 		switch {
 		case !relevant[r]:
 		case !rg.ok() || mode == directRegistered && !rg.registered():
 			direct = false
-		case !rg.bound():
+		case rg.bound():
+		case s.held(r, rg):
+			held = true
+		default:
 			vote = true
 		}
 	}
@@ -346,6 +353,9 @@ func (s *directSide) negotiate(metas [][]byte, relevant, need []bool, mode direc
 			return nil, false, status.Errorf(status.Internal, "gosym: %s: a bound peer allocation could not be mapped here", who.Who())
 		}
 		s.counted(p.regions, relevant)
+		if held {
+			s.counters.voteSkips.Add(1)
+		}
 		return p, true, nil
 	}
 	all, err := agree(mapped)
@@ -364,8 +374,22 @@ func (s *directSide) negotiate(metas [][]byte, relevant, need []bool, mode direc
 	s.settle(p.regions, relevant, everywhere)
 	if ok {
 		s.counted(p.regions, relevant)
+		if s.everyNeeds {
+			for r := range p.regions {
+				if rg := &p.regions[r]; relevant[r] && !rg.registered() {
+					s.reg.hold(ipcKey{r, rg.h})
+				}
+			}
+		}
 	}
 	return p, ok, nil
+}
+
+// held says whether rank r's published allocation rg (one published per
+// op, by handle) is known mapped by every rank: an earlier op's vote
+// passed on it, and such mappings stay for the group's life.
+func (s *directSide) held(r int, rg *boundRegion) bool {
+	return !rg.registered() && s.reg.isHeld(ipcKey{r, rg.h})
 }
 
 // swapFresh sends the fds of this rank's fresh VMM memory (if its record
@@ -596,6 +620,7 @@ func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, er
 				op.Who(), r, len(m), len(meta))
 		}
 	}
+	sd.everyNeeds = true
 	peers, ok, err := sd.negotiate(metas, relevant, relevant, mode, op, agree)
 	if err != nil || !ok {
 		return false, err

@@ -65,6 +65,8 @@ func swapFD(peers Peers, body []byte, fds []int, deadline time.Time) ([]comm.FDM
 // rank runs the group's CUDA ops in the same order): the first sets the
 // plane up on every rank.
 func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
+	t0 := time.Now()
+	defer func() { g.hostNs.Add(int64(time.Since(t0))) }()
 	if g.err != nil {
 		return g.err
 	}
@@ -100,6 +102,8 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 		g.mu.Unlock()
 		g.device.Store(int32(a.Device) + 1)
 		g.stage.Store(int64(t.stage))
+		g.setupNs.Store(int64(time.Since(t0))) // apart from the ops' host time
+		t0 = time.Now()
 	}
 	if err := g.lostError(); err != nil { // after live is set: lost.go
 		return err
@@ -133,7 +137,11 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 	if err := t.order.before(t.g, a.Stream, capture); err != nil {
 		return status.Wrap(status.System, err, "gosym: %s on cuda:%d: waiting for the group's previous op on another stream", op.Kind, a.Device)
 	}
-	agree := func(meta []byte) ([][]byte, error) { return grp.Peers.Barrier(meta, op.Who(), deadline) }
+	agree := func(meta []byte) ([][]byte, error) {
+		t0 := time.Now()
+		defer func() { g.agreeRounds.Add(1); g.agreeNs.Add(int64(time.Since(t0))) }()
+		return grp.Peers.Barrier(meta, op.Who(), deadline)
+	}
 	t.capturing, t.deadline = capturing, deadline
 	err = t.run(op, a.Stream, agree)
 	if rerr := explainRefusal(grp, op, err); rerr != nil { // a peer refused op: the group is out of step

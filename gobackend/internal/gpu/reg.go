@@ -270,7 +270,12 @@ type registry struct {
 	refused map[uint64]bool         // this rank's memhs a vote failed for: published unshareable from then on
 	peers   map[peerKey]peerMapping // a peer's registered allocation (by memh id), mapped here
 	legacy  map[ipcKey]peerMapping  // a peer's allocation published per op (by handle), mapped here
-	pending []peerMapping           // dropped mappings to close once the device is idle
+	// held: the allocations published per op (by rank and handle) that a
+	// vote found mapped by every rank; kept as long as legacy's mappings
+	// (the group's life), so an op on them skips the vote. Built only from
+	// agreed votes, it is the same set on every rank.
+	held    map[ipcKey]bool
+	pending []peerMapping // dropped mappings to close once the device is idle
 	closed  bool
 	runs    []*pageRun // this rank's runs of paged memory published to the group (pages.go)
 	kept    []*pageRun // changed runs a captured op read: unpublished, held until the group goes
@@ -387,6 +392,23 @@ func (g *registry) openLegacy(ipc ipcMaps, c *Counters, r int, h cuda.IpcHandle)
 	return va, err
 }
 
+// isHeld says whether every rank holds allocation k mapped (held).
+func (g *registry) isHeld(k ipcKey) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held[k]
+}
+
+// hold records that every rank mapped allocation k (an agreed vote).
+func (g *registry) hold(k ipcKey) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held == nil {
+		g.held = map[ipcKey]bool{}
+	}
+	g.held[k] = true
+}
+
 // cachedOpen is the mapping cached under k in *cache, or else open's,
 // stored there (at most limit entries; 0: no limit).
 func cachedOpen[K comparable](g *registry, cache *map[K]peerMapping, k K, limit int, open func() (peerMapping, error)) (va uintptr, hit bool, err error) {
@@ -483,7 +505,7 @@ func (g *registry) close(ipc ipcMaps) {
 	for _, m := range g.legacy {
 		ms = append(ms, m)
 	}
-	g.pending, g.peers, g.legacy = nil, nil, nil
+	g.pending, g.peers, g.legacy, g.held = nil, nil, nil, nil
 	g.mu.Unlock()
 	closeAll(ipc, ms)
 }

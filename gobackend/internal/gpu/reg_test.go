@@ -346,6 +346,7 @@ func runOp(ranks []*fakeRank, addrs []uintptr, n uintptr, mode directMode) ([]op
 			}
 			metas, _ := ag.of(r)(sd.record(lo, span, mode == directAny))
 			op := &ops.Op{Kind: ops.AllGather}
+			sd.everyNeeds = true // every rank maps every rank's buffer, as Team.direct's ops
 			res[r].peers, res[r].ok, res[r].err = sd.negotiate(metas, everyone(w), everyone(w), mode, op, ag.of(r))
 		}()
 	}
@@ -591,8 +592,10 @@ func TestGPUCaptureDefers(t *testing.T) {
 }
 
 // TestGPULegacyAndMixed: unregistered buffers go direct only from
-// directMin (directAny), through the per-op path and its handle cache, and
-// vote every time; in registered mode they keep the op staged.
+// directMin (directAny), through the per-op path and its handle cache; the
+// first op on an allocation votes, later ops on it skip the vote (every
+// rank holds it mapped: registry.held); in registered mode they keep the
+// op staged.
 func TestGPULegacyAndMixed(t *testing.T) {
 	ranks, ms, addrs := fakeGroup(t, 2)
 	require.NoError(t, ranks[1].dom.Unmap(ms[1]))
@@ -602,7 +605,12 @@ func TestGPULegacyAndMixed(t *testing.T) {
 	for i := range 3 {
 		res, rounds = runOp(ranks, addrs, 1<<20, directAny)
 		checkPeers(t, ranks, res, addrs)
-		assert.Equal(t, 2, rounds, "a per-op export always votes")
+		want := 1
+		if i == 0 {
+			want = 2
+		}
+		assert.Equal(t, want, rounds, "op %d: a per-op export votes once per allocation", i)
+		assert.Equal(t, int64(i), ranks[0].counts.voteSkips.Load())
 		assert.Equal(t, int64(1), ranks[0].counts.ipcOpens.Load())
 		assert.Equal(t, int64(i), ranks[0].counts.ipcHits.Load())
 	}
@@ -611,6 +619,52 @@ func TestGPULegacyAndMixed(t *testing.T) {
 		f.reg.close(f)
 		_, mapped, _ := f.state()
 		assert.Equal(t, 0, mapped)
+	}
+}
+
+// TestGPUHeldOnlyByAgreement: a per-op allocation is held (its ops skip
+// the vote) only after a vote every rank passed: one a rank could not map
+// votes again next time, and a buffer freed and reallocated at the same
+// address (a new handle) is voted on afresh and mapped anew, never served
+// by the old mapping.
+func TestGPUHeldOnlyByAgreement(t *testing.T) {
+	for _, world := range []int{2, 3} {
+		t.Run(fmt.Sprint(world), func(t *testing.T) {
+			ranks, ms, addrs := fakeGroup(t, world)
+			for r, f := range ranks {
+				require.NoError(t, f.dom.Unmap(ms[r]))
+			}
+			last := world - 1
+			bad := fakeHandle(0, ranks[0].allocs[0], 0)
+			ranks[last].failOpen = func(h cuda.IpcHandle) bool { return h == bad }
+			res, rounds := runOp(ranks, addrs, 1<<20, directAny)
+			assert.Equal(t, 2, rounds)
+			for r, x := range res {
+				require.NoError(t, x.err)
+				assert.False(t, x.ok, "rank %d: rank %d could not map rank 0's buffer", r, last)
+			}
+			ranks[last].failOpen = nil
+			res, rounds = runOp(ranks, addrs, 1<<20, directAny)
+			assert.Equal(t, 2, rounds, "not held: the failed vote held nothing")
+			checkPeers(t, ranks, res, addrs)
+			res, rounds = runOp(ranks, addrs, 1<<20, directAny)
+			assert.Equal(t, 1, rounds, "held now")
+			checkPeers(t, ranks, res, addrs)
+
+			ranks[0].mu.Lock()
+			ranks[0].gen++ // freed and reallocated at the same address
+			ranks[0].mu.Unlock()
+			res, rounds = runOp(ranks, addrs, 1<<20, directAny)
+			assert.Equal(t, 2, rounds, "a new handle votes")
+			checkPeers(t, ranks, res, addrs) // the new handle's mapping, not the old one
+			res, rounds = runOp(ranks, addrs, 1<<20, directAny)
+			assert.Equal(t, 1, rounds)
+			checkPeers(t, ranks, res, addrs)
+			for _, f := range ranks {
+				f.reg.close(f)
+				assert.False(t, f.reg.isHeld(ipcKey{0, bad}), "close forgets what was held")
+			}
+		})
 	}
 }
 

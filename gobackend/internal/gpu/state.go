@@ -52,6 +52,11 @@ type State struct {
 	algos    algoStats   // which reduction algorithm ran (sema.go)
 	nvls     atomic.Bool // a multicast object is bound over the group's buffers
 	reg      registry    // bindings of registered CUDA memory, peer mappings (reg.go)
+	// host time of the ops (Run, this rank's thread; the first op's
+	// setup apart) and, of it, the host rounds with the peers (the direct
+	// path's agreement, the split agreement): what a program whose host
+	// runs ahead of its GPU pays, since a round waits for the slowest host
+	setupNs, hostNs, agreeNs, agreeRounds atomic.Int64
 }
 
 // Counters count what the data plane did, for the endpoint's stats.
@@ -62,6 +67,7 @@ type Counters struct {
 	ipcHits   atomic.Int64 // peer allocations found mapped
 	llMoves   atomic.Int64 // data movement by one gs_llmove launch (ops.go, llMove)
 	pacedA2A  atomic.Int64 // all_to_all by one gs_a2av launch (ops.go, allToAllPaced)
+	voteSkips atomic.Int64 // direct ops that skipped the vote: their allocations were mapped everywhere already (direct.go, held)
 }
 
 // Park keeps a's op (collective seq) until the queue runs it (Take).
@@ -122,6 +128,10 @@ func (g *State) Stats(m map[string]any) {
 	m["gpu_ops"] = g.ops.Load()
 	m["gpu_captured_ops"] = g.captured.Load()
 	m["gpu_stream_joins"] = g.joins.Load()
+	m["gpu_setup_us"] = g.setupNs.Load() / 1000
+	m["gpu_host_us"] = g.hostNs.Load() / 1000
+	m["gpu_agree_us"] = g.agreeNs.Load() / 1000
+	m["gpu_agree_rounds"] = g.agreeRounds.Load()
 	m["gpu_device"] = int(g.device.Load()) - 1
 	m["gpu_stage_bytes"] = g.stage.Load()
 	m["gpu_direct_ops"] = g.counters.directOps.Load()
@@ -130,6 +140,7 @@ func (g *State) Stats(m map[string]any) {
 	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
 	m["gpu_ll_moves"] = g.counters.llMoves.Load()
 	m["gpu_paced_all_to_all"] = g.counters.pacedA2A.Load()
+	m["gpu_vote_skips"] = g.counters.voteSkips.Load()
 	m["gpu_nvls"] = g.nvls.Load()
 	m["gpu_device_error"] = g.deviceErrorCode()
 	g.algos.stats(m)

@@ -113,6 +113,9 @@ def test_direct_path(cuda_direct_job):
     assert st["gpu_direct_ops"] > 1000, st
     # buffers reused op after op are mapped once: the cache serves the rest
     assert 0 < st["gpu_ipc_opens"] < st["gpu_ipc_hits"], st
+    # ... and once every rank voted it mapped, ops on it skip the vote (one host round)
+    assert st["gpu_vote_skips"] > 0 and st["gpu_agree_rounds"] < 2 * st["gpu_direct_ops"], st
+    assert 0 < st["gpu_agree_us"] < st["gpu_host_us"] and st["gpu_setup_us"] > 0, st
     assert st["gpu_paced_all_to_all"] == 0, st
     if _world() >= 3:
         assert st["gpu_relay_ops"] > 50, st
