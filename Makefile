@@ -35,7 +35,7 @@ CTEST_DIR := build/ctest
 PYTEST_FLAGS ?= -q --timeout=900
 RUN_PY := PYTHONPATH=python $(PY)
 
-.PHONY: venv lib gotest ctest pytest test demo bench wheel install clean check-go print-venv
+.PHONY: venv lib gotest ctest pytest test demo bench wheel install clean check-go print-venv pydeps
 
 venv:
 	@test -n "$(BOOTSTRAP_PY)" || { echo "error: python3.11 or python3 is needed to create the venv" >&2; exit 1; }
@@ -49,6 +49,11 @@ venv:
 	echo "installing $(REQS) into $(GOSYM_VENV)"; \
 	"$(PY)" -m pip install $(PIP_FLAGS) -r $(REQS); \
 	cp $(REQS) "$(VENV_STAMP)"
+
+# What the GPU machine lacks for torch's own suite (it has torch, no network): pure-Python
+# packages of requirements-dev.txt in build/pydeps, carried to it (scripts/device_cuda.sh conform)
+pydeps: venv
+	"$(PY)" -m pip install $(PIP_FLAGS) --no-deps --target build/pydeps $$(grep -E '^expecttest==' $(REQS))
 
 check-go:
 	@command -v $(GO) >/dev/null || { echo "error: the Go toolchain is missing: install Go 1.26 (https://go.dev/dl/) and put 'go' on PATH" >&2; exit 1; }
