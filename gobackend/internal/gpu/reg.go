@@ -336,10 +336,23 @@ func (g *registry) takeRetired(most int) []uint64 {
 	return out
 }
 
-func (g *registry) isRefused(id uint64) bool {
+func (g *registry) isRefused(id uint64) bool { return marked(g, &g.refused, id) }
+
+// marked says whether k is in the registry's set *set.
+func marked[K comparable](g *registry, set *map[K]bool, k K) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.refused[id]
+	return (*set)[k]
+}
+
+// mark adds k to the registry's set *set.
+func mark[K comparable](g *registry, set *map[K]bool, k K) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if *set == nil {
+		*set = map[K]bool{}
+	}
+	(*set)[k] = true
 }
 
 func (g *registry) retire(id uint64) {
@@ -363,14 +376,7 @@ func (g *registry) bind(m *memreg.Memh) {
 	}
 }
 
-func (g *registry) refuse(id uint64) {
-	g.mu.Lock()
-	if g.refused == nil {
-		g.refused = map[uint64]bool{}
-	}
-	g.refused[id] = true
-	g.mu.Unlock()
-}
+func (g *registry) refuse(id uint64) { mark(g, &g.refused, id) }
 
 // openPeer maps rank r's registered allocation (memh id), from the cache
 // or by open.
@@ -393,21 +399,10 @@ func (g *registry) openLegacy(ipc ipcMaps, c *Counters, r int, h cuda.IpcHandle)
 }
 
 // isHeld says whether every rank holds allocation k mapped (held).
-func (g *registry) isHeld(k ipcKey) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.held[k]
-}
+func (g *registry) isHeld(k ipcKey) bool { return marked(g, &g.held, k) }
 
 // hold records that every rank mapped allocation k (an agreed vote).
-func (g *registry) hold(k ipcKey) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.held == nil {
-		g.held = map[ipcKey]bool{}
-	}
-	g.held[k] = true
-}
+func (g *registry) hold(k ipcKey) { mark(g, &g.held, k) }
 
 // cachedOpen is the mapping cached under k in *cache, or else open's,
 // stored there (at most limit entries; 0: no limit).
