@@ -2,7 +2,9 @@ package gobackend
 
 // The endpoint's side of the CUDA data plane (internal/gpu): CUDA ops enter
 // the collective queue here and run in their turn on the caller's thread,
-// so each is enqueued on the caller's stream before PostCUDA returns.
+// so each is enqueued on the caller's stream before PostCUDA returns; an
+// eager op with host rounds is deferred instead (gpu/defer.go): its
+// caller's stream waits for it on the GPU and the queue's worker runs it.
 
 import (
 	"time"
@@ -20,7 +22,8 @@ import (
 // is being captured into a CUDA graph. The op is enqueued on stream before
 // PostCUDA returns, after every collective posted before it (send and
 // recv: after the pair's earlier CUDA messages, see internal/gpu/p2p.go);
-// the returned Work is already complete on the host.
+// the returned Work is already complete on the host, except a deferred
+// op's (gpu/defer.go), whose stream is held on the GPU until it ran.
 func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) (*Work, error) {
 	if device < 0 {
 		return e.Post(op)
@@ -58,7 +61,9 @@ func (e *Endpoint) PostCUDA(op *Op, device int, stream uintptr, capturing bool) 
 // caller enqueues next. When the collective queue is idle (the common case:
 // the caller's previous op is done) op runs at once, as if queued and
 // drained, with no Work to queue and no arguments to park; else it is
-// queued behind the others and the queue runs here until it ran.
+// queued behind the others and the queue runs here until it ran. A
+// deferred op (gpu.State.Defer) goes to the queue's worker and the caller
+// returns at once.
 func (e *Endpoint) runQueued(op *Op, a gpu.Args) (*Work, error) {
 	e.mu.Lock()
 	if err := e.usable(op.Kind); err != nil {
@@ -69,6 +74,19 @@ func (e *Endpoint) runQueued(op *Op, a gpu.Args) (*Work, error) {
 	w := &Work{op: *op}
 	w.op.Seq = e.seq
 	e.stats.Posted.Add(1)
+	if err := e.gpu.DeferredError(); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	if da, ok := e.gpu.Defer(&w.op, a); ok {
+		// The caller's stream waits for the op on the GPU; the queue runs
+		// its host rounds (gpu/defer.go). Ordered behind everything queued.
+		w.q, w.done = e.coll, make(chan struct{})
+		e.gpu.Park(w.op.Seq, da)
+		e.coll.pushNow(w)
+		e.mu.Unlock()
+		return w, nil
+	}
 	if e.coll.claimIdle() { // nothing can be queued ahead of op: posts hold e.mu
 		e.mu.Unlock()
 		w.err = e.finished(e.runGPU(&w.op, a))
@@ -89,14 +107,17 @@ func (e *Endpoint) runQueued(op *Op, a gpu.Args) (*Work, error) {
 
 // runGPU runs a CUDA op or group task with its arguments a in its turn on
 // the collective queue.
-func (e *Endpoint) runGPU(op *Op, a gpu.Args) error {
+func (e *Endpoint) runGPU(op *Op, a gpu.Args) (err error) {
+	if a.Deferred() {
+		defer func() { e.gpu.Finish(op, a, err) }()
+	}
 	e.stats.Barriers.Add(1)
 	deadline := time.Now().Add(e.Timeout)
 	if a.Task != nil {
 		return a.Task(op.Who(), deadline)
 	}
 	e.mu.Lock()
-	err := e.usable(op.Kind) // queued behind an op that broke the group, or its destruction
+	err = e.usable(op.Kind) // queued behind an op that broke the group, or its destruction
 	e.mu.Unlock()
 	if err != nil {
 		return err

@@ -144,6 +144,18 @@ func (q *queue) push(w *Work, kick bool) {
 	q.mu.Unlock()
 }
 
+// pushNow queues w for the worker at once: nobody waits for it (a
+// deferred CUDA op, gpu/defer.go), and its caller's stream waits on the
+// GPU until it ran.
+func (q *queue) pushNow(w *Work) {
+	q.mu.Lock()
+	q.items = append(q.items, w)
+	if !q.running {
+		q.cond.Signal()
+	}
+	q.mu.Unlock()
+}
+
 // claimIdle makes the caller the queue's runner if nobody runs it and
 // nothing waits in it: the caller then runs its op directly, in queue
 // order, and gives the queue back with unclaim.

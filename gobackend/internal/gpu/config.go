@@ -39,6 +39,7 @@ type Config struct {
 	rsDirectMin knob
 	arPush      bool // GOSYM_GPU_AR_PUSH: all_reduce on the direct path runs gs_arpush
 	relayPush   bool // GOSYM_GPU_RELAY_PUSH: the relay's push mode
+	deferOps    bool // GOSYM_GPU_DEFER: ops with host rounds run off the caller's thread (defer.go)
 	// GOSYM_GPU_CAPTURE_DIRECT_MIN: the same for all_reduce and
 	// reduce_scatter while the stream is captured into a CUDA graph
 	captureDirectMin int
@@ -77,6 +78,7 @@ func ConfigFromEnv() Config {
 		relayPush:     config.GPURelayPush.On(),
 		rsDirectMin:   knobOf(config.GPURSDirectMin),
 		arPush:        config.GPUARPush.On(),
+		deferOps:      config.GPUDefer.On(),
 		// Measured on 2×H200: see docs/DECISIONS.md.
 		captureDirectMin: config.GPUCaptureDirectMin.Get(),
 		regMin:           config.GPURegDirectMin.Get(),

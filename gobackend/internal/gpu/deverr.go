@@ -48,6 +48,9 @@ func (g *State) DeviceError(grp Group) error {
 	if g.lost != nil {
 		return g.lost
 	}
+	if g.deferErr != nil {
+		return g.deferErr
+	}
 	if g.live == nil {
 		return nil
 	}

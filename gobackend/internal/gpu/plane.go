@@ -96,6 +96,9 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 		t.swapFD = func(body []byte, fds []int) ([]comm.FDMsg, func(), error) {
 			return swapFD(grp.Peers, body, fds, t.deadline)
 		}
+		if t.cfg.deferOps && t.g.memops {
+			t.df.open(t.g) // here, not at the first deferred op, which may come while another stream captures
+		}
 		g.team = t
 		g.mu.Lock()
 		g.live = t
@@ -133,6 +136,9 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 	g.ops.Add(1)
 	if capturing {
 		g.captured.Add(1)
+	}
+	if err := t.df.start(t.g, a); err != nil {
+		return err
 	}
 	if err := t.order.before(t.g, a.Stream, capture); err != nil {
 		return status.Wrap(status.System, err, "gosym: %s on cuda:%d: waiting for the group's previous op on another stream", op.Kind, a.Device)

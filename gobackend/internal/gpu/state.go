@@ -20,7 +20,16 @@ type Args struct {
 	// Task, when set, runs instead of an op: group-wide setup that must
 	// happen in collective order (contiguous views).
 	Task func(who symm.Who, deadline time.Time) error
+	// Set by Defer (defer.go): the op runs on the team's internal stream
+	// after ready (recorded on the caller's stream), then Finish writes
+	// release to the flag the caller's stream waits for.
+	deferred bool
+	ready    cuda.Event
+	release  uint32
 }
+
+// Deferred says whether the op's caller returned before it ran (Defer).
+func (a Args) Deferred() bool { return a.deferred }
 
 // State is an endpoint's CUDA side. CUDA ops go through the collective
 // queue like every collective (they share its sequence numbers); their
@@ -40,12 +49,16 @@ type State struct {
 	// lost is the group's error once a peer was lost (Abort), under mu:
 	// ops check it after the team is live (lost.go says why).
 	lost error
+	// deferErr is the first error of a deferred op (defer.go), under mu:
+	// its caller had returned, so the group's next CUDA op reports it.
+	deferErr error
 
 	ops      atomic.Int64
 	seq      atomic.Uint64 // the latest op's sequence number (a peer's refusal names it by its low bits)
 	kind     atomic.Int32  // the latest op's kind, for Latest
 	captured atomic.Int64  // ops enqueued while their stream was being captured (a CUDA graph)
 	joins    atomic.Int64  // ops that waited for the group's previous op on another stream (order.go)
+	deferred atomic.Int64  // ops whose caller returned before their host rounds (defer.go)
 	device   atomic.Int32  // ordinal + 1 once set up, for stats
 	stage    atomic.Int64
 	counters Counters
@@ -128,6 +141,7 @@ func (g *State) Stats(m map[string]any) {
 	m["gpu_ops"] = g.ops.Load()
 	m["gpu_captured_ops"] = g.captured.Load()
 	m["gpu_stream_joins"] = g.joins.Load()
+	m["gpu_deferred_ops"] = g.deferred.Load()
 	m["gpu_setup_us"] = g.setupNs.Load() / 1000
 	m["gpu_host_us"] = g.hostNs.Load() / 1000
 	m["gpu_agree_us"] = g.agreeNs.Load() / 1000

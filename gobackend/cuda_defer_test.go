@@ -1,0 +1,150 @@
+package gobackend
+
+import (
+	"encoding/binary"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/ops"
+)
+
+// deferGroup is three simulated ranks on the fake driver's three devices
+// whose all_reduces of any size take the direct path (a host round each),
+// a float32 buffer of n elements per rank, and their group set up by one
+// small all_reduce (a group's first op runs on its caller's thread).
+func deferGroup(t *testing.T, n int, timeout time.Duration) ([]*p2pRank, []uintptr) {
+	ranks := p2pGroup(t, []int{0, 1, 2}, timeout)
+	bufs := make([]uintptr, len(ranks))
+	for r, rk := range ranks {
+		p, err := rk.g.Driver().MemAlloc(rk.g.Context(), uintptr(4*n))
+		require.NoError(t, err)
+		t.Cleanup(func() { rk.g.Driver().MemFree(rk.g.Context(), p) })
+		bufs[r] = p
+	}
+	eps := make([]*Endpoint, len(ranks))
+	for r, rk := range ranks {
+		eps[r] = rk.ep
+	}
+	errs := postCUDAAll(eps, func(r int) int { return ranks[r].device },
+		func(r int) uintptr { return uintptr(ranks[r].stream(t, r, false)) },
+		func(r int) *Op { return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: bufs[r], Out: bufs[r]} })
+	require.Equal(t, make([]error, len(ranks)), errs)
+	for _, rk := range ranks {
+		rk.sync(t)
+	}
+	return ranks, bufs
+}
+
+// postAlone posts op on rank rk's stream from this goroutine and fails the
+// test if the call does not return by itself (its peers have not posted:
+// a caller that ran the op's host round would wait for them).
+func postAlone(t *testing.T, rk *p2pRank, r int, op *Op) {
+	done := make(chan error, 1)
+	go func() {
+		_, err := rk.ep.PostCUDA(op, rk.device, uintptr(rk.stream(t, r, false)), false)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "rank %d", r)
+	case <-time.After(5 * time.Second):
+		t.Fatalf("rank %d: a direct all_reduce did not return before its peers posted", r)
+	}
+}
+
+// Deferred ops (gpu/defer.go): a direct all_reduce returns to its caller
+// before any peer posted, two in a row queue behind each other, and every
+// rank's stream holds what comes after them until they ran: the results,
+// read after a stream synchronize alone, are exact.
+func TestCUDADeferredOpsReturnBeforeThePeers(t *testing.T) {
+	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
+	t.Setenv("GOSYM_GPU_LL_MAX", "0")
+	if inP2PFakeCUDA(t) {
+		return
+	}
+	const n = 5003
+	ranks, bufs := deferGroup(t, n, 10*time.Second)
+	val := func(r, i int) float32 { return float32((i*7+r*13)%61) - 30 }
+	for r, rk := range ranks {
+		b := make([]byte, 4*n)
+		for i := range n {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(val(r, i)))
+		}
+		require.NoError(t, rk.g.Driver().MemcpyHtoD(rk.g.Context(), bufs[r], b))
+	}
+	// rank by rank, one goroutine: a post that waited for its peers would hang here
+	for rep := range 2 {
+		for r, rk := range ranks {
+			postAlone(t, rk, r, &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: n - rep, In: bufs[r], Out: bufs[r]})
+		}
+	}
+	for _, rk := range ranks {
+		rk.sync(t)
+	}
+	for r, rk := range ranks {
+		b := make([]byte, 4*n)
+		require.NoError(t, rk.g.Driver().MemcpyDtoH(rk.g.Context(), b, bufs[r]))
+		for i := range n {
+			s := val(0, i) + val(1, i) + val(2, i) // small integers: exact in any order
+			want := 3 * s                          // summed twice: the second op sums three copies of s
+			if i == n-1 {
+				want = s // the second op's count stops short of it
+			}
+			if got := math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])); got != want {
+				require.Equal(t, want, got, "rank %d element %d", r, i)
+			}
+		}
+		st := rk.ep.StatsMap()
+		require.EqualValues(t, 2, st["gpu_deferred_ops"], "%v", st)
+		require.EqualValues(t, 3, st["gpu_direct_ops"], "%v", st)
+		require.NoError(t, rk.ep.DeviceError())
+	}
+}
+
+// A deferred op that fails after its caller returned (the ranks disagree
+// on its count) still releases its caller's stream, and its error reaches
+// the group's next CUDA op and DeviceError (what every CUDA Work's wait()
+// asks), naming the op.
+func TestCUDADeferredOpErrorReachesTheNextOp(t *testing.T) {
+	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
+	t.Setenv("GOSYM_GPU_LL_MAX", "0")
+	if inP2PFakeCUDA(t) {
+		return
+	}
+	const n = 4096
+	ranks, bufs := deferGroup(t, n+1, 3*time.Second)
+	for r, rk := range ranks {
+		count := n
+		if r == 2 {
+			count = n + 1
+		}
+		postAlone(t, rk, r, &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: count, In: bufs[r], Out: bufs[r]})
+	}
+	for r, rk := range ranks {
+		synced := make(chan struct{})
+		go func() { rk.sync(t); close(synced) }()
+		select {
+		case <-synced:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("rank %d: the stream of a failed deferred op was never released", r)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r, rk := range ranks {
+		for rk.ep.DeviceError() == nil && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		err := rk.ep.DeviceError()
+		require.Error(t, err, "rank %d", r)
+		require.True(t, strings.Contains(err.Error(), "all_reduce"), "rank %d: %v", r, err)
+		_, err = rk.ep.PostCUDA(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: bufs[r], Out: bufs[r]},
+			rk.device, uintptr(rk.stream(t, r, false)), false)
+		require.Error(t, err, "rank %d: the next op", r)
+		t.Logf("rank %d: %v", r, err)
+	}
+}
