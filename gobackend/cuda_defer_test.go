@@ -32,7 +32,9 @@ func deferGroup(t *testing.T, n int, timeout time.Duration) ([]*p2pRank, []uintp
 	}
 	errs := postCUDAAll(eps, func(r int) int { return ranks[r].device },
 		func(r int) uintptr { return uintptr(ranks[r].stream(t, r, false)) },
-		func(r int) *Op { return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: bufs[r], Out: bufs[r]} })
+		func(r int) *Op {
+			return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: bufs[r], Out: bufs[r]}
+		})
 	require.Equal(t, make([]error, len(ranks)), errs)
 	for _, rk := range ranks {
 		rk.sync(t)
