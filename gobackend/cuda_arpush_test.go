@@ -40,6 +40,7 @@ func TestCUDADirectVotesOncePerAllocation(t *testing.T) {
 	require.EqualValues(t, 4, st["gpu_algo_twoshot"], "%v", st)
 	require.EqualValues(t, 4, st["gpu_direct_ops"], "%v", st)
 	require.EqualValues(t, 3, st["gpu_vote_skips"], "%v", st)
+	require.EqualValues(t, 0, st["gpu_deferred_ops"], "%v", st) // GOSYM_GPU_DEFER is off by default
 	require.EqualValues(t, 2+3, st["gpu_agree_rounds"], "%v", st)
 	require.Positive(t, st["gpu_setup_us"], "%v", st)
 	require.LessOrEqual(t, st["gpu_agree_us"], st["gpu_host_us"], "%v", st)

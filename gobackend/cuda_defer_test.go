@@ -66,6 +66,7 @@ func postAlone(t *testing.T, rk *p2pRank, r int, op *Op) {
 func TestCUDADeferredOpsReturnBeforeThePeers(t *testing.T) {
 	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
 	t.Setenv("GOSYM_GPU_LL_MAX", "0")
+	t.Setenv("GOSYM_GPU_DEFER", "1")
 	if inP2PFakeCUDA(t) {
 		return
 	}
@@ -115,6 +116,7 @@ func TestCUDADeferredOpsReturnBeforeThePeers(t *testing.T) {
 func TestCUDADeferredOpErrorReachesTheNextOp(t *testing.T) {
 	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
 	t.Setenv("GOSYM_GPU_LL_MAX", "0")
+	t.Setenv("GOSYM_GPU_DEFER", "1")
 	if inP2PFakeCUDA(t) {
 		return
 	}

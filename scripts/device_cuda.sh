@@ -6,7 +6,7 @@
 # (built here; the device has no Go) and, for the checker, build/cudacheck; for conform,
 # build/pydeps (make pydeps: expecttest, which torch's suite imports).
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [defer-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -129,6 +129,21 @@ for s in "${steps[@]}"; do
 		# an FSDP2 step of a 1.07 B-parameter model (bf16), gosym against NCCL in one job
 		echo "== FSDP2 step (gosym.stepbench)"
 		timeout 300 python3 -m gosym.stepbench --device cuda --json "$out/stepbench.json" 2>&1 | tail -8 ;;
+	defer-probe)
+		# GOSYM_GPU_DEFER=1 hung an FSDP2 step on 4xH200 (session 25, no output in 100 s): the same
+		# step under eager module loading (the lazy-loading hypothesis: a load on the caller's
+		# thread waits for the device, which waits for the queue worker's launch), then under
+		# torch's default lazy loading with the engine's debug log; a rank still running near
+		# the limit prints its threads' stacks (stepbench --timeout)
+		echo "== FSDP2 step, GOSYM_GPU_DEFER=1, CUDA_MODULE_LOADING=EAGER"
+		GOSYM_GPU_DEFER=1 CUDA_MODULE_LOADING=EAGER timeout 200 python3 -m gosym.stepbench --device cuda --timeout 180 \
+			--json "$out/stepbench-defer-eager.json" >"$out/defer-eager.log" 2>&1
+		tail -8 "$out/defer-eager.log"
+		echo "== FSDP2 step, GOSYM_GPU_DEFER=1, lazy loading, GOSYM_DEBUG=1"
+		GOSYM_GPU_DEFER=1 GOSYM_DEBUG=1 timeout 120 python3 -m gosym.stepbench --device cuda --timeout 100 \
+			--json "$out/stepbench-defer-lazy.json" >"$out/defer-lazy.log" 2>&1
+		grep -v "deferred: its caller\|ran (deferred" "$out/defer-lazy.log" | tail -60
+		grep "deferred: its caller\|ran (deferred" "$out/defer-lazy.log" | tail -8 ;;
 	callcost)
 		# the host cost of one small eager op, layer by layer (torch's wrapper, gosym's Python,
 		# ctypes, Go, the driver), beside torch's do-nothing groups: one rank, then every GPU

@@ -54,7 +54,7 @@ VARIANTS = {
     "gosym-sema": ({"GOSYM_GPU_SEMA_MIN": "1"}, True),  # every reduction by the semaphores
     "gosym-hier": ({"GOSYM_HIER_CHOICE": "hier"}, False),  # across hosts: always hierarchical
     "gosym-flat": ({"GOSYM_HIER_CHOICE": "flat"}, False),  # across hosts: always flat
-    "gosym-nodefer": ({"GOSYM_GPU_DEFER": "0"}, True),  # host rounds on the caller's thread
+    "gosym-defer": ({"GOSYM_GPU_DEFER": "1"}, True),  # host rounds on the queue's worker (gpu/defer.go)
 }
 ELEM = 4  # float32
 SKEW_FRACTION = 8  # in the skewed all_to_all, each minor destination gets 1/(8*W) of the data

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -73,6 +74,12 @@ def _rank_main(a) -> None:
     import gosym  # noqa: F401  (registers the backend)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if a.hang_dump:
+        # a rank still running near the job's limit prints every thread's stack and exits, so a
+        # hang says where it is instead of being killed silently with the job
+        import faulthandler
+
+        faulthandler.dump_traceback_later(a.hang_dump, exit=True)
     kw = {}
     if a.device == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
@@ -193,6 +200,7 @@ def main(argv=None) -> int:
                    help="profile one more step per backend and print rank 0's top ROWS ops by "
                         "device time, then by the CPU's own time")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--hang-dump", type=float, default=0.0, help=argparse.SUPPRESS)
     a, _ = p.parse_known_args(argv)
     cuda = a.device == "cuda"
     a.dim = a.dim or (4096 if cuda else 64)
@@ -215,10 +223,23 @@ def main(argv=None) -> int:
     args = ["--rank", "--device", a.device, "--backends", a.backends, "--dim", str(a.dim),
             "--layers", str(a.layers), "--tokens", str(a.tokens), "--seq", str(a.seq),
             "--reduce-dtype", a.reduce_dtype, "--steps", str(a.steps), "--rounds", str(a.rounds),
-            "--warmup", str(a.warmup), "--profile", str(a.profile)]
+            "--warmup", str(a.warmup), "--profile", str(a.profile),
+            "--hang-dump", str(max(5.0, a.timeout - 15))]
     with tempfile.TemporaryDirectory(prefix="gosym-stepbench-") as tmp:
         cmd, env = module_job(nproc, "gosym.stepbench", *args, env=dict(os.environ, **{_RANK_ENV: tmp}))
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+        # its own session, so that a job past its limit goes as a whole: killing torchrun
+        # alone would leave its ranks holding the pipes, and this wait with them
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            print(f"stepbench: the job ran past --timeout {a.timeout:g} s\n{out[-2000:]}{err[-8000:]}",
+                  file=sys.stderr)
+            return 1
+        res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         if res.returncode != 0:
             print(res.stdout[-4000:], res.stderr[-8000:], file=sys.stderr)
             return 1

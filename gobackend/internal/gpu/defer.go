@@ -81,6 +81,7 @@ func (g *State) Defer(op *ops.Op, a Args) (Args, bool) {
 	}
 	df.issued = k
 	g.deferred.Add(1)
+	dlog.Printf("rank %d: %s deferred: its caller's stream waits for flag %d", t.rank, op.Who(), k)
 	return Args{Device: a.Device, Stream: df.stream, deferred: true, ready: ev, release: k}, true
 }
 
@@ -141,6 +142,7 @@ func (g *State) Finish(op *ops.Op, a Args, err error) {
 	if df.closed {
 		return
 	}
+	dlog.Printf("rank %d: %s ran (deferred; error %v): releasing flag %d", t.rank, op.Who(), err, a.release)
 	if err := t.g.d.StreamWriteValue32(t.g.ctx, df.stream, df.flag, a.release); err != nil {
 		// The stream is unusable (the context failed): the caller's stream
 		// waits on a context that is failing too.
