@@ -35,7 +35,6 @@ import datetime
 import json
 import math
 import platform
-import signal
 import subprocess
 import time
 import traceback
@@ -179,26 +178,17 @@ def launch(args, argv):
     # "--" keeps torchrun's parser from taking our options for abbreviations of its own.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", "--", os.path.abspath(__file__), *argv]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:  # this file also runs as a script (the ranks): no package around it then
+        from ._torchrun import run_job
+    except ImportError:
+        from _torchrun import run_job
     try:
-        return proc.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        print(f"gosym.bench: timed out after {args.timeout:.0f}s, stopping the job",
-              file=sys.stderr)
-        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            except ProcessLookupError:
-                break
-        return 124
-    except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
+        rc = run_job(cmd, env, args.timeout, capture=False).returncode
+    except KeyboardInterrupt:  # the job was stopped
         return 130
+    if rc == 124:
+        print(f"gosym.bench: timed out after {args.timeout:.0f}s, the job stopped", file=sys.stderr)
+    return rc
 
 
 # --------------------------------------------------------------------------- cases

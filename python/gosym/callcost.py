@@ -37,12 +37,11 @@ import inspect
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from ._torchrun import module_job
+from ._torchrun import module_job, run_job
 
 _OUT_ENV = "GOSYM_CALLCOST_OUT"
 OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
@@ -272,7 +271,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="gosym-callcost-") as tmp:
         cmd, env = module_job(nproc, "gosym.callcost", "--rank-of", a.device, str(a.numel),
                               str(a.calls), str(a.bursts), env=dict(os.environ, **{_OUT_ENV: tmp}))
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+        res = run_job(cmd, env, a.timeout)
         if res.returncode != 0:
             print(res.stdout[-4000:], res.stderr[-8000:], sep="\n", file=sys.stderr)
             return res.returncode or 1

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-from ._torchrun import module_job
+from ._torchrun import module_job, run_job
 
 _RANK_ENV = "GOSYM_STARTBENCH_OUT"
 
@@ -70,7 +69,7 @@ def _job(device: str, backend: str, nproc: int, timeout: float) -> dict:
         env = dict(os.environ, GOSYM_KERNEL_CACHE=os.path.join(tmp, "kernels"), **{_RANK_ENV: tmp})
         cmd, env = module_job(nproc, "gosym.startbench", "--rank-of", device, backend, env=env)
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        res = run_job(cmd, env, timeout)
         wall = time.perf_counter() - t0
         if res.returncode != 0:
             raise RuntimeError(f"{backend} job failed ({res.returncode}):\n{res.stderr[-4000:]}")

@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from ._torchrun import module_job
+from ._torchrun import module_job, run_job
 
 _RANK_ENV = "GOSYM_STEPBENCH_OUT"
 _REFERENCE = {"cuda": "nccl", "cpu": "gloo"}
@@ -227,19 +225,9 @@ def main(argv=None) -> int:
             "--hang-dump", str(max(5.0, a.timeout - 15))]
     with tempfile.TemporaryDirectory(prefix="gosym-stepbench-") as tmp:
         cmd, env = module_job(nproc, "gosym.stepbench", *args, env=dict(os.environ, **{_RANK_ENV: tmp}))
-        # its own session, so that a job past its limit goes as a whole: killing torchrun
-        # alone would leave its ranks holding the pipes, and this wait with them
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            print(f"stepbench: the job ran past --timeout {a.timeout:g} s\n{out[-2000:]}{err[-8000:]}",
-                  file=sys.stderr)
-            return 1
-        res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        res = run_job(cmd, env, a.timeout)
+        if res.returncode == 124:
+            print(f"stepbench: the job ran past --timeout {a.timeout:g} s", file=sys.stderr)
         if res.returncode != 0:
             print(res.stdout[-4000:], res.stderr[-8000:], file=sys.stderr)
             return 1
