@@ -152,3 +152,68 @@ func TestCUDADeferredOpErrorReachesTheNextOp(t *testing.T) {
 		t.Logf("rank %d: %v", r, err)
 	}
 }
+
+// A deferred op runs on the queue's worker while its caller's stream waits
+// for the worker's flag, so nothing the worker does may wait for the whole
+// device: dropping the peers' mappings of a memh that rank 0 unmapped
+// (registry.forget) waits for the group's last op instead of the context
+// (Team.ipcIdle), and the op after the unmap completes with exact results.
+func TestCUDADeferredOpDropsPeerMappings(t *testing.T) {
+	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
+	t.Setenv("GOSYM_GPU_LL_MAX", "0")
+	t.Setenv("GOSYM_GPU_DEFER", "1")
+	if inP2PFakeCUDA(t) {
+		return
+	}
+	const n = 4096
+	ranks, bufs := deferGroup(t, n, 10*time.Second)
+	memhs := make([]*Memh, len(ranks))
+	for r, rk := range ranks {
+		m, err := MemMap(bufs[r], 4*n, rk.device)
+		require.NoError(t, err)
+		memhs[r] = m
+		if r > 0 {
+			t.Cleanup(func() { require.NoError(t, MemUnmap(m)) })
+		}
+	}
+	fill := func() {
+		for r, rk := range ranks {
+			b := make([]byte, 4*n)
+			for i := range n {
+				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(r+1)))
+			}
+			require.NoError(t, rk.g.Driver().MemcpyHtoD(rk.g.Context(), bufs[r], b))
+		}
+	}
+	run := func(what string) {
+		fill()
+		for r, rk := range ranks {
+			postAlone(t, rk, r, &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: n, In: bufs[r], Out: bufs[r]})
+		}
+		for r, rk := range ranks {
+			synced := make(chan struct{})
+			go func() { rk.sync(t); close(synced) }()
+			select {
+			case <-synced:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%s: rank %d's stream never released (the worker waits for the device?)", what, r)
+			}
+		}
+		for r, rk := range ranks {
+			b := make([]byte, 4*n)
+			require.NoError(t, rk.g.Driver().MemcpyDtoH(rk.g.Context(), b, bufs[r]))
+			for _, i := range []int{0, n / 2, n - 1} {
+				require.Equal(t, float32(1+2+3), math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])), "%s: rank %d element %d", what, r, i)
+			}
+			require.NoError(t, rk.ep.DeviceError(), what)
+		}
+	}
+	run("registered")
+	require.NoError(t, MemUnmap(memhs[0]))
+	run("after rank 0's unmap")
+	for r, rk := range ranks[1:] {
+		st := rk.ep.StatsMap()
+		require.EqualValues(t, 1, st["gpu_peer_map_dropped"], "rank %d: %v", r+1, st)
+		require.EqualValues(t, 2, st["gpu_deferred_ops"], "rank %d: %v", r+1, st)
+	}
+}

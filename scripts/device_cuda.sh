@@ -82,8 +82,9 @@ for s in "${steps[@]}"; do
 			summary+=("conform: not run, no expecttest (carry build/pydeps)")
 			continue
 		fi
-		# 3 shards a backend at world 4 finished 253 of gosym's 281 tests in 470 s (session 24)
-		ngpu=$(nvidia-smi -L | wc -l) shards=${GOSYM_CONFORM_SHARDS:-6} cf=/tmp/gosym-conform
+		# at world 4 on 4xH200, gosym's shards finished 253 of its 281 tests in 470 s with 3 shards
+		# a backend (session 24) and 238 in 430 s with 6 (session 25: 48 ranks on 16 cores)
+		ngpu=$(nvidia-smi -L | wc -l) shards=${GOSYM_CONFORM_SHARDS:-3} cf=/tmp/gosym-conform
 		worlds=(2) && ((ngpu >= 4)) && worlds=(2 4)
 		[[ -n ${GOSYM_CONFORM_WORLDS-} ]] && read -ra worlds <<<"$GOSYM_CONFORM_WORLDS"
 		# GOSYM_CONFORM_K_FILE: a file holding a -k pattern (a rerun of some tests)
@@ -135,6 +136,11 @@ for s in "${steps[@]}"; do
 		# thread waits for the device, which waits for the queue worker's launch), then under
 		# torch's default lazy loading with the engine's debug log; a rank still running near
 		# the limit prints its threads' stacks (stepbench --timeout)
+		# first the hazard alone, no gosym: a first launch behind a stream that waits for
+		# another thread's flag, lazy then eager
+		for m in LAZY EAGER; do
+			CUDA_MODULE_LOADING=$m timeout 60 python3 scripts/lazyload_probe.py --limit 20 2>&1 | tail -3
+		done
 		echo "== FSDP2 step, GOSYM_GPU_DEFER=1, CUDA_MODULE_LOADING=EAGER"
 		GOSYM_GPU_DEFER=1 CUDA_MODULE_LOADING=EAGER timeout 200 python3 -m gosym.stepbench --device cuda --timeout 180 \
 			--json "$out/stepbench-defer-eager.json" >"$out/defer-eager.log" 2>&1

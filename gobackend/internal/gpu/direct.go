@@ -509,7 +509,20 @@ func (t *Team) ipcOpen(h cuda.IpcHandle) (uintptr, error) {
 
 func (t *Team) ipcClose(va uintptr) error { return t.g.d.IpcCloseMemHandle(t.g.ctx, va) }
 
-func (t *Team) ipcIdle() error { return t.g.d.CtxSynchronize(t.g.ctx) }
+// ipcIdle waits until no op of the group can still read a mapping being
+// dropped. With deferred ops (defer.go) it waits for the group's last op
+// (every earlier one is ordered before it, order.go), not for the context:
+// it may run on the queue's worker during a deferred op, whose caller's
+// stream waits for a flag that only this thread writes after it.
+func (t *Team) ipcIdle() error {
+	if t.df.stream == 0 {
+		return t.g.d.CtxSynchronize(t.g.ctx)
+	}
+	if !t.order.any {
+		return nil
+	}
+	return t.g.d.EventSynchronize(t.g.ctx, t.order.ev)
+}
 
 func (t *Team) vmmExport(addr uintptr) (int, error) { return t.g.vmmExport(addr) }
 

@@ -44,12 +44,19 @@ enum { OK = 0, INVALID_VALUE = 1, NOT_FOUND = 500, NOT_READY = 600, NOT_SUPPORTE
 
 // ---- streams ------------------------------------------------------------------
 
+static int device_of_current();
+struct CUstream_st;
+// every stream made by cuStreamCreate, for cuCtxSynchronize (by device)
+static std::mutex streams_mu;
+static std::vector<CUstream_st *> live_streams;
+
 struct CUstream_st {
 	std::mutex mu;
 	std::condition_variable cv;
 	std::deque<std::function<void()>> q;
 	bool busy = false, stop = false;
 	std::thread worker;
+	int device = device_of_current();
 	CUstream_st() {
 		worker = std::thread([this] {
 			std::unique_lock<std::mutex> l(mu);
@@ -78,6 +85,10 @@ struct CUstream_st {
 		cv.wait(l, [this] { return q.empty() && !busy; });
 	}
 	~CUstream_st() {
+		{
+			std::lock_guard<std::mutex> l(streams_mu);
+			live_streams.erase(std::remove(live_streams.begin(), live_streams.end(), this), live_streams.end());
+		}
 		{
 			std::lock_guard<std::mutex> l(mu);
 			stop = true;
@@ -365,6 +376,19 @@ CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream st) {
 
 CUresult cuStreamCreate(CUstream *s, unsigned) {
 	*s = new CUstream_st;
+	std::lock_guard<std::mutex> l(streams_mu);
+	live_streams.push_back(*s);
+	return OK;
+}
+// cuCtxSynchronize waits for every stream made on the current context's
+// device (the legacy stream, shared by the fake's devices, apart), as a
+// GPU's waits for all of its context's work.
+CUresult cuCtxSynchronize(void) {
+	int d = device_of_current();
+	std::lock_guard<std::mutex> l(streams_mu);
+	for (CUstream_st *s : live_streams)
+		if (s->device == d)
+			s->drain();
 	return OK;
 }
 CUresult cuStreamDestroy_v2(CUstream s) {
