@@ -13,9 +13,29 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
+// inDeferFakeCUDA is inP2PFakeCUDA with deferred ops on and every all_reduce
+// on the direct path (a host round each).
+func inDeferFakeCUDA(t *testing.T) bool {
+	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
+	t.Setenv("GOSYM_GPU_LL_MAX", "0")
+	t.Setenv("GOSYM_GPU_DEFER", "1")
+	return inP2PFakeCUDA(t)
+}
+
+// syncWithin synchronizes rk's streams and fails the test, saying what,
+// if they are not idle within 20 s (a deferred op's flag never written).
+func syncWithin(t *testing.T, rk *p2pRank, r int, what string) {
+	synced := make(chan struct{})
+	go func() { rk.sync(t); close(synced) }()
+	select {
+	case <-synced:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s: rank %d's stream was never released", what, r)
+	}
+}
+
 // deferGroup is three simulated ranks on the fake driver's three devices
-// whose all_reduces of any size take the direct path (a host round each),
-// a float32 buffer of n elements per rank, and their group set up by one
+// (inDeferFakeCUDA), a float32 buffer of n elements per rank, and their group set up by one
 // small all_reduce (a group's first op runs on its caller's thread).
 func deferGroup(t *testing.T, n int, timeout time.Duration) ([]*p2pRank, []uintptr) {
 	ranks := p2pGroup(t, []int{0, 1, 2}, timeout)
@@ -64,10 +84,7 @@ func postAlone(t *testing.T, rk *p2pRank, r int, op *Op) {
 // rank's stream holds what comes after them until they ran: the results,
 // read after a stream synchronize alone, are exact.
 func TestCUDADeferredOpsReturnBeforeThePeers(t *testing.T) {
-	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
-	t.Setenv("GOSYM_GPU_LL_MAX", "0")
-	t.Setenv("GOSYM_GPU_DEFER", "1")
-	if inP2PFakeCUDA(t) {
+	if inDeferFakeCUDA(t) {
 		return
 	}
 	const n = 5003
@@ -114,10 +131,7 @@ func TestCUDADeferredOpsReturnBeforeThePeers(t *testing.T) {
 // the group's next CUDA op and DeviceError (what every CUDA Work's wait()
 // asks), naming the op.
 func TestCUDADeferredOpErrorReachesTheNextOp(t *testing.T) {
-	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
-	t.Setenv("GOSYM_GPU_LL_MAX", "0")
-	t.Setenv("GOSYM_GPU_DEFER", "1")
-	if inP2PFakeCUDA(t) {
+	if inDeferFakeCUDA(t) {
 		return
 	}
 	const n = 4096
@@ -130,13 +144,7 @@ func TestCUDADeferredOpErrorReachesTheNextOp(t *testing.T) {
 		postAlone(t, rk, r, &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: count, In: bufs[r], Out: bufs[r]})
 	}
 	for r, rk := range ranks {
-		synced := make(chan struct{})
-		go func() { rk.sync(t); close(synced) }()
-		select {
-		case <-synced:
-		case <-time.After(20 * time.Second):
-			t.Fatalf("rank %d: the stream of a failed deferred op was never released", r)
-		}
+		syncWithin(t, rk, r, "after a failed deferred op")
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for r, rk := range ranks {
@@ -149,7 +157,6 @@ func TestCUDADeferredOpErrorReachesTheNextOp(t *testing.T) {
 		_, err = rk.ep.PostCUDA(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: bufs[r], Out: bufs[r]},
 			rk.device, uintptr(rk.stream(t, r, false)), false)
 		require.Error(t, err, "rank %d: the next op", r)
-		t.Logf("rank %d: %v", r, err)
 	}
 }
 
@@ -159,10 +166,7 @@ func TestCUDADeferredOpErrorReachesTheNextOp(t *testing.T) {
 // (registry.forget) waits for the group's last op instead of the context
 // (Team.ipcIdle), and the op after the unmap completes with exact results.
 func TestCUDADeferredOpDropsPeerMappings(t *testing.T) {
-	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
-	t.Setenv("GOSYM_GPU_LL_MAX", "0")
-	t.Setenv("GOSYM_GPU_DEFER", "1")
-	if inP2PFakeCUDA(t) {
+	if inDeferFakeCUDA(t) {
 		return
 	}
 	const n = 4096
@@ -191,13 +195,7 @@ func TestCUDADeferredOpDropsPeerMappings(t *testing.T) {
 			postAlone(t, rk, r, &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: n, In: bufs[r], Out: bufs[r]})
 		}
 		for r, rk := range ranks {
-			synced := make(chan struct{})
-			go func() { rk.sync(t); close(synced) }()
-			select {
-			case <-synced:
-			case <-time.After(20 * time.Second):
-				t.Fatalf("%s: rank %d's stream never released (the worker waits for the device?)", what, r)
-			}
+			syncWithin(t, rk, r, what) // hangs if the worker waits for the whole device
 		}
 		for r, rk := range ranks {
 			b := make([]byte, 4*n)
