@@ -2,8 +2,11 @@ package gobackend
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,11 +16,16 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
-// inDeferFakeCUDA is inP2PFakeCUDA with deferred ops on and every all_reduce
-// on the direct path (a host round each).
-func inDeferFakeCUDA(t *testing.T) bool {
-	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
-	t.Setenv("GOSYM_GPU_LL_MAX", "0")
+// inDeferFakeCUDA is inP2PFakeCUDA with deferred ops on, every all_reduce
+// of directMin bytes or more on the direct path (a host round each) and
+// those of at most llMax on the LL kernel (0: none). Not the staged
+// kernels: the fake runs their threads one after another, so a rank may
+// signal the end of an op whose later threads have yet to read the peers'
+// stagings, and a peer's next op overwrite them (only a synchronize after
+// every op keeps them exact there).
+func inDeferFakeCUDA(t *testing.T, directMin, llMax string) bool {
+	t.Setenv("GOSYM_GPU_DIRECT_MIN", directMin)
+	t.Setenv("GOSYM_GPU_LL_MAX", llMax)
 	t.Setenv("GOSYM_GPU_DEFER", "1")
 	return inP2PFakeCUDA(t)
 }
@@ -84,7 +92,7 @@ func postAlone(t *testing.T, rk *p2pRank, r int, op *Op) {
 // rank's stream holds what comes after them until they ran: the results,
 // read after a stream synchronize alone, are exact.
 func TestCUDADeferredOpsReturnBeforeThePeers(t *testing.T) {
-	if inDeferFakeCUDA(t) {
+	if inDeferFakeCUDA(t, "1", "0") {
 		return
 	}
 	const n = 5003
@@ -131,7 +139,7 @@ func TestCUDADeferredOpsReturnBeforeThePeers(t *testing.T) {
 // the group's next CUDA op and DeviceError (what every CUDA Work's wait()
 // asks), naming the op.
 func TestCUDADeferredOpErrorReachesTheNextOp(t *testing.T) {
-	if inDeferFakeCUDA(t) {
+	if inDeferFakeCUDA(t, "1", "0") {
 		return
 	}
 	const n = 4096
@@ -166,7 +174,7 @@ func TestCUDADeferredOpErrorReachesTheNextOp(t *testing.T) {
 // (registry.forget) waits for the group's last op instead of the context
 // (Team.ipcIdle), and the op after the unmap completes with exact results.
 func TestCUDADeferredOpDropsPeerMappings(t *testing.T) {
-	if inDeferFakeCUDA(t) {
+	if inDeferFakeCUDA(t, "1", "0") {
 		return
 	}
 	const n = 4096
@@ -213,5 +221,88 @@ func TestCUDADeferredOpDropsPeerMappings(t *testing.T) {
 		st := rk.ep.StatsMap()
 		require.EqualValues(t, 1, st["gpu_peer_map_dropped"], "rank %d: %v", r+1, st)
 		require.EqualValues(t, 2, st["gpu_deferred_ops"], "rank %d: %v", r+1, st)
+	}
+}
+
+// Deferred ops and ops run on the caller's thread (LL), posted in turns on two
+// streams per rank, each rank from its own goroutine with jitter (FSDP2's
+// all_gather and reduce_scatter streams, with small ops between): the
+// group's ops still run on each device in one order (gpu/order.go joins
+// the internal stream and the callers'), and every result is exact.
+func TestCUDADeferredAndCallerOpsInterleaveOnTwoStreams(t *testing.T) {
+	if inDeferFakeCUDA(t, "8192", "1024") { // 16 KiB ops deferred (direct), 64 B ones LL at the call
+		return
+	}
+	const big, small, nops = 4096, 16, 9
+	count := func(i int) int {
+		if i%3 == 2 {
+			return small
+		}
+		return big
+	}
+	val := func(r, i int) float32 { return float32(10*r + i + 1) }
+	ranks, _ := deferGroup(t, 1, 10*time.Second)
+	bufs := make([][]uintptr, len(ranks))
+	for r, rk := range ranks {
+		rk.stream(t, 100, false) // the two caller streams, made before the goroutines read the map
+		rk.stream(t, 101, false)
+		for i := range nops {
+			p, err := rk.g.Driver().MemAlloc(rk.g.Context(), uintptr(4*count(i)))
+			require.NoError(t, err)
+			t.Cleanup(func() { rk.g.Driver().MemFree(rk.g.Context(), p) })
+			b := make([]byte, 4*count(i))
+			for k := range count(i) {
+				binary.LittleEndian.PutUint32(b[4*k:], math.Float32bits(val(r, i)))
+			}
+			require.NoError(t, rk.g.Driver().MemcpyHtoD(rk.g.Context(), p, b))
+			bufs[r] = append(bufs[r], p)
+		}
+	}
+	errs := make([]error, len(ranks))
+	var wg sync.WaitGroup
+	for r, rk := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 7))
+			for i := range nops {
+				time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+				op := &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: count(i), In: bufs[r][i], Out: bufs[r][i]}
+				if _, err := rk.ep.PostCUDA(op, rk.device, uintptr(rk.stream(t, 100+i%2, false)), false); err != nil {
+					errs[r] = fmt.Errorf("op %d: %w", i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, make([]error, len(ranks)), errs)
+	for r, rk := range ranks {
+		syncWithin(t, rk, r, "two streams")
+	}
+	deferred := 0
+	for i := range nops {
+		if count(i) == big {
+			deferred++
+		}
+	}
+	for r, rk := range ranks {
+		for i := range nops {
+			var want float32
+			for q := range ranks {
+				want += val(q, i)
+			}
+			b := make([]byte, 4*count(i))
+			require.NoError(t, rk.g.Driver().MemcpyDtoH(rk.g.Context(), b, bufs[r][i]))
+			for k := range count(i) {
+				if got := math.Float32frombits(binary.LittleEndian.Uint32(b[4*k:])); got != want {
+					require.Equal(t, want, got, "rank %d op %d element %d", r, i, k)
+				}
+			}
+		}
+		st := rk.ep.StatsMap()
+		require.EqualValues(t, deferred, st["gpu_deferred_ops"], "rank %d: %v", r, st)
+		require.Positive(t, st["gpu_stream_joins"], "rank %d: %v", r, st)
+		require.NoError(t, rk.ep.DeviceError())
 	}
 }
