@@ -85,9 +85,16 @@ func (g *State) Defer(op *ops.Op, a Args) (Args, bool) {
 	return Args{Device: a.Device, Stream: df.stream, deferred: true, ready: ev, release: k}, true
 }
 
+// deferWarning says once per process that GOSYM_GPU_DEFER=1 is on: an
+// FSDP2 step hung with it on 4xH200 (session 25), cause not yet seen.
+var deferWarning sync.Once
+
 // open makes the internal stream and the flag word at the team's setup;
 // false when the device could not (ops then run as before).
 func (df *deferral) open(dev *Device) bool {
+	deferWarning.Do(func() {
+		dlog.Warnf("GOSYM_GPU_DEFER=1 is experimental: an FSDP2 training step hung with it on 4xH200 (docs/ARCHITECTURE.md, \"Deferred ops\")")
+	})
 	df.mu.Lock()
 	defer df.mu.Unlock()
 	if df.stream != 0 || df.broken {
