@@ -18,11 +18,7 @@ import (
 
 // inDeferFakeCUDA is inP2PFakeCUDA with deferred ops on, every all_reduce
 // of directMin bytes or more on the direct path (a host round each) and
-// those of at most llMax on the LL kernel (0: none). Not the staged
-// kernels: the fake runs their threads one after another, so a rank may
-// signal the end of an op whose later threads have yet to read the peers'
-// stagings, and a peer's next op overwrite them (only a synchronize after
-// every op keeps them exact there).
+// those of at most llMax on the LL kernel (0: none; the others stage).
 func inDeferFakeCUDA(t *testing.T, directMin, llMax string) bool {
 	t.Setenv("GOSYM_GPU_DIRECT_MIN", directMin)
 	t.Setenv("GOSYM_GPU_LL_MAX", llMax)
@@ -224,15 +220,27 @@ func TestCUDADeferredOpDropsPeerMappings(t *testing.T) {
 	}
 }
 
-// Deferred ops and ops run on the caller's thread (LL), posted in turns on two
+// Deferred ops and ops run on the caller's thread, posted in turns on two
 // streams per rank, each rank from its own goroutine with jitter (FSDP2's
 // all_gather and reduce_scatter streams, with small ops between): the
 // group's ops still run on each device in one order (gpu/order.go joins
-// the internal stream and the callers'), and every result is exact.
-func TestCUDADeferredAndCallerOpsInterleaveOnTwoStreams(t *testing.T) {
+// the internal stream and the callers'), and every result is exact. The
+// small ops run the LL kernel, or (llMax 0) one-shot over the staging.
+func TestCUDADeferredAndLLOpsInterleaveOnTwoStreams(t *testing.T) {
 	if inDeferFakeCUDA(t, "8192", "1024") { // 16 KiB ops deferred (direct), 64 B ones LL at the call
 		return
 	}
+	deferInterleave(t)
+}
+
+func TestCUDADeferredAndStagedOpsInterleaveOnTwoStreams(t *testing.T) {
+	if inDeferFakeCUDA(t, "8192", "0") { // 16 KiB ops deferred (direct), 64 B ones staged at the call
+		return
+	}
+	deferInterleave(t)
+}
+
+func deferInterleave(t *testing.T) {
 	const big, small, nops = 4096, 16, 9
 	count := func(i int) int {
 		if i%3 == 2 {

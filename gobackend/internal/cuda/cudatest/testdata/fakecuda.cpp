@@ -3,11 +3,14 @@
 // code (kernels/testdata/emu.h) so that launches really run them. VMM
 // allocations are memfd pages mapped with mmap, so an exported fd imported
 // elsewhere aliases the same memory, as on a GPU. Enough of the driver API
-// for cudacheck; everything else is absent. The p2p kernels and gs_copy
-// run each block's threads as threads of their own (a real __syncthreads,
-// see emu.h), one block after another (gs_copy's block barrier orders all
-// its threads' staging before their pulls: run one thread after another, a
-// thread pulled what a later one had yet to stage); gs_a2av, whose blocks
+// for cudacheck; everything else is absent. The p2p kernels, gs_copy and
+// the one-shot and two-shot reductions run each block's threads as threads
+// of their own (a real __syncthreads, see emu.h), one block after another
+// (gs_copy's block barrier orders all its threads' staging before their
+// pulls: run one thread after another, a thread pulled what a later one had
+// yet to stage; a reduction's closing barrier must follow all its threads'
+// reads of the peers' stagings, or a peer's next op overwrites them: back
+// to back, unsynchronised, they summed stale data); gs_a2av, whose blocks
 // wait on each other through the peers, runs every block of a launch at
 // once, each with its threads as threads of their own; the rest one thread
 // after another; so does gs_arpush, whose folds wait on its peers' pushes.
@@ -158,8 +161,12 @@ template <class P> static void invoke(void *fn, void *param) {
 #define FN(f, P) #f, invoke<P>, (void *)f, sizeof(P)
 #define AR(a, t, o) {FN(gs_##a##_##t##_##o, gs_ar_params)},
 #define AR_OPS(a, t) AR(a, t, sum) AR(a, t, prod) AR(a, t, min) AR(a, t, max)
-#define AR_ONESHOT(t, T) AR_OPS(oneshot, t)
-#define AR_TWOSHOT(t, T) AR_OPS(twoshot, t)
+// one-shot and two-shot: a rank's closing barrier must follow every thread's reads of
+// its peers' stagings, or a peer's next op overwrites what a later thread has yet to read
+#define AR_THR(a, t, o) {FN(gs_##a##_##t##_##o, gs_ar_params), true},
+#define AR_THR_OPS(a, t) AR_THR(a, t, sum) AR_THR(a, t, prod) AR_THR(a, t, min) AR_THR(a, t, max)
+#define AR_ONESHOT(t, T) AR_THR_OPS(oneshot, t)
+#define AR_TWOSHOT(t, T) AR_THR_OPS(twoshot, t)
 #define AR_PULL(t, T) AR_OPS(pull, t)
 #define AR_LL(t, T) AR_OPS(ll, t)
 // gs_arpush: a rank's fold waits for every thread of its peers' blocks to have pushed
