@@ -74,11 +74,12 @@ func (e *Endpoint) runQueued(op *Op, a gpu.Args) (*Work, error) {
 	w := &Work{op: *op}
 	w.op.Seq = e.seq
 	e.stats.Posted.Add(1)
-	if err := e.gpu.DeferredError(); err != nil {
+	da, deferred, err := e.gpu.Defer(&w.op, a)
+	if err != nil {
 		e.mu.Unlock()
 		return nil, err
 	}
-	if da, ok := e.gpu.Defer(&w.op, a); ok {
+	if deferred {
 		// The caller's stream waits for the op on the GPU; the queue runs
 		// its host rounds (gpu/defer.go). Ordered behind everything queued.
 		w.q, w.done = e.coll, make(chan struct{})

@@ -34,32 +34,36 @@ type deferral struct {
 	flag   uintptr      // device word: the value of the last deferred op launched
 	issued uint32       // the value the latest deferred op's caller waits for
 	free   []cuda.Event // events recorded for earlier ops, whose waits are enqueued
-	broken bool         // the stream or the flag could not be made: run on the callers' threads
 	closed bool
 }
 
 // Defer prepares op (its arguments a) to run on the collective queue
 // without its caller waiting, when it would take a host round; the
-// returned arguments then go to Park instead of a. Called under the
-// endpoint's post lock.
-func (g *State) Defer(op *ops.Op, a Args) (Args, bool) {
-	if a.Capturing || a.Task != nil {
-		return a, false
+// returned arguments then go to Park instead of a. The error is an
+// earlier deferred op's: every CUDA op of the group fails with it. Called
+// under the endpoint's post lock, for every CUDA collective: with deferral
+// off it costs one atomic load.
+func (g *State) Defer(op *ops.Op, a Args) (Args, bool, error) {
+	if !g.deferring.Load() {
+		return a, false, nil
 	}
 	g.mu.Lock()
-	t := g.live
+	t, err := g.live, g.deferErr
 	g.mu.Unlock()
-	if t == nil || !t.cfg.deferOps || !t.g.memops || a.Device != t.g.ordinal || !t.agrees(op) {
-		return a, false
+	if err != nil {
+		return a, false, err
+	}
+	if a.Capturing || a.Task != nil || t == nil || a.Device != t.g.ordinal || !t.agrees(op) {
+		return a, false, nil
 	}
 	if capturing, _, err := t.g.d.StreamCaptureInfo(t.g.ctx, a.Stream); err != nil || capturing {
-		return a, false // Run asks again and reports the error
+		return a, false, nil // Run asks again and reports the error
 	}
 	df := &t.df
 	df.mu.Lock()
 	defer df.mu.Unlock()
-	if df.closed || df.stream == 0 {
-		return a, false
+	if df.closed {
+		return a, false, nil
 	}
 	var ev cuda.Event
 	if n := len(df.free); n > 0 {
@@ -67,40 +71,35 @@ func (g *State) Defer(op *ops.Op, a Args) (Args, bool) {
 	} else {
 		var err error
 		if ev, err = t.g.d.EventCreate(t.g.ctx, cuda.EventDisableTiming); err != nil {
-			return a, false
+			return a, false, nil
 		}
 	}
 	k := df.issued + 1
 	if err := t.g.d.EventRecord(t.g.ctx, ev, a.Stream); err != nil {
 		df.free = append(df.free, ev)
-		return a, false
+		return a, false, nil
 	}
 	if err := t.g.d.StreamWaitValue32(t.g.ctx, a.Stream, df.flag, k, cuda.WaitGEQ); err != nil {
 		df.free = append(df.free, ev)
-		return a, false
+		return a, false, nil
 	}
 	df.issued = k
 	g.deferred.Add(1)
 	dlog.Printf("rank %d: %s deferred: its caller's stream waits for flag %d", t.rank, op.Who(), k)
-	return Args{Device: a.Device, Stream: df.stream, deferred: true, ready: ev, release: k}, true
+	return Args{Device: a.Device, Stream: df.stream, deferred: true, ready: ev, release: k}, true, nil
 }
 
 // deferWarning says once per process that GOSYM_GPU_DEFER=1 is on: an
 // FSDP2 step hung with it on 4xH200 (session 25), cause not yet seen.
 var deferWarning sync.Once
 
-// open makes the internal stream and the flag word at the team's setup;
-// false when the device could not (ops then run as before).
+// open makes the internal stream and the flag word at the team's setup,
+// before the team is published; false when the device could not (ops then
+// run on their callers' threads, as with deferral off).
 func (df *deferral) open(dev *Device) bool {
 	deferWarning.Do(func() {
 		dlog.Warnf("GOSYM_GPU_DEFER=1 is experimental: an FSDP2 training step hung with it on 4xH200 (docs/ARCHITECTURE.md, \"Deferred ops\")")
 	})
-	df.mu.Lock()
-	defer df.mu.Unlock()
-	if df.stream != 0 || df.broken {
-		return !df.broken
-	}
-	df.broken = true
 	s, err := dev.d.StreamCreate(dev.ctx, cuda.StreamNonBlocking)
 	if err != nil {
 		dlog.Printf("cuda:%d: no internal stream for deferred ops: %v", dev.ordinal, err)
@@ -121,7 +120,7 @@ func (df *deferral) open(dev *Device) bool {
 		dlog.Printf("cuda:%d: no flag word for deferred ops: %v", dev.ordinal, err)
 		return false
 	}
-	df.stream, df.flag, df.broken = s, p, false
+	df.stream, df.flag = s, p
 	return true
 }
 
@@ -185,14 +184,6 @@ func (df *deferral) close(dev *Device) {
 		dev.d.MemFree(dev.ctx, df.flag)
 		df.stream, df.flag = 0, 0
 	}
-}
-
-// DeferredError is the error of a deferred op that failed after its
-// caller returned, nil while none did.
-func (g *State) DeferredError() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.deferErr
 }
 
 // agrees says whether op, eager, takes a host round with the peers: what

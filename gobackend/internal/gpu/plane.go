@@ -96,8 +96,9 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 		t.swapFD = func(body []byte, fds []int) ([]comm.FDMsg, func(), error) {
 			return swapFD(grp.Peers, body, fds, t.deadline)
 		}
-		if t.cfg.deferOps && t.g.memops {
-			t.df.open(t.g) // here, not at the first deferred op, which may come while another stream captures
+		// here, not at the first deferred op, which may come while another stream captures
+		if t.cfg.deferOps && t.g.memops && t.df.open(t.g) {
+			g.deferring.Store(true)
 		}
 		g.team = t
 		g.mu.Lock()

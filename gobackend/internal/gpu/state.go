@@ -52,6 +52,9 @@ type State struct {
 	// deferErr is the first error of a deferred op (defer.go), under mu:
 	// its caller had returned, so the group's next CUDA op reports it.
 	deferErr error
+	// deferring: the team made its deferral stream (GOSYM_GPU_DEFER=1), so
+	// posts ask Defer; one atomic load per post while it is off
+	deferring atomic.Bool
 
 	ops      atomic.Int64
 	seq      atomic.Uint64 // the latest op's sequence number (a peer's refusal names it by its low bits)
