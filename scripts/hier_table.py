@@ -36,9 +36,13 @@ OUT = REPO / "python" / "gosym" / "hier" / "measured.py"
 # ranks per host where the files do not say). Several files of one entry: runs of the same
 # command, each point the median of theirs.
 SOURCES = [
-    # Session 17, before the choice existed: "gosym" was always hierarchical. Two "hosts"
-    # of 2 H100 each told apart by GOSYM_HOST_ID and NCCL_HOSTID (NCCL over sockets between).
-    (["docs/results/2026-11-27-s17-hier-cuda-2x2-hostid-4xH100.json"], "gosym", "nccl", [2, 2]),
+    # Session 26, 4xH200: two "hosts" of 2 GPUs each in network namespaces (simhosts.py
+    # --gpus; NCCL over sockets between), `scripts/device_cuda.sh hostbench`: gosym-hier
+    # against gosym-flat (NCCL over the four ranks through gosym's Python layer) at nine
+    # sizes, one run. It replaced session 17's 4xH100 entry (four sizes, "gosym" then always
+    # hierarchical, against NCCL's own group: 2026-11-27-s17-hier-cuda-2x2-hostid-4xH100.json).
+    (["docs/results/2026-11-28-s26-hier-cuda-2x2-simhosts-4xH200.json"], "gosym-hier", "gosym-flat",
+     None),
     # Two hosts of network namespaces (tests/jobs/hier/simhosts.py) on a 2-core VM, quiet:
     # three runs of `--backends gosym-hier,gosym-flat,gloo --ops all_reduce,
     # all_gather_into_tensor,reduce_scatter_tensor,broadcast --sizes 1K,...,64M --target-time 1
