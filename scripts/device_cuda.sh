@@ -6,7 +6,7 @@
 # (built here; the device has no Go) and, for the checker, build/cudacheck; for conform,
 # build/pydeps (make pydeps: expecttest, which torch's suite imports).
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [defer-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -131,16 +131,11 @@ for s in "${steps[@]}"; do
 		echo "== FSDP2 step (gosym.stepbench)"
 		timeout 300 python3 -m gosym.stepbench --device cuda --json "$out/stepbench.json" 2>&1 | tail -8 ;;
 	defer-probe)
-		# GOSYM_GPU_DEFER=1 hung an FSDP2 step on 4xH200 (session 25, no output in 100 s): the same
-		# step under eager module loading (the lazy-loading hypothesis: a load on the caller's
-		# thread waits for the device, which waits for the queue worker's launch), then under
-		# torch's default lazy loading with the engine's debug log; a rank still running near
-		# the limit prints its threads' stacks (stepbench --timeout)
-		# first the hazard alone, no gosym: a first launch behind a stream that waits for
-		# another thread's flag, lazy then eager
-		for m in LAZY EAGER; do
-			CUDA_MODULE_LOADING=$m timeout 60 python3 scripts/lazyload_probe.py --limit 20 2>&1 | tail -3
-		done
+		# GOSYM_GPU_DEFER=1 hung an FSDP2 step on 4xH200 (sessions 25 and 26): the step under
+		# eager module loading, under lazy loading with the engine's debug log, and with 32
+		# hardware queues (CUDA_DEVICE_MAX_CONNECTIONS); a rank still running near the limit
+		# prints its threads' stacks (stepbench --timeout). sync-probe and queue-probe ask the
+		# driver's questions alone, on one GPU.
 		echo "== FSDP2 step, GOSYM_GPU_DEFER=1, CUDA_MODULE_LOADING=EAGER"
 		GOSYM_GPU_DEFER=1 CUDA_MODULE_LOADING=EAGER timeout 200 python3 -m gosym.stepbench --device cuda --timeout 180 \
 			--json "$out/stepbench-defer-eager.json" >"$out/defer-eager.log" 2>&1
@@ -149,7 +144,34 @@ for s in "${steps[@]}"; do
 		GOSYM_GPU_DEFER=1 GOSYM_DEBUG=1 timeout 120 python3 -m gosym.stepbench --device cuda --timeout 100 \
 			--json "$out/stepbench-defer-lazy.json" >"$out/defer-lazy.log" 2>&1
 		grep -v "deferred: its caller\|ran (deferred" "$out/defer-lazy.log" | tail -60
-		grep "deferred: its caller\|ran (deferred" "$out/defer-lazy.log" | tail -8 ;;
+		grep "deferred: its caller\|ran (deferred" "$out/defer-lazy.log" | tail -8
+		echo "== FSDP2 step, GOSYM_GPU_DEFER=1, CUDA_DEVICE_MAX_CONNECTIONS=32"
+		GOSYM_GPU_DEFER=1 CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 150 python3 -m gosym.stepbench --device cuda --timeout 130 \
+			--json "$out/stepbench-defer-conn32.json" >"$out/defer-conn32.log" 2>&1
+		grep -v "^  File\|no Python frame\|^Thread\|^$" "$out/defer-conn32.log" | tail -12 ;;
+	sync-probe)
+		# which driver calls wait for the device, or hold back another thread's launch, while
+		# a stream waits for a host-written flag (scripts/syncprobe.py, no torch), under lazy
+		# and eager module loading; one GPU
+		# and again with the wait a kernel spinning on a pinned host word stored to with no
+		# driver call (the kernel launched at the call: the way on)
+		# (and with a driver call before that store)
+		for w in "--wait stream" "--wait kernel" "--wait kernel --driver-first"; do
+			for m in LAZY EAGER; do
+				for c in $(python3 scripts/syncprobe.py --case list); do
+					CUDA_MODULE_LOADING=$m timeout 40 python3 scripts/syncprobe.py $w --case "$c" 2>&1 | tail -1
+				done
+			done
+		done | tee "$out/syncprobe.txt" ;;
+	queue-probe)
+		# does a stream waiting for a host-written flag hold back a stream made GAP streams
+		# later (a shared hardware queue), at CUDA's default 8 queues and at 32
+		# (scripts/streamwait_probe.py); one GPU
+		for c in 8 32; do
+			for g in 1 2 4 7 8 9 16 32; do
+				CUDA_DEVICE_MAX_CONNECTIONS=$c timeout 30 python3 scripts/streamwait_probe.py --gap $g 2>&1 | tail -1
+			done
+		done | tee "$out/streamwait_probe.txt" ;;
 	callcost)
 		# the host cost of one small eager op, layer by layer (torch's wrapper, gosym's Python,
 		# ctypes, Go, the driver), beside torch's do-nothing groups: one rank, then every GPU

@@ -59,7 +59,7 @@ var (
 	GPUARPush = enumRow("GOSYM_GPU_AR_PUSH", "0", []string{"0", "1"}, true, Engine,
 		"1: all_reduce on the direct path runs gs_arpush (its reduce-scatter half stores into the peers' stagings and folds locally) instead of two-shot (whose reduce-scatter half loads from the peers). Off until measured.")
 	GPUDefer = enumRow("GOSYM_GPU_DEFER", "0", []string{"0", "1"}, false, Engine,
-		"1: an eager CUDA op that takes a host round with its peers (the direct path's agreement, an all_to_all's splits) returns to its caller at once: its stream waits on the GPU for a flag that the group's queue releases after launching the op on an internal stream, so the caller does not wait for the slowest host. Off: an FSDP2 step hung with it on 4xH200 (docs/ARCHITECTURE.md, Deferred ops). 0: the caller runs the rounds itself.")
+		"1: an eager CUDA op that takes a host round with its peers (the direct path's agreement, an all_to_all's splits) returns to its caller at once: its stream waits on the GPU for a flag that the group's queue releases after launching the op on an internal stream, so the caller does not wait for the slowest host. Unsafe, for experiments only: while a stream waits for the worker, any module load or cudaFree in the process deadlocks it (measured, docs/ARCHITECTURE.md, Deferred ops); an FSDP2 step hangs with it. 0: the caller runs the rounds itself.")
 	GPURelayPush = enumRow("GOSYM_GPU_RELAY_PUSH", "1", []string{"0", "1"}, true, Engine,
 		"1: gs_bcast_relay pushes (each non-root pulls its chunk from the root once and stores it into every other non-root's output: stores cross the switch without a round trip); 0: it relays by pulls, slice by slice.")
 	GPUA2AVDirectMin = intRow("GOSYM_GPU_A2AV_DIRECT_MIN", 2*miB, 1, math.MaxInt, "", true,

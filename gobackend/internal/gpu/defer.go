@@ -89,8 +89,9 @@ func (g *State) Defer(op *ops.Op, a Args) (Args, bool, error) {
 	return Args{Device: a.Device, Stream: df.stream, deferred: true, ready: ev, release: k}, true, nil
 }
 
-// deferWarning says once per process that GOSYM_GPU_DEFER=1 is on: an
-// FSDP2 step hung with it on 4xH200 (session 25), cause not yet seen.
+// deferWarning says once per process that GOSYM_GPU_DEFER=1 is on: a
+// stream waiting for the worker's future launch deadlocks against any
+// module load or free in the process (scripts/syncprobe.py, session 26).
 var deferWarning sync.Once
 
 // open makes the internal stream and the flag word at the team's setup,
@@ -98,7 +99,7 @@ var deferWarning sync.Once
 // run on their callers' threads, as with deferral off).
 func (df *deferral) open(dev *Device) bool {
 	deferWarning.Do(func() {
-		dlog.Warnf("GOSYM_GPU_DEFER=1 is experimental: an FSDP2 training step hung with it on 4xH200 (docs/ARCHITECTURE.md, \"Deferred ops\")")
+		dlog.Warnf("GOSYM_GPU_DEFER=1 is unsafe: while an op is deferred, a module load or cudaFree on any thread of this process deadlocks it (an FSDP2 step hangs; docs/ARCHITECTURE.md, \"Deferred ops\")")
 	})
 	s, err := dev.d.StreamCreate(dev.ctx, cuda.StreamNonBlocking)
 	if err != nil {
