@@ -16,6 +16,7 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import schedule
 from .lifetime import HierBase
+from .._tensors import _op_device
 from .tensors import _bytes, _divide, _opts, _red_wire, _split_op, _wait
 
 
@@ -32,6 +33,28 @@ class HierAlgorithms(HierBase):
         key = f"{op}/{path}"
         self._paths[key] = self._paths.get(key, 0) + 1
         return path == schedule.HIER
+
+    def _flat_now(self, what, op, nbytes, keep, issue):
+        """The flat group's own Work for CUDA op `what` (schedule name `op`, nbytes of one
+        rank's input), issued at once by issue(pg) with the caller's tensors and options, as
+        a plain NCCL group would run it; None where the op must take _post instead: host
+        tensors, arguments compared across ranks (DETAIL debug), host ops still pending
+        (they go first), or the choice is hierarchical. Flat is then what NCCL's own group
+        costs: no gosym Work, copies or byte views over it (session 26: 12-37 µs an op)."""
+        dev = _op_device(keep)
+        if dev < 0 or self._check_args or not self._runner.idle():
+            return None
+        if schedule.choose("cuda", op, nbytes, self._shape, self._choice) != schedule.FLAT:
+            return None
+        self._usable(what)
+        self._seq += 1
+        self._cuda = dev
+        key = f"{op}/flat"
+        self._paths[key] = self._paths.get(key, 0) + 1
+        try:
+            return issue(self._group("flat", "cuda"))
+        except Exception as e:
+            raise self._failed(what, self._seq, e, keep) from e
 
     # ---- reductions -------------------------------------------------------------
 

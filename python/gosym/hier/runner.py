@@ -54,9 +54,15 @@ class Runner:
     def on_thread(self):
         return threading.current_thread() is self._thread
 
+    def idle(self) -> bool:
+        """Whether every op posted so far ran (so an op started now is next in post order)."""
+        with self._lock:
+            return not self._pending
+
     def drain(self):
-        """Blocks until every op posted so far ran."""
-        if self._thread is not None and not self.on_thread():
+        """Blocks until every op posted so far ran: at once when none is pending (no hand-off
+        to the thread for nothing, which a CUDA op would pay on every call)."""
+        if self._thread is not None and not self.on_thread() and not self.idle():
             w = EventWork(None)
             self.submit(lambda: None, w)
             w.wait()
