@@ -12,6 +12,9 @@
 //               one launch with no barrier.
 //   gs_bcast_relay  a broadcast by scatter and relay: each byte leaves the
 //               root once (large broadcasts at three ranks or more).
+//   gs_copy_steps  gs_copy launched before its parameters exist: waits for a
+//               word (host memory, written with no driver call), then runs
+//               the steps it names (the deferred ops' launch at the call).
 //   gs_barrier  a stream-ordered barrier of all ranks: launch 1 block of 32.
 //   gs_sema_wait  the waiting half of the semaphore protocol (sema.go):
 //               launch 1 block of 32.
@@ -30,18 +33,20 @@ __device__ __forceinline__ void gs_copy_block_share(char *dst, const char *src, 
 	gs_copy_seg(dst + lo, src + lo, hi - lo, threadIdx.x, blockDim.x);
 }
 
-extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy(gs_copy_params p) {
+// One gs_copy launch's work (gs_copy, and each step of gs_copy_steps);
+// false where it failed (recorded on the rank's pad).
+__device__ __forceinline__ bool gs_copy_run(const gs_copy_params &p) {
 	if (!gs_config_ok(p.pads, p.world, p.rank))
-		return;
+		return false;
 	if (p.nseg < 0 || p.nseg > GS_MAX_SEGS) {
 		if (threadIdx.x == 0)
 			gs_record_error(p.pads[p.rank], GS_ERR_CONFIG, (gs_u32)p.nseg, 0);
-		return;
+		return false;
 	}
 	if (p.npre < 0 || p.npre > p.nseg) {
 		if (threadIdx.x == 0)
 			gs_record_error(p.pads[p.rank], GS_ERR_CONFIG, (gs_u32)p.npre, 1);
-		return;
+		return false;
 	}
 	// Staging: segments [0, npre) copy this rank's data into its own staging
 	// before the start barrier (so the launch replaces a copy and a launch).
@@ -50,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy(gs_copy_p
 	if (p.npre > 0)
 		__threadfence_system();
 	if ((p.sync & GS_SYNC_START) && !gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
-		return;
+		return false;
 #pragma unroll
 	for (int s = 0; s < GS_MAX_SEGS; ++s)
 		if (s >= p.npre && s < p.nseg) {
@@ -61,7 +66,76 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy(gs_copy_p
 				            gs_thread_count());
 		}
 	if (p.sync & GS_SYNC_END)
-		gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+		return gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
+	return true;
+}
+
+// __grid_constant__: gs_copy_run reads the parameter in place, no per-thread copy.
+extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy(const __grid_constant__ gs_copy_params p) {
+	gs_copy_run(p);
+}
+
+// The number of steps gs_copy_steps may run once g.head[0] reached g.want
+// (cyclic compare); -1 if the wait timed out or was aborted, or the count
+// is out of range (recorded on g.pad).
+__device__ __forceinline__ int gs_steps_wait(const gs_steps_params &g) {
+	if (!gs_poll(g.head, GsReached{g.want}, g.timeout_ns, g.pad)) {
+		gs_record_error(g.pad, GS_ERR_TIMEOUT, 0xffffffffu, 0);
+		return -1;
+	}
+	__threadfence_system(); // the count and the steps were written before the word
+	const int c = *(const volatile int *)(g.head + 1);
+	if (c < 0 || c > g.max) {
+		gs_record_error(g.pad, GS_ERR_CONFIG, (gs_u32)c, 2);
+		return -1;
+	}
+	return c;
+}
+
+// Step s of g into p, word by word (volatile: the host may have written it
+// after this launch began), by the threads from first on, stride apart.
+__device__ __forceinline__ void gs_steps_read(const gs_steps_params &g, int s, gs_copy_params *p,
+                                              unsigned first, unsigned stride) {
+	const unsigned words = sizeof(gs_copy_params) / sizeof(gs_u64);
+	const volatile gs_u64 *src = (const volatile gs_u64 *)((const gs_copy_params *)g.steps + s);
+	gs_u64 *dst = (gs_u64 *)p;
+	for (unsigned i = first; i < words; i += stride)
+		dst[i] = src[i];
+}
+
+// gs_copy launched before its parameters exist (cuda.StepsParams): each
+// block waits for the host (or a kernel) to publish the steps, then runs
+// them in order, each read once per block into shared memory. Blocks move
+// from step to step on their own: a staging that several steps reuse must
+// get segments of the same length at every step (a block's share of a
+// segment depends on its length alone), so that block b of every rank
+// touches the same range of it each time and block b's barriers order the
+// reuse; a last, shorter chunk starts earlier instead and copies some bytes
+// again.
+extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy_steps(gs_steps_params g) {
+#ifdef GS_EMULATION
+	// __shared__ is per OS thread here: every thread waits and reads for itself
+	const int n = gs_steps_wait(g);
+	gs_copy_params p;
+#else
+	__shared__ int n;
+	__shared__ gs_copy_params p;
+	if (threadIdx.x == 0)
+		n = gs_steps_wait(g);
+	__syncthreads();
+#endif
+	for (int s = 0; s < n; ++s) {
+#ifdef GS_EMULATION
+		gs_steps_read(g, s, &p, 0, 1);
+#else
+		gs_steps_read(g, s, &p, threadIdx.x, blockDim.x);
+		__syncthreads();
+#endif
+		const bool ok = gs_copy_run(p);
+		__syncthreads(); // every thread is done with p before the next step overwrites it
+		if (!ok)
+			return;
+	}
 }
 
 // Every rank sends p.bytes from src[q] to each peer q (src[q] == 0: only

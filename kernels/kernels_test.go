@@ -82,6 +82,14 @@ func TestHostEmulationA2AV(t *testing.T) { runEmulation(t, "testdata/emu_a2av.cp
 // bad slot refused.
 func TestHostEmulationARPush(t *testing.T) { runEmulation(t, "testdata/emu_arpush.cpp") }
 
+// TestHostEmulationSteps runs gs_copy_steps of copy.cu
+// (testdata/emu_steps.cpp): launches that start before their steps exist,
+// released by a host thread's plain stores, as a deferred op's worker will:
+// all_gathers direct and staged over 1 to 4 ranks, back to back with the
+// word wrapping, and a word never written, a count above the maximum and an
+// abort on the pad each ending the launch with its error and nothing written.
+func TestHostEmulationSteps(t *testing.T) { runEmulation(t, "testdata/emu_steps.cpp") }
+
 // runEmulation builds program against emu.h (with the address and
 // undefined-behaviour sanitizers where g++ has them) and runs it.
 func runEmulation(t *testing.T, program string) {

@@ -178,4 +178,13 @@ struct gs_relay_params { // 184 bytes, Go: cuda.RelayParams
 	int push;                                // offset 176
 };
 
+struct gs_steps_params { // 40 bytes, Go: cuda.StepsParams
+	unsigned int *head;                      // offset 0
+	const void *steps;                       // offset 8
+	unsigned int *pad;                       // offset 16
+	unsigned long long timeout_ns;           // offset 24
+	unsigned int want;                       // offset 32
+	int max;                                 // offset 36
+};
+
 #endif // GOSYM_PARAMS_CUH

@@ -18,6 +18,7 @@
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
+#define __grid_constant__
 // A block's threads of one rank run on one OS thread, one after another.
 #define __shared__ static thread_local
 

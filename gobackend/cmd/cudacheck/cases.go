@@ -107,6 +107,7 @@ func (c *checker) runCases() {
 		}
 		return c.copyCase(g, ps, 2, 1<<20+7)
 	})
+	c.stepsCases(g, padsFor)
 	record("gs_barrier x200, 2 simulated ranks", func() error {
 		ps, err := padsFor(2)
 		if err != nil {

@@ -77,6 +77,7 @@ var (
 	LLMoveKernel   = &Kernel{Name: "gs_llmove", Source: "copy.cu", Params: []*Struct{llMoveLayout}}
 	A2AVKernel     = &Kernel{Name: "gs_a2av", Source: "p2p.cu", Params: []*Struct{a2avLayout}}
 	RelayKernel    = &Kernel{Name: "gs_bcast_relay", Source: "copy.cu", Params: []*Struct{relayLayout}}
+	StepsKernel    = &Kernel{Name: "gs_copy_steps", Source: "copy.cu", Params: []*Struct{stepsLayout}}
 	allKernels     = buildKernels()
 	kernelByName   = func() map[string]*Kernel {
 		m := map[string]*Kernel{}
@@ -114,7 +115,7 @@ func nvlsKernelName(typ, op string) string { return "gs_nvls_" + typ + "_" + op 
 
 func buildKernels() []*Kernel {
 	ks := []*Kernel{CopyKernel, BarrierKernel, SemaWaitKernel, P2PSendKernel, P2PRecvKernel, LLMoveKernel, A2AVKernel,
-		RelayKernel}
+		RelayKernel, StepsKernel}
 	for _, a := range []Algo{OneShot, TwoShot, Pull, LL, ArPush} {
 		for _, t := range reduceTypes {
 			for _, op := range []string{"sum", "prod", "min", "max"} {

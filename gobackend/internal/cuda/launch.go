@@ -74,6 +74,7 @@ func (p *A2AVParams) kernelParam() (*Struct, unsafe.Pointer) { return a2avLayout
 func (p *RelayParams) kernelParam() (*Struct, unsafe.Pointer) {
 	return relayLayout, unsafe.Pointer(p)
 }
+func (p *StepsParams) kernelParam() (*Struct, unsafe.Pointer) { return stepsLayout, unsafe.Pointer(p) }
 
 // Module is a loaded CUBIN/PTX image, bound to the context it was loaded in.
 type Module struct {

@@ -321,6 +321,25 @@ type CopyParams struct {
 	Sync      int32             `cuda:"sync,int"` // SyncStart | SyncEnd
 }
 
+// StepsParams is the parameter of gs_copy_steps: a gs_copy launched before
+// its parameters exist. Each block waits until the word Head[0] reaches
+// Want (cyclic compare; Pad's abort word and TimeoutNs end the wait, the
+// timeout recorded on Pad), then runs the Head[1] gs_copy steps at Steps
+// (CopyParams each) one after another. Head and Steps may be pinned host
+// memory written with plain stores (the count and the steps before the
+// word), so that whoever releases the launch makes no driver call: a module
+// load or a free elsewhere in the process waits for the launch while
+// holding the lock every driver call takes (docs/ARCHITECTURE.md,
+// "Deferred ops").
+type StepsParams struct {
+	Head      uintptr `cuda:"head,unsigned int *"`
+	Steps     uintptr `cuda:"steps,const void *"`
+	Pad       uintptr `cuda:"pad,unsigned int *"`
+	TimeoutNs uint64  `cuda:"timeout_ns,unsigned long long"` // 0: wait forever
+	Want      uint32  `cuda:"want,unsigned int"`
+	Max       int32   `cuda:"max,int"` // how many steps Steps holds: a larger count is refused
+}
+
 // LLMoveParams is the parameter of gs_llmove: every rank sends Bytes bytes
 // from Src[q] to each peer q as LL lines into q's LL area (Areas[q], mapped
 // here) and writes what each peer q sent into Dst[q]. Src[q] == 0 sends q
@@ -566,8 +585,9 @@ var (
 	llMoveLayout  = mustLayout("gs_llmove_params", LLMoveParams{})
 	a2avLayout    = mustLayout("gs_a2av_params", A2AVParams{})
 	relayLayout   = mustLayout("gs_relay_params", RelayParams{})
+	stepsLayout   = mustLayout("gs_steps_params", StepsParams{})
 	paramStructs  = []*Struct{arLayout, copyLayout, barrierLayout, semaLayout, nvlsLayout, p2pLayout, llMoveLayout,
-		a2avLayout, relayLayout}
+		a2avLayout, relayLayout, stepsLayout}
 )
 
 // C renders the struct declaration, with offsets as comments.

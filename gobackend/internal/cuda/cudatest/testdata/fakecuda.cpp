@@ -177,6 +177,7 @@ static CUfunc_st functions[] = {
     GS_AR_TYPES(AR_ONESHOT) GS_AR_TYPES(AR_TWOSHOT) GS_AR_TYPES(AR_PULL) GS_AR_TYPES(AR_LL)
     GS_AR_TYPES(AR_ARPUSH)
     {FN(gs_copy, gs_copy_params), true},
+    {FN(gs_copy_steps, gs_steps_params), true},
     {FN(gs_llmove, gs_llmove_params)},
     {FN(gs_bcast_relay, gs_relay_params)},
     {FN(gs_barrier, gs_barrier_params)},
