@@ -100,18 +100,20 @@ def test_flat_cuda_ops_are_the_inner_groups_own():
 
 def test_hierarchical_choice_takes_the_general_path():
     g = _group(choice="hier")
-    assert g._flat_now("all_reduce", "all_reduce", 32, torch.zeros(8),
+    assert g._flat_now("all_reduce", 32, torch.zeros(8),
                        lambda pg: pytest.fail("issued flat")) is None
     assert g._seq == 0 and not g._paths
 
 
-def test_pending_host_ops_or_checked_arguments_take_the_general_path():
+def test_odd_tensors_pending_host_ops_or_checked_arguments_take_the_general_path():
     g = _group()
+    for odd in (torch.zeros(4, 2).t(), torch.zeros(0)):  # not contiguous; empty
+        assert g._flat_now("all_reduce", 32, odd, lambda pg: pytest.fail("issued flat")) is None
     g._runner._pending = 1  # a host op posted earlier and not yet run goes first
-    assert g._flat_now("all_reduce", "all_reduce", 32, torch.zeros(8),
+    assert g._flat_now("all_reduce", 32, torch.zeros(8),
                        lambda pg: pytest.fail("issued flat")) is None
     g = _group(check_args=True)
-    assert g._flat_now("all_reduce", "all_reduce", 32, torch.zeros(8),
+    assert g._flat_now("all_reduce", 32, torch.zeros(8),
                        lambda pg: pytest.fail("issued flat")) is None
 
 

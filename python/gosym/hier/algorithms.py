@@ -34,22 +34,26 @@ class HierAlgorithms(HierBase):
         self._paths[key] = self._paths.get(key, 0) + 1
         return path == schedule.HIER
 
-    def _flat_now(self, what, op, nbytes, keep, issue):
-        """The flat group's own Work for CUDA op `what` (schedule name `op`, nbytes of one
-        rank's input), issued at once by issue(pg) with the caller's tensors and options, as
-        a plain NCCL group would run it; None where the op must take _post instead: host
-        tensors, arguments compared across ranks (DETAIL debug), host ops still pending
-        (they go first), or the choice is hierarchical. Flat is then what NCCL's own group
-        costs: no gosym Work, copies or byte views over it (session 26: 12-37 µs an op)."""
+    def _flat_now(self, what, nbytes, keep, issue):
+        """The flat group's own Work for CUDA op `what` (its schedule name; nbytes of one
+        rank's input; keep its tensor, or its (output, input)), issued at once by issue(pg)
+        with the caller's tensors and options, as a plain NCCL group would run it; None where
+        the op must take _post instead: host or non-contiguous or empty tensors, arguments
+        compared across ranks (DETAIL debug), host ops still pending (they go first), or the
+        choice is hierarchical. Flat is then what NCCL's own group costs: no gosym Work,
+        copies or byte views over it (session 26: 12-37 µs an op)."""
+        ts = keep if isinstance(keep, tuple) else (keep,)
+        if not ts[-1].numel() or not all(t.is_contiguous() for t in ts):
+            return None
         dev = _op_device(keep)
         if dev < 0 or self._check_args or not self._runner.idle():
             return None
-        if schedule.choose("cuda", op, nbytes, self._shape, self._choice) != schedule.FLAT:
+        if schedule.choose("cuda", what, nbytes, self._shape, self._choice) != schedule.FLAT:
             return None
         self._usable(what)
         self._seq += 1
         self._cuda = dev
-        key = f"{op}/flat"
+        key = f"{what}/flat"
         self._paths[key] = self._paths.get(key, 0) + 1
         try:
             return issue(self._group("flat", "cuda"))

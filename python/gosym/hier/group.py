@@ -83,11 +83,10 @@ class HierGroup(HierAlgorithms):
         if t.layout is not torch.strided:
             raise ValueError("gosym: all_reduce of sparse tensors across hosts is not supported")
         _split_op(opts.reduceOp, t)  # bad input raises here, not on the worker
-        if t.is_contiguous() and t.numel():
-            w = self._flat_now("all_reduce", "all_reduce", t.numel() * t.element_size(), t,
-                               lambda pg: pg.allreduce([t], opts))
-            if w is not None:
-                return w
+        w = self._flat_now("all_reduce", t.numel() * t.element_size(), t,
+                           lambda pg: pg.allreduce([t], opts))
+        if w is not None:
+            return w
         op = opts.reduceOp
         return self._in_place("all_reduce", tensors,
                               lambda buf, dev: self._allreduce(buf, op, dev), opts.asyncOp)
@@ -126,11 +125,10 @@ class HierGroup(HierAlgorithms):
         opts = opts or _c10d.BroadcastOptions()
         root = self._root(opts.rootRank, "broadcast")
         t = _one(tensors, "broadcast")
-        if t.is_contiguous() and t.numel():
-            w = self._flat_now("broadcast", "broadcast", t.numel() * t.element_size(), t,
-                               lambda pg: pg.broadcast([t], opts))
-            if w is not None:
-                return w
+        w = self._flat_now("broadcast", t.numel() * t.element_size(), t,
+                           lambda pg: pg.broadcast([t], opts))
+        if w is not None:
+            return w
         return self._in_place("broadcast", tensors,
                               lambda buf, dev: self._broadcast(buf, root, dev),
                               opts.asyncOp)
@@ -144,12 +142,10 @@ class HierGroup(HierAlgorithms):
             raise ValueError(f"gosym: all_gather_into_tensor: output has {output.numel()} "
                              f"elements, expected world size {self._size} x input "
                              f"{input.numel()}")
-        if output.is_contiguous() and input.is_contiguous() and input.numel():
-            w = self._flat_now("all_gather_into_tensor", "all_gather_into_tensor",
-                               input.numel() * input.element_size(), (output, input),
-                               lambda pg: pg._allgather_base(output, input, opts))
-            if w is not None:
-                return w
+        w = self._flat_now("all_gather_into_tensor", input.numel() * input.element_size(),
+                           (output, input), lambda pg: pg._allgather_base(output, input, opts))
+        if w is not None:
+            return w
 
         def run(dev):
             cb = []
@@ -201,12 +197,10 @@ class HierGroup(HierAlgorithms):
                              f"elements, expected world size {self._size} x output "
                              f"{output.numel()}")
         _split_op(opts.reduceOp, output)
-        if output.is_contiguous() and input.is_contiguous() and output.numel():
-            w = self._flat_now("reduce_scatter_tensor", "reduce_scatter_tensor",
-                               input.numel() * input.element_size(), (output, input),
-                               lambda pg: pg._reduce_scatter_base(output, input, opts))
-            if w is not None:
-                return w
+        w = self._flat_now("reduce_scatter_tensor", input.numel() * input.element_size(),
+                           (output, input), lambda pg: pg._reduce_scatter_base(output, input, opts))
+        if w is not None:
+            return w
         op = opts.reduceOp
 
         def run(dev):
