@@ -241,6 +241,17 @@ int32_t gosym_contiguous_view(uint64_t endpoint, uint64_t buf, uint64_t offset,
                               uint64_t *out_view, uint64_t *out_addr, uint64_t *out_stride);
 int32_t gosym_view_release(uint64_t view);
 
+/*
+ * torch's pluggable CUDA allocator (torch.cuda.MemPool over
+ * torch._C._cuda_customAllocator), for ProcessGroup.allocate_tensor: segments
+ * of torch's caching allocator that are gosym_cuda_alloc's shareable memory,
+ * registered with the engine. pool_alloc returns NULL on failure (the reason
+ * goes to stderr); pool_free takes what pool_alloc returned. The stream is
+ * unused.
+ */
+void *gosym_pool_alloc(int64_t size, int32_t device, void *stream);
+void gosym_pool_free(void *ptr, int64_t size, int32_t device, void *stream);
+
 /* Process-wide counters (live handles, fds, mappings) as JSON. */
 int32_t gosym_stats(char *buf, uint64_t cap, uint64_t *len);
 

@@ -8,6 +8,7 @@ package main
 #include <string.h>
 #include "gosym.h"
 #include "lasterr.h"
+#include "addr.h"
 
 // const-qualified aliases, so that the cgo-generated prototypes match the
 // const-correct ones in gosym.h exactly.
@@ -500,6 +501,24 @@ func gosym_cuda_free(h C.uint64_t) (rc C.int32_t) {
 		return ret(err)
 	}
 	return ret(b.Free())
+}
+
+//export gosym_pool_alloc
+func gosym_pool_alloc(size C.int64_t, device C.int32_t, stream unsafe.Pointer) unsafe.Pointer {
+	// torch's signature has no status: NULL says it failed (PoolAlloc says why)
+	if size <= 0 || device < 0 {
+		return nil
+	}
+	addr := gobackend.PoolAlloc(int(device), int(size))
+	if addr == 0 {
+		return nil
+	}
+	return C.gsabi_addr_ptr(C.uint64_t(addr))
+}
+
+//export gosym_pool_free
+func gosym_pool_free(ptr unsafe.Pointer, size C.int64_t, device C.int32_t, stream unsafe.Pointer) {
+	gobackend.PoolFree(uintptr(ptr))
 }
 
 //export gosym_contiguous_view

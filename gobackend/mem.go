@@ -3,6 +3,7 @@ package gobackend
 import (
 	"time"
 
+	"github.com/gosym/gosym/gobackend/internal/dlog"
 	"github.com/gosym/gosym/gobackend/internal/gpu"
 	"github.com/gosym/gosym/gobackend/internal/memreg"
 	"github.com/gosym/gosym/gobackend/internal/ops"
@@ -61,3 +62,35 @@ type GPUBuf = gpu.Buf
 
 // GPUAlloc allocates n bytes of shareable VMM memory on device.
 func GPUAlloc(device, n int) (*GPUBuf, error) { return gpu.Alloc(device, n) }
+
+// PoolAlloc and PoolFree serve torch's caching allocator with segments of
+// shareable memory (gosym_pool_alloc/free, ProcessGroup.allocate_tensor).
+// torch's allocator interface carries no error, so a failure is said here,
+// on stderr, and PoolAlloc returns 0 (torch raises out of memory).
+func PoolAlloc(device, n int) (addr uintptr) {
+	defer poolRecover(&addr)
+	addr, err := gpu.AllocSegment(device, n)
+	if err != nil {
+		dlog.Warnf("allocating a %d-byte segment on cuda:%d for torch's caching allocator: %v", n, device, err)
+		return 0
+	}
+	return addr
+}
+
+func PoolFree(addr uintptr) {
+	defer poolRecover(nil)
+	if err := gpu.FreeSegment(addr); err != nil {
+		dlog.Warnf("freeing torch's caching allocator's segment %#x: %v", addr, err)
+	}
+}
+
+// poolRecover turns a panic under torch's allocator (which cannot take one
+// through C) into a message and, for an allocation, a 0 address.
+func poolRecover(addr *uintptr) {
+	if r := recover(); r != nil {
+		dlog.Warnf("internal error in the segment allocator: %v", r)
+		if addr != nil {
+			*addr = 0
+		}
+	}
+}

@@ -186,6 +186,10 @@ _SIGNATURES = {
     "gosym_cuda_free": (c_int32, [c_uint64]),
     "gosym_contiguous_view": (c_int32, [c_uint64, c_uint64, c_uint64, _u64p, _u64p, _u64p]),
     "gosym_view_release": (c_int32, [c_uint64]),
+    # torch's pluggable allocator calls these itself (memory.comm_empty): the types are
+    # here for the export check and for anyone calling them through ctypes
+    "gosym_pool_alloc": (c_void_p, [c_int64, c_int32, c_void_p]),
+    "gosym_pool_free": (None, [c_void_p, c_int64, c_int32, c_void_p]),
 }
 
 

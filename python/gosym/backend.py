@@ -33,6 +33,7 @@ from torch._C import _distributed_c10d as _c10d
 from . import _endpoint, _lib, descriptors
 from . import anysource as _anysource
 from . import forms as _forms
+from . import memory as _memory
 from . import monitored as _monitored
 from . import profiling as _profiling
 from . import selfp2p as _selfp2p
@@ -132,7 +133,17 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return self
 
     def supports_tensor_alloc(self, device):
-        return False
+        """CUDA devices: allocate_tensor's buffers are gosym's shareable memory (FSDP2 asks,
+        under set_allocate_memory_from_process_group_for_comm)."""
+        return _memory.comm_supported(device)
+
+    def allocate_tensor(self, size, *, dtype, device):
+        """A 1-D tensor of size elements that this group's large ops read in place once
+        bound (gosym.memory.comm_empty); CUDA only, as supports_tensor_alloc says."""
+        if not _memory.comm_supported(device):
+            raise ValueError(f"gosym: allocate_tensor serves CUDA devices where gosym's shareable "
+                             f"memory works, not {device}")
+        return _memory.comm_empty(size, dtype, device)
 
     def eager_connect_single_device(self, device):
         pass  # the endpoint is connected at creation

@@ -297,6 +297,51 @@ def empty(*size, dtype: torch.dtype | None = None, device="cpu") -> torch.Tensor
     return _wrap(addr.value, max(nbytes, 1), size, dtype, handle)
 
 
+# torch MemPools over gosym's segment allocator, by CUDA device (comm_empty), and whether
+# the device can have gosym's shareable memory at all (tried once).
+_comm_pools: dict = {}
+_comm_ok: dict = {}
+
+
+def _cuda_index(device) -> int:
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def comm_supported(device) -> bool:
+    """Whether comm_empty serves device: a CUDA device where gosym's shareable memory works."""
+    if torch.device(device).type != "cuda":
+        return False
+    idx = _cuda_index(device)
+    ok = _comm_ok.get(idx)
+    if ok is None:
+        try:
+            _cuda_empty((1,), torch.uint8, torch.device("cuda", idx))
+            ok = True
+        except RuntimeError:
+            ok = False
+        _comm_ok[idx] = ok
+    return ok
+
+
+def comm_empty(numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A 1-D tensor of numel elements for a collective's buffer (ProcessGroup.allocate_tensor,
+    which FSDP2 calls under set_allocate_memory_from_process_group_for_comm): from torch's
+    caching allocator, in a pool whose segments are gosym's shareable memory (a torch MemPool
+    over gosym_pool_alloc/free, as ProcessGroupNCCL's over ncclMemAlloc). The caching
+    allocator keeps segments and reuses them in stream order, so the direct path binds a
+    segment once and every later buffer placed in it reads in place with no new binding."""
+    idx = _cuda_index(device)
+    pool = _comm_pools.get(idx)
+    if pool is None:
+        fn = ctypes.c_void_p
+        alloc = torch._C._cuda_customAllocator(ctypes.cast(_lib.lib.gosym_pool_alloc, fn).value,
+                                               ctypes.cast(_lib.lib.gosym_pool_free, fn).value)
+        pool = _comm_pools[idx] = torch.cuda.MemPool(alloc)
+    with torch.cuda.use_mem_pool(pool, device=idx):
+        return torch.empty(int(numel), dtype=dtype, device=torch.device("cuda", idx))
+
+
 def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """gosym.empty with t's shape, device (and dtype unless given)."""
     return empty(tuple(t.shape), dtype=dtype or t.dtype, device=t.device)

@@ -101,6 +101,9 @@ def _rank_main(a) -> None:
         for blk in m.layers:
             fully_shard(blk, mesh=mesh, mp_policy=mp)
         models[b] = fully_shard(m, mesh=mesh, mp_policy=mp)
+        if a.pg_alloc:  # every backend's own buffers (gosym's segments, NCCL's ncclMemAlloc)
+            for mod in (*m.layers, m):
+                mod.set_allocate_memory_from_process_group_for_comm(True)
         opts[b] = torch.optim.SGD(m.parameters(), lr=1e-3)
     params = a.layers * (8 * a.dim * a.dim + 2 * a.dim)  # two matrices and a LayerNorm a block
     gen = torch.Generator(device="cpu").manual_seed(1000 + rank)  # each rank its own batch
@@ -192,6 +195,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5, help="timed steps per backend per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds of turns")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per backend first")
+    p.add_argument("--pg-alloc", action="store_true",
+                   help="FSDP2's communication buffers from each group's own allocator "
+                   "(set_allocate_memory_from_process_group_for_comm)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds the job may take")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
@@ -221,7 +227,7 @@ def main(argv=None) -> int:
     args = ["--rank", "--device", a.device, "--backends", a.backends, "--dim", str(a.dim),
             "--layers", str(a.layers), "--tokens", str(a.tokens), "--seq", str(a.seq),
             "--reduce-dtype", a.reduce_dtype, "--steps", str(a.steps), "--rounds", str(a.rounds),
-            "--warmup", str(a.warmup), "--profile", str(a.profile),
+            "--warmup", str(a.warmup), "--profile", str(a.profile), *(["--pg-alloc"] if a.pg_alloc else []),
             "--hang-dump", str(max(5.0, a.timeout - 15))]
     with tempfile.TemporaryDirectory(prefix="gosym-stepbench-") as tmp:
         cmd, env = module_job(nproc, "gosym.stepbench", *args, env=dict(os.environ, **{_RANK_ENV: tmp}))
@@ -256,7 +262,7 @@ def main(argv=None) -> int:
             json.dump({"device": a.device, "nproc": nproc, "params": params,
                        "config": {k: getattr(a, k) for k in ("dim", "layers", "tokens", "seq",
                                                              "reduce_dtype", "steps", "rounds",
-                                                             "warmup", "backends")},
+                                                             "warmup", "backends", "pg_alloc")},
                        "summary": summary, "ranks": ranks}, f, indent=1)
     return 0
 

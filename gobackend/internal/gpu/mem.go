@@ -212,3 +212,52 @@ func (b *Buf) MapRows(rank int, fds []int) (uintptr, func(), error) {
 	}
 	return va, func() { g.unmapParts(va, rows, len(hs)); release() }, nil
 }
+
+// Segments of torch's caching allocator for communication buffers
+// (ProcessGroup.allocate_tensor, which FSDP2 asks for with
+// set_allocate_memory_from_process_group_for_comm: a torch MemPool whose
+// allocator is gosym_pool_alloc/free, as ProcessGroupNCCL's is ncclMemAlloc).
+// Each segment is a Buf, registered implicitly like gosym.empty's, and found
+// again by its address when torch gives it back; torch caches and reuses
+// segments in stream order, so a buffer the direct path binds once serves
+// every later op that the caching allocator places in it.
+var segments struct {
+	sync.Mutex
+	bufs map[uintptr]*Buf
+}
+
+// AllocSegment allocates a segment of at least n bytes on device for
+// torch's caching allocator and returns its address.
+func AllocSegment(device, n int) (uintptr, error) {
+	b, err := Alloc(device, n)
+	if err != nil {
+		return 0, err
+	}
+	segments.Lock()
+	defer segments.Unlock()
+	if segments.bufs == nil {
+		segments.bufs = map[uintptr]*Buf{}
+	}
+	segments.bufs[b.va] = b
+	return b.va, nil
+}
+
+// FreeSegment frees the segment at addr (AllocSegment's); the device is idle
+// when it returns (Buf.Free).
+func FreeSegment(addr uintptr) error {
+	segments.Lock()
+	b := segments.bufs[addr]
+	delete(segments.bufs, addr)
+	segments.Unlock()
+	if b == nil {
+		return status.Errorf(status.InvalidArg, "gosym: %#x is not a segment of gosym's allocator", addr)
+	}
+	return b.Free()
+}
+
+// Segments is how many segments are live (stats).
+func Segments() int {
+	segments.Lock()
+	defer segments.Unlock()
+	return len(segments.bufs)
+}

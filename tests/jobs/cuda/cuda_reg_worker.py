@@ -21,6 +21,10 @@ Parts (each records itself in info["parts_done"] when it ran to its end):
   sending its fd over the links); then gosym.empty tensors not mem_map'ed, which go direct
   from GOSYM_GPU_DIRECT_MIN through their implicit registration, and whose freeing makes the
   peers drop their mappings;
+- comm_alloc: ProcessGroup.allocate_tensor's buffers (FSDP2's under
+  set_allocate_memory_from_process_group_for_comm) in direct-size all_gathers, five rounds:
+  bitwise equal to NCCL, the first binds its segment, from the third on a bound segment is
+  read with no new binding;
 - import_vmm: the import part on a mem_map'ed gosym.empty tensor (transport cudavmm: the
   allocation's fd comes from the exporter's fd server);
 - errors: importing one's own blob, a blob naming a GPU nobody has, a truncated blob.
@@ -340,6 +344,42 @@ def implicit(ck, rank, world, dev, nccl):
     ck.check("implicit: the op after it", bool((y == world).all()))
 
 
+def comm_alloc(ck, rank, world, dev, nccl):
+    """ProcessGroup.allocate_tensor (FSDP2's buffers with set_allocate_memory_from_process_group_for_comm):
+    torch's caching allocator over gosym's segments, so a direct-size all_gather binds a
+    segment on its first op, and once the pool's segments are bound, later buffers the
+    allocator places in them read in place with no new binding; results bitwise equal to
+    NCCL's. (A buffer a gosym op used comes back to the pool one op later, so the second
+    round may take a second segment: the steady state is checked from the third.)"""
+    backend = dist.group.WORLD._get_backend(torch.device(dev))
+    ck.check("comm_alloc: supported on CUDA", bool(backend.supports_tensor_alloc(torch.device(dev))))
+    k = (8 << 20) // 4 + 5  # direct (GOSYM_GPU_DIRECT_MIN's default 8 MiB) + 5 elements
+    for rep in range(5):
+        case = f"comm_alloc/all_gather/{rep}"
+        x = backend.allocate_tensor(k, dtype=torch.float32, device=torch.device(dev))
+        x.copy_(_input(case, rank, k, torch.float32, "SUM", dev))
+        out = backend.allocate_tensor(world * k, dtype=torch.float32, device=torch.device(dev))
+        out.fill_(float("nan"))
+        outr = _poison(world * k, torch.float32, dev)
+        before = reg_stats()
+        ops0 = int(gosym.stats().get("gpu_direct_ops", 0))
+        dist.all_gather_into_tensor(out, x)
+        d = delta(before, reg_stats())
+        direct = int(gosym.stats().get("gpu_direct_ops", 0)) - ops0
+        dist.all_gather_into_tensor(outr, x.clone(), group=nccl)
+        torch.cuda.synchronize()
+        why = wc.compare(out, outr)
+        ck.check(f"{case}: bitwise vs NCCL", why is None, why or "")
+        ck.check(f"{case}: direct", direct == 1, f"direct {direct} {d}")
+        if rep == 0:
+            ck.check(f"{case}: the segment bound on the first op", d["gpu_bindings_created"] == 1, str(d))
+        elif rep >= 2:
+            ck.check(f"{case}: a bound segment again, no new binding",
+                     d["gpu_bindings_created"] == 0 and d["gpu_bindings_reused"] == 1, str(d))
+        del x, out
+    ck.check("comm_alloc: host tensors are not served", not backend.supports_tensor_alloc(torch.device("cpu")))
+
+
 def errors(ck, rank, world, dev):
     x = torch.zeros(1024, device=dev)
     h = gosym.mem_map(x)
@@ -368,6 +408,7 @@ def main():
     part("collectives", collectives, nccl)
     part("vmm", collectives, nccl, "gosym")
     part("implicit", implicit, nccl)
+    part("comm_alloc", comm_alloc, nccl)
     part("realloc", realloc)
     part("import", import_part)
     part("import_vmm", import_part, "gosym")

@@ -11,7 +11,9 @@ of more than two ranks), bitwise equal to NCCL where NCCL gets the reference, th
 on every rank, with poisoned outputs, the binding created once
 and reused (gosym.stats); unmap + reallocation at the same address (no stale mapping);
 pack -> mem_import in the peer process, reading and writing the peer's tensor; unmap and
-group destroy in either order; torch's expandable segments (cuda_paged_worker.py):
+group destroy in either order; ProcessGroup.allocate_tensor's buffers (torch's caching
+allocator over gosym's segments: bound once, then read in place with no new binding, results
+equal to NCCL's); torch's expandable segments (cuda_paged_worker.py):
 large ops direct on runs of pages, pages given back and remapped.
 """
 
