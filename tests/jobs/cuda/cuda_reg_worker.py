@@ -349,8 +349,8 @@ def comm_alloc(ck, rank, world, dev, nccl):
     torch's caching allocator over gosym's segments, so a direct-size all_gather binds a
     segment on its first op, and once the pool's segments are bound, later buffers the
     allocator places in them read in place with no new binding; results bitwise equal to
-    NCCL's. (A buffer a gosym op used comes back to the pool one op later, so the second
-    round may take a second segment: the steady state is checked from the third.)"""
+    NCCL's. (A block a gosym op used is not handed out again at once, so the second round
+    may take another segment: the steady state is checked from the third.)"""
     backend = dist.group.WORLD._get_backend(torch.device(dev))
     ck.check("comm_alloc: supported on CUDA", bool(backend.supports_tensor_alloc(torch.device(dev))))
     k = (8 << 20) // 4 + 5  # direct (GOSYM_GPU_DIRECT_MIN's default 8 MiB) + 5 elements
