@@ -33,10 +33,18 @@ _by_raw = {}  # (raw stream, device) -> a torch Stream object of it, for record_
 
 
 def stream_of(raw, idx):
-    """A torch Stream object of raw stream raw on device idx (cached: built once)."""
+    """A torch Stream object of raw stream raw on device idx (cached: built once): torch's
+    own object when raw is the current stream, else an ExternalStream. To the caching
+    allocator an ExternalStream of a stream it knows is another stream: a tensor allocated
+    on the current stream and recorded on such an object is held back until an event on it
+    completes (an event recorded per tensor at its free), where recording it on its own
+    stream costs nothing."""
     s = _by_raw.get((raw, idx))
     if s is None:
-        s = _by_raw[(raw, idx)] = torch.cuda.ExternalStream(raw, device=idx)
+        s = torch.cuda.current_stream(idx)
+        if s.cuda_stream != raw:
+            s = torch.cuda.ExternalStream(raw, device=idx)
+        _by_raw[(raw, idx)] = s
     return s
 
 

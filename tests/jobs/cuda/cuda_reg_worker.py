@@ -377,6 +377,18 @@ def comm_alloc(ck, rank, world, dev, nccl):
             ck.check(f"{case}: a bound segment again, no new binding",
                      d["gpu_bindings_created"] == 0 and d["gpu_bindings_reused"] == 1, str(d))
         del x, out
+    # recorded on its own stream (the current one), a used block is free again at once
+    x = backend.allocate_tensor(k, dtype=torch.float32, device=torch.device(dev))
+    at = x.data_ptr()
+    x.fill_(1)
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    ck.check("comm_alloc: all_reduce in the pool", bool((x == world).all()))
+    del x
+    y = backend.allocate_tensor(k, dtype=torch.float32, device=torch.device(dev))
+    ck.check("comm_alloc: a used block is handed out again at once", y.data_ptr() == at,
+             f"{y.data_ptr():#x} after {at:#x}")
+    del y
     ck.check("comm_alloc: host tensors are not served", not backend.supports_tensor_alloc(torch.device("cpu")))
 
 
