@@ -124,6 +124,8 @@ var (
 		"The world sizes scripts/device_cuda.sh conform runs, space-separated (one call per world where both do not fit).")
 	_ = textRow("GOSYM_CONFORM_K_FILE", "", Build,
 		"A file holding a -k pattern for scripts/device_cuda.sh conform (a rerun of some tests).")
+	_ = textRow("GOSYM_HOSTBENCH_RUNS", "3", Build,
+		"Runs of scripts/device_cuda.sh hostbench (the across-hosts bench on simulated hosts), each its own JSON.")
 	_ = textRow("GOSYM_PROBE_MIB", "256", Build,
 		"MiB per piece of scripts/device_cuda.sh nvswitch (the NVSwitch copy probe).")
 	_ = textRow("GOSYM_FUZZ_SEED", "101", Build,
