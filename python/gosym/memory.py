@@ -303,11 +303,6 @@ _comm_pools: dict = {}
 _comm_ok: dict = {}
 
 
-def _cuda_index(device) -> int:
-    device = torch.device(device)
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def comm_supported(device) -> bool:
     """Whether comm_empty serves device: a CUDA device where gosym's shareable memory works."""
     if torch.device(device).type != "cuda":

@@ -91,6 +91,9 @@ def _rank_main(a) -> None:
     groups = {backends[0]: dist.group.WORLD}
     for b in backends[1:]:
         groups[b] = dist.new_group(backend=b)
+        if a.pg_alloc and dev.type == "cuda":
+            # NCCL makes its memory pool only on a communicator that exists: one op first
+            dist.all_reduce(torch.zeros(1, device=dev), group=groups[b])
     rdt = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.reduce_dtype]
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=rdt)
     models, opts = {}, {}
