@@ -10,9 +10,9 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 )
 
-// stepsSlot is where one rank's gs_copy_steps launch reads its word, its
-// count and its steps: pinned host memory the kernel addresses.
-const stepsSlotHead = 64 // the steps start here, past the word and the count
+// stepsSlotHead is where a rank's steps start in its slot of pinned host
+// memory, past the word and the count its gs_copy_steps launch reads first.
+const stepsSlotHead = 64
 
 // stepsCase launches gs_copy_steps on every simulated rank's stream before
 // its steps exist, an all_gather of n bytes per rank, direct (chunk 0: one

@@ -255,7 +255,7 @@ func FreeSegment(addr uintptr) error {
 	return b.Free()
 }
 
-// Segments is how many segments are live (stats).
+// Segments is how many segments are live (tests).
 func Segments() int {
 	segments.Lock()
 	defer segments.Unlock()

@@ -42,11 +42,13 @@ class HierAlgorithms(HierBase):
         compared across ranks (DETAIL debug), host ops still pending (they go first), or the
         choice is hierarchical. Flat is then what NCCL's own group costs: no gosym Work,
         copies or byte views over it (session 26: 12-37 µs an op)."""
-        ts = keep if isinstance(keep, tuple) else (keep,)
-        if not ts[-1].numel() or not all(t.is_contiguous() for t in ts):
+        if self._check_args:
             return None
-        dev = _op_device(keep)
-        if dev < 0 or self._check_args or not self._runner.idle():
+        dev = _op_device(keep)  # host ops, every op across hosts on a CPU, leave here
+        if dev < 0:
+            return None
+        ts = keep if isinstance(keep, tuple) else (keep,)
+        if not ts[-1].numel() or not all(t.is_contiguous() for t in ts) or not self._runner.idle():
             return None
         if schedule.choose("cuda", what, nbytes, self._shape, self._choice) != schedule.FLAT:
             return None
