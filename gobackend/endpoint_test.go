@@ -39,11 +39,7 @@ func connect(t testing.TB, world int, timeout time.Duration, adjust func(r int, 
 			adjust(r, &ep.cfg)
 		}
 	}
-	t.Cleanup(func() {
-		for _, ep := range eps {
-			ep.Destroy()
-		}
-	})
+	t.Cleanup(func() { destroyAll(t, eps) })
 	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r, ep := range eps {
@@ -52,6 +48,37 @@ func connect(t testing.TB, world int, timeout time.Duration, adjust func(r int, 
 	}
 	wg.Wait()
 	return eps, errs
+}
+
+// failedTeardown bounds a group's teardown after a failed test: a rank's
+// kernels may still wait there for a peer the failure stopped (on the fake
+// driver, until the group's deadline), and a teardown that waits for them
+// would hold the whole package until the test binary's timeout.
+const failedTeardown = 2 * time.Minute
+
+// destroyAll destroys the group's endpoints; after a failure it panics
+// past failedTeardown, which ends the test binary with the failing test's
+// output instead of hanging.
+func destroyAll(t testing.TB, eps []*Endpoint) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, ep := range eps {
+			if ep != nil {
+				ep.Destroy()
+			}
+		}
+	}()
+	if !t.Failed() {
+		<-done
+		return
+	}
+	select {
+	case <-done:
+	case <-time.After(failedTeardown):
+		panic(fmt.Sprintf("%s failed, and its group's teardown did not finish within %v "+
+			"(kernels of a rank still waiting for a peer?)", t.Name(), failedTeardown))
+	}
 }
 
 // pinned keeps every buffer handed to the engine reachable. Storing it here

@@ -1,23 +1,29 @@
-"""A CUDA op that a group across hosts runs flat is the flat NCCL group's own op, issued at the
+"""An op that a group across hosts runs flat is the flat inner group's own op, issued at the
 call with the caller's tensors and options (gosym.hier.algorithms._flat_now): what a plain
-NCCL group would do, with nothing of gosym's in between. Where the choice is hierarchical,
-host ops are pending, or arguments are compared across ranks, it takes the general path. The
-inner NCCL group here is a stand-in that records what it was given (this machine has no GPU);
-the tensors count as CUDA ones through the device lookup."""
+NCCL (CUDA) or Gloo (host) group would do, with nothing of gosym's in between but, on the
+host, the wait and the naming of a failure. Where the choice is hierarchical, host ops are
+pending, arguments are compared across ranks, or Gloo would not take the op as it is, it takes
+the general path. The inner groups here are stand-ins that record what they were given (this
+machine has no GPU; the real Gloo runs in tests/jobs/hier); the tensors count as CUDA ones
+through the device lookup where the test says so."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
+import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from gosym.hier import algorithms
+from gosym.hier import algorithms, schedule
 from gosym.hier.group import HierGroup
 from gosym.hier.runner import Runner
 
 
 class _Inner:
-    """The flat group's stand-in: each op returns a token naming it and keeps its arguments."""
+    """The flat NCCL group's stand-in: each op returns a token naming it and keeps its
+    arguments."""
 
     def __init__(self, fail=None):
         self.calls, self._fail = [], fail
@@ -27,6 +33,9 @@ class _Inner:
             raise self._fail
         self.calls.append((name, args))
         return ("work", name)
+
+    def alltoall_base(self, out, inp, out_splits, in_splits, opts):
+        return self._op("alltoall_base", out, inp, out_splits, in_splits, opts)
 
     def allreduce(self, ts, opts):
         return self._op("allreduce", ts, opts)
@@ -47,19 +56,63 @@ def _group(choice="flat", check_args=False, inner=None):
     g._rank, g._size, g._name = 0, 4, "t"
     g._hosts, g._where = [[0, 1], [2, 3]], {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1)}
     g._shape, g._choice, g._check_args = "2x2", choice, check_args
-    g._paths, g._seq, g._broken, g._cuda = {}, 0, None, None
+    g._paths, g._seq, g._broken, g._cuda, g._flat_host = {}, 0, None, None, set()
     g._runner = Runner("t")
     g._inner = {("flat", "cuda"): inner if inner is not None else _Inner()}
     return g
 
 
-@pytest.fixture(autouse=True)
+class _GlooWork:
+    """Gloo's Work, as the stand-in hands it out: done at once, or when finish() is called
+    (then with an error if given one)."""
+
+    def __init__(self, name, later=False, error=None):
+        self.name, self.waited, self._error = name, 0, error
+        self._fut = torch.futures.Future()
+        if not later:
+            self.finish()
+
+    def finish(self):
+        if self._error is not None:
+            self._fut.set_exception(self._error)
+        else:
+            self._fut.set_result([])
+
+    def wait(self):
+        self.waited += 1
+        self._fut.wait()
+        return True
+
+    def get_future(self):
+        return self._fut
+
+
+class _Gloo(_Inner):
+    """The flat Gloo group's stand-in: each op returns a _GlooWork."""
+
+    def __init__(self, later=False, error=None):
+        super().__init__()
+        self.works, self._later, self._error = [], later, error
+
+    def _op(self, name, *args):
+        super()._op(name, *args)
+        self.works.append(_GlooWork(name, self._later, self._error))
+        return self.works[-1]
+
+
+def _host_group(inner, choice="flat"):
+    g = _group(choice)
+    g._inner = {("flat", "cpu"): inner}
+    return g
+
+
+@pytest.fixture
 def _on_cuda(monkeypatch):
     """The tensors below live on the CPU; the lookup says cuda:0, as for GPU tensors."""
     monkeypatch.setattr(algorithms, "_op_device", lambda keep: 0)
 
 
-def _ops(g):
+def _ops(g, async_op=True):
     w, x = g._size, torch.randn(8)
     out = torch.full((8 * w,), float("nan"))
     rs_in, rs_out = torch.randn(8 * w), torch.full((8,), float("nan"))
@@ -67,6 +120,10 @@ def _ops(g):
     bc = _c10d.BroadcastOptions()
     bc.rootRank = 3
     ag, rs = _c10d.AllgatherOptions(), _c10d.ReduceScatterOptions()
+    a2a_in, a2a_out = torch.randn(2 * w, 3), torch.full((2 * w, 3), float("nan"))
+    aa = _c10d.AllToAllOptions()
+    for o in (ar, bc, ag, rs, aa):
+        o.asyncOp = async_op
     return [
         ("all_reduce", lambda: g.allreduce([x], ar), ("allreduce", ([x], ar))),
         ("broadcast", lambda: g.broadcast([x], bc), ("broadcast", ([x], bc))),
@@ -74,6 +131,8 @@ def _ops(g):
          ("_allgather_base", (out, x, ag))),
         ("reduce_scatter_tensor", lambda: g._reduce_scatter_base(rs_out, rs_in, rs),
          ("_reduce_scatter_base", (rs_out, rs_in, rs))),
+        ("all_to_all_single", lambda: g.alltoall_base(a2a_out, a2a_in, [], [], aa),
+         ("alltoall_base", (a2a_out, a2a_in, [], [], aa))),
     ]
 
 
@@ -84,6 +143,7 @@ def _same(a, b):
     return a is b
 
 
+@pytest.mark.usefixtures("_on_cuda")
 def test_flat_cuda_ops_are_the_inner_groups_own():
     g = _group()
     inner = g._inner[("flat", "cuda")]
@@ -93,30 +153,34 @@ def test_flat_cuda_ops_are_the_inner_groups_own():
         got_name, got = inner.calls[-1]
         assert got_name == name
         assert len(got) == len(args) and all(_same(a, b) for a, b in zip(got, args)), op
-        assert g._paths[f"{op}/flat"] == 1
+        assert g._paths.get(f"{op}/flat", 0) == (op in schedule.OPS)  # a2a has no choice
         assert g._seq == i + 1  # every op takes its sequence number, as on the general path
         assert g._cuda == 0
 
 
+@pytest.mark.usefixtures("_on_cuda")
 def test_hierarchical_choice_takes_the_general_path():
     g = _group(choice="hier")
     assert g._flat_now("all_reduce", 32, torch.zeros(8),
-                       lambda pg: pytest.fail("issued flat")) is None
+                       lambda pg, v: pytest.fail("issued flat")) is algorithms.GENERAL
     assert g._seq == 0 and not g._paths
 
 
+@pytest.mark.usefixtures("_on_cuda")
 def test_odd_tensors_pending_host_ops_or_checked_arguments_take_the_general_path():
     g = _group()
     for odd in (torch.zeros(4, 2).t(), torch.zeros(0)):  # not contiguous; empty
-        assert g._flat_now("all_reduce", 32, odd, lambda pg: pytest.fail("issued flat")) is None
+        assert g._flat_now("all_reduce", 32, odd,
+                           lambda pg, v: pytest.fail("issued flat")) is algorithms.GENERAL
     g._runner._pending = 1  # a host op posted earlier and not yet run goes first
     assert g._flat_now("all_reduce", 32, torch.zeros(8),
-                       lambda pg: pytest.fail("issued flat")) is None
+                       lambda pg, v: pytest.fail("issued flat")) is algorithms.GENERAL
     g = _group(check_args=True)
     assert g._flat_now("all_reduce", 32, torch.zeros(8),
-                       lambda pg: pytest.fail("issued flat")) is None
+                       lambda pg, v: pytest.fail("issued flat")) is algorithms.GENERAL
 
 
+@pytest.mark.usefixtures("_on_cuda")
 def test_a_failing_flat_op_is_the_groups_failure(monkeypatch):
     boom = RuntimeError("NCCL error: unhandled system error")
     g = _group(inner=_Inner(fail=boom))
@@ -130,3 +194,91 @@ def test_a_failing_flat_op_is_the_groups_failure(monkeypatch):
     with pytest.raises(RuntimeError, match=r"all_reduce \(seq 1\) failed: NCCL error"):
         g.allreduce([torch.randn(8)], _c10d.AllreduceOptions())
     assert seen == [("all_reduce", 1, boom)]
+
+
+# ---- host tensors: Gloo's own op -------------------------------------------------------
+
+
+def _as_given(got, want):
+    """What the Gloo stand-in got against what the op was given: the very objects, or the
+    1-D view over the very memory where the op flattens a two-buffer op's tensor."""
+    if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got is not want:
+        return got.dim() == 1 and got.data_ptr() == want.data_ptr() and \
+            got.numel() == want.numel()
+    return _same(got, want)
+
+
+def test_flat_host_ops_synchronous_are_glooes_own_waited_at_the_call():
+    gloo = _Gloo()
+    g = _host_group(gloo)
+    for i, (op, call, (name, args)) in enumerate(_ops(g, async_op=False)):
+        assert call() is None, op  # waited here: torch's wrapper has nothing to wait for
+        got_name, got = gloo.calls[-1]
+        assert got_name == name and len(got) == len(args), op
+        assert all(_as_given(a, b) for a, b in zip(got, args)), op
+        assert gloo.works[-1].waited == 1, op
+        assert g._paths.get(f"{op}/flat", 0) == (op in schedule.OPS) and g._seq == i + 1
+
+
+def test_flat_host_ops_asynchronous_finish_when_gloos_future_does():
+    gloo = _Gloo(later=True)
+    g = _host_group(gloo)
+    for op, call, _ in _ops(g):
+        w = call()
+        assert not w.is_completed(), op
+        gloo.works[-1].finish()
+        assert w.is_completed() and w.wait(), op
+        assert w.get_future().wait() is not None, op
+
+
+def test_barrier_waits_for_flat_host_ops_still_running():
+    """As Gloo's barrier waits for the work posted before it."""
+    gloo = _Gloo(later=True)
+    g = _host_group(gloo)
+    x = torch.randn(8)
+    w = g.allreduce([x], _c10d.AllreduceOptions())
+    assert g._flat_host == {w}
+    waiter = threading.Thread(target=g._wait_flat_host)
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # the barrier's first step waits for the op
+    gloo.works[-1].finish()
+    waiter.join(10)
+    assert not waiter.is_alive() and w.is_completed() and not g._flat_host
+
+
+def test_flat_host_op_failure_names_the_op_sync_and_async(monkeypatch):
+    boom = RuntimeError("Connection closed by peer [10.0.0.2]:1234")
+    seen = []
+
+    def failed(what, seq, e, keep=None):
+        seen.append((what, seq, e))
+        return RuntimeError(f"gosym: {what} (seq {seq}) failed: ranks [3] were lost; {e}")
+
+    g = _host_group(_Gloo(error=boom))
+    monkeypatch.setattr(g, "_failed", failed)
+    x = torch.randn(8)
+    sync = _c10d.AllreduceOptions()
+    sync.asyncOp = False
+    with pytest.raises(RuntimeError, match=r"all_reduce \(seq 1\) failed: ranks \[3\] were lost"):
+        g.allreduce([x], sync)
+    w = g.allreduce([x], _c10d.AllreduceOptions())  # fails later, on the worker
+    with pytest.raises(RuntimeError, match=r"all_reduce \(seq 2\) failed: ranks \[3\]"):
+        w.wait(timeout=30)
+    assert seen == [("all_reduce", 1, boom), ("all_reduce", 2, boom)]
+    g._runner.close()
+
+
+def test_what_gloo_does_not_take_as_it_is_takes_the_general_path():
+    gloo = _Gloo()
+    g = _host_group(gloo)
+    for t, red in ((torch.randn(8), dist.ReduceOp.AVG),
+                   (torch.randn(8), dist._make_nccl_premul_sum(2.0)),
+                   (torch.zeros(8, dtype=torch.complex64), None),
+                   (torch.zeros(8, dtype=torch.int16), dist.ReduceOp.SUM)):
+        assert g._flat_now("all_reduce", 32, t, lambda pg, v: pytest.fail("issued flat"),
+                           [t], True, red) is algorithms.GENERAL, (t.dtype, red)
+    assert g._seq == 0 and not gloo.calls
+    t = torch.randn(8)
+    assert g._flat_now("all_reduce", 32, t, lambda pg, v: pg.allreduce([t], None), [t], True,
+                       dist.ReduceOp.MAX) is not algorithms.GENERAL

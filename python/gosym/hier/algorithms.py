@@ -17,7 +17,31 @@ from torch._C import _distributed_c10d as _c10d
 from . import schedule
 from .lifetime import HierBase
 from .._tensors import _op_device
-from .tensors import _bytes, _divide, _opts, _red_wire, _split_op, _wait
+from ..work import EventWork
+from .tensors import _WIRE, _bytes, _divide, _opts, _red_wire, _split_op, _wait
+
+
+GENERAL = object()  # _flat_now's answer where the op takes the general path
+
+
+def _same(t):
+    return t
+
+
+def _flat(t):
+    return t.view(-1)
+
+
+def _raise(e):
+    raise e
+
+
+def _gloo_takes(t, red):
+    """Whether Gloo runs an op on t (and reduces with red, None for no reduction) as it is:
+    a dtype it moves, a reduction of its own (AVG and PREMUL_SUM are gosym's steps)."""
+    if t.dtype not in _WIRE:
+        return False
+    return red is None or _split_op(red, t)[1] is red
 
 
 class HierAlgorithms(HierBase):
@@ -34,33 +58,75 @@ class HierAlgorithms(HierBase):
         self._paths[key] = self._paths.get(key, 0) + 1
         return path == schedule.HIER
 
-    def _flat_now(self, what, nbytes, keep, issue):
-        """The flat group's own Work for CUDA op `what` (its schedule name; nbytes of one
-        rank's input; keep its tensor, or its (output, input)), issued at once by issue(pg)
-        with the caller's tensors and options, as a plain NCCL group would run it; None where
-        the op must take _post instead: host or non-contiguous or empty tensors, arguments
-        compared across ranks (DETAIL debug), host ops still pending (they go first), or the
-        choice is hierarchical. Flat is then what NCCL's own group costs: no gosym Work,
-        copies or byte views over it (session 26: 12-37 µs an op)."""
+    def _flat_now(self, what, nbytes, keep, issue, out=None, async_op=True, red=None):
+        """The flat group's own op `what` (its schedule name, or all_to_all_single, which is
+        always flat; nbytes of one rank's input; keep its tensor, or its (output, input)),
+        issued at once by issue(pg, flat) with the caller's tensors and options, as a plain
+        NCCL or Gloo group would run it; GENERAL where the op must take _post instead:
+        non-contiguous or empty tensors, arguments compared across ranks (DETAIL debug),
+        host ops still pending (they go first), the choice is hierarchical, or (host
+        tensors) what Gloo does not take as it is: a dtype it does not move (red: the op's
+        reduction, which must be Gloo's own, not AVG or PREMUL_SUM). Flat then costs what
+        the inner engine's own op does: no byte views, copies or hand-off to the worker
+        over it (session 26: 12-37 µs an op on CUDA; an asynchronous host op's two
+        hand-offs, session 27).
+
+        CUDA: NCCL's Work. Host: Gloo's op, waited for here when synchronous, else an
+        EventWork its future finishes (out: the Work's result); a failure either way is the
+        group's (_failed), so a lost rank is named as on the general path. issue's flat
+        turns a two-buffer op's tensor into the 1-D view Gloo's tensor ops take (NCCL: the
+        tensor itself)."""
         if self._check_args:
-            return None
-        dev = _op_device(keep)  # host ops, every op across hosts on a CPU, leave here
-        if dev < 0:
-            return None
+            return GENERAL
+        dev = _op_device(keep)
         ts = keep if isinstance(keep, tuple) else (keep,)
         if not ts[-1].numel() or not all(t.is_contiguous() for t in ts) or not self._runner.idle():
-            return None
-        if schedule.choose("cuda", what, nbytes, self._shape, self._choice) != schedule.FLAT:
-            return None
+            return GENERAL
+        where = "cpu" if dev < 0 else "cuda"
+        if where == "cpu" and not _gloo_takes(ts[-1], red):
+            return GENERAL
+        chosen = what in schedule.OPS  # all_to_all has no choice (nor a count in the stats)
+        if chosen and schedule.choose(where, what, nbytes, self._shape,
+                                      self._choice) != schedule.FLAT:
+            return GENERAL
         self._usable(what)
         self._seq += 1
-        self._cuda = dev
-        key = f"{what}/flat"
-        self._paths[key] = self._paths.get(key, 0) + 1
+        seq = self._seq
+        if chosen:
+            key = f"{what}/flat"
+            self._paths[key] = self._paths.get(key, 0) + 1
+        if dev >= 0:
+            self._cuda = dev
+            try:
+                return issue(self._group("flat", "cuda"), _same)
+            except Exception as e:
+                raise self._failed(what, seq, e, keep) from e
         try:
-            return issue(self._group("flat", "cuda"))
+            w = issue(self._group("flat", "cpu"), _flat)
+            if not async_op:
+                w.wait()
+                return None  # torch's wrapper has nothing left to wait for
         except Exception as e:
-            raise self._failed(what, self._seq, e, keep) from e
+            raise self._failed(what, seq, e, keep) from e
+        done = EventWork(out)
+        self._flat_host.add(done)
+
+        def settle(fut):
+            self._flat_host.discard(done)
+            try:
+                fut.value()
+            except Exception as e:  # noqa: BLE001 - named on the worker, which may wait
+                self._runner.submit(lambda e=e: _raise(self._failed(what, seq, e, keep)), done)
+                return
+            done._finish(None)
+
+        w.get_future().add_done_callback(settle)
+        return done
+
+    def _wait_flat_host(self):
+        """Waits for the asynchronous host ops issued flat so far (a barrier's first step)."""
+        for w in list(self._flat_host):
+            w.wait()
 
     # ---- reductions -------------------------------------------------------------
 

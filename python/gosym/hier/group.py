@@ -18,7 +18,7 @@ from .. import monitored as _monitored
 from .. import profiling as _profiling
 from .._tensors import _one, _op_device, _same_dtype
 from ..work import EventWork
-from .algorithms import HierAlgorithms
+from .algorithms import GENERAL, HierAlgorithms
 from .tensors import _bytes, _contig, _copy_back, _opts, _split_op, _wait
 
 
@@ -84,8 +84,9 @@ class HierGroup(HierAlgorithms):
             raise ValueError("gosym: all_reduce of sparse tensors across hosts is not supported")
         _split_op(opts.reduceOp, t)  # bad input raises here, not on the worker
         w = self._flat_now("all_reduce", t.numel() * t.element_size(), t,
-                           lambda pg: pg.allreduce([t], opts))
-        if w is not None:
+                           lambda pg, v: pg.allreduce([t], opts), tensors, opts.asyncOp,
+                           opts.reduceOp)
+        if w is not GENERAL:
             return w
         op = opts.reduceOp
         return self._in_place("all_reduce", tensors,
@@ -126,8 +127,8 @@ class HierGroup(HierAlgorithms):
         root = self._root(opts.rootRank, "broadcast")
         t = _one(tensors, "broadcast")
         w = self._flat_now("broadcast", t.numel() * t.element_size(), t,
-                           lambda pg: pg.broadcast([t], opts))
-        if w is not None:
+                           lambda pg, v: pg.broadcast([t], opts), tensors, opts.asyncOp)
+        if w is not GENERAL:
             return w
         return self._in_place("broadcast", tensors,
                               lambda buf, dev: self._broadcast(buf, root, dev),
@@ -143,8 +144,10 @@ class HierGroup(HierAlgorithms):
                              f"elements, expected world size {self._size} x input "
                              f"{input.numel()}")
         w = self._flat_now("all_gather_into_tensor", input.numel() * input.element_size(),
-                           (output, input), lambda pg: pg._allgather_base(output, input, opts))
-        if w is not None:
+                           (output, input),
+                           lambda pg, v: pg._allgather_base(v(output), v(input), opts), [output],
+                           opts.asyncOp)
+        if w is not GENERAL:
             return w
 
         def run(dev):
@@ -198,8 +201,10 @@ class HierGroup(HierAlgorithms):
                              f"{output.numel()}")
         _split_op(opts.reduceOp, output)
         w = self._flat_now("reduce_scatter_tensor", input.numel() * input.element_size(),
-                           (output, input), lambda pg: pg._reduce_scatter_base(output, input, opts))
-        if w is not None:
+                           (output, input),
+                           lambda pg, v: pg._reduce_scatter_base(v(output), v(input), opts),
+                           [output], opts.asyncOp, opts.reduceOp)
+        if w is not GENERAL:
             return w
         op = opts.reduceOp
 
@@ -250,6 +255,14 @@ class HierGroup(HierAlgorithms):
             elif len(splits) != self._size or min(splits) < 0 or sum(splits) != rows:
                 raise ValueError(f"gosym: all_to_all_single: {what} splits {list(splits)} do "
                                  f"not split dim 0 ({rows}) among {self._size} ranks")
+
+        w = self._flat_now("all_to_all_single", input.numel() * input.element_size(),
+                           (output, input),
+                           lambda pg, v: pg.alltoall_base(output, input, output_split_sizes,
+                                                          input_split_sizes, opts),
+                           [output], opts.asyncOp)
+        if w is not GENERAL:
+            return w
 
         def run(dev):
             cb = []
@@ -388,10 +401,13 @@ class HierGroup(HierAlgorithms):
 
     def barrier(self, opts=None):
         """Every host's ranks meet, then the leaders, then every host's again; a group that
-        ran CUDA ops first waits for its device, as NCCL's barrier does."""
+        ran CUDA ops first waits for its device, as NCCL's barrier does, and host ops issued
+        flat and still running finish first, as Gloo's barrier waits for the work before it
+        (the ops posted to the worker run before the barrier in any case)."""
         opts = opts or _c10d.BarrierOptions()
         if self._cuda is not None:
             torch.cuda.synchronize(self._cuda)
+        self._wait_flat_host()
 
         def run(dev):
             if self._n > 1:

@@ -73,6 +73,9 @@ class HierBase(ProcessGroupGosym):
         self._split_count = 0
         self._broken = None
         self._inner = {}
+        # asynchronous host ops issued flat at the call (_flat_now) and not yet finished: a
+        # barrier waits for them first, as Gloo's barrier waits for the work before it
+        self._flat_host = set()
         gen = store.add(f"gosym/hiergen/{rank}", 1)
         self._store = dist.PrefixStore(f"gosym/hier/{gen}/", store)
         mine = hosts[self._host]
