@@ -121,12 +121,13 @@ def gpu_world() -> int:
 
 
 def gpu_worlds_for(n: int) -> list[int]:
-    """The worlds the main GPU jobs run at on n GPUs: 2, 3 and n, those that fit."""
-    return sorted(w for w in {2, 3, n} if 2 <= w <= n)
+    """The worlds the main GPU jobs run at on n GPUs: 2, 3 and n, those that fit (one GPU:
+    world 1)."""
+    return sorted(w for w in {2, 3, n} if 1 <= w <= n)
 
 
 def gpu_worlds() -> list[int]:
-    """gpu_worlds_for this machine; [2] below 2 GPUs (need_gpus then skips the job)."""
+    """gpu_worlds_for this machine; [2] without GPUs (need_gpus then skips the job)."""
     return gpu_worlds_for(gpu_world()) or [2]
 
 

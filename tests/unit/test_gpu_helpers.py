@@ -163,7 +163,7 @@ def test_ulp():
 
 
 def test_gpu_worlds():
-    assert [gpu_worlds_for(n) for n in range(6)] == [[], [], [2], [2, 3], [2, 3, 4], [2, 3, 5]]
+    assert [gpu_worlds_for(n) for n in range(6)] == [[], [1], [2], [2, 3], [2, 3, 4], [2, 3, 5]]
     assert gpu_worlds_for(8) == [2, 3, 8]
 
 

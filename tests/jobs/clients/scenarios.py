@@ -324,8 +324,9 @@ def _split_values(ctx) -> list[float]:
     world, a 2-D DeviceMesh's groups."""
     w = ctx.world
     out = []
-    layouts = [[list(range(0, w // 2)), list(range(w // 2, w))], [list(range(w))], [[0, 1]],
-               [list(range(j, w, 2)) for j in range(2)]]
+    layouts = [[list(range(0, w // 2)), list(range(w // 2, w))], [list(range(w))],
+               [list(range(min(w, 2)))], [list(range(j, w, 2)) for j in range(2)]]
+    layouts = [[r for r in splits if r] for splits in layouts]  # world 1: no empty half
     for i, splits in enumerate(layouts):
         mine = next((r for r in splits if ctx.rank in r), None)
         if ctx.backend == "gloo":

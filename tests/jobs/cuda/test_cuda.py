@@ -26,7 +26,10 @@ pytestmark = pytest.mark.gpu
 
 
 def _world() -> int:
-    """The world of the jobs that run once: every GPU (2 where there are fewer: skipped)."""
+    """The world of the jobs that run once: every GPU (2 where there are fewer: skipped;
+    what they check needs peers: paths, bindings, a killed or late peer, pairs of p2p).
+    On one GPU the collectives against NCCL (cuda_job), the clients and the fuzzer run at
+    world 1."""
     return max(gpu_world(), 2)
 
 
@@ -147,8 +150,10 @@ def test_all_reduce_and_barrier(cuda_job):
     r0 = _checked(cuda_job, 400)
     assert len(r0["digests"]) >= 80
     # the LL kernel by default: back_to_back's 10k all_reduce (1, 3 and 8 blocks), the
-    # captured ones and every small case of the sweep
-    assert r0["stats"]["gpu_algo_ll"] > 10_000, r0["stats"]
+    # captured ones and every small case of the sweep; one rank has no peer to exchange
+    # lines with and takes the one-shot kernel (a copy of its own buffer)
+    algo = "gpu_algo_ll" if len(cuda_job.results) > 1 else "gpu_algo_oneshot"
+    assert r0["stats"][algo] > 10_000, r0["stats"]
 
 
 def test_cuda_graph(cuda_job):
@@ -166,8 +171,10 @@ def test_other_collectives(cuda_job):
     for kind in ("broadcast/", "all_gather/"):
         assert sum(k.startswith(kind) for k in r0["digests"]) >= 8, f"too few {kind} cases ran"
     # the small ones on the LL move kernel by default: back_to_back_moves' 1800 moves
-    # (its all_reduce and reduce_scatter count as gpu_algo_ll) and the sweep's 64
-    assert r0["stats"]["gpu_ll_moves"] > 1800, r0["stats"]
+    # (its all_reduce and reduce_scatter count as gpu_algo_ll) and the sweep's 64 (one
+    # rank: none, its moves are copies of its own buffers)
+    moves = r0["stats"]["gpu_ll_moves"]
+    assert moves > 1800 if len(cuda_job.results) > 1 else moves == 0, r0["stats"]
     assert r0["stats"]["gpu_paced_all_to_all"] == 0, r0["stats"]  # off by default
 
 
@@ -194,13 +201,14 @@ P2P_PATTERNS = ["rings", "all_pairs", "pipeline_1f1b", "pipeline_interleaved", "
                 "with_collectives"]
 
 
-@pytest.mark.parametrize("world", gpu_worlds())
+@pytest.mark.parametrize("world", [w for w in gpu_worlds() if w > 1] or [2])
 def test_cuda_p2p_patterns(tmp_path, world):
     """The p2p patterns NCCL completes, each as the first p2p of a fresh group: rings both
     ways, all-pairs exchanges (coalesced and separate, cyclic first contacts), 1F1B and
     interleaved pipeline schedules, a subgroup, a ring in flight with all_reduce on side
     streams; bit for bit into poisoned destinations (cuda_p2p_patterns_worker.py).
-    At 2, 3 and every GPU of the machine, those that fit."""
+    At 2, 3 and every GPU of the machine, those that fit (patterns between ranks: not at
+    world 1, where sends to the rank itself are tests/jobs/p2p's)."""
     need_gpus(world)
     res = run_torchrun("cuda_p2p_patterns_worker", world, ["--timeout", 60], timeout=600,
                        outdir=tmp_path / "p2p_patterns")

@@ -54,10 +54,10 @@ def test_fuzz_turns(outdir):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_fuzz_cuda(seed, threads, outdir):
-    """One rank per GPU, ops on the current and on side streams, some on the CPU; two
-    threads post by turns (as NCCL requires)."""
+    """One rank per GPU (one GPU: world 1), ops on the current and on side streams, some on
+    the CPU; two threads post by turns (as NCCL requires)."""
     world = cuda_device_count()
-    if world < 2:
-        pytest.skip(f"needs 2 GPUs, found {world}")
+    if world < 1:
+        pytest.skip("needs a GPU")
     check(run_torchrun("fuzz_worker", world, fuzz_args(seed, "--cuda", "--threads", threads, "--timeout", 180),
                        timeout=900, outdir=outdir))
