@@ -39,6 +39,7 @@ from . import profiling as _profiling
 from . import selfp2p as _selfp2p
 from . import sparse as _sparse
 from . import split as _split
+from ._dtypes import DTYPES as _DTYPES
 from ._dtypes import move_dtype, reduce_op, reduce_types
 from ._streams import CudaStreams, _raw_stream
 from ._streams import stream_of as _stream_of
@@ -290,6 +291,32 @@ class ProcessGroupGosym(dist.ProcessGroup):
             return self._work(desc, tensors, buf, cb, opts.asyncOp)
         return streams.op(desc, tensors, t.get_device(), None, opts.asyncOp, t)
 
+    def _short_pair(self, output, input):  # noqa: A002 - torch's names
+        """The CUDA device of a two-buffer op (all_gather_into_tensor, reduce_scatter_tensor)
+        whose tensors take the short path: dense, contiguous, of one dtype the engine
+        knows, on the group's device with no CUDA send or receive pending; else -1. Its
+        desc is then packed with the stream at once and posted by one native call, with no
+        frame of the general path (_pair_op, CudaStreams.op, record's walk), as
+        all_reduce's (_buffer_op): FSDP2's all_gather and reduce_scatter are small eager
+        ops as often as not."""
+        if (output.__class__ is _Tensor and input.__class__ is _Tensor and input.is_cuda
+                and input.layout is _strided and output.layout is _strided
+                and input.dtype is output.dtype and input.is_contiguous()
+                and output.is_contiguous()):
+            streams = self._streams
+            idx = input.get_device()
+            if idx == streams.device and not streams.pending and output.get_device() == idx:
+                return idx
+        return -1
+
+    def _pair_posted(self, output, input, idx, raw, async_op):  # noqa: A002
+        """The short path's end: both tensors recorded on the caller's stream (as
+        _streams.record), the Work of an asynchronous caller."""
+        s = _stream_of(raw, idx)
+        input.record_stream(s)
+        output.record_stream(s)
+        return cuda_work([output], idx, raw, None, self._streams.device_error) if async_op else None
+
     def _pair_op(self, desc, src, dst, cb, out, async_op, pieces=()):
         """A two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
         all_to_all_single) given its host desc: src is read, dst written, cb dst's
@@ -408,6 +435,14 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return desc, src, dst, cb
 
     def _allgather_base(self, output, input, opts=_AG):  # noqa: A002 - torch's names
+        idx = self._short_pair(output, input)
+        if idx >= 0:
+            code, n = _DTYPES.get(input.dtype), input.numel()
+            if code is not None and output.numel() == n * self._size:
+                raw = _raw_stream(idx)
+                _run(self._h, descriptors.all_gather_on(code, n, input.data_ptr(),
+                                                        output.data_ptr(), raw, idx))
+                return self._pair_posted(output, input, idx, raw, opts.asyncOp)
         return self._pair_op(*self._allgather_base_desc(output, input), [output], opts.asyncOp)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=_AG):
@@ -485,6 +520,15 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return desc, src, dst, cb
 
     def _reduce_scatter_base(self, output, input, opts=_RS):  # noqa: A002
+        idx = self._short_pair(output, input)
+        if idx >= 0:
+            code, n = _DTYPES.get(output.dtype), output.numel()
+            if code is not None and input.numel() == n * self._size:
+                red, scale = reduce_op(opts.reduceOp)
+                raw = _raw_stream(idx)
+                _run(self._h, descriptors.reduce_scatter_on(code, red, scale, n, input.data_ptr(),
+                                                            output.data_ptr(), raw, idx))
+                return self._pair_posted(output, input, idx, raw, opts.asyncOp)
         built = self._reduce_scatter_base_desc(output, input, opts)
         return self._pair_op(*built, [output], opts.asyncOp)
 

@@ -51,6 +51,19 @@ def reduce_scatter(*, dtype, red_op, scale, count, dst, src=0, in_pieces=0, n_in
                  in_pieces, 0, n_in, 0, stream, device, 0)
 
 
+def all_gather_on(dtype, count, src, dst, stream, device):
+    """all_gather into dst as the CUDA short path calls it: in order, no keywords (on the
+    path of every small eager op, where keywords cost several times the struct call)."""
+    return _pack(DESC_SIZE, OP_ALLGATHER, dtype, 0, 1.0, 0, 0, 0, count, src, dst,
+                 0, 0, 0, 0, stream, device, 0)
+
+
+def reduce_scatter_on(dtype, red_op, scale, count, src, dst, stream, device):
+    """reduce_scatter from src as the CUDA short path calls it (see all_gather_on)."""
+    return _pack(DESC_SIZE, OP_REDUCE_SCATTER, dtype, red_op, scale, 0, 0, 0, count, src, dst,
+                 0, 0, 0, 0, stream, device, 0)
+
+
 def all_to_all(*, dtype, count, src, dst, stream=0, device=-1):
     """Equal splits: count elements at src + r * count go to rank r, count from rank r
     arrive at dst + r * count."""

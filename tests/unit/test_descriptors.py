@@ -77,6 +77,13 @@ def pairs(v, on=()):
          (OP_RECV, v.dtype, 0, 1.0, 0, v.peer, v.tag, v.count, 0, v.b, 0, 0, 0, 0)),
         ("barrier", D.barrier(**s), (OP_BARRIER, 0, 0, 1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)),
     ]
+    if on:  # the two-buffer CUDA short path's positional builders
+        out += [
+            ("all_gather_on", D.all_gather_on(v.dtype, v.count, v.a, v.b, *on),
+             (OP_ALLGATHER, v.dtype, 0, 1.0, 0, 0, 0, v.count, v.a, v.b, 0, 0, 0, 0)),
+            ("reduce_scatter_on", D.reduce_scatter_on(v.dtype, v.red, v.scale, v.count, v.a, v.b, *on),
+             (OP_REDUCE_SCATTER, v.dtype, v.red, v.scale, 0, 0, 0, v.count, v.a, v.b, 0, 0, 0, 0)),
+        ]
     if not on:  # host memory only
         out.append(("recv_anysource", D.recv_anysource(dtype=v.dtype, tag=v.tag, count=v.count,
                                                        dst=v.b, sender_at=v.p),
@@ -104,4 +111,4 @@ def test_host_desc_moved_onto_a_stream(v):
 def test_every_builder_is_checked():
     public = {n for n, f in vars(D).items() if callable(f) and not n.startswith("_")
               and getattr(f, "__module__", None) == D.__name__}
-    assert public == {name for name, _, _ in pairs(VALUES[0])}
+    assert public == {name for on in ((), STREAMS[0]) for name, _, _ in pairs(VALUES[0], on)}
