@@ -292,8 +292,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         return streams.op(desc, tensors, t.get_device(), None, opts.asyncOp, t)
 
     def _short_pair(self, output, input):  # noqa: A002 - torch's names
-        """The CUDA device of a two-buffer op (all_gather_into_tensor, reduce_scatter_tensor)
-        whose tensors take the short path: dense, contiguous, of one dtype the engine
+        """The CUDA device of a two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
+        all_to_all_single of equal splits) whose tensors take the short path: dense, contiguous, of one dtype the engine
         knows, on the group's device with no CUDA send or receive pending; else -1. Its
         desc is then packed with the stream at once and posted by one native call, with no
         frame of the general path (_pair_op, CudaStreams.op, record's walk), as
@@ -580,6 +580,17 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                       opts=_A2A):
+        if not input_split_sizes and not output_split_sizes:
+            idx = self._short_pair(output, input)
+            world, n = self._size, input.numel()
+            if (idx >= 0 and input.dim() and output.dim() and not input.size(0) % world
+                    and not output.size(0) % world and output.numel() == n):
+                code = _DTYPES.get(input.dtype)
+                if code is not None:
+                    raw = _raw_stream(idx)
+                    _run(self._h, descriptors.all_to_all_on(code, n // world, input.data_ptr(),
+                                                            output.data_ptr(), raw, idx))
+                    return self._pair_posted(output, input, idx, raw, opts.asyncOp)
         _same_dtype(input, output, "all_to_all_single")
         src = _src(input)
         cb = []

@@ -64,6 +64,12 @@ def reduce_scatter_on(dtype, red_op, scale, count, src, dst, stream, device):
                  0, 0, 0, 0, stream, device, 0)
 
 
+def all_to_all_on(dtype, count, src, dst, stream, device):
+    """all_to_all of equal splits as the CUDA short path calls it (see all_gather_on)."""
+    return _pack(DESC_SIZE, OP_ALLTOALL, dtype, 0, 1.0, 0, 0, 0, count, src, dst,
+                 0, 0, 0, 0, stream, device, 0)
+
+
 def all_to_all(*, dtype, count, src, dst, stream=0, device=-1):
     """Equal splits: count elements at src + r * count go to rank r, count from rank r
     arrive at dst + r * count."""
