@@ -26,7 +26,7 @@ def check(res):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_fuzz(world, seed, outdir):
     check(run_torchrun("fuzz_worker", world, fuzz_args(seed, "--timeout", 60), timeout=600, outdir=outdir))
 
