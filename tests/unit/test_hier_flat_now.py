@@ -269,6 +269,20 @@ def test_flat_host_op_failure_names_the_op_sync_and_async(monkeypatch):
     g._runner.close()
 
 
+def test_flat_host_op_failing_after_shutdown_starts_no_worker():
+    """An op still in flight when the group shuts down fails plainly: no worker thread is
+    started again to ask the other ranks for reports (torn down too)."""
+    gloo = _Gloo(later=True, error=RuntimeError("Connection closed by peer"))
+    g = _host_group(gloo)
+    w = g.allreduce([torch.randn(8)], _c10d.AllreduceOptions())
+    g._runner.close()
+    gloo.works[-1].finish()
+    with pytest.raises(RuntimeError, match=r"all_reduce \(seq 1\) across hosts failed as the "
+                       r"group was shut down: Connection closed"):
+        w.wait(timeout=10)
+    assert g._runner._thread is None
+
+
 def test_what_gloo_does_not_take_as_it_is_takes_the_general_path():
     gloo = _Gloo()
     g = _host_group(gloo)

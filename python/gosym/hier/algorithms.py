@@ -16,6 +16,7 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import schedule
 from .lifetime import HierBase
+from .._errors import DistBackendError
 from .._tensors import _op_device
 from ..work import EventWork
 from .tensors import _WIRE, _bytes, _divide, _opts, _red_wire, _split_op, _wait
@@ -116,7 +117,12 @@ class HierAlgorithms(HierBase):
             try:
                 fut.value()
             except Exception as e:  # noqa: BLE001 - named on the worker, which may wait
-                self._runner.submit(lambda e=e: _raise(self._failed(what, seq, e, keep)), done)
+                if self._runner.closed:  # torn down under it: no worker, no report to ask for
+                    done._finish(DistBackendError(f"gosym: {what} (seq {seq}) across hosts "
+                                                  f"failed as the group was shut down: {e}"))
+                else:
+                    self._runner.submit(lambda e=e: _raise(self._failed(what, seq, e, keep)),
+                                        done)
                 return
             done._finish(None)
 

@@ -22,6 +22,7 @@ class Runner:
         self._lock = threading.Lock()  # guards _pending
         self._pending = 0  # ops posted and not yet run (queued, running, or inline)
         self._slot = threading.Lock()  # held while an op runs: one at a time, in post order
+        self.closed = False  # close() was called: the group is going away
 
     def submit(self, fn, work):
         with self._lock:
@@ -68,6 +69,7 @@ class Runner:
             w.wait()
 
     def close(self):
+        self.closed = True
         t, self._thread = self._thread, None
         if t is not None:
             self._q.put(None)
