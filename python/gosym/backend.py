@@ -293,12 +293,13 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def _short_pair(self, output, input):  # noqa: A002 - torch's names
         """The CUDA device of a two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
-        all_to_all_single of equal splits) whose tensors take the short path: dense, contiguous, of one dtype the engine
-        knows, on the group's device with no CUDA send or receive pending; else -1. Its
-        desc is then packed with the stream at once and posted by one native call, with no
-        frame of the general path (_pair_op, CudaStreams.op, record's walk), as
-        all_reduce's (_buffer_op): FSDP2's all_gather and reduce_scatter are small eager
-        ops as often as not."""
+        all_to_all_single of equal splits) whose tensors take the short path: dense,
+        contiguous, of one dtype, on the group's device with no CUDA send or receive
+        pending; else -1. The caller then packs the desc with the stream at once (if the
+        engine knows the dtype) and posts it by one native call, with no frame of the
+        general path (_pair_op, CudaStreams.op, record's walk), as all_reduce's
+        (_buffer_op): FSDP2's all_gather and reduce_scatter are small eager ops as often
+        as not."""
         if (output.__class__ is _Tensor and input.__class__ is _Tensor and input.is_cuda
                 and input.layout is _strided and output.layout is _strided
                 and input.dtype is output.dtype and input.is_contiguous()

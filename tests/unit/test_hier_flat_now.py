@@ -181,6 +181,16 @@ def test_odd_tensors_pending_host_ops_or_checked_arguments_take_the_general_path
 
 
 @pytest.mark.usefixtures("_on_cuda")
+def test_dtypes_nccl_does_not_move_as_themselves_take_the_general_path():
+    g = _group()
+    for dt in (torch.uint16, torch.uint32, torch.complex64, torch.float8_e4m3fn):
+        t = torch.zeros(8, dtype=dt)
+        assert g._flat_now("all_gather_into_tensor", 8, t,
+                           lambda pg, v: pytest.fail("issued flat")) is algorithms.GENERAL, dt
+    assert g._seq == 0
+
+
+@pytest.mark.usefixtures("_on_cuda")
 def test_a_failing_flat_op_is_the_groups_failure(monkeypatch):
     boom = RuntimeError("NCCL error: unhandled system error")
     g = _group(inner=_Inner(fail=boom))

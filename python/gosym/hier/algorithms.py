@@ -38,10 +38,8 @@ def _raise(e):
 
 
 def _gloo_takes(t, red):
-    """Whether Gloo runs an op on t (and reduces with red, None for no reduction) as it is:
-    a dtype it moves, a reduction of its own (AVG and PREMUL_SUM are gosym's steps)."""
-    if t.dtype not in _WIRE:
-        return False
+    """Whether Gloo reduces t with red (None: no reduction) as it is: a reduction of its own
+    (AVG and PREMUL_SUM are gosym's steps around Gloo's SUM)."""
     return red is None or _split_op(red, t)[1] is red
 
 
@@ -64,12 +62,12 @@ class HierAlgorithms(HierBase):
         always flat; nbytes of one rank's input; keep its tensor, or its (output, input)),
         issued at once by issue(pg, flat) with the caller's tensors and options, as a plain
         NCCL or Gloo group would run it; GENERAL where the op must take _post instead:
-        non-contiguous or empty tensors, arguments compared across ranks (DETAIL debug),
-        host ops still pending (they go first), the choice is hierarchical, or (host
-        tensors) what Gloo does not take as it is: a dtype it does not move (red: the op's
-        reduction, which must be Gloo's own, not AVG or PREMUL_SUM). Flat then costs what
-        the inner engine's own op does: no byte views, copies or hand-off to the worker
-        over it (session 26: 12-37 µs an op on CUDA; an asynchronous host op's two
+        non-contiguous or empty tensors, a dtype the inner engines do not move as itself
+        (the general path moves it as bytes), arguments compared across ranks (DETAIL
+        debug), host ops still pending (they go first), the choice is hierarchical, or
+        (host tensors) a reduction red that is not Gloo's own (AVG, PREMUL_SUM). Flat then
+        costs what the inner engine's own op does: no byte views, copies or hand-off to the
+        worker over it (session 26: 12-37 µs an op on CUDA; an asynchronous host op's two
         hand-offs, session 27).
 
         CUDA: NCCL's Work. Host: Gloo's op, waited for here when synchronous, else an
@@ -81,11 +79,12 @@ class HierAlgorithms(HierBase):
             return GENERAL
         dev = _op_device(keep)
         ts = keep if isinstance(keep, tuple) else (keep,)
-        if not ts[-1].numel() or not all(t.is_contiguous() for t in ts) or not self._runner.idle():
+        if (not ts[-1].numel() or not all(t.is_contiguous() for t in ts)
+                or not self._runner.idle()):
             return GENERAL
         where = "cpu" if dev < 0 else "cuda"
-        if where == "cpu" and not _gloo_takes(ts[-1], red):
-            return GENERAL
+        if ts[-1].dtype not in _WIRE or where == "cpu" and not _gloo_takes(ts[-1], red):
+            return GENERAL  # the general path moves other dtypes as bytes
         chosen = what in schedule.OPS  # all_to_all has no choice (nor a count in the stats)
         if chosen and schedule.choose(where, what, nbytes, self._shape,
                                       self._choice) != schedule.FLAT:
