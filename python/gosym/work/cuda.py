@@ -69,9 +69,31 @@ class CudaWork(dist._Work):
 
     def __del__(self):
         _keep_unwaited(self)
+        end = getattr(self, "_end", None)
+        if end is not None and getattr(self, "_waited", False):
+            # not revived (waited): nothing reaches the event again; a later op records it
+            try:
+                pool = _EVENTS.setdefault(self._idx, [])
+                if len(pool) < _EVENTS_MAX:
+                    pool.append(end)
+            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to keep it for
+                pass
 
     def __repr__(self):
         return f"<gosym.CudaWork cuda:{self._idx}>"
+
+
+# Events of waited CudaWorks that are gone, per device, for the next ops' ends (as
+# ProcessGroupNCCL's event cache): no event created and destroyed per asynchronous op.
+_EVENTS: dict[int, list] = {}
+_EVENTS_MAX = 256
+
+
+def _event(idx):
+    pool = _EVENTS.get(idx)
+    if pool:
+        return pool.pop()
+    return torch.cuda.Event()
 
 
 def cuda_work(out, idx, raw, event=None, check=None) -> CudaWork:
@@ -83,7 +105,7 @@ def cuda_work(out, idx, raw, event=None, check=None) -> CudaWork:
     w = CudaWork()
     w._out, w._idx, w._raw, w._event, w._check, w._end = out, idx, raw, event, check, None
     if event is None and not torch._C._cuda_isCurrentStreamCapturing():
-        end = w._end = torch.cuda.Event()
+        end = w._end = _event(idx)
         end.record(torch.cuda.current_stream(idx))
     return w
 
