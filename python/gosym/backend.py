@@ -77,6 +77,10 @@ class ProcessGroupGosym(dist.ProcessGroup):
     Created by torch through the registered "gosym" backend; one endpoint per group.
     """
 
+    # gosym.memory tells a gosym group by this mark (it cannot import this module, which
+    # imports it)
+    _gosym_endpoint_group = True
+
     # torch's helpers ask a group for its per-device backend (_get_backend) and read
     # these flags; a Python group is its own backend and supports none of them.
     supports_splitting = True  # dist.split_group: gosym/split.py
