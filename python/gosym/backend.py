@@ -299,8 +299,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         """The CUDA device of a two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
         all_to_all_single of equal splits) whose tensors take the short path: dense,
         contiguous, of one dtype, on the group's device with no CUDA send or receive
-        pending; else -1. The caller then packs the desc with the stream at once (if the
-        engine knows the dtype) and posts it by one native call, with no frame of the
+        pending; else -1. The caller then posts the desc with the stream at once (_pair_now,
+        if the engine knows the dtype) by one native call, with no frame of the
         general path (_pair_op, CudaStreams.op, record's walk), as all_reduce's
         (_buffer_op): FSDP2's all_gather and reduce_scatter are small eager ops as often
         as not."""
@@ -314,9 +314,12 @@ class ProcessGroupGosym(dist.ProcessGroup):
                 return idx
         return -1
 
-    def _pair_posted(self, output, input, idx, raw, async_op):  # noqa: A002
-        """The short path's end: both tensors recorded on the caller's stream (as
+    def _pair_now(self, output, input, idx, async_op, build, *fields):  # noqa: A002
+        """The short path's post: build's desc (its fields, then the caller's stream and
+        device idx) in one native call, both tensors recorded on that stream (as
         _streams.record), the Work of an asynchronous caller."""
+        raw = _raw_stream(idx)
+        _run(self._h, build(*fields, raw, idx))
         s = _stream_of(raw, idx)
         input.record_stream(s)
         output.record_stream(s)
@@ -444,10 +447,8 @@ class ProcessGroupGosym(dist.ProcessGroup):
         if idx >= 0:
             code, n = _DTYPES.get(input.dtype), input.numel()
             if code is not None and output.numel() == n * self._size:
-                raw = _raw_stream(idx)
-                _run(self._h, descriptors.all_gather_on(code, n, input.data_ptr(),
-                                                        output.data_ptr(), raw, idx))
-                return self._pair_posted(output, input, idx, raw, opts.asyncOp)
+                return self._pair_now(output, input, idx, opts.asyncOp, descriptors.all_gather_on,
+                                      code, n, input.data_ptr(), output.data_ptr())
         return self._pair_op(*self._allgather_base_desc(output, input), [output], opts.asyncOp)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=_AG):
@@ -530,10 +531,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
             code, n = _DTYPES.get(output.dtype), output.numel()
             if code is not None and input.numel() == n * self._size:
                 red, scale = reduce_op(opts.reduceOp)
-                raw = _raw_stream(idx)
-                _run(self._h, descriptors.reduce_scatter_on(code, red, scale, n, input.data_ptr(),
-                                                            output.data_ptr(), raw, idx))
-                return self._pair_posted(output, input, idx, raw, opts.asyncOp)
+                return self._pair_now(output, input, idx, opts.asyncOp,
+                                      descriptors.reduce_scatter_on, code, red, scale, n,
+                                      input.data_ptr(), output.data_ptr())
         built = self._reduce_scatter_base_desc(output, input, opts)
         return self._pair_op(*built, [output], opts.asyncOp)
 
@@ -592,10 +592,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
                     and not output.size(0) % world and output.numel() == n):
                 code = _DTYPES.get(input.dtype)
                 if code is not None:
-                    raw = _raw_stream(idx)
-                    _run(self._h, descriptors.all_to_all_on(code, n // world, input.data_ptr(),
-                                                            output.data_ptr(), raw, idx))
-                    return self._pair_posted(output, input, idx, raw, opts.asyncOp)
+                    return self._pair_now(output, input, idx, opts.asyncOp,
+                                          descriptors.all_to_all_on, code, n // world,
+                                          input.data_ptr(), output.data_ptr())
         _same_dtype(input, output, "all_to_all_single")
         src = _src(input)
         cb = []
