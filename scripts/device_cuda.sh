@@ -6,7 +6,7 @@
 # (built here; the device has no Go) and, for the checker, build/cudacheck; for conform,
 # build/pydeps (make pydeps: expecttest, which torch's suite imports).
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -130,6 +130,23 @@ for s in "${steps[@]}"; do
 			timeout 180 python3 tests/jobs/hier/simhosts.py --hosts $per,$per --gpus -- python3 -m gosym.bench --device cuda \
 				--backends gosym,gosym-hier,gosym-flat,nccl --batch 10 --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
 				--sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M --target-time 0.05 --json "$out/bench-hier-cuda-${per}x2-run$i.json" 2>&1 | tail -50
+		done ;;
+	cpuhostbench)
+		# CPU tensors across two hosts told apart by id (IdHosts: this machine has no `ip`),
+		# on this quiet many-core host: gosym-hier (gosym inside a host, Gloo between),
+		# gosym-flat (Gloo over every rank through gosym) and a plain Gloo group, 2x2 ranks
+		# three times (GOSYM_HOSTBENCH_RUNS) and 2x4 once: the CPU entries of the choice's
+		# table (scripts/hier_table.py), where the 2-core VM's four ranks fight for two cores
+		echo "== what each step of an op across two hosts of 2 ranks costs (scripts/hier_steps.py)"
+		GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts 2,2 -- python3 scripts/hier_steps.py \
+			--sizes 64K,1M,4M,16M --json "$out/hier-steps-cpu-2x2-idhosts.json" 2>&1 | grep -v socket.cpp | tail -70
+		for shape in $(for i in $(seq 1 "${GOSYM_HOSTBENCH_RUNS:-3}"); do echo 2,2:$i; done) 4,4:1; do
+			h=${shape%%:*} i=${shape##*:} n=${h%%,*}
+			echo "== CPU bench across two hosts of $n ranks (told apart by id), run $i: gosym-hier, gosym-flat, gloo"
+			timeout 240 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 -m gosym.bench --device cpu \
+				--backends gosym-hier,gosym-flat,gloo --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
+				--sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M --target-time 0.3 --min-iters 5 \
+				--json "$out/bench-hier-cpu-2x$n-idhosts-run$i.json" 2>&1 | tail -48
 		done ;;
 	step)
 		# an FSDP2 step of a 1.07 B-parameter model (bf16), gosym against NCCL in one job

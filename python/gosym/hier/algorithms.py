@@ -19,7 +19,7 @@ from .lifetime import HierBase
 from .._errors import DistBackendError
 from .._tensors import _op_device
 from ..work import EventWork
-from .tensors import _WIRE, _bytes, _divide, _opts, _red_wire, _split_op, _wait
+from .tensors import _WIRE, _bytes, _divide, _fold, _opts, _red_wire, _split_op, _wait
 
 
 GENERAL = object()  # _flat_now's answer where the op takes the general path
@@ -281,6 +281,9 @@ class HierAlgorithms(HierBase):
             _wait(self._group("flat", dev)._allgather_base(out, inp, _opts(_c10d.AllgatherOptions)))
             return
         if self._use_rails(out.numel() * out.element_size(), out.numel()):
+            if self._blocks(dev):
+                self._gather_blocks(out, inp, dev)
+                return
             # the rail's pieces (one per host), then the host's rails: (local index, host)
             hosts = len(self._hosts)
             r1 = inp.new_empty(hosts * m)
@@ -307,6 +310,70 @@ class HierAlgorithms(HierBase):
         slots = lb.view(len(self._hosts) * most, m)
         rows.index_copy_(0, idx, slots[torch.tensor(pos, device=lb.device)])
 
+    def _blocks(self, dev):
+        """Whether the rails' all_gather and reduce_scatter take host blocks (_gather_blocks,
+        _scatter_blocks): host tensors (the p2p steps are Gloo's; NCCL's would need its
+        group calls, and CUDA keeps the paths measured for it), and hosts whose ranks are
+        consecutive in local-index order (torchrun's layout), so that a host's rows of a
+        gathered tensor are one contiguous block."""
+        return dev == "cpu" and all(rs == list(range(rs[0], rs[0] + len(rs)))
+                                    for rs in self._hosts)
+
+    def _rail_swap(self, dev, sends, recvs):
+        """Posts on this rank's rail a receive into recvs[h] from, and (sends not None) a send
+        of sends[h] to, the rank of every other host h (rail rank h): the Works. Sends and
+        receives of one pair keep their order (one tag; only the op's thread uses the rail)."""
+        rail = self._group("rail", dev)
+        works = []
+        for h in range(len(self._hosts)):
+            if h != self._host:
+                works.append(rail.recv([recvs[h]], h, 0))
+                if sends is not None:
+                    works.append(rail.send([sends[h]], h, 0))
+        return works
+
+    def _gather_blocks(self, out, inp, dev):
+        """all_gather along the rails into host blocks: each rank swaps its row with its
+        rail (point to point: Gloo's allgather moves bytes several times slower than its
+        sends), gathers its own host's rows into that host's block of out while the rows
+        travel, then each other host's rows into its block. No staging of the whole output,
+        no reordering copy: every byte of out is written once, by the local group."""
+        m, opts = inp.numel(), _opts(_c10d.AllgatherOptions)
+        blocks = out.view(len(self._hosts), self._n * m)
+        got = inp.new_empty(len(self._hosts), m)
+        works = self._rail_swap(dev, [inp] * len(self._hosts), got)
+        _wait(self._local._allgather_base(blocks[self._host], inp, opts))
+        for w in works:
+            w.wait()
+        for h in range(len(self._hosts)):
+            if h != self._host:
+                _wait(self._local._allgather_base(blocks[h], got[h], opts))
+
+    def _scatter_blocks(self, out, inp, lop, iop, dev):
+        """reduce_scatter along the rails from host blocks: the host's reduce_scatter of each
+        host's block of inp gives this rank its host's partial of its rail's row there; it
+        sends that to the host's rail rank (the other hosts' blocks first, so they travel
+        while the own block is reduced), receives the other hosts' partials of its own row,
+        and folds them in with iop."""
+        m, opts = out.numel(), _opts(_c10d.ReduceScatterOptions, reduceOp=lop)
+        hosts = len(self._hosts)
+        blocks = inp.view(hosts, self._n * m)
+        part = out.new_empty(hosts, m)
+        got = out.new_empty(hosts, m)
+        works = self._rail_swap(dev, None, got)
+        rail = self._group("rail", dev)
+        for h in [h for h in range(hosts) if h != self._host] + [self._host]:
+            target = out if h == self._host else part[h]
+            _wait(self._local._reduce_scatter_base(target, blocks[h], opts))
+            if h != self._host:
+                works.append(rail.send([part[h]], h, 0))
+        fold = _fold(iop, out)
+        for w in works:
+            w.wait()
+        for h in range(hosts):
+            if h != self._host:
+                fold(out, got[h])
+
     def _scatter_rows(self, out, inp, op, dev):
         """out (m) <- the reduction of every rank's row `rank` of inp (size x m, contiguous)."""
         lop, iop, avg, scale = _split_op(op, out)
@@ -316,6 +383,9 @@ class HierAlgorithms(HierBase):
         if not self._hier("reduce_scatter_tensor", inp.numel() * inp.element_size(), dev):
             self._inter_reduce_scatter(self._group("flat", dev), out,
                                        inp if scale is None else inp * scale, iop)
+        elif (self._use_rails(inp.numel() * inp.element_size(), inp.numel())
+              and self._blocks(dev) and _fold(iop, out) is not None):
+            self._scatter_blocks(out, inp, lop, iop, dev)
         elif self._use_rails(inp.numel() * inp.element_size(), inp.numel()):
             # rows in (local index, host) order: the host's reduce-scatter gives each rank
             # its local index's rows (one per host), the rail's reduce-scatter its own row

@@ -54,6 +54,29 @@ def _split_op(op, t):
     return op, op, False, None
 
 
+# The in-place steps that fold a partial result into another (acc, x) for the reductions a
+# rank finishes by hand (the inter-host step's op of _split_op): what Gloo does to two
+# values of one element, bool included (SUM is OR, PRODUCT is AND).
+_FOLD = {
+    "SUM": torch.Tensor.add_,
+    "PRODUCT": torch.Tensor.mul_,
+    "MIN": lambda a, x: torch.minimum(a, x, out=a),
+    "MAX": lambda a, x: torch.maximum(a, x, out=a),
+    "BAND": torch.Tensor.bitwise_and_,
+    "BOR": torch.Tensor.bitwise_or_,
+    "BXOR": torch.Tensor.bitwise_xor_,
+}
+
+
+def _fold(op, t):
+    """The step that folds a partial result into acc with reduction op (acc, x) on tensors
+    like t, or None where there is none (a dtype the inter-host engine does not reduce as
+    itself, where the caller keeps to the engine's own reduction)."""
+    if t.dtype not in _WIRE and not t.is_complex() and t.dtype != torch.int16:
+        return None
+    return _FOLD.get(_RED_NAMES[reduce_op(op)[0]])
+
+
 def _red_wire(t):
     """t as the inter-host engine reduces it, and whether the result must be copied back."""
     if t.dtype in _WIRE:
