@@ -157,7 +157,7 @@ class HierAlgorithms(HierBase):
         the leaders, broadcast from local index 0."""
         self._host_reduce(buf, lop, scale)
         if self._lidx == 0:
-            self._inter_allreduce(self._group("rail", dev), buf, iop)
+            self._rail_allreduce(buf, iop, dev)()
         self._local_bcast(buf, 0)
 
     def _ar_rails(self, buf, lop, iop, dev):
@@ -166,7 +166,6 @@ class HierAlgorithms(HierBase):
         overlaps the next chunk's reduce-scatter), then intra-host all_gather."""
         n, total = self._n, buf.numel()
         step = max(n, self._chunk // buf.element_size() // n * n)
-        rail = self._group("rail", dev)
         prev = None
         for a in range(0, total, step):
             seg = buf.narrow(0, a, min(step, total - a))
@@ -178,21 +177,45 @@ class HierAlgorithms(HierBase):
             shard = buf.new_empty(segp.numel() // n)
             _wait(self._local._reduce_scatter_base(
                 shard, segp, _opts(_c10d.ReduceScatterOptions, reduceOp=lop)))
-            w, back = _red_wire(shard)
-            work = rail.allreduce([w], _opts(_c10d.AllreduceOptions, True, reduceOp=iop))
+            finish = self._rail_allreduce(shard, iop, dev)
             if prev is not None:
                 self._ar_gather(*prev)
-            prev = (seg, segp, shard, w, back, work)
+            prev = (seg, segp, shard, finish)
         if prev is not None:
             self._ar_gather(*prev)
 
-    def _ar_gather(self, seg, segp, shard, w, back, work):
-        work.wait()
-        if back:
-            shard.copy_(w)
+    def _ar_gather(self, seg, segp, shard, finish):
+        finish()
         _wait(self._local._allgather_base(segp, shard, _opts(_c10d.AllgatherOptions)))
         if segp is not seg:
             seg.copy_(segp[:seg.numel()])
+
+    def _rail_allreduce(self, buf, op, dev):
+        """Starts the all_reduce of buf with op among this rank's rail and returns what
+        finishes it (waits, and leaves the result in buf). Two hosts, host tensors: the
+        rail ranks swap their buffers point to point and each folds the other's into its
+        own (one message each way, where Gloo's all_reduce takes two rounds: measured
+        faster up to the 2 MiB shards of a GOSYM_HIER_CHUNK; a + b is b + a, so both hosts
+        hold the same bits). Else Gloo's or NCCL's all_reduce."""
+        fold = _fold(op, buf)
+        if len(self._hosts) == 2 and dev == "cpu" and fold is not None:
+            got = torch.empty_like(buf)
+            works = self._rail_swap(dev, [buf, buf], [got, got])
+
+            def finish():
+                for w in works:
+                    w.wait()
+                fold(buf, got)
+            return finish
+        w, back = _red_wire(buf)
+        work = self._group("rail", dev).allreduce(
+            [w], _opts(_c10d.AllreduceOptions, True, reduceOp=op))
+
+        def finish():
+            work.wait()
+            if back:
+                buf.copy_(w)
+        return finish
 
     def _use_rails(self, nbytes, numel):
         return self._balanced and self._n > 1 and nbytes >= self._rail_min and numel >= self._n
@@ -280,10 +303,10 @@ class HierAlgorithms(HierBase):
         if not self._hier("all_gather_into_tensor", m * inp.element_size(), dev):
             _wait(self._group("flat", dev)._allgather_base(out, inp, _opts(_c10d.AllgatherOptions)))
             return
+        if self._blocks(dev):
+            self._gather_blocks(out, inp, dev)
+            return
         if self._use_rails(out.numel() * out.element_size(), out.numel()):
-            if self._blocks(dev):
-                self._gather_blocks(out, inp, dev)
-                return
             # the rail's pieces (one per host), then the host's rails: (local index, host)
             hosts = len(self._hosts)
             r1 = inp.new_empty(hosts * m)
@@ -311,13 +334,14 @@ class HierAlgorithms(HierBase):
         rows.index_copy_(0, idx, slots[torch.tensor(pos, device=lb.device)])
 
     def _blocks(self, dev):
-        """Whether the rails' all_gather and reduce_scatter take host blocks (_gather_blocks,
-        _scatter_blocks): host tensors (the p2p steps are Gloo's; NCCL's would need its
-        group calls, and CUDA keeps the paths measured for it), and hosts whose ranks are
-        consecutive in local-index order (torchrun's layout), so that a host's rows of a
-        gathered tensor are one contiguous block."""
-        return dev == "cpu" and all(rs == list(range(rs[0], rs[0] + len(rs)))
-                                    for rs in self._hosts)
+        """Whether the hierarchical all_gather and reduce_scatter take host blocks along the
+        rails (_gather_blocks, _scatter_blocks), at any size (measured faster than the
+        leaders' path from 1 KiB): host tensors (the p2p steps are Gloo's; NCCL's would need
+        its group calls, and CUDA keeps the paths measured for it) on hosts of equal rank
+        counts, more than one each, consecutive in local-index order (torchrun's layout), so
+        that a host's rows of a gathered tensor are one contiguous block."""
+        return (dev == "cpu" and self._balanced and self._n > 1
+                and all(rs == list(range(rs[0], rs[0] + len(rs))) for rs in self._hosts))
 
     def _rail_swap(self, dev, sends, recvs):
         """Posts on this rank's rail a receive into recvs[h] from, and (sends not None) a send
@@ -383,8 +407,7 @@ class HierAlgorithms(HierBase):
         if not self._hier("reduce_scatter_tensor", inp.numel() * inp.element_size(), dev):
             self._inter_reduce_scatter(self._group("flat", dev), out,
                                        inp if scale is None else inp * scale, iop)
-        elif (self._use_rails(inp.numel() * inp.element_size(), inp.numel())
-              and self._blocks(dev) and _fold(iop, out) is not None):
+        elif self._blocks(dev) and _fold(iop, out) is not None:
             self._scatter_blocks(out, inp, lop, iop, dev)
         elif self._use_rails(inp.numel() * inp.element_size(), inp.numel()):
             # rows in (local index, host) order: the host's reduce-scatter gives each rank
