@@ -138,7 +138,7 @@ for s in "${steps[@]}"; do
 		# three times (GOSYM_HOSTBENCH_RUNS) and 2x4 once (GOSYM_HOSTBENCH_WIDE_RUNS): the CPU entries of the choice's
 		# table (scripts/hier_table.py), where the 2-core VM's four ranks fight for two cores
 		echo "== what each step of an op across two hosts of 2 ranks costs (scripts/hier_steps.py)"
-		GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts 2,2 -- python3 scripts/hier_steps.py \
+		((${GOSYM_HIER_STEPS:-1})) && GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts 2,2 -- python3 scripts/hier_steps.py \
 			--sizes 64K,1M,4M,16M --json "$out/hier-steps-cpu-2x2-idhosts.json" 2>&1 | grep -v socket.cpp | tail -70
 		for shape in $(for i in $(seq 1 "${GOSYM_HOSTBENCH_RUNS:-3}"); do echo 2,2:$i; done) $(for i in $(seq 1 "${GOSYM_HOSTBENCH_WIDE_RUNS:-1}"); do echo 4,4:$i; done); do
 			h=${shape%%:*} i=${shape##*:} n=${h%%,*}

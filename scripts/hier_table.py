@@ -43,11 +43,15 @@ SOURCES = [
     # hierarchical, against NCCL's own group: 2026-11-27-s17-hier-cuda-2x2-hostid-4xH100.json).
     (["docs/results/2026-11-28-s26-hier-cuda-2x2-simhosts-4xH200.json"], "gosym-hier", "gosym-flat",
      None),
-    # Two hosts of network namespaces (tests/jobs/hier/simhosts.py) on a 2-core VM, quiet:
-    # three runs of `--backends gosym-hier,gosym-flat,gloo --ops all_reduce,
-    # all_gather_into_tensor,reduce_scatter_tensor,broadcast --sizes 1K,...,64M --target-time 1
-    # --min-iters 10` (docs/BENCHMARKS.md).
-    ([f"docs/results/2026-11-28-hier-choice-cpu-2x2-simhosts-2core-run{i}.json" for i in (1, 2, 3)],
+    # Session 28, host tensors on the 16-core host of the GPU machine, quiet: two hosts told
+    # apart by id (simhosts.py's IdHosts; Gloo over loopback between them),
+    # `scripts/device_cuda.sh cpuhostbench`: gosym-hier against gosym-flat (Gloo over every
+    # rank through gosym), 2x2 three runs, 2x4 two. They replaced session 20's 2x2 entry from
+    # network namespaces on the 2-core VM, whose four ranks on two cores measured the VM's
+    # scheduler more than the schedules (2026-11-28-hier-choice-cpu-2x2-simhosts-2core-run*).
+    ([f"docs/results/2026-11-29-s28-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)],
+     "gosym-hier", "gosym-flat", None),
+    ([f"docs/results/2026-11-29-s28-hier-cpu-2x4-idhosts-16core-run{i}.json" for i in (1, 2)],
      "gosym-hier", "gosym-flat", None),
 ]
 

@@ -23,6 +23,12 @@ from .tensors import _WIRE, _bytes, _divide, _fold, _opts, _red_wire, _split_op,
 
 
 GENERAL = object()  # _flat_now's answer where the op takes the general path
+# The largest buffer the rail's all_reduce between two hosts moves as a swap and a fold
+# (_rail_allreduce): on the 16-core host (session 28, scripts/hier_steps.py) the swap and the
+# fold took 0.55 / 1.8 / 9.7 ms at 1 / 4 / 16 MiB against Gloo's all_reduce's 0.77 / 2.05 /
+# 8.5, and in the rails' pipeline of several chunks Gloo's all_reduce, whose reduction runs on
+# its own threads, kept 64 MiB ops 15-20% faster than the swap, whose fold is the op thread's.
+_SWAP_MAX = 4 << 20
 
 
 def _same(t):
@@ -177,7 +183,7 @@ class HierAlgorithms(HierBase):
             shard = buf.new_empty(segp.numel() // n)
             _wait(self._local._reduce_scatter_base(
                 shard, segp, _opts(_c10d.ReduceScatterOptions, reduceOp=lop)))
-            finish = self._rail_allreduce(shard, iop, dev)
+            finish = self._rail_allreduce(shard, iop, dev, swap=step >= total)
             if prev is not None:
                 self._ar_gather(*prev)
             prev = (seg, segp, shard, finish)
@@ -190,15 +196,16 @@ class HierAlgorithms(HierBase):
         if segp is not seg:
             seg.copy_(segp[:seg.numel()])
 
-    def _rail_allreduce(self, buf, op, dev):
+    def _rail_allreduce(self, buf, op, dev, swap=True):
         """Starts the all_reduce of buf with op among this rank's rail and returns what
-        finishes it (waits, and leaves the result in buf). Two hosts, host tensors: the
-        rail ranks swap their buffers point to point and each folds the other's into its
-        own (one message each way, where Gloo's all_reduce takes two rounds: measured
-        faster up to the 2 MiB shards of a GOSYM_HIER_CHUNK; a + b is b + a, so both hosts
-        hold the same bits). Else Gloo's or NCCL's all_reduce."""
+        finishes it (waits, and leaves the result in buf). Two hosts, host tensors, at most
+        _SWAP_MAX bytes, and (swap) not one of several chunks: the rail ranks swap their
+        buffers point to point and each folds the other's into its own (one message each
+        way, where Gloo's all_reduce takes two rounds; a + b is b + a, so both hosts hold
+        the same bits). Else Gloo's or NCCL's all_reduce."""
         fold = _fold(op, buf)
-        if len(self._hosts) == 2 and dev == "cpu" and fold is not None:
+        if (swap and len(self._hosts) == 2 and dev == "cpu" and fold is not None
+                and buf.numel() * buf.element_size() <= _SWAP_MAX):
             got = torch.empty_like(buf)
             works = self._rail_swap(dev, [buf, buf], [got, got])
 
