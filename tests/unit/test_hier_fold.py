@@ -1,0 +1,92 @@
+"""The fold that finishes a reduction by hand across hosts (gosym.hier.tensors._fold: the rail
+swap of an all_reduce between two hosts, the host blocks' reduce_scatter) does what Gloo's
+reduction of the same two values does, for every reduction and dtype it takes, and refuses
+(None) the dtypes the inter-host engine does not reduce as themselves; and which host layouts
+take host blocks (algorithms.HierAlgorithms._blocks)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from gosym.hier.algorithms import HierAlgorithms
+from gosym.hier.tensors import _fold
+
+OPS = {
+    "SUM": lambda a, b: a + b,
+    "PRODUCT": lambda a, b: a * b,
+    "MIN": torch.minimum,
+    "MAX": torch.maximum,
+    "BAND": torch.bitwise_and,
+    "BOR": torch.bitwise_or,
+    "BXOR": torch.bitwise_xor,
+}
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+
+
+def _pair(dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return [torch.randint(0, 2, (257,), generator=g).bool() for _ in range(2)]
+    if dtype.is_floating_point:
+        return [torch.randn(257, generator=g, dtype=torch.float64).to(dtype) for _ in range(2)]
+    info = torch.iinfo(dtype)
+    return [torch.randint(max(info.min, -100), min(info.max, 100), (257,), generator=g,
+                          dtype=torch.int64).to(dtype) for _ in range(2)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS + INTS + [torch.bool], ids=str)
+@pytest.mark.parametrize("name", list(OPS))
+def test_fold_is_the_reduction(dtype, name):
+    if name.startswith("B") and (dtype.is_floating_point):
+        pytest.skip("bitwise reductions of floats do not exist")
+    a, b = _pair(dtype, hash((str(dtype), name)) % 1000)
+    want = OPS[name](a, b) if dtype != torch.bool or name not in ("SUM", "PRODUCT") else (
+        (a | b) if name == "SUM" else (a & b))  # Gloo's bool sum is OR, its product AND
+    fold = _fold(getattr(dist.ReduceOp, name), a)
+    assert fold is not None
+    acc = a.clone()
+    fold(acc, b)
+    assert acc.dtype == dtype
+    assert torch.equal(acc, want.to(dtype)), f"{name} {dtype}"
+    if name in ("SUM", "PRODUCT", "MIN", "MAX") and dtype.is_floating_point:
+        other = b.clone()
+        fold(other, a)
+        assert torch.equal(other, acc), "a folded into b differs from b into a"
+
+
+def test_fold_complex_sum():
+    a = torch.randn(33, dtype=torch.complex64)
+    b = torch.randn(33, dtype=torch.complex64)
+    acc = a.clone()
+    _fold(dist.ReduceOp.SUM, a)(acc, b)
+    assert torch.equal(acc, a + b)
+
+
+def test_fold_refuses_other_dtypes():
+    t = torch.zeros(4, dtype=torch.float8_e4m3fn)
+    assert _fold(dist.ReduceOp.SUM, t) is None
+
+
+def _shape(hosts):
+    """What _blocks reads of a group (a HierGroup is a ProcessGroup: not made here)."""
+    return SimpleNamespace(_hosts=hosts, _balanced=len({len(rs) for rs in hosts}) == 1,
+                           _n=len(hosts[0]))
+
+
+@pytest.mark.parametrize("hosts,dev,want", [
+    ([[0, 1], [2, 3]], "cpu", True),
+    ([[0, 1, 2, 3], [4, 5, 6, 7]], "cpu", True),
+    ([[0, 1], [2, 3], [4, 5]], "cpu", True),
+    ([[0, 1], [2, 3]], "cuda", False),       # CUDA keeps the paths measured for it
+    ([[0, 2], [1, 3]], "cpu", False),        # a host's ranks not consecutive
+    ([[1, 0], [2, 3]], "cpu", False),        # not in local-index order
+    ([[0], [1]], "cpu", False),              # one rank a host: nothing in the host to do
+    ([[0], [1, 2]], "cpu", False),           # unequal hosts
+])
+def test_which_layouts_take_host_blocks(hosts, dev, want):
+    assert HierAlgorithms._blocks(_shape(hosts), dev) is want
