@@ -85,6 +85,7 @@ def _shape(hosts):
     ([[0, 1], [2, 3]], "cuda", False),       # CUDA keeps the paths measured for it
     ([[0, 2], [1, 3]], "cpu", False),        # a host's ranks not consecutive
     ([[1, 0], [2, 3]], "cpu", False),        # not in local-index order
+    ([[2, 3], [0, 1]], "cpu", False),        # host 0's rows not block 0
     ([[0], [1]], "cpu", False),              # one rank a host: nothing in the host to do
     ([[0], [1, 2]], "cpu", False),           # unequal hosts
 ])

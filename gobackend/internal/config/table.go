@@ -125,7 +125,11 @@ var (
 	_ = textRow("GOSYM_CONFORM_K_FILE", "", Build,
 		"A file holding a -k pattern for scripts/device_cuda.sh conform (a rerun of some tests).")
 	_ = textRow("GOSYM_HOSTBENCH_RUNS", "3", Build,
-		"Runs of scripts/device_cuda.sh hostbench (the across-hosts bench on simulated hosts), each its own JSON.")
+		"Runs of scripts/device_cuda.sh hostbench and cpuhostbench (the across-hosts benches on simulated hosts; cpuhostbench: of 2 hosts x 2 ranks), each its own JSON.")
+	_ = textRow("GOSYM_HOSTBENCH_WIDE_RUNS", "1", Build,
+		"Runs of 2 hosts x 4 ranks in scripts/device_cuda.sh cpuhostbench (its 2x2 runs: GOSYM_HOSTBENCH_RUNS).")
+	_ = textRow("GOSYM_HIER_STEPS", "1", Build,
+		"0: scripts/device_cuda.sh cpuhostbench skips scripts/hier_steps.py (what each step of an op across hosts costs).")
 	_ = textRow("GOSYM_PROBE_MIB", "256", Build,
 		"MiB per piece of scripts/device_cuda.sh nvswitch (the NVSwitch copy probe).")
 	_ = textRow("GOSYM_FUZZ_SEED", "101", Build,

@@ -345,10 +345,11 @@ class HierAlgorithms(HierBase):
         rails (_gather_blocks, _scatter_blocks), at any size (measured faster than the
         leaders' path from 1 KiB): host tensors (the p2p steps are Gloo's; NCCL's would need
         its group calls, and CUDA keeps the paths measured for it) on hosts of equal rank
-        counts, more than one each, consecutive in local-index order (torchrun's layout), so
-        that a host's rows of a gathered tensor are one contiguous block."""
-        return (dev == "cpu" and self._balanced and self._n > 1
-                and all(rs == list(range(rs[0], rs[0] + len(rs))) for rs in self._hosts))
+        counts, more than one each, host h holding ranks h*n to h*n+n-1 in local-index order
+        (torchrun's layout), so that host h's rows of a gathered tensor are its block h."""
+        n = self._n
+        return (dev == "cpu" and self._balanced and n > 1
+                and all(rs == list(range(h * n, h * n + n)) for h, rs in enumerate(self._hosts)))
 
     def _rail_swap(self, dev, sends, recvs):
         """Posts on this rank's rail a receive into recvs[h] from, and (sends not None) a send

@@ -8,7 +8,7 @@ Gloo and NCCL talk over the veth pair (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). 
 (ip netns, unshare); ``unavailable()`` says why not where it cannot be made.
 
 As a script it runs a command on every rank, or once per host (torchrun); where namespaces
-cannot be made, on IdHosts (below):
+cannot be made, and for more than two hosts (--hosts 2,2,2), on IdHosts (below):
 
     python tests/jobs/hier/simhosts.py --hosts 2,2 -- python -m gosym.bench --ops all_reduce
     python tests/jobs/hier/simhosts.py --hosts 2,2 --per-host -- python -m torch.distributed.run \\
@@ -59,16 +59,20 @@ def unavailable() -> str | None:
 class SimHosts:
     """len(counts) == 2 hosts with counts[h] ranks each (host-major rank order)."""
 
+    MAX_HOSTS = 2  # one veth pair joins the namespaces
+
     def __init__(self, counts, gpus=False):
-        if len(counts) != 2 or min(counts) < 1:
-            raise ValueError(f"SimHosts: two hosts with at least one rank each, got {counts}")
+        if not 2 <= len(counts) <= self.MAX_HOSTS or min(counts) < 1:
+            raise ValueError(f"{type(self).__name__}: 2 to {self.MAX_HOSTS} hosts with at least "
+                             f"one rank each, got {counts}")
         self.counts = list(counts)
         self.gpus = gpus  # host h sees its own GPUs: one per rank, after the previous host's
         tag = f"{os.getpid() % 100000}"
-        self.ns = [f"gosym{tag}h{h}" for h in range(2)]
-        self.ifname = [f"gsv{tag}h{h}" for h in range(2)]
-        self.hostname = [f"gosym-host{h}" for h in range(2)]
-        self.addr = [f"{SUBNET}.{h + 1}" for h in range(2)]
+        hosts = range(len(counts))
+        self.ns = [f"gosym{tag}h{h}" for h in hosts]
+        self.ifname = [f"gsv{tag}h{h}" for h in hosts]
+        self.hostname = [f"gosym-host{h}" for h in hosts]
+        self.addr = [f"{SUBNET}.{h + 1}" for h in hosts]
         self._dir = None
         self._made = []
 
@@ -143,11 +147,14 @@ class SimHosts:
 class IdHosts(SimHosts):
     """SimHosts' interface without namespaces: every rank on this machine, told apart into
     hosts by GOSYM_HOST_ID and NCCL_HOSTID (gosym links a host's ranks, Gloo and NCCL the rest
-    over loopback). Where namespaces cannot be made (the GPU machine has no `ip`)."""
+    over loopback). Where namespaces cannot be made (the GPU machine has no `ip`), and for
+    more than two hosts."""
+
+    MAX_HOSTS = 8
 
     def __init__(self, counts, gpus=False):
         super().__init__(counts, gpus)
-        self.addr = ["127.0.0.1", "127.0.0.1"]
+        self.addr = ["127.0.0.1"] * len(counts)
         self.port = str(29500 + os.getpid() % 20000)
 
     def _up(self):
@@ -160,7 +167,7 @@ class IdHosts(SimHosts):
         env = super().host_env(host)
         for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             env.pop(k)
-        # NCCL_HOSTID: NCCL sees two hosts too (its network transport between them)
+        # NCCL_HOSTID: NCCL sees the hosts too (its network transport between them)
         env.update(GOSYM_HOST_ID=self.hostname[host], NCCL_HOSTID=self.hostname[host],
                    MASTER_PORT=self.port)
         return env
@@ -178,14 +185,15 @@ def main(argv=None):
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
         p.error("no command")
-    why = unavailable()
+    counts = [int(x) for x in a.hosts.split(",")]
+    why = unavailable() if len(counts) <= SimHosts.MAX_HOSTS else "more than two hosts"
     if why:
         print(f"simhosts: {why}; the hosts are told apart by GOSYM_HOST_ID and NCCL_HOSTID",
               file=sys.stderr)
-    with (IdHosts if why else SimHosts)([int(x) for x in a.hosts.split(",")], a.gpus) as hosts:
+    with (IdHosts if why else SimHosts)(counts, a.gpus) as hosts:
         procs = []
         if a.per_host:
-            for h in range(2):
+            for h in range(len(counts)):
                 env = dict(os.environ, **hosts.host_env(h))
                 procs.append(subprocess.Popen(hosts.wrap(h, hosts.fill(cmd, h)), env=env))
         else:

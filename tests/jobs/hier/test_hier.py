@@ -61,6 +61,17 @@ def test_ops_across_hosts(counts, outdir):
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
 
 
+def test_ops_across_three_hosts(outdir):
+    """Three hosts of two ranks (told apart by host id: the namespaces join two hosts): every
+    op x dtype, async Work, p2p; the rails' steps and the host blocks with more than one
+    other host (the swap with each, the folds of two partials)."""
+    res = run_hosts((2, 2, 2), "hier_worker", ["--hosts", "2,2,2", "--parts",
+                                               "layout,ops,async,p2p", "--timeout", 60],
+                    outdir, timeout=600, kind=IdHosts)
+    res.assert_ok()
+    assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
+
+
 @pytest.mark.parametrize("counts", [(2, 2), (1, 2)], ids=["2x2", "1+2"])
 def test_choice_across_hosts(counts, outdir):
     """GOSYM_HIER_CHOICE=table with a table (patched in the workers) that runs every op flat
