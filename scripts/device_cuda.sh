@@ -132,21 +132,25 @@ for s in "${steps[@]}"; do
 				--sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M --target-time 0.05 --json "$out/bench-hier-cuda-${per}x2-run$i.json" 2>&1 | tail -50
 		done ;;
 	cpuhostbench)
-		# CPU tensors across two hosts told apart by id (IdHosts: this machine has no `ip`),
-		# on this quiet many-core host: gosym-hier (gosym inside a host, Gloo between),
-		# gosym-flat (Gloo over every rank through gosym) and a plain Gloo group, 2x2 ranks
-		# three times (GOSYM_HOSTBENCH_RUNS) and 2x4 once (GOSYM_HOSTBENCH_WIDE_RUNS): the CPU entries of the choice's
-		# table (scripts/hier_table.py), where the 2-core VM's four ranks fight for two cores
+		# CPU tensors across hosts told apart by id (IdHosts: this machine has no `ip`), on this
+		# quiet many-core host: gosym-hier (gosym inside a host, Gloo between), gosym-flat (Gloo
+		# over every rank through gosym) and a plain Gloo group, for each shape of
+		# GOSYM_CPUHOST_SHAPES ("ranks per host, comma-joined:runs", space-separated): the CPU
+		# entries of the choice's table (scripts/hier_table.py), which the 2-core VM, its ranks
+		# fighting for two cores, cannot measure
 		echo "== what each step of an op across two hosts of 2 ranks costs (scripts/hier_steps.py)"
 		((${GOSYM_HIER_STEPS:-1})) && GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts 2,2 -- python3 scripts/hier_steps.py \
 			--sizes 64K,1M,4M,16M --json "$out/hier-steps-cpu-2x2-idhosts.json" 2>&1 | grep -v socket.cpp | tail -70
-		for shape in $(for i in $(seq 1 "${GOSYM_HOSTBENCH_RUNS:-3}"); do echo 2,2:$i; done) $(for i in $(seq 1 "${GOSYM_HOSTBENCH_WIDE_RUNS:-1}"); do echo 4,4:$i; done); do
-			h=${shape%%:*} i=${shape##*:} n=${h%%,*}
-			echo "== CPU bench across two hosts of $n ranks (told apart by id), run $i: gosym-hier, gosym-flat, gloo"
-			timeout 240 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 -m gosym.bench --device cpu \
-				--backends gosym-hier,gosym-flat,gloo --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
-				--sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M --target-time 0.3 --min-iters 5 \
-				--json "$out/bench-hier-cpu-2x$n-idhosts-run$i.json" 2>&1 | tail -48
+		for spec in ${GOSYM_CPUHOST_SHAPES:-2,2:3 4,4:1}; do
+			h=${spec%%:*} runs=${spec##*:}
+			name=$(python3 -c "import sys; c=sys.argv[1].split(','); print(f'{len(c)}x{c[0]}' if len(set(c)) == 1 else '+'.join(c))" "$h")
+			for i in $(seq 1 "$runs"); do
+				echo "== CPU bench across hosts of $h ranks ($name, told apart by id), run $i: gosym-hier, gosym-flat, gloo"
+				timeout 240 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 -m gosym.bench --device cpu \
+					--backends gosym-hier,gosym-flat,gloo --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
+					--sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M --target-time 0.3 --min-iters 5 \
+					--json "$out/bench-hier-cpu-$name-idhosts-run$i.json" 2>&1 | tail -48
+			done
 		done ;;
 	step)
 		# an FSDP2 step of a 1.07 B-parameter model (bf16), gosym against NCCL in one job

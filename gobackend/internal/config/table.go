@@ -125,9 +125,9 @@ var (
 	_ = textRow("GOSYM_CONFORM_K_FILE", "", Build,
 		"A file holding a -k pattern for scripts/device_cuda.sh conform (a rerun of some tests).")
 	_ = textRow("GOSYM_HOSTBENCH_RUNS", "3", Build,
-		"Runs of scripts/device_cuda.sh hostbench and cpuhostbench (the across-hosts benches on simulated hosts; cpuhostbench: of 2 hosts x 2 ranks), each its own JSON.")
-	_ = textRow("GOSYM_HOSTBENCH_WIDE_RUNS", "1", Build,
-		"Runs of 2 hosts x 4 ranks in scripts/device_cuda.sh cpuhostbench (its 2x2 runs: GOSYM_HOSTBENCH_RUNS).")
+		"Runs of scripts/device_cuda.sh hostbench (the across-hosts bench on simulated hosts), each its own JSON.")
+	_ = textRow("GOSYM_CPUHOST_SHAPES", "2,2:3 4,4:1", Build,
+		"The shapes and runs of scripts/device_cuda.sh cpuhostbench: ranks per host comma-joined, a colon, the runs; space-separated (2,2,2:2 is 3 hosts of 2 ranks, twice).")
 	_ = textRow("GOSYM_HIER_STEPS", "1", Build,
 		"0: scripts/device_cuda.sh cpuhostbench skips scripts/hier_steps.py (what each step of an op across hosts costs).")
 	_ = textRow("GOSYM_PROBE_MIB", "256", Build,
