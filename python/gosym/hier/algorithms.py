@@ -142,10 +142,16 @@ class HierAlgorithms(HierBase):
     # ---- reductions -------------------------------------------------------------
 
     def _inter_allreduce(self, pg, buf, op):
+        """Starts the inter-host engine's all_reduce of buf with op on pg and returns what
+        finishes it (waits, and leaves the result in buf)."""
         w, back = _red_wire(buf)
-        _wait(pg.allreduce([w], _opts(_c10d.AllreduceOptions, reduceOp=op)))
-        if back:
-            buf.copy_(w)
+        work = pg.allreduce([w], _opts(_c10d.AllreduceOptions, True, reduceOp=op))
+
+        def finish():
+            work.wait()
+            if back:
+                buf.copy_(w)
+        return finish
 
     def _local_bcast(self, buf, root):
         if self._n > 1:
@@ -214,15 +220,7 @@ class HierAlgorithms(HierBase):
                     w.wait()
                 fold(buf, got)
             return finish
-        w, back = _red_wire(buf)
-        work = self._group("rail", dev).allreduce(
-            [w], _opts(_c10d.AllreduceOptions, True, reduceOp=op))
-
-        def finish():
-            work.wait()
-            if back:
-                buf.copy_(w)
-        return finish
+        return self._inter_allreduce(self._group("rail", dev), buf, op)
 
     def _use_rails(self, nbytes, numel):
         return self._balanced and self._n > 1 and nbytes >= self._rail_min and numel >= self._n
@@ -237,7 +235,7 @@ class HierAlgorithms(HierBase):
         else:
             if scale is not None:
                 buf.mul_(scale)
-            self._inter_allreduce(self._group("flat", dev), buf, iop)
+            self._inter_allreduce(self._group("flat", dev), buf, iop)()
         if avg:
             _divide(buf, self._size)
 
@@ -381,12 +379,12 @@ class HierAlgorithms(HierBase):
             if h != self._host:
                 _wait(self._local._allgather_base(blocks[h], got[h], opts))
 
-    def _scatter_blocks(self, out, inp, lop, iop, dev):
+    def _scatter_blocks(self, out, inp, lop, fold, dev):
         """reduce_scatter along the rails from host blocks: the host's reduce_scatter of each
         host's block of inp gives this rank its host's partial of its rail's row there; it
         sends that to the host's rail rank (the other hosts' blocks first, so they travel
         while the own block is reduced), receives the other hosts' partials of its own row,
-        and folds them in with iop."""
+        and folds them in (fold: the inter-host step's, tensors._fold)."""
         m, opts = out.numel(), _opts(_c10d.ReduceScatterOptions, reduceOp=lop)
         hosts = len(self._hosts)
         blocks = inp.view(hosts, self._n * m)
@@ -399,7 +397,6 @@ class HierAlgorithms(HierBase):
             _wait(self._local._reduce_scatter_base(target, blocks[h], opts))
             if h != self._host:
                 works.append(rail.send([part[h]], h, 0))
-        fold = _fold(iop, out)
         for w in works:
             w.wait()
         for h in range(hosts):
@@ -415,8 +412,8 @@ class HierAlgorithms(HierBase):
         if not self._hier("reduce_scatter_tensor", inp.numel() * inp.element_size(), dev):
             self._inter_reduce_scatter(self._group("flat", dev), out,
                                        inp if scale is None else inp * scale, iop)
-        elif self._blocks(dev) and _fold(iop, out) is not None:
-            self._scatter_blocks(out, inp, lop, iop, dev)
+        elif self._blocks(dev) and (fold := _fold(iop, out)) is not None:
+            self._scatter_blocks(out, inp, lop, fold, dev)
         elif self._use_rails(inp.numel() * inp.element_size(), inp.numel()):
             # rows in (local index, host) order: the host's reduce-scatter gives each rank
             # its local index's rows (one per host), the rail's reduce-scatter its own row
