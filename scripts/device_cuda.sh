@@ -6,7 +6,7 @@
 # (built here; the device has no Go) and, for the checker, build/cudacheck; for conform,
 # build/pydeps (make pydeps: expecttest, which torch's suite imports).
 # Refuses to run anything unless the multicast safety variables are set.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -141,16 +141,44 @@ for s in "${steps[@]}"; do
 		echo "== what each step of an op across two hosts of 2 ranks costs (scripts/hier_steps.py)"
 		((${GOSYM_HIER_STEPS:-1})) && GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts 2,2 -- python3 scripts/hier_steps.py \
 			--sizes 64K,1M,4M,16M --json "$out/hier-steps-cpu-2x2-idhosts.json" 2>&1 | grep -v socket.cpp | tail -70
+		# GOSYM_CPUHOST_OPS and _SIZES narrow the bench; GOSYM_CPUHOST_ENV (space-separated
+		# NAME=VALUE, each a job of its own, its value in the file name) sweeps a setting
 		for spec in ${GOSYM_CPUHOST_SHAPES:-2,2:3 4,4:1}; do
 			h=${spec%%:*} runs=${spec##*:}
 			name=$(python3 -c "import sys; c=sys.argv[1].split(','); print(f'{len(c)}x{c[0]}' if len(set(c)) == 1 else '+'.join(c))" "$h")
-			for i in $(seq 1 "$runs"); do
-				echo "== CPU bench across hosts of $h ranks ($name, told apart by id), run $i: gosym-hier, gosym-flat, gloo"
-				timeout 240 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 -m gosym.bench --device cpu \
-					--backends gosym-hier,gosym-flat,gloo --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single \
-					--sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M --target-time 0.3 --min-iters 5 \
-					--json "$out/bench-hier-cpu-$name-idhosts-run$i.json" 2>&1 | tail -48
+			for setting in ${GOSYM_CPUHOST_ENV:-default}; do
+				tag="" extra=()
+				[[ $setting == default ]] || { tag="-${setting//[^A-Za-z0-9]/-}"; IFS=+ read -ra extra <<<"$setting"; }
+				for i in $(seq 1 "$runs"); do
+					echo "== CPU bench across hosts of $h ranks ($name, told apart by id) $setting, run $i: gosym-hier, gosym-flat, gloo"
+					env "${extra[@]}" timeout 240 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 -m gosym.bench --device cpu \
+						--backends gosym-hier,gosym-flat,gloo --ops "${GOSYM_CPUHOST_OPS:-all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single}" \
+						--sizes "${GOSYM_CPUHOST_SIZES:-1K,4K,16K,64K,256K,1M,4M,16M,64M}" --target-time 0.3 --min-iters 5 \
+						--json "$out/bench-hier-cpu-$name-idhosts$tag-run$i.json" 2>&1 | tail -48
+				done
 			done
+		done ;;
+	cpubench)
+		# CPU tensors on one host of 2 and of 4 ranks (the hosts of cpuhostbench's shapes), on
+		# this quiet many-core host: gosym against gloo, GOSYM_CPUHOST_OPS / _SIZES / _ENV as there
+		for setting in ${GOSYM_CPUHOST_ENV:-default}; do
+			tag="" extra=()
+			[[ $setting == default ]] || { tag="-${setting//[^A-Za-z0-9]/-}"; IFS=+ read -ra extra <<<"$setting"; }
+			for n in 2 4; do
+				echo "== CPU bench on one host of $n ranks $setting: gosym, gloo"
+				env "${extra[@]}" timeout 240 python3 -m gosym.bench --device cpu --nproc "$n" --backends gosym,gloo \
+					--ops "${GOSYM_CPUHOST_OPS:-all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single}" \
+					--sizes "${GOSYM_CPUHOST_SIZES:-1K,4K,16K,64K,256K,1M,4M,16M,64M}" --target-time 0.3 --min-iters 5 \
+					--json "$out/bench-cpu-1x$n$tag.json" 2>&1 | grep -E "^[a-z_]+ +[0-9]"
+			done
+		done ;;
+	cpuhostprofile)
+		# where an op across two hosts of 2 ranks spends its time, in place (scripts/hier_profile.py,
+		# GOSYM_PROFILE_OPS: op:sizes, space-separated), on the hierarchical schedule
+		for spec in ${GOSYM_PROFILE_OPS:-all_reduce:1M,4M broadcast:4K}; do
+			echo "== profile of ${spec%%:*} at ${spec##*:} across 2 hosts x 2 ranks (hierarchical)"
+			GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts 2,2 -- python3 scripts/hier_profile.py \
+				--op "${spec%%:*}" --sizes "${spec##*:}" --out "$out/profile" 2>&1 | grep -v socket.cpp | head -45
 		done ;;
 	step)
 		# an FSDP2 step of a 1.07 B-parameter model (bf16), gosym against NCCL in one job

@@ -8,6 +8,7 @@ one of a few words, name -> (default, the words)."""
 WHOLE = {
     "GOSYM_HIER_RAIL_MIN": (65536, 1),
     "GOSYM_HIER_CHUNK": (4194304, 4096),
+    "GOSYM_HIER_SWAP_MAX": (4194304, 0),
     "GOSYM_HIER_REPORT_S": (10, 0),
 }
 

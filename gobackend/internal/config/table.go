@@ -100,6 +100,8 @@ var (
 		"Across hosts of equal rank counts, all_reduce, reduce_scatter and all_gather of at least this many bytes run per local index (each rank moves 1/n between hosts); smaller ones, and all on unequal hosts, go through each host's first rank.")
 	_ = pyIntRow("GOSYM_HIER_CHUNK", 4*miB, 4096,
 		"Chunk bytes of the pipelined all_reduce across hosts: one chunk's inter-host step overlaps the next chunk's intra-host reduce-scatter.")
+	_ = pyIntRow("GOSYM_HIER_SWAP_MAX", 4*miB, 0,
+		"Host tensors between two hosts: an all_reduce of at most this many bytes moves along each rail as one point-to-point swap per chunk, each rank folding the other's bytes in (larger ones: Gloo's all_reduce per chunk, which reduces on its own threads).")
 	_ = pyIntRow("GOSYM_HIER_REPORT_S", 10, 0,
 		"After a failure across hosts, seconds a rank waits for the others to report it; the ranks that do not are named as lost.")
 	_ = enumRow("GOSYM_HIER_CHOICE", "table", []string{"table", "hier", "flat"}, false, Python,
@@ -128,6 +130,14 @@ var (
 		"Runs of scripts/device_cuda.sh hostbench (the across-hosts bench on simulated hosts), each its own JSON.")
 	_ = textRow("GOSYM_CPUHOST_SHAPES", "2,2:3 4,4:1", Build,
 		"The shapes and runs of scripts/device_cuda.sh cpuhostbench: ranks per host comma-joined, a colon, the runs; space-separated (2,2,2:2 is 3 hosts of 2 ranks, twice).")
+	_ = textRow("GOSYM_CPUHOST_OPS", "all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single", Build,
+		"The ops of scripts/device_cuda.sh cpuhostbench and cpubench (gosym.bench's --ops).")
+	_ = textRow("GOSYM_CPUHOST_SIZES", "1K,4K,16K,64K,256K,1M,4M,16M,64M", Build,
+		"The sizes of scripts/device_cuda.sh cpuhostbench and cpubench (gosym.bench's --sizes).")
+	_ = textRow("GOSYM_CPUHOST_ENV", "default", Build,
+		"Settings scripts/device_cuda.sh cpuhostbench and cpubench sweep: space-separated jobs, each NAME=VALUE joined by + (default: none), its file named by them.")
+	_ = textRow("GOSYM_PROFILE_OPS", "all_reduce:1M,4M broadcast:4K", Build,
+		"What scripts/device_cuda.sh cpuhostprofile profiles (scripts/hier_profile.py): op:sizes, space-separated.")
 	_ = textRow("GOSYM_HIER_STEPS", "1", Build,
 		"0: scripts/device_cuda.sh cpuhostbench skips scripts/hier_steps.py (what each step of an op across hosts costs).")
 	_ = textRow("GOSYM_PROBE_MIB", "256", Build,

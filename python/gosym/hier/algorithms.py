@@ -23,14 +23,6 @@ from .tensors import _WIRE, _bytes, _divide, _fold, _opts, _red_wire, _split_op,
 
 
 GENERAL = object()  # _flat_now's answer where the op takes the general path
-# The largest buffer the rail's all_reduce between two hosts moves as a swap and a fold
-# (_rail_allreduce): on the 16-core host (session 28, scripts/hier_steps.py) the swap and the
-# fold took 0.55 / 1.8 / 9.7 ms at 1 / 4 / 16 MiB against Gloo's all_reduce's 0.77 / 2.05 /
-# 8.5, and in the rails' pipeline of several chunks Gloo's all_reduce, whose reduction runs on
-# its own threads, kept 64 MiB ops 15-20% faster than the swap, whose fold is the op thread's.
-_SWAP_MAX = 4 << 20
-
-
 def _same(t):
     return t
 
@@ -169,7 +161,7 @@ class HierAlgorithms(HierBase):
         the leaders, broadcast from local index 0."""
         self._host_reduce(buf, lop, scale)
         if self._lidx == 0:
-            self._rail_allreduce(buf, iop, dev)()
+            self._rail_allreduce(buf, iop, dev, self._swaps(buf))()
         self._local_bcast(buf, 0)
 
     def _ar_rails(self, buf, lop, iop, dev):
@@ -189,7 +181,7 @@ class HierAlgorithms(HierBase):
             shard = buf.new_empty(segp.numel() // n)
             _wait(self._local._reduce_scatter_base(
                 shard, segp, _opts(_c10d.ReduceScatterOptions, reduceOp=lop)))
-            finish = self._rail_allreduce(shard, iop, dev, swap=step >= total)
+            finish = self._rail_allreduce(shard, iop, dev, self._swaps(buf))
             if prev is not None:
                 self._ar_gather(*prev)
             prev = (seg, segp, shard, finish)
@@ -202,16 +194,23 @@ class HierAlgorithms(HierBase):
         if segp is not seg:
             seg.copy_(segp[:seg.numel()])
 
-    def _rail_allreduce(self, buf, op, dev, swap=True):
+    def _swaps(self, buf):
+        """Whether an all_reduce of buf moves along the rails as swaps (_rail_allreduce).
+        GOSYM_HIER_SWAP_MAX: on the 16-core host (session 28, scripts/hier_steps.py) a swap
+        and a fold took 0.55 / 1.8 / 9.7 ms at 1 / 4 / 16 MiB against Gloo's all_reduce's
+        0.77 / 2.05 / 8.5, and Gloo's all_reduce, whose reduction runs on its own threads,
+        kept 64 MiB ops 15-20% faster than swaps, whose folds are the op thread's."""
+        return buf.numel() * buf.element_size() <= self._swap_max
+
+    def _rail_allreduce(self, buf, op, dev, swap):
         """Starts the all_reduce of buf with op among this rank's rail and returns what
-        finishes it (waits, and leaves the result in buf). Two hosts, host tensors, at most
-        _SWAP_MAX bytes, and (swap) not one of several chunks: the rail ranks swap their
-        buffers point to point and each folds the other's into its own (one message each
-        way, where Gloo's all_reduce takes two rounds; a + b is b + a, so both hosts hold
-        the same bits). Else Gloo's or NCCL's all_reduce."""
+        finishes it (waits, and leaves the result in buf). With swap, between two hosts,
+        host tensors: the rail ranks swap their buffers point to point and each folds the
+        other's into its own (one message each way, where Gloo's all_reduce takes two
+        rounds; a + b is b + a, so both hosts hold the same bits). Else Gloo's or NCCL's
+        all_reduce."""
         fold = _fold(op, buf)
-        if (swap and len(self._hosts) == 2 and dev == "cpu" and fold is not None
-                and buf.numel() * buf.element_size() <= _SWAP_MAX):
+        if swap and len(self._hosts) == 2 and dev == "cpu" and fold is not None:
             got = torch.empty_like(buf)
             works = self._rail_swap(dev, [buf, buf], [got, got])
 
@@ -274,21 +273,35 @@ class HierAlgorithms(HierBase):
                 buf.copy_(src)
 
     def _broadcast(self, buf, root, dev):
-        """broadcast from group rank root: on the flat group, or inside the root's host, among
-        the leaders, then inside every other host."""
+        """broadcast from group rank root: on the flat group, or along the root's rail (its
+        local index's ranks, one per host, where every host has that index): the root sends
+        to its rail while its host's broadcast runs, and every other host's rail rank hands
+        the bytes on inside its host (two steps on the way, as the inner engine's one op
+        takes at least one inter-host message). Where a host lacks the root's local index,
+        through the leaders: inside the root's host first, then rail 0, then the others."""
         if not self._hier("broadcast", buf.numel() * buf.element_size(), dev):
             _wait(self._group("flat", dev).broadcast(
                 [_bytes(buf)], _opts(_c10d.BroadcastOptions, rootRank=root)))
             return
         hr, lr = self._where[root]
         buf = _bytes(buf)
+        via = lr if all(len(rs) > lr for rs in self._hosts) else 0
+        rail = None
         if self._host == hr:
-            self._local_bcast(buf, lr)
-        if self._lidx == 0:
+            if via != lr:
+                self._local_bcast(buf, lr)
+            if self._lidx == via:
+                rail = self._group("rail", dev).broadcast(
+                    [buf], _opts(_c10d.BroadcastOptions, rootRank=hr))
+            if via == lr:
+                self._local_bcast(buf, lr)
+            if rail is not None:
+                _wait(rail)
+            return
+        if self._lidx == via:
             _wait(self._group("rail", dev).broadcast(
                 [buf], _opts(_c10d.BroadcastOptions, rootRank=hr)))
-        if self._host != hr:
-            self._local_bcast(buf, 0)
+        self._local_bcast(buf, via)
 
     # ---- all_gather, reduce_scatter ---------------------------------------------------
 

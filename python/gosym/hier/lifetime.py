@@ -51,6 +51,7 @@ class HierBase(ProcessGroupGosym):
         self._new_group = new_group
         self._rail_min = settings["GOSYM_HIER_RAIL_MIN"]
         self._chunk = settings["GOSYM_HIER_CHUNK"]
+        self._swap_max = settings["GOSYM_HIER_SWAP_MAX"]
         self._report_s = settings["GOSYM_HIER_REPORT_S"]
         self._choice = settings["GOSYM_HIER_CHOICE"]
         self._cpu_p2p_local = settings["GOSYM_HIER_CPU_P2P"] == "local"

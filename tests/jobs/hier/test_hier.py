@@ -61,6 +61,15 @@ def test_ops_across_hosts(counts, outdir):
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
 
 
+def test_rail_allreduce_by_gloo(outdir):
+    """GOSYM_HIER_SWAP_MAX=0: the rails' all_reduce between two hosts is Gloo's, chunk by
+    chunk (the ops above take swaps and folds at these sizes): every op x dtype."""
+    res = run_hosts((2, 2), "hier_worker", ["--hosts", "2,2", "--parts", "ops", "--timeout", 60],
+                    outdir, timeout=600, env={"GOSYM_HIER_SWAP_MAX": "0"}, kind=ANY_HOSTS)
+    res.assert_ok()
+    assert all(r["passed"] >= 300 for r in res.results), "suspiciously few checks"
+
+
 def test_ops_across_three_hosts(outdir):
     """Three hosts of two ranks (told apart by host id: the namespaces join two hosts): every
     op x dtype, async Work, p2p; the rails' steps and the host blocks with more than one

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Where the time of one host-tensor op across hosts goes, in place: the op on gosym's group
+back to back (as gosym.bench times it: one torch thread), first plain (per-op ms, the
+slowest rank's, beside a plain Gloo group's), then with its steps timed (the host group's
+calls, the rail's posts and waits, the folds: ms per op on each rank, wall clock, so what
+overlaps shows as a sum above the op's time), then under cProfile on every rank (each
+rank's functions by own time and by cumulative time). Run on every rank of (simulated)
+hosts:
+
+    python tests/jobs/hier/simhosts.py --hosts 2,2 -- python scripts/hier_profile.py \\
+        --op all_reduce --sizes 1M --out DIR
+
+Diagnostic: it chooses nothing; gosym.bench measures the ops."""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+
+import torch
+import torch.distributed as dist
+
+import gosym  # noqa: F401 - registers the backend
+
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _bytes(s):
+    return int(s[:-1]) * _UNITS[s[-1]] if s[-1] in _UNITS else int(s)
+
+
+def _op(name, x, world):
+    """A function running op `name` on a float32 tensor of x bytes per rank's input."""
+    n = x // 4
+    if name == "all_reduce":
+        t = torch.randn(n)
+        return lambda g: dist.all_reduce(t, group=g)
+    if name == "broadcast":
+        t = torch.randn(n)
+        return lambda g: dist.broadcast(t, 1 % world, group=g)
+    if name == "all_gather_into_tensor":
+        t, o = torch.randn(n), torch.empty(n * world)
+        return lambda g: dist.all_gather_into_tensor(o, t, group=g)
+    if name == "reduce_scatter_tensor":
+        t, o = torch.randn(n * world), torch.empty(n)
+        return lambda g: dist.reduce_scatter_tensor(o, t, group=g)
+    raise SystemExit(f"hier_profile: unknown op {name}")
+
+
+class _Steps:
+    """Wall time per named step, summed over the timed ops: the HierGroup's host-group
+    calls, rail posts and Work waits, and folds, wrapped on the instance (its methods call
+    them through self) and in gosym.hier.algorithms."""
+
+    def __init__(self, g):
+        from gosym.hier import algorithms
+        self.total, self.g, self.alg, self.undo = {}, g, algorithms, []
+        for name in ("_reduce_scatter_base", "_allgather_base", "broadcast", "reduce"):
+            self._wrap(g._local, name, f"host {name.strip('_')}")
+        self._wrap(g, "_rail_swap", "rail post", works=True)
+        self._wrap(g, "_inter_allreduce", "rail all_reduce post", finisher=True)
+        self._wrap(algorithms, "_wait", "inner wait")
+        fold = algorithms._fold
+
+        def timed_fold(*a, **k):
+            f = fold(*a, **k)
+            return None if f is None else self._timed(f, "fold")
+        self._set(algorithms, "_fold", timed_fold)
+
+    def _add(self, label, t):
+        self.total[label] = self.total.get(label, 0.0) + time.perf_counter() - t
+
+    def _timed(self, fn, label):
+        def run(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self._add(label, t)
+        return run
+
+    def _set(self, obj, name, value):
+        self.undo.append((obj, name, obj.__dict__.get(name)))
+        setattr(obj, name, value)
+
+    def _wrap(self, obj, name, label, works=False, finisher=False):
+        fn = getattr(obj, name)
+        timed = self._timed(fn, label)
+        if works:
+            def timed(*a, _t=timed, **k):
+                return [_TimedWork(w, self, f"{label[:-5]} wait") for w in _t(*a, **k)]
+        elif finisher:
+            def timed(*a, _t=timed, **k):
+                return self._timed(_t(*a, **k), f"{label[:-5]} wait")
+        self._set(obj, name, timed)
+
+    def restore(self):
+        for obj, name, old in reversed(self.undo):
+            if old is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+
+class _TimedWork:
+    def __init__(self, w, steps, label):
+        self.w, self.steps, self.label = w, steps, label
+
+    def wait(self):
+        t = time.perf_counter()
+        try:
+            return self.w.wait()
+        finally:
+            self.steps._add(self.label, t)
+
+
+def _per_op(fn, g, iters, ctrl):
+    """ms per op, the slowest rank's, over iters ops back to back after a barrier."""
+    for _ in range(5):
+        fn(g)
+    dist.barrier(group=ctrl)
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn(g)
+    ms = torch.tensor([(time.perf_counter() - t) * 1e3 / iters])
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX, group=ctrl)
+    return float(ms)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--op", default="all_reduce")
+    p.add_argument("--sizes", default="1M", help="bytes of one rank's input (float32)")
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", default=None, help="folder for each rank's profile text")
+    a = p.parse_args()
+    torch.set_num_threads(1)  # as gosym.bench and torchrun's ranks
+    dist.init_process_group("gosym")
+    gl = dist.new_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for s in a.sizes.split(","):
+        fn = _op(a.op, _bytes(s), world)
+        plain = _per_op(fn, None, a.iters, gl)
+        ref = _per_op(fn, gl, a.iters, gl)
+        steps = _Steps(dist.group.WORLD._get_backend(torch.device("cpu")))
+        stepped = _per_op(fn, None, a.iters, gl)
+        steps.restore()
+        lines = [f"rank {rank}: {a.op} {s} with its steps timed {stepped:.3f} ms/op"] + [
+            f"  {k:28s} {v * 1e3 / (a.iters + 5):8.3f} ms/op"
+            for k, v in sorted(steps.total.items(), key=lambda kv: -kv[1])]
+        got = [None] * world
+        dist.all_gather_object(got, "\n".join(lines), group=gl)
+        prof = cProfile.Profile()
+        prof.enable()
+        profiled = _per_op(fn, None, a.iters, gl)
+        prof.disable()
+        if rank == 0:
+            print(f"== {a.op} {s}: gosym {plain:.3f} ms/op, gloo {ref:.3f}, "
+                  f"gosym under cProfile {profiled:.3f}", flush=True)
+        text = io.StringIO()
+        text.write("\n".join(got) + "\n\n")
+        st = pstats.Stats(prof, stream=text)
+        st.sort_stats("tottime").print_stats(a.top)
+        st.sort_stats("cumulative").print_stats(a.top)
+        if a.out:
+            os.makedirs(a.out, exist_ok=True)
+            with open(os.path.join(a.out, f"profile-{a.op}-{s}-rank{rank}.txt"), "w") as f:
+                f.write(text.getvalue())
+        if rank == 0:
+            print(text.getvalue()[:6000], flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
