@@ -43,15 +43,20 @@ SOURCES = [
     # hierarchical, against NCCL's own group: 2026-11-27-s17-hier-cuda-2x2-hostid-4xH100.json).
     (["docs/results/2026-11-28-s26-hier-cuda-2x2-simhosts-4xH200.json"], "gosym-hier", "gosym-flat",
      None),
-    # Session 28, host tensors on the 16-core host of the GPU machine, quiet: two hosts told
-    # apart by id (simhosts.py's IdHosts; Gloo over loopback between them),
-    # `scripts/device_cuda.sh cpuhostbench`: gosym-hier against gosym-flat (Gloo over every
-    # rank through gosym), 2x2 three runs, 2x4 two. They replaced session 20's 2x2 entry from
-    # network namespaces on the 2-core VM, whose four ranks on two cores measured the VM's
-    # scheduler more than the schedules (2026-11-28-hier-choice-cpu-2x2-simhosts-2core-run*).
-    ([f"docs/results/2026-11-29-s28-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)],
+    # Session 29, host tensors on the 16-core host of the GPU machine, quiet: two or three hosts
+    # told apart by id (simhosts.py's IdHosts; Gloo over loopback between them),
+    # `scripts/device_cuda.sh cpuhostbench` (GOSYM_CPUHOST_SHAPES="2,2:3 4,4:1 2,2,2:1"):
+    # gosym-hier against gosym-flat (Gloo over every rank through gosym), 2x2 three runs, 2x4
+    # and 3x2 one each, after broadcast went along the root's rail. They replaced session 28's
+    # 2x2 and 2x4 entries (the leaders' broadcast:
+    # 2026-11-29-s28-hier-cpu-2x{2,4}-idhosts-16core-run*.json), which had replaced session 20's
+    # 2x2 entry from network namespaces on the 2-core VM, whose four ranks on two cores
+    # measured the VM's scheduler more than the schedules. 3x2 is new (it ran flat before).
+    ([f"docs/results/2026-11-29-s29-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)],
      "gosym-hier", "gosym-flat", None),
-    ([f"docs/results/2026-11-29-s28-hier-cpu-2x4-idhosts-16core-run{i}.json" for i in (1, 2)],
+    (["docs/results/2026-11-29-s29-hier-cpu-2x4-idhosts-16core-run1.json"],
+     "gosym-hier", "gosym-flat", None),
+    (["docs/results/2026-11-29-s29-hier-cpu-3x2-idhosts-16core-run1.json"],
      "gosym-hier", "gosym-flat", None),
 ]
 
