@@ -1,7 +1,8 @@
 """The fold that finishes a reduction by hand across hosts (gosym.hier.tensors._fold: the rail
-swap of an all_reduce between two hosts, the host blocks' reduce_scatter) does what Gloo's
+swap of an all_reduce between hosts, the host blocks' reduce_scatter) does what Gloo's
 reduction of the same two values does, for every reduction and dtype it takes, and refuses
-(None) the dtypes the inter-host engine does not reduce as themselves; and which host layouts
+(None) the dtypes the inter-host engine does not reduce as themselves; the swaps' fold over
+any number of hosts leaves every host the same bits (_fold_hosts); and which host layouts
 take host blocks (algorithms.HierAlgorithms._blocks)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from gosym.hier.algorithms import HierAlgorithms
-from gosym.hier.tensors import _fold
+from gosym.hier.tensors import _fold, _fold_hosts
 
 OPS = {
     "SUM": lambda a, b: a + b,
@@ -91,3 +92,26 @@ def _shape(hosts):
 ])
 def test_which_layouts_take_host_blocks(hosts, dev, want):
     assert HierAlgorithms._blocks(_shape(hosts), dev) is want
+
+
+@pytest.mark.parametrize("hosts", [2, 3, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32], ids=str)
+@pytest.mark.parametrize("name", ["SUM", "PRODUCT", "MAX"])
+def test_swap_fold_gives_every_host_the_same_bits(hosts, dtype, name):
+    """Each host folds the others' buffers into its own (_fold_hosts): every host's result is
+    bitwise the host-order reduction ((x0 . x1) . x2) ..., whichever host computes it."""
+    g = torch.Generator().manual_seed(hosts * 31 + len(name))
+    if dtype.is_floating_point:
+        xs = [torch.randn(1031, generator=g, dtype=torch.float64).to(dtype) for _ in range(hosts)]
+    else:
+        xs = [torch.randint(-50, 50, (1031,), generator=g, dtype=torch.int32) for _ in range(hosts)]
+    want = xs[0].clone()
+    for x in xs[1:]:
+        want = OPS[name](want, x)
+    fold = _fold(getattr(dist.ReduceOp, name), xs[0])
+    for me in range(hosts):
+        own = xs[me].clone()
+        got = torch.stack(xs).clone()
+        got[me].fill_(7)  # never read: the slot of this host's own buffer
+        _fold_hosts(fold, own, me, got)
+        assert torch.equal(own, want.to(dtype)), f"host {me} of {hosts}: {name} {dtype}"

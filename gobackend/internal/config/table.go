@@ -101,7 +101,7 @@ var (
 	_ = pyIntRow("GOSYM_HIER_CHUNK", 4*miB, 4096,
 		"Chunk bytes of the pipelined all_reduce across hosts: one chunk's inter-host step overlaps the next chunk's intra-host reduce-scatter.")
 	_ = pyIntRow("GOSYM_HIER_SWAP_MAX", 4*miB, 0,
-		"Host tensors between two hosts: an all_reduce of at most this many bytes moves along each rail as one point-to-point swap per chunk, each rank folding the other's bytes in (larger ones: Gloo's all_reduce per chunk, which reduces on its own threads).")
+		"Host tensors across hosts: an all_reduce whose bytes times the other hosts' count are at most this moves along each rail as point-to-point sends to every other host per chunk, each rank folding what it receives in host order (larger ones: Gloo's all_reduce per chunk, which reduces on its own threads).")
 	_ = pyIntRow("GOSYM_HIER_REPORT_S", 10, 0,
 		"After a failure across hosts, seconds a rank waits for the others to report it; the ranks that do not are named as lost.")
 	_ = enumRow("GOSYM_HIER_CHOICE", "table", []string{"table", "hier", "flat"}, false, Python,

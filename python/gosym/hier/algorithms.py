@@ -19,7 +19,8 @@ from .lifetime import HierBase
 from .._errors import DistBackendError
 from .._tensors import _op_device
 from ..work import EventWork
-from .tensors import _WIRE, _bytes, _divide, _fold, _opts, _red_wire, _split_op, _wait
+from .tensors import (_WIRE, _bytes, _divide, _fold, _fold_hosts, _opts, _red_wire, _split_op,
+                      _wait)
 
 
 GENERAL = object()  # _flat_now's answer where the op takes the general path
@@ -195,29 +196,32 @@ class HierAlgorithms(HierBase):
             seg.copy_(segp[:seg.numel()])
 
     def _swaps(self, buf):
-        """Whether an all_reduce of buf moves along the rails as swaps (_rail_allreduce).
-        GOSYM_HIER_SWAP_MAX: on the 16-core host (session 28, scripts/hier_steps.py) a swap
-        and a fold took 0.55 / 1.8 / 9.7 ms at 1 / 4 / 16 MiB against Gloo's all_reduce's
-        0.77 / 2.05 / 8.5, and Gloo's all_reduce, whose reduction runs on its own threads,
-        kept 64 MiB ops 15-20% faster than swaps, whose folds are the op thread's."""
-        return buf.numel() * buf.element_size() <= self._swap_max
+        """Whether an all_reduce of buf moves along the rails as swaps (_rail_allreduce): its
+        bytes times the other hosts' count at most GOSYM_HIER_SWAP_MAX (what a rank sends
+        per op's buffer). On the 16-core host (session 28, scripts/hier_steps.py) a swap and
+        a fold between two hosts took 0.55 / 1.8 / 9.7 ms at 1 / 4 / 16 MiB against Gloo's
+        all_reduce's 0.77 / 2.05 / 8.5, and Gloo's all_reduce, whose reduction runs on its
+        own threads, kept 64 MiB ops 15-20% faster than swaps, whose folds are the op
+        thread's."""
+        others = len(self._hosts) - 1
+        return buf.numel() * buf.element_size() * others <= self._swap_max
 
     def _rail_allreduce(self, buf, op, dev, swap):
         """Starts the all_reduce of buf with op among this rank's rail and returns what
-        finishes it (waits, and leaves the result in buf). With swap, between two hosts,
-        host tensors: the rail ranks swap their buffers point to point and each folds the
-        other's into its own (one message each way, where Gloo's all_reduce takes two
-        rounds; a + b is b + a, so both hosts hold the same bits). Else Gloo's or NCCL's
-        all_reduce."""
+        finishes it (waits, and leaves the result in buf). With swap, host tensors: the
+        rail's ranks send their buffers to each other point to point and each reduces them
+        in host order (_fold_hosts: one message each way per pair, where Gloo's all_reduce
+        takes two rounds between two hosts and more between more; every host ends with the
+        same bits). Else Gloo's or NCCL's all_reduce."""
         fold = _fold(op, buf)
-        if swap and len(self._hosts) == 2 and dev == "cpu" and fold is not None:
-            got = torch.empty_like(buf)
-            works = self._rail_swap(dev, [buf, buf], [got, got])
+        if swap and dev == "cpu" and fold is not None:
+            got = buf.new_empty(len(self._hosts), *buf.shape)
+            works = self._rail_swap(dev, [buf] * len(self._hosts), got)
 
             def finish():
                 for w in works:
                     w.wait()
-                fold(buf, got)
+                _fold_hosts(fold, buf, self._host, got)
             return finish
         return self._inter_allreduce(self._group("rail", dev), buf, op)
 

@@ -77,6 +77,22 @@ def _fold(op, t):
     return _FOLD.get(_RED_NAMES[reduce_op(op)[0]])
 
 
+def _fold_hosts(fold, own, me, got):
+    """own (host me's buffer) <- every host's buffer reduced in host order, ((x0 . x1) . x2)
+    . ..., got[h] being host h's (got[me] unused), so that every host ends with the same
+    bits: hosts 0 and 1 fold into own (x0 . x1 is x1 . x0 for each fold), a later host
+    folds into got[0] and copies the result into own."""
+    if me <= 1:
+        for h in range(len(got)):
+            if h != me:
+                fold(own, got[h])
+        return
+    acc = got[0]
+    for h in range(1, len(got)):
+        fold(acc, own if h == me else got[h])
+    own.copy_(acc)
+
+
 def _red_wire(t):
     """t as the inter-host engine reduces it, and whether the result must be copied back."""
     if t.dtype in _WIRE:
