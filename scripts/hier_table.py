@@ -51,7 +51,9 @@ SOURCES = [
     # 2x2 and 2x4 entries (the leaders' broadcast:
     # 2026-11-29-s28-hier-cpu-2x{2,4}-idhosts-16core-run*.json), which had replaced session 20's
     # 2x2 entry from network namespaces on the 2-core VM, whose four ranks on two cores
-    # measured the VM's scheduler more than the schedules. 3x2 is new (it ran flat before).
+    # measured the VM's scheduler more than the schedules. 3x2 is new (it ran flat before),
+    # measured after the rail's all_reduce became swaps on any number of hosts (another lease,
+    # a noisier host: its Gloo took 1.4x session 29's first 3x2 run's time at 1 KiB).
     ([f"docs/results/2026-11-29-s29-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)],
      "gosym-hier", "gosym-flat", None),
     (["docs/results/2026-11-29-s29-hier-cpu-2x4-idhosts-16core-run1.json"],
