@@ -26,6 +26,12 @@ trap 'exit 143' TERM INT
 steps=("$@")
 summary=() # repeated at the end: the device returns only the output's tail
 # rows: a bench table cut to size, latency, baseline, ratio and check (and its failures)
+# GOSYM_CPUHOST_ENV's setting $1 ("default", or NAME=VALUE joined by +): $extra, the env
+# words, and $tag, the file names' part for it
+setting() {
+	tag="" extra=()
+	[[ $1 == default ]] || { tag="-${1//[^A-Za-z0-9]/-}"; IFS=+ read -ra extra <<<"$1"; }
+}
 rows() { grep -E "^[a-z_]+ +[0-9]+[KMG]? |CORRECTNESS|^error" | awk '/^[a-z_]+ /{print $2, $3, $4, $5, $NF; next} {print}'; }
 ((${#steps[@]})) || steps=(check test bench graph sanitize)
 nvidia-smi -L
@@ -147,8 +153,7 @@ for s in "${steps[@]}"; do
 			h=${spec%%:*} runs=${spec##*:}
 			name=$(python3 -c "import sys; c=sys.argv[1].split(','); print(f'{len(c)}x{c[0]}' if len(set(c)) == 1 else '+'.join(c))" "$h")
 			for setting in ${GOSYM_CPUHOST_ENV:-default}; do
-				tag="" extra=()
-				[[ $setting == default ]] || { tag="-${setting//[^A-Za-z0-9]/-}"; IFS=+ read -ra extra <<<"$setting"; }
+				setting "$setting"
 				for i in $(seq 1 "$runs"); do
 					echo "== CPU bench across hosts of $h ranks ($name, told apart by id) $setting, run $i: gosym-hier, gosym-flat, gloo"
 					env "${extra[@]}" timeout 240 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 -m gosym.bench --device cpu \
@@ -162,8 +167,7 @@ for s in "${steps[@]}"; do
 		# CPU tensors on one host of 2 and of 4 ranks (the hosts of cpuhostbench's shapes), on
 		# this quiet many-core host: gosym against gloo, GOSYM_CPUHOST_OPS / _SIZES / _ENV as there
 		for setting in ${GOSYM_CPUHOST_ENV:-default}; do
-			tag="" extra=()
-			[[ $setting == default ]] || { tag="-${setting//[^A-Za-z0-9]/-}"; IFS=+ read -ra extra <<<"$setting"; }
+			setting "$setting"
 			for n in 2 4; do
 				echo "== CPU bench on one host of $n ranks $setting: gosym, gloo"
 				env "${extra[@]}" timeout 240 python3 -m gosym.bench --device cpu --nproc "$n" --backends gosym,gloo \
