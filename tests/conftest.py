@@ -114,10 +114,22 @@ def cuda_device_count() -> int:
         return 0
 
 
+# GOSYM_TEST_RANKS_PER_GPU=k: the GPU jobs put k ranks on each GPU (their worlds are k times
+# the GPUs; workers take GPU LOCAL_RANK % GPUs, tests/jobs/common/wcommon.cuda_device), so a
+# machine of one GPU runs them at world 2 and more: every path's logic, not its speed (the
+# ranks' kernels take turns on the GPU; a GPU's "peer" is itself).
+RANKS_PER_GPU = int(os.environ.get("GOSYM_TEST_RANKS_PER_GPU", "1") or "1")
+
+
+def cuda_ranks() -> int:
+    """The ranks the GPU jobs may place: GOSYM_TEST_RANKS_PER_GPU per CUDA device."""
+    return cuda_device_count() * max(1, RANKS_PER_GPU)
+
+
 def gpu_world() -> int:
-    """The world of the GPU jobs: one rank per CUDA device of the machine (0 without CUDA;
-    no child process then)."""
-    return cuda_device_count() if environment_probe()["cuda"] else 0
+    """The world of the GPU jobs: one rank per CUDA device of the machine, or
+    GOSYM_TEST_RANKS_PER_GPU (0 without CUDA; no child process then)."""
+    return cuda_ranks() if environment_probe()["cuda"] else 0
 
 
 def gpu_worlds_for(n: int) -> list[int]:
@@ -132,7 +144,8 @@ def gpu_worlds() -> list[int]:
 
 
 def need_gpus(world: int) -> None:
-    """Skips the test unless the machine has world CUDA devices."""
+    """Skips the test unless the machine has world CUDA devices (GPU slots, with
+    GOSYM_TEST_RANKS_PER_GPU)."""
     if gpu_world() < world:
         pytest.skip(f"needs {world} CUDA devices, the machine has {gpu_world()}")
 

@@ -162,6 +162,8 @@ var (
 		"tests/jobs/fuzz/test_fuzz.py's seeds, comma-separated: each runs one random program (fuzz_worker.py) per world. scripts/device_cuda.sh fuzz-seeds: the seeds it runs at every GPU (default 1000 to 1019).")
 	_ = textRow("GOSYM_FUZZ_OPS", "300", Tests,
 		"The number of ops in each of tests/jobs/fuzz/test_fuzz.py's random programs.")
+	_ = textRow("GOSYM_TEST_RANKS_PER_GPU", "1", Tests,
+		"The tests' GPU jobs put this many ranks on each GPU (their worlds that many times the GPUs; NCCL's reference groups then see a host per rank): one GPU runs them at world 2 and more, for every path's logic, not its speed.")
 	_ = textRow("GOSYM_TEST_BACKEND", "gosym", Tests,
 		"gloo runs the pytest workers on gloo: a check of the tests themselves.")
 	_ = textRow("GOSYM_TEST_FAKE_CUDA", "", Tests,

@@ -59,8 +59,7 @@ def main():
     torch.set_num_threads(1)
     kw = {}
     if args.device == "cuda":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-        torch.cuda.set_device(dev)
+        dev = wc.cuda_device()
         torch.backends.cudnn.deterministic = True
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

@@ -25,7 +25,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 import pytest  # noqa: E402  (conftest's Job fails through pytest.fail)
-from conftest import Job, cuda_device_count, gpu_worlds_for  # noqa: E402,F401 (the table's)
+from conftest import Job, cuda_ranks, gpu_worlds_for  # noqa: E402,F401 (the table's)
 
 WORKER = HERE / "clients_worker.py"
 REFERENCE = {"cpu": "gloo", "cuda": "nccl"}

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in h.SPECS]
     if unknown:
         p.error(f"unknown scenarios {unknown}; known: {list(h.SPECS)}")
-    worlds = h.cpu_worlds() if a.device == "cpu" else h.cuda_worlds(h.cuda_device_count())
+    worlds = h.cpu_worlds() if a.device == "cpu" else h.cuda_worlds(h.cuda_ranks())
     if a.worlds:
         worlds = [int(w) for w in a.worlds.split(",")]
     if not worlds:

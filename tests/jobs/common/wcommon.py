@@ -84,13 +84,31 @@ def init(backend: str, timeout_s: float) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def init_cuda(args) -> tuple[int, int, torch.device, object]:
-    """One GPU per rank (LOCAL_RANK), the group from torchrun's env, and an NCCL group
-    of the same ranks to compare with: (rank, world, device, nccl group)."""
+def cuda_device() -> torch.device:
+    """This rank's GPU, made current: LOCAL_RANK's, modulo the machine's GPUs where ranks
+    share them (tests/conftest.py's GOSYM_TEST_RANKS_PER_GPU). NCCL refuses two ranks of
+    one host on one GPU, so a rank then shows NCCL a host of its own (NCCL_HOSTID, before
+    any NCCL group): the reference groups go over NCCL's network transport, and gosym, which
+    tells hosts apart by its own means, still sees one host."""
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
+    n = torch.cuda.device_count()
+    shared = int(os.environ.get("GOSYM_TEST_RANKS_PER_GPU", "1") or "1") > 1 or local >= n
+    if shared:
+        import socket
+
+        base = os.environ.get("NCCL_HOSTID") or socket.gethostname()
+        os.environ["NCCL_HOSTID"] = f"{base}-rank{os.environ.get('RANK', local)}"
+    dev = torch.device("cuda", local % n)
+    torch.cuda.set_device(dev)
+    return dev
+
+
+def init_cuda(args) -> tuple[int, int, torch.device, object]:
+    """This rank's GPU (cuda_device), the group from torchrun's env, and an NCCL group
+    of the same ranks to compare with: (rank, world, device, nccl group)."""
+    dev = cuda_device()
     rank, world = init(args.backend, args.timeout)
-    return rank, world, torch.device("cuda", local), dist.new_group(backend="nccl")
+    return rank, world, dev, dist.new_group(backend="nccl")
 
 
 def _write_atomic(path: str, text: str) -> None:

@@ -129,8 +129,7 @@ def fresh(rank, world, dev):
 
 def main():
     args = wc.setup(lambda p: p.add_argument("--scenario", choices=["collectives", "p2p", "fresh"], required=True))
-    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(dev)
+    dev = wc.cuda_device()
     rank, world = wc.init(args.backend, args.timeout)
     if args.scenario == "fresh":
         fresh(rank, world, dev)

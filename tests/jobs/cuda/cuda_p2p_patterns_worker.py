@@ -17,7 +17,6 @@ group opened a channel per peer it talked to.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 
 import torch
@@ -203,10 +202,8 @@ def main():
     args = wc.setup()
     GOSYM = args.backend == "gosym"
     TIMEOUT = datetime.timedelta(seconds=args.timeout)
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
+    dev = wc.cuda_device()
     rank, world = wc.init(args.backend, args.timeout)
-    dev = torch.device("cuda", local)
     ck = wc.Checker(rank)
     part = wc.part_runner(ck, rank, world, dev)
     for name, fn, extra in (("rings", rings, ()), ("all_pairs", all_pairs, ()),

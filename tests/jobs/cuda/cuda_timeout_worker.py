@@ -20,7 +20,6 @@ ValueError naming both counts within seconds.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 
 import torch
@@ -152,8 +151,7 @@ def mismatch_scenario(ck, rank, dev, group):
 
 def main():
     args = wc.setup()
-    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # torchrun sets it
-    torch.cuda.set_device(dev)
+    dev = wc.cuda_device()
     rank, _ = wc.init(args.backend, args.timeout)
     ck = wc.Checker(rank)
     x = torch.ones(1024, device=dev)

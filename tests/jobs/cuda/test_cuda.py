@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from conftest import assert_same_bits, cuda_device_count, gpu_world, gpu_worlds, need_gpus, run_torchrun
+from conftest import assert_same_bits, cuda_ranks, gpu_world, gpu_worlds, need_gpus, run_torchrun
 
 pytestmark = pytest.mark.gpu
 
@@ -322,7 +322,7 @@ def test_cuda_streams(tmp_path):
     device (FSDP2's all_gather and reduce_scatter streams, one rank's held back), Works
     join exactly their op, is_completed() follows the GPU, and a capture that forks a
     stream replays right (cuda_streams_worker.py), at every GPU of the machine."""
-    world = cuda_device_count()
+    world = cuda_ranks()
     if world < 2:
         pytest.skip("needs 2 CUDA devices")
     res = run_torchrun("cuda_streams_worker", world, ["--timeout", 60], timeout=420,

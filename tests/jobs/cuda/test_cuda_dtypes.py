@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import cuda_device_count, run_torchrun
+from conftest import cuda_ranks, run_torchrun
 
 pytestmark = pytest.mark.gpu
 
@@ -33,7 +33,7 @@ PATHS = {
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("world", [3, 4, 8])
 def test_dtypes_at_world(tmp_path, world, path):
-    ndev = cuda_device_count()
+    ndev = cuda_ranks()
     if ndev < world:
         pytest.skip(f"needs {world} CUDA devices, this machine has {ndev}")
     if path in ("direct", "sema") and world != ndev:

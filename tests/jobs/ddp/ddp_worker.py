@@ -12,7 +12,6 @@ is NCCL.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.distributed as dist
@@ -88,8 +87,7 @@ def main():
     args = wc.setup(lambda p: p.add_argument("--device", default="cpu"))
     dev = torch.device("cpu")
     if args.device == "cuda":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(dev)
+        dev = wc.cuda_device()
         torch.backends.cudnn.deterministic = True
         torch.backends.cuda.matmul.allow_tf32 = False
     rank, world = wc.init(args.backend, args.timeout)

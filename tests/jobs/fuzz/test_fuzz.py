@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import cuda_device_count, run_torchrun
+from conftest import cuda_ranks, run_torchrun
 
 SEEDS = [int(s) for s in os.environ.get("GOSYM_FUZZ_SEEDS", "101,202").split(",")]
 OPS = os.environ.get("GOSYM_FUZZ_OPS", "300")
@@ -56,7 +56,7 @@ def test_fuzz_turns(outdir):
 def test_fuzz_cuda(seed, threads, outdir):
     """One rank per GPU (one GPU: world 1), ops on the current and on side streams, some on
     the CPU; two threads post by turns (as NCCL requires)."""
-    world = cuda_device_count()
+    world = cuda_ranks()
     if world < 1:
         pytest.skip("needs a GPU")
     check(run_torchrun("fuzz_worker", world, fuzz_args(seed, "--cuda", "--threads", threads, "--timeout", 180),

@@ -656,8 +656,7 @@ def main():
     global DEVICE
     args = wc.setup(extra)
     if args.device == "cuda":
-        DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(DEVICE)
+        DEVICE = wc.cuda_device()
     counts = [int(x) for x in args.hosts.split(",")]
     torch.set_num_threads(1)
     shm_before = shm_entries()

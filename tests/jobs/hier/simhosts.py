@@ -123,7 +123,8 @@ class SimHosts:
     def host_env(self, host) -> dict:
         env = {"GLOO_SOCKET_IFNAME": self.ifname[host], "NCCL_SOCKET_IFNAME": self.ifname[host],
                "MASTER_ADDR": self.master, "MASTER_PORT": str(PORT)}
-        if self.gpus:
+        if self.gpus and int(os.environ.get("GOSYM_TEST_RANKS_PER_GPU", "1") or "1") <= 1:
+            # (ranks that share GPUs see them all: wcommon.cuda_device picks one)
             first = sum(self.counts[:host])
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(self.counts[host]))
         return env

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import Job, base_env, cuda_device_count, run_python, run_torchrun, worker_script
+from conftest import Job, base_env, cuda_ranks, run_python, run_torchrun, worker_script
 from simhosts import IdHosts, SimHosts, unavailable
 from test_fuzz import check as check_fuzz
 from test_fuzz import fuzz_args
@@ -210,7 +210,7 @@ def test_one_host_is_unchanged(outdir):
 
 def gpus_per_host() -> int:
     """Two simulated hosts get half the GPUs each, at most 2 (skips below 2 GPUs)."""
-    gpus = cuda_device_count()
+    gpus = cuda_ranks()
     if gpus < 2:
         pytest.skip(f"needs 2 GPUs, found {gpus}")
     return min(gpus // 2, 2)
