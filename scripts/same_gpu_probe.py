@@ -1,3 +1,7 @@
+"""Whether ranks can share one GPU: torchrun --nproc-per-node 2 scripts/same_gpu_probe.py
+{nccl,gosym} puts every rank on cuda:0 and checks all_reduce and all_gather_into_tensor
+(NCCL needs NCCL_HOSTID per rank for it). Session 29 on 1xH200: both exact, which
+tests/conftest.py's GOSYM_TEST_RANKS_PER_GPU builds on."""
 import os, sys, time, torch, torch.distributed as dist
 backend = sys.argv[1]
 if backend == "gosym":
