@@ -5,7 +5,11 @@
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck; for conform,
 # build/pydeps (make pydeps: expecttest, which torch's suite imports).
-# Refuses to run anything unless the multicast safety variables are set.
+# Refuses to run anything unless the multicast safety variables are set. Do not wrap it in
+# `timeout`: bash runs its TERM trap (which packs $out) only once the running step returns,
+# and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
+# the device's own limit signals the whole process group, and each step has its own limit.
+# GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
 # Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
