@@ -36,6 +36,8 @@ setting() {
 	tag="" extra=()
 	[[ $1 == default ]] || { tag="-${1//[^A-Za-z0-9]/-}"; IFS=+ read -ra extra <<<"$1"; }
 }
+# the ranks the GPU jobs may place: the GPUs times GOSYM_TEST_RANKS_PER_GPU
+slots() { echo $(($(nvidia-smi -L | wc -l) * ${GOSYM_TEST_RANKS_PER_GPU:-1})); }
 rows() { grep -E "^[a-z_]+ +[0-9]+[KMG]? |CORRECTNESS|^error" | awk '/^[a-z_]+ /{print $2, $3, $4, $5, $NF; next} {print}'; }
 ((${#steps[@]})) || steps=(check test bench graph sanitize)
 nvidia-smi -L
@@ -55,7 +57,7 @@ for s in "${steps[@]}"; do
 		# real clients (FSDP2, DTensor, DDP, pipelining, DCP, compile) against NCCL, one pytest
 		# per world (GOSYM_CLIENTS_WORLDS, default every GPU world here), each within its own limit;
 		# the outcomes of each world land in $out as soon as its jobs end
-		ngpu=$(nvidia-smi -L | wc -l)
+		ngpu=$(slots)
 		for w in ${GOSYM_CLIENTS_WORLDS:-$(seq 2 "$ngpu")}; do
 			((w > ngpu)) && continue
 			echo "== pytest tests/jobs/clients/test_clients.py -k cuda-w$w-"
@@ -273,8 +275,8 @@ for s in "${steps[@]}"; do
 		done | tee $out/fuzz-seeds.txt
 		summary+=("fuzz-seeds: $(grep -c 'exit 0' $out/fuzz-seeds.txt) of ${#runs[@]} passed") ;;
 	fuzz-slow)
-		# the CUDA fuzzer at every GPU, each step slower than 1 s named (where a run stalls)
-		ngpu=$(nvidia-smi -L | wc -l)
+		# the CUDA fuzzer at every GPU (GPU slot), each step slower than 1 s named (where a run stalls)
+		ngpu=$(slots)
 		echo "== fuzzer on CUDA at world $ngpu, seed ${GOSYM_FUZZ_SEED:-101}, threads ${GOSYM_FUZZ_THREADS:-1}"
 		mkdir -p /tmp/fuzz-slow
 		GOSYM_FUZZ_SLOW_S=1 GOSYM_TEST_OUT=/tmp/fuzz-slow PYTHONPATH=python:tests/jobs/common:tests/jobs/fuzz timeout "${GOSYM_FUZZ_S:-240}" torchrun --nproc-per-node "$ngpu" \
