@@ -24,6 +24,8 @@ from .tensors import (_WIRE, _bytes, _divide, _fold, _fold_hosts, _opts, _red_wi
 
 
 GENERAL = object()  # _flat_now's answer where the op takes the general path
+
+
 def _same(t):
     return t
 
