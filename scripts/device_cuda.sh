@@ -36,6 +36,9 @@ setting() {
 	tag="" extra=()
 	[[ $1 == default ]] || { tag="-${1//[^A-Za-z0-9]/-}"; IFS=+ read -ra extra <<<"$1"; }
 }
+# the CPU benches' ops and sizes (cpuhostbench, cpubench)
+cpu_ops=${GOSYM_CPUHOST_OPS:-all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single}
+cpu_sizes=${GOSYM_CPUHOST_SIZES:-1K,4K,16K,64K,256K,1M,4M,16M,64M}
 # the ranks the GPU jobs may place: the GPUs times GOSYM_TEST_RANKS_PER_GPU
 slots() { echo $(($(nvidia-smi -L | wc -l) * ${GOSYM_TEST_RANKS_PER_GPU:-1})); }
 rows() { grep -E "^[a-z_]+ +[0-9]+[KMG]? |CORRECTNESS|^error" | awk '/^[a-z_]+ /{print $2, $3, $4, $5, $NF; next} {print}'; }
@@ -163,8 +166,8 @@ for s in "${steps[@]}"; do
 				for i in $(seq 1 "$runs"); do
 					echo "== CPU bench across hosts of $h ranks ($name, told apart by id) $setting, run $i: gosym-hier, gosym-flat, gloo"
 					env "${extra[@]}" timeout 240 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 -m gosym.bench --device cpu \
-						--backends gosym-hier,gosym-flat,gloo --ops "${GOSYM_CPUHOST_OPS:-all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single}" \
-						--sizes "${GOSYM_CPUHOST_SIZES:-1K,4K,16K,64K,256K,1M,4M,16M,64M}" --target-time 0.3 --min-iters 5 \
+						--backends gosym-hier,gosym-flat,gloo --ops "$cpu_ops" \
+						--sizes "$cpu_sizes" --target-time 0.3 --min-iters 5 \
 						--json "$out/bench-hier-cpu-$name-idhosts$tag-run$i.json" 2>&1 | tail -48
 				done
 			done
@@ -177,8 +180,8 @@ for s in "${steps[@]}"; do
 			for n in 2 4; do
 				echo "== CPU bench on one host of $n ranks $setting: gosym, gloo"
 				env "${extra[@]}" timeout 240 python3 -m gosym.bench --device cpu --nproc "$n" --backends gosym,gloo \
-					--ops "${GOSYM_CPUHOST_OPS:-all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single}" \
-					--sizes "${GOSYM_CPUHOST_SIZES:-1K,4K,16K,64K,256K,1M,4M,16M,64M}" --target-time 0.3 --min-iters 5 \
+					--ops "$cpu_ops" \
+					--sizes "$cpu_sizes" --target-time 0.3 --min-iters 5 \
 					--json "$out/bench-cpu-1x$n$tag.json" 2>&1 | grep -E "^[a-z_]+ +[0-9]"
 			done
 		done ;;

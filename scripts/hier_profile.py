@@ -25,12 +25,7 @@ import torch
 import torch.distributed as dist
 
 import gosym  # noqa: F401 - registers the backend
-
-_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def _bytes(s):
-    return int(s[:-1]) * _UNITS[s[-1]] if s[-1] in _UNITS else int(s)
+from gosym.bench import parse_size
 
 
 def _op(name, x, world):
@@ -58,11 +53,11 @@ class _Steps:
 
     def __init__(self, g):
         from gosym.hier import algorithms
-        self.total, self.g, self.alg, self.undo = {}, g, algorithms, []
+        self.total, self.undo = {}, []
         for name in ("_reduce_scatter_base", "_allgather_base", "broadcast", "reduce"):
             self._wrap(g._local, name, f"host {name.strip('_')}")
-        self._wrap(g, "_rail_swap", "rail post", works=True)
-        self._wrap(g, "_inter_allreduce", "rail all_reduce post", finisher=True)
+        self._wrap(g, "_rail_swap", "rail post", works="rail wait")
+        self._wrap(g, "_inter_allreduce", "rail all_reduce post", finisher="rail all_reduce wait")
         self._wrap(algorithms, "_wait", "inner wait")
         fold = algorithms._fold
 
@@ -87,15 +82,16 @@ class _Steps:
         self.undo.append((obj, name, obj.__dict__.get(name)))
         setattr(obj, name, value)
 
-    def _wrap(self, obj, name, label, works=False, finisher=False):
-        fn = getattr(obj, name)
-        timed = self._timed(fn, label)
+    def _wrap(self, obj, name, label, works=None, finisher=None):
+        """obj.name timed as label; works / finisher: the label of waiting for the Works it
+        returns / of calling the function it returns."""
+        timed = self._timed(getattr(obj, name), label)
         if works:
             def timed(*a, _t=timed, **k):
-                return [_TimedWork(w, self, f"{label[:-5]} wait") for w in _t(*a, **k)]
+                return [_TimedWork(w, self, works) for w in _t(*a, **k)]
         elif finisher:
             def timed(*a, _t=timed, **k):
-                return self._timed(_t(*a, **k), f"{label[:-5]} wait")
+                return self._timed(_t(*a, **k), finisher)
         self._set(obj, name, timed)
 
     def restore(self):
@@ -144,7 +140,7 @@ def main():
     gl = dist.new_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     for s in a.sizes.split(","):
-        fn = _op(a.op, _bytes(s), world)
+        fn = _op(a.op, parse_size(s), world)
         plain = _per_op(fn, None, a.iters, gl)
         ref = _per_op(fn, gl, a.iters, gl)
         steps = _Steps(dist.group.WORLD._get_backend(torch.device("cpu")))

@@ -173,7 +173,7 @@ class HierAlgorithms(HierBase):
         overlaps the next chunk's reduce-scatter), then intra-host all_gather."""
         n, total = self._n, buf.numel()
         step = max(n, self._chunk // buf.element_size() // n * n)
-        prev = None
+        swap, prev = self._swaps(buf), None
         for a in range(0, total, step):
             seg = buf.narrow(0, a, min(step, total - a))
             pad = -seg.numel() % n
@@ -184,7 +184,7 @@ class HierAlgorithms(HierBase):
             shard = buf.new_empty(segp.numel() // n)
             _wait(self._local._reduce_scatter_base(
                 shard, segp, _opts(_c10d.ReduceScatterOptions, reduceOp=lop)))
-            finish = self._rail_allreduce(shard, iop, dev, self._swaps(buf))
+            finish = self._rail_allreduce(shard, iop, dev, swap)
             if prev is not None:
                 self._ar_gather(*prev)
             prev = (seg, segp, shard, finish)
