@@ -288,9 +288,13 @@ for s in "${steps[@]}"; do
 		echo "exit $?"; grep -E "^fuzz rank|rror|FAIL" /tmp/fuzz-slow/log | tail -40
 		cp /tmp/fuzz-slow/log "$out/fuzz-slow.log" ;;
 	test)
+		# one line per test into $out as it ends (a call cut off by its limit still says which
+		# test ran last: session 30's world-4 run kept 13 progress dots and no name);
+		# GOSYM_PYTEST_TIMEOUT bounds each test
 		echo "== pytest tests/jobs/cuda/test_cuda*.py"
-		timeout 480 python3 -m pytest -q --timeout=450 -p no:cacheprovider tests/jobs/cuda/test_cuda*.py ${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} \
-			--junitxml="$out/test_cuda.xml" 2>&1 | tail -40 | tee /tmp/gosym-pytest.tail
+		timeout 480 python3 -m pytest -v -rfE --timeout="${GOSYM_PYTEST_TIMEOUT:-450}" -p no:cacheprovider tests/jobs/cuda/test_cuda*.py \
+			${GOSYM_PYTEST_K:+-k "$GOSYM_PYTEST_K"} --junitxml="$out/test_cuda.xml" >"$out/test_cuda.log" 2>&1
+		grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Timeout" "$out/test_cuda.log" | tail -45 | tee /tmp/gosym-pytest.tail
 		summary+=("pytest: $(tail -1 /tmp/gosym-pytest.tail)")
 		# the workers' result files, flat (the device returns shallow trees only)
 		find /tmp/pytest-of-*/ -name '*.json' 2>/dev/null | while read -r f; do
