@@ -252,6 +252,20 @@ int32_t gosym_view_release(uint64_t view);
 void *gosym_pool_alloc(int64_t size, int32_t device, void *stream);
 void gosym_pool_free(void *ptr, int64_t size, int32_t device, void *stream);
 
+/*
+ * Host memory reduced outside any group: dst[i] = srcs[0][i] op srcs[1][i] op
+ * ... op srcs[k-1][i] for i < count, combined left to right (so callers that
+ * pass the same sources in the same order get the same bits) by the engine's
+ * CPU loops: float16 and bfloat16 accumulate in float32 and round once, AVG
+ * divides by k, PREMUL_SUM multiplies each source by scale. dst may be one of
+ * the sources exactly. Split in shares of 256 KiB or more across the threads
+ * a rank gets where `ranks` ranks share the host's cores (GOSYM_THREADS, else
+ * cores / ranks, 1 to 8), as a group's own reductions are. fp8 is refused, as
+ * Gloo refuses it.
+ */
+int32_t gosym_host_reduce(uint64_t dst, const uint64_t *srcs, int32_t k, uint64_t count,
+                          int32_t dtype, int32_t red_op, double scale, int32_t ranks);
+
 /* Process-wide counters (live handles, fds, mappings) as JSON. */
 int32_t gosym_stats(char *buf, uint64_t cap, uint64_t *len);
 

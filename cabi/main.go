@@ -211,6 +211,24 @@ func gosym_driver_timing(on C.int32_t) (rc C.int32_t) {
 	return C.GOSYM_OK
 }
 
+//export gosym_host_reduce
+func gosym_host_reduce(dst C.uint64_t, srcs *C.gosym_cu64, k C.int32_t, count C.uint64_t, dt, red C.int32_t,
+	scale C.double, ranks C.int32_t) (rc C.int32_t) {
+	defer guard(&rc)
+	if dst == 0 || srcs == nil || k <= 0 || k > 1<<16 || uint64(count) > 1<<46 {
+		return ret(errArg("host_reduce: bad destination, %d sources or %d elements", int32(k), uint64(count)))
+	}
+	ss := make([]uintptr, k)
+	for i, a := range unsafe.Slice(srcs, int(k)) {
+		if a == 0 {
+			return ret(errArg("host_reduce: source %d is null", i))
+		}
+		ss[i] = uintptr(a)
+	}
+	return ret(gobackend.HostReduce(uintptr(dst), ss, int(count), gobackend.DType(dt), gobackend.RedOp(red),
+		float64(scale), int(ranks)))
+}
+
 //export gosym_debug_stacks
 func gosym_debug_stacks(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)

@@ -1,6 +1,8 @@
 package gobackend
 
 import (
+	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 )
@@ -17,4 +19,31 @@ func hostReduceSupport(op *Op) error {
 		}
 	}
 	return nil
+}
+
+// HostReduce reduces host memory outside any group: dst <- srcs[0] op
+// srcs[1] op ... op srcs[k-1], count elements of dt each, combined in order
+// by the CPU plane's loops (float16/bfloat16 accumulate in float32), in
+// shares across the goroutines a rank of a group of ranks ranks gets
+// (GOSYM_THREADS, else cores / ranks). A group across hosts finishes a
+// reduction with it (the rail's swaps): the engine's loops, not torch's,
+// whose intra-op threads a job not launched by torchrun leaves at one per
+// core in every rank.
+func HostReduce(dst uintptr, srcs []uintptr, count int, dt DType, op RedOp, scale float64, ranks int) error {
+	if !dt.Valid() {
+		return status.Errorf(status.InvalidArg, "gosym: host_reduce: unknown dtype %d", int(dt))
+	}
+	if dt.IsFloat8() {
+		return status.Errorf(status.NotSupported, "gosym: host_reduce of %s is not supported (Gloo has no fp8 reductions)", dt)
+	}
+	if err := dtype.Supports(dt, op); err != nil {
+		return status.Errorf(status.NotSupported, "gosym: host_reduce: %v", err)
+	}
+	if len(srcs) == 0 || count < 0 {
+		return status.Errorf(status.InvalidArg, "gosym: host_reduce: %d sources of %d elements", len(srcs), count)
+	}
+	es := dt.Size()
+	return host.ParReduce(threadsFor(ranks), dst, srcs, count*es, es, func(d uintptr, s []uintptr, c int) error {
+		return host.Reduce(d, s, c, dt, op, scale)
+	})
 }

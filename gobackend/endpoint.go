@@ -47,13 +47,19 @@ type Config struct {
 	Watchdog   time.Duration // between two checks for lost peers (GOSYM_WATCHDOG_MS; 0: none)
 }
 
+// threadsFor is GOSYM_THREADS, else the cores each of ranks ranks sharing
+// them gets, from 1 to 8: the goroutines of one large host copy or reduction.
+func threadsFor(ranks int) int {
+	return config.Threads.Or(max(1, min(8, runtime.NumCPU()/max(1, ranks))))
+}
+
 // DefaultConfig reads the GOSYM_* tunables for a group of world ranks; a
 // bad value of any setting the engine reads is an error naming it.
 func DefaultConfig(world int) (Config, error) {
 	return Config{
 		StageBytes: config.StageBytes.Get(),
 		BoxBytes:   config.BoxBytes.Get(),
-		Threads:    config.Threads.Or(max(1, min(8, runtime.NumCPU()/world))),
+		Threads:    threadsFor(world),
 		Spin:       time.Duration(config.SpinUS.Get()) * time.Microsecond,
 		DirectMin:  config.DirectMin.Get(),
 		Slots:      config.Slots.Get(),

@@ -10,7 +10,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -183,6 +183,17 @@ for s in "${steps[@]}"; do
 					--ops "$cpu_ops" \
 					--sizes "$cpu_sizes" --target-time 0.3 --min-iters 5 \
 					--json "$out/bench-cpu-1x$n$tag.json" 2>&1 | grep -E "^[a-z_]+ +[0-9]"
+			done
+		done ;;
+	foldbench)
+		# the across-hosts fold (scripts/fold_bench.py): the engine's loops against torch's ops,
+		# 4 processes folding at once (a host's ranks), torch's threads as a launcher other than
+		# torchrun leaves them (one per core) and as torchrun sets them (1)
+		for tt in 0 1; do
+			for h in 2 3; do
+				echo "== fold of $h hosts' buffers, 4 processes, torch threads ${tt/#0/left}"
+				timeout 120 python3 scripts/fold_bench.py --procs 4 --hosts $h --sizes 64K,512K,4M,16M,64M \
+					--torch-threads $tt --json "$out/foldbench-h$h-t$tt.json" 2>&1 | tail -6
 			done
 		done ;;
 	cpuhostprofile)

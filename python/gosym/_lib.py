@@ -173,6 +173,8 @@ _SIGNATURES = {
     "gosym_op_run": (c_int32, [c_uint64, c_char_p]),
     "gosym_stats": (c_int32, [c_void_p, c_uint64, _u64p]),
     "gosym_debug_stacks": (c_int32, [c_void_p, c_uint64, _u64p]),
+    "gosym_host_reduce": (c_int32, [c_uint64, c_void_p, c_int32, c_uint64, c_int32, c_int32,
+                                    ctypes.c_double, c_int32]),
     "gosym_driver_timing": (c_int32, [c_int32]),
     "gosym_mem_alloc": (c_int32, [c_uint64, _u64p, _u64p]),
     "gosym_mem_map": (c_int32, [c_uint64, c_uint64, c_int32, _u64p]),
@@ -242,6 +244,7 @@ work_test = lib.gosym_work_test
 work_release = lib.gosym_work_release
 work_finish = lib.gosym_work_finish
 op_run = lib.gosym_op_run
+_host_reduce = lib.gosym_host_reduce
 
 
 def _exception_types():
@@ -310,6 +313,15 @@ def run(endpoint: int, desc: bytes) -> None:
         if not endpoint:
             raise RuntimeError("gosym: the process group has been shut down")
         raise error(st)
+
+
+def host_reduce(dst: int, srcs: list[int], count: int, dtype: int, red: int, scale: float,
+                ranks: int) -> None:
+    """gosym_host_reduce: count elements at address dst <- the sources' (addresses) reduced
+    in order with red (GOSYM_RED_*) by the engine's CPU loops, on the threads a rank of
+    ranks on this host gets (the GIL released meanwhile)."""
+    arr = (c_uint64 * len(srcs))(*srcs)
+    check(_host_reduce(dst, arr, len(srcs), count, dtype, red, scale, ranks), "host_reduce")
 
 
 def _read(fn, args, cap: int, extra: int) -> bytes:

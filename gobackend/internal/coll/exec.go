@@ -7,10 +7,10 @@
 package coll
 
 import (
-	"sync"
 	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
@@ -66,52 +66,17 @@ func NewExec(t Team, p Plane, rank, threads int) *Exec {
 	return &Exec{T: t, P: p, Rank: rank, Threads: max(1, threads), sentK: make([]uint32, w), recvK: make([]uint32, w)}
 }
 
-// parMin is the smallest share worth a goroutine of its own.
-const parMin = 256 << 10
-
-// par splits [0, n) bytes into aligned shares run concurrently.
-func (x *Exec) par(n, align int, fn func(lo, hi int)) {
-	t := min(x.Threads, n/parMin)
-	if t <= 1 {
-		fn(0, n)
-		return
-	}
-	share := (n/t + align - 1) / align * align
-	var wg sync.WaitGroup
-	for lo := share; lo < n; lo += share {
-		wg.Add(1)
-		go func(lo int) {
-			defer wg.Done()
-			fn(lo, min(lo+share, n))
-		}(lo)
-	}
-	fn(0, min(share, n))
-	wg.Wait()
-}
-
 func (x *Exec) copy(dst, src uintptr, n int) {
 	if n <= 0 || dst == src {
 		return
 	}
-	x.par(n, 64, func(lo, hi int) { x.P.Copy(dst+uintptr(lo), src+uintptr(lo), hi-lo) })
+	host.Par(x.Threads, n, 64, func(lo, hi int) { x.P.Copy(dst+uintptr(lo), src+uintptr(lo), hi-lo) })
 }
 
 func (x *Exec) reduce(o *ops.Op, dst uintptr, srcs []uintptr, n int) error {
-	es := o.DType.Size()
-	var err error
-	var mu sync.Mutex
-	x.par(n, 64, func(lo, hi int) {
-		s := make([]uintptr, len(srcs))
-		for i, a := range srcs {
-			s[i] = a + uintptr(lo)
-		}
-		if e := x.P.Reduce(dst+uintptr(lo), s, (hi-lo)/es, o.DType, o.RedOp, o.Scale); e != nil {
-			mu.Lock()
-			err = e
-			mu.Unlock()
-		}
+	return host.ParReduce(x.Threads, dst, srcs, n, o.DType.Size(), func(d uintptr, s []uintptr, c int) error {
+		return x.P.Reduce(d, s, c, o.DType, o.RedOp, o.Scale)
 	})
-	return err
 }
 
 // round is one step of a collective: put before the barrier, get after.

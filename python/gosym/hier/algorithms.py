@@ -19,8 +19,8 @@ from .lifetime import HierBase
 from .._errors import DistBackendError
 from .._tensors import _op_device
 from ..work import EventWork
-from .tensors import (_WIRE, _bytes, _divide, _fold, _fold_hosts, _opts, _red_wire, _split_op,
-                      _wait)
+from .tensors import (_WIRE, _bytes, _divide, _fold, _fold_hosts, _opts, _red_wire, _rows,
+                      _split_op, _wait)
 
 
 GENERAL = object()  # _flat_now's answer where the op takes the general path
@@ -215,7 +215,7 @@ class HierAlgorithms(HierBase):
         in host order (_fold_hosts: one message each way per pair, where Gloo's all_reduce
         takes two rounds between two hosts and more between more; every host ends with the
         same bits). Else Gloo's or NCCL's all_reduce."""
-        fold = _fold(op, buf)
+        fold = _fold(op, buf, self._n)
         if swap and dev == "cpu" and fold is not None:
             got = buf.new_empty(len(self._hosts), *buf.shape)
             works = self._rail_swap(dev, [buf] * len(self._hosts), got)
@@ -418,9 +418,8 @@ class HierAlgorithms(HierBase):
                 works.append(rail.send([part[h]], h, 0))
         for w in works:
             w.wait()
-        for h in range(hosts):
-            if h != self._host:
-                fold(out, got[h])
+        rows = _rows(got)
+        fold(out, [out.data_ptr()] + [rows[h] for h in range(hosts) if h != self._host])
 
     def _scatter_rows(self, out, inp, op, dev):
         """out (m) <- the reduction of every rank's row `rank` of inp (size x m, contiguous)."""
@@ -431,7 +430,7 @@ class HierAlgorithms(HierBase):
         if not self._hier("reduce_scatter_tensor", inp.numel() * inp.element_size(), dev):
             self._inter_reduce_scatter(self._group("flat", dev), out,
                                        inp if scale is None else inp * scale, iop)
-        elif self._blocks(dev) and (fold := _fold(iop, out)) is not None:
+        elif self._blocks(dev) and (fold := _fold(iop, out, self._n)) is not None:
             self._scatter_blocks(out, inp, lop, fold, dev)
         elif self._use_rails(inp.numel() * inp.element_size(), inp.numel()):
             # rows in (local index, host) order: the host's reduce-scatter gives each rank
