@@ -4,7 +4,7 @@ past what the channel's slots hold) at odd
 element offsets into poisoned, guarded destinations, compared bit for bit with what the
 peer sent; the ring of batch_isend_irecv with 64 MiB messages in both post orders (no
 deadlock); back-to-back isend/irecv with different tags; non-contiguous sources and
-destinations; a CUDA graph that captures a send/recv pair, replayed 20 times on new data; CPU and
+destinations; sends and receives whose Works are dropped unwaited, the device synchronized; a CUDA graph that captures a send/recv pair, replayed 20 times on new data; CPU and
 CUDA messages of one pair interleaved; last, a receive that expected another size
 (drained, destination untouched, the pair's next op raises what was sent). After each
 section, no kernel of the channel has recorded an error; at the end, a channel per peer.
@@ -186,9 +186,9 @@ def mismatch(ck, rank, peer, dev):
     """The pair's lower rank sends 1000 elements, the other expects 999: its kernel drains
     the message, writes nothing and records the mismatch, so its next CUDA send/recv with
     the sender raises an error that gives the size and tag the sender sent (the pair's
-    programs disagree; the error is sticky), at its wait(), which launches it. The recv
-    that drained may raise it already: its wait() launches the kernel and then reads the
-    pair's error, which a kernel that ran at once has recorded by then. Runs last."""
+    programs disagree; the error is sticky), by its wait() at the latest. The recv that
+    drained may raise it already: its kernel, enqueued at the call, may have recorded the
+    pair's error by the time its wait() reads it. Runs last."""
     case = "mismatch"
     if rank < peer:
         dist.send(_msg(case, rank, 1000, torch.float32, dev), dst=peer)
@@ -248,6 +248,31 @@ def graph(ck, rank, peer, dev):
     return "captured"
 
 
+def unwaited(ck, rank, peer, dev):
+    """isend/irecv and batch_isend_irecv whose Works are dropped unwaited, as is the send's
+    source, followed only by torch.cuda.synchronize(): the transfers still complete (NCCL
+    enqueues at the call and keeps the tensors until its kernel ran), and the source's
+    memory, handed out again and overwritten at once, does not change what arrives."""
+    n = 300_001
+    for case, batch in (("unwaited/isend", False), ("unwaited/batch", True)):
+        base, out = _poisoned(n, torch.float32, dev)
+        mine = _msg(case, rank, n, torch.float32, dev)
+        if batch:
+            dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer),
+                                    dist.P2POp(dist.irecv, out, peer)])
+        else:
+            dist.isend(mine, dst=peer)
+            dist.irecv(out, src=peer)
+        del mine
+        junk = torch.empty(n + 1, dtype=torch.float32, device=dev)
+        junk.fill_(float("nan"))  # on the memory the source may have left
+        torch.cuda.synchronize()
+        why = _differ(out, _msg(case, peer, n, torch.float32, dev))
+        ck.check(case, why is None, why or "")
+        _guards(ck, case, base, out)
+        del junk
+
+
 def mixed(ck, rank, peer, dev):
     """CPU and CUDA messages of one pair, interleaved: host messages match by tag on the
     host path, CUDA ones in order on the channel."""
@@ -280,7 +305,8 @@ def main():
         gosym_stats = gosym.stats
     sections = [("matrix", matrix, None), ("blocking", blocking, None),
                 ("ring", ring, (ck, rank, world, dev)), ("tagged", tagged, None),
-                ("strided", strided, None), ("graph", graph, None), ("mixed", mixed, None)]
+                ("strided", strided, None), ("unwaited", unwaited, None), ("graph", graph, None),
+                ("mixed", mixed, None)]
     graphs = []
     for name, fn, fargs in sections:
         t0 = time.perf_counter()

@@ -182,9 +182,10 @@ def test_cuda_p2p(tmp_path):
     """send/recv, isend/irecv and batch_isend_irecv on CUDA tensors, on every GPU, in pairs
     of ranks (an odd last rank pairs with rank 0 in a second round): every dtype and size
     up to 40 MiB bit for bit, the 64 MiB ring of every rank in both orders, tags in order,
-    strided tensors, a captured CUDA graph replayed, CPU and CUDA messages of one pair
-    interleaved, a drained mismatch that the pair's next op raises; one channel per peer
-    a rank talked to."""
+    strided tensors, sends and receives whose Works are dropped unwaited (only the device
+    synchronized, as NCCL allows: enqueued at the call), a captured CUDA graph replayed, CPU
+    and CUDA messages of one pair interleaved, a drained mismatch that the pair's next op
+    raises; one channel per peer a rank talked to."""
     world = _world()
     need_gpus(world)
     res = run_torchrun("cuda_p2p_worker", world, ["--timeout", 30], timeout=600,
@@ -193,6 +194,7 @@ def test_cuda_p2p(tmp_path):
     for r, x in enumerate(res.results):
         assert x["passed"] >= 200, f"rank {r}: the worker ran suspiciously few checks"
         assert x.get("graph") == "captured", x.get("graph")
+        assert x["info"].get("unwaited_s") is not None, "the unwaited section did not run"
         peers = x["info"]["p2p_peers"]
         assert x["stats"]["gpu_p2p_channels"] == len(peers), (peers, x["stats"])
 
