@@ -118,6 +118,10 @@ var (
 		"Extra `go build` flags for the pip build (setup.py), e.g. -mod=vendor.")
 	_ = textRow("GOSYM_PYTEST_K", "", Build,
 		"A pytest -k filter for scripts/device_cuda.sh.")
+	_ = textRow("GOSYM_PYTEST_TIMEOUT", "450", Build,
+		"Seconds each test of scripts/device_cuda.sh test may run (pytest-timeout).")
+	_ = textRow("GOSYM_CONFORM_BACKENDS", "nccl gosym", Build,
+		"The backends scripts/device_cuda.sh conform runs, space-separated; gosym alone compares with NCCL's committed outcomes (tests/jobs/conformance/expected).")
 	_ = textRow("GOSYM_CONFORM_SHARDS", "3", Build,
 		"Shards per backend and world size of scripts/device_cuda.sh conform (all run at once).")
 	_ = textRow("GOSYM_CONFORM_S", "480", Build,
