@@ -37,6 +37,11 @@ func TestParCoversTheRangeOnce(t *testing.T) {
 			require.Equal(t, 1, k, "byte %d of %+v covered %d times (shares %v)", i, c, k, shares)
 		}
 		assert.LessOrEqual(t, len(shares), max(1, c.threads), "%+v: %v", c, shares)
+		for _, s := range shares {
+			if s[1] < c.n {
+				assert.GreaterOrEqual(t, s[1]-s[0], ParMin, "share %v of %+v below ParMin", s, c)
+			}
+		}
 		if c.threads > 1 && c.n >= 2*ParMin {
 			assert.Greater(t, len(shares), 1, "%+v ran in one share", c)
 		}
