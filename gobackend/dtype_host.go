@@ -1,6 +1,7 @@
 package gobackend
 
 import (
+	"github.com/gosym/gosym/gobackend/internal/coll"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/ops"
@@ -43,7 +44,7 @@ func HostReduce(dst uintptr, srcs []uintptr, count int, dt DType, op RedOp, scal
 		return status.Errorf(status.InvalidArg, "gosym: host_reduce: %d sources of %d elements", len(srcs), count)
 	}
 	es := dt.Size()
-	return host.ParReduce(threadsFor(ranks), dst, srcs, count*es, es, func(d uintptr, s []uintptr, c int) error {
+	return coll.ParReduce(threadsFor(ranks), dst, srcs, count*es, es, func(d uintptr, s []uintptr, c int) error {
 		return host.Reduce(d, s, c, dt, op, scale)
 	})
 }

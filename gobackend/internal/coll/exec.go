@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/dtype"
-	"github.com/gosym/gosym/gobackend/internal/host"
 	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
 	"github.com/gosym/gosym/gobackend/internal/symm"
@@ -70,11 +69,11 @@ func (x *Exec) copy(dst, src uintptr, n int) {
 	if n <= 0 || dst == src {
 		return
 	}
-	host.Par(x.Threads, n, 64, func(lo, hi int) { x.P.Copy(dst+uintptr(lo), src+uintptr(lo), hi-lo) })
+	Par(x.Threads, n, 64, func(lo, hi int) { x.P.Copy(dst+uintptr(lo), src+uintptr(lo), hi-lo) })
 }
 
 func (x *Exec) reduce(o *ops.Op, dst uintptr, srcs []uintptr, n int) error {
-	return host.ParReduce(x.Threads, dst, srcs, n, o.DType.Size(), func(d uintptr, s []uintptr, c int) error {
+	return ParReduce(x.Threads, dst, srcs, n, o.DType.Size(), func(d uintptr, s []uintptr, c int) error {
 		return x.P.Reduce(d, s, c, o.DType, o.RedOp, o.Scale)
 	})
 }

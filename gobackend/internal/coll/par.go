@@ -1,4 +1,4 @@
-package host
+package coll
 
 import "sync"
 
@@ -28,7 +28,7 @@ func Par(threads, n, align int, fn func(lo, hi int)) {
 	wg.Wait()
 }
 
-// ParReduce runs reduce (a Reduce of fixed dtype and op) over n bytes of
+// ParReduce runs reduce (a Plane's Reduce of fixed dtype and op) over n bytes of
 // elements of es bytes at dst and srcs in Par's shares, each share's
 // addresses offset alike; the first error any share returned.
 func ParReduce(threads int, dst uintptr, srcs []uintptr, n, es int,
