@@ -410,6 +410,7 @@ class Bench:
         self.failures = {}
         self.ctrl = None
         self.hosts = None  # ranks per host where the gosym group spans hosts
+        self.hier_ops = None  # then, the ops that have a schedule across hosts
 
     # ---- setup
 
@@ -470,7 +471,10 @@ class Bench:
                 self.groups[b] = self._variant(env, timeout)
         st = _try(lambda: self.gosym.stats(self.groups["gosym"]))
         if isinstance(st, dict) and "hier" in st:
+            from .hier import schedule
+
             self.hosts = [len(h) for h in st["hier"]["hosts"]]
+            self.hier_ops = list(schedule.OPS)
         for b in args.backends:
             if b.startswith("gosym"):
                 continue
@@ -656,6 +660,9 @@ class Bench:
                 "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("GOSYM_")},
                 "default_backend": self.default_backend,
                 "hosts": self.hosts,
+                # the ops with a schedule across hosts in this build: what a hierarchical
+                # backend (gosym-hier) measured as itself (scripts/hier_table.py)
+                "hier_ops": self.hier_ops,
                 "measured_backends": measured,
                 "method": {
                     "latency": "per-iteration wall time (perf_counter_ns, or CUDA events), max "

@@ -56,6 +56,7 @@ def _group(choice="flat", check_args=False, inner=None):
     g._rank, g._size, g._name = 0, 4, "t"
     g._hosts, g._where = [[0, 1], [2, 3]], {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1)}
     g._shape, g._choice, g._check_args = "2x2", choice, check_args
+    g._n, g._balanced = 2, True
     g._paths, g._seq, g._broken, g._cuda, g._flat_host = {}, 0, None, None, set()
     g._runner = Runner("t")
     g._inner = {("flat", "cuda"): inner if inner is not None else _Inner()}
@@ -153,7 +154,8 @@ def test_flat_cuda_ops_are_the_inner_groups_own():
         got_name, got = inner.calls[-1]
         assert got_name == name
         assert len(got) == len(args) and all(_same(a, b) for a, b in zip(got, args)), op
-        assert g._paths.get(f"{op}/flat", 0) == (op in schedule.OPS)  # a2a has no choice
+        # all_to_all_single's schedule is for host tensors only: no choice asked on CUDA
+        assert g._paths.get(f"{op}/flat", 0) == (op in schedule.OPS and op != "all_to_all_single")
         assert g._seq == i + 1  # every op takes its sequence number, as on the general path
         assert g._cuda == 0
 
@@ -306,3 +308,25 @@ def test_what_gloo_does_not_take_as_it_is_takes_the_general_path():
     t = torch.randn(8)
     assert g._flat_now("all_reduce", 32, t, lambda pg, v: pg.allreduce([t], None), [t], True,
                        dist.ReduceOp.MAX) is not algorithms.GENERAL
+
+
+def test_host_all_to_all_single_of_equal_splits_may_take_host_blocks(monkeypatch):
+    """all_to_all_single of host tensors without split sizes asks the choice (hierarchical:
+    the general path, where _a2a_blocks runs); with split sizes (even equal ones: another
+    rank's may differ), an empty one, or a layout without host blocks it runs flat."""
+    gloo = _Gloo()
+    g = _host_group(gloo, choice="hier")
+    posted = []
+    monkeypatch.setattr(g, "_post", lambda what, *a, **k: posted.append(what))
+    inp, out = torch.randn(8, 3), torch.empty(8, 3)
+    aa = _c10d.AllToAllOptions()
+    assert g._a2a_applies(inp, ())
+    g.alltoall_base(out, inp, [], [], aa)
+    assert posted == ["all_to_all_single"] and not gloo.calls
+    for outs, ins in (([2, 2, 2, 2], [2, 2, 2, 2]), ([1, 3, 2, 2], [2, 2, 3, 1])):
+        assert not g._a2a_applies(inp, (*outs, *ins))
+        g.alltoall_base(out, inp, outs, ins, aa)
+        assert gloo.calls[-1][0] == "alltoall_base" and len(posted) == 1
+    assert not g._a2a_applies(torch.empty(0, 3), ())
+    g._hosts = [[0, 2], [1, 3]]  # a host's ranks not consecutive: no host blocks
+    assert not g._a2a_applies(inp, ())

@@ -58,9 +58,11 @@ class HierAlgorithms(HierBase):
         self._paths[key] = self._paths.get(key, 0) + 1
         return path == schedule.HIER
 
-    def _flat_now(self, what, nbytes, keep, issue, out=None, async_op=True, red=None):
-        """The flat group's own op `what` (its schedule name, or all_to_all_single, which is
-        always flat; nbytes of one rank's input; keep its tensor, or its (output, input)),
+    def _flat_now(self, what, nbytes, keep, issue, out=None, async_op=True, red=None,
+                  choice=True):
+        """The flat group's own op `what` (its schedule name, asked of the choice unless
+        choice is False: an op whose hierarchical schedule does not apply to these
+        arguments; nbytes of one rank's input; keep its tensor, or its (output, input)),
         issued at once by issue(pg, flat) with the caller's tensors and options, as a plain
         NCCL or Gloo group would run it; GENERAL where the op must take _post instead:
         non-contiguous or empty tensors, a dtype the inner engines do not move as itself
@@ -86,7 +88,7 @@ class HierAlgorithms(HierBase):
         where = "cpu" if dev < 0 else "cuda"
         if ts[-1].dtype not in _WIRE or where == "cpu" and not _gloo_takes(ts[-1], red):
             return GENERAL  # the general path moves other dtypes as bytes
-        chosen = what in schedule.OPS  # all_to_all has no choice (nor a count in the stats)
+        chosen = choice and what in schedule.OPS
         if chosen and schedule.choose(where, what, nbytes, self._shape,
                                       self._choice) != schedule.FLAT:
             return GENERAL
@@ -420,6 +422,37 @@ class HierAlgorithms(HierBase):
             w.wait()
         rows = _rows(got)
         fold(out, [out.data_ptr()] + [rows[h] for h in range(hosts) if h != self._host])
+
+    def _a2a_applies(self, t, split_sizes):
+        """Whether all_to_all_single of t may take host blocks (_a2a_blocks): host tensors,
+        the host-blocks layout (_blocks), equal splits by contract (no split sizes given on
+        any rank: whether sizes that happen to be equal on one rank are on another is not
+        known there) and something to move."""
+        return (_op_device(t) < 0 and not any(split_sizes) and t.numel() > 0
+                and self._blocks("cpu"))
+
+    def _a2a_blocks(self, out, inp, dev):
+        """all_to_all_single of equal splits along the rails from host blocks (out, inp:
+        contiguous bytes, one equal block per rank): this rank's input rows for host h's
+        ranks, contiguous in the host-blocks layout, go to its rail's rank on h, one message
+        per other host where the flat op sends one per rank; each host's block, this host's
+        own at once while the others travel, the others' as they arrive, is spread among the
+        host's ranks by one all_to_all of the local group, straight into this rank's output
+        rows from that host (rank l of host h receives from its rail's rank of host h' the
+        rows that h''s ranks of local index l send to host h, in local-index order: the
+        local all_to_all gives local rank l' its row and this rank the rows of h''s ranks for
+        it, row l of that host's block). No copy beyond the received blocks."""
+        hosts = len(self._hosts)
+        ins, outs = inp.view(hosts, -1), out.view(hosts, -1)
+        got = inp.new_empty(ins.shape)
+        works = self._rail_swap(dev, ins, got)
+        opts = _opts(_c10d.AllToAllOptions)
+        _wait(self._local.alltoall_base(outs[self._host], ins[self._host], [], [], opts))
+        for w in works:
+            w.wait()
+        for h in range(hosts):
+            if h != self._host:
+                _wait(self._local.alltoall_base(outs[h], got[h], [], [], opts))
 
     def _scatter_rows(self, out, inp, op, dev):
         """out (m) <- the reduction of every rank's row `rank` of inp (size x m, contiguous)."""

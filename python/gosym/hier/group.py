@@ -3,8 +3,9 @@
 Each op checks what it can at the call, then runs as a sequence of steps on the inner
 groups (gosym.hier.lifetime posts them; gosym.hier.algorithms holds the paths between
 hosts): reductions, broadcast and the gathers on the flat inter-host group or through the
-leaders or along the rails, as gosym.hier.schedule chooses; all_to_all, gather, scatter and
-send/recv across hosts on the flat inter-host group.
+leaders or along the rails, as gosym.hier.schedule chooses, and all_to_all_single of equal
+splits on host tensors too; the other all_to_all forms, gather, scatter and send/recv across
+hosts on the flat inter-host group.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .. import profiling as _profiling
 from .._tensors import _one, _op_device, _same_dtype
 from ..work import EventWork
 from .algorithms import GENERAL, HierAlgorithms
-from .tensors import _bytes, _contig, _copy_back, _opts, _split_op, _wait
+from .tensors import _bytes, _contig, _copy_back, _flat_bytes, _opts, _split_op, _wait
 
 
 class _Received(EventWork):
@@ -256,20 +257,24 @@ class HierGroup(HierAlgorithms):
                 raise ValueError(f"gosym: all_to_all_single: {what} splits {list(splits)} do "
                                  f"not split dim 0 ({rows}) among {self._size} ranks")
 
-        w = self._flat_now("all_to_all_single", input.numel() * input.element_size(),
-                           (output, input),
+        nbytes = input.numel() * input.element_size()
+        blocks = self._a2a_applies(input, (*output_split_sizes, *input_split_sizes))
+        w = self._flat_now("all_to_all_single", nbytes, (output, input),
                            lambda pg, v: pg.alltoall_base(output, input, output_split_sizes,
                                                           input_split_sizes, opts),
-                           [output], opts.asyncOp)
+                           [output], opts.asyncOp, choice=blocks)
         if w is not GENERAL:
             return w
 
         def run(dev):
             cb = []
             out = _contig(output, cb)
-            _wait(self._group("flat", dev).alltoall_base(
-                _bytes(out), _bytes(input.contiguous()), list(output_split_sizes),
-                list(input_split_sizes), _opts(_c10d.AllToAllOptions)))
+            if blocks and self._hier("all_to_all_single", nbytes, dev):
+                self._a2a_blocks(_flat_bytes(out), _flat_bytes(input.contiguous()), dev)
+            else:
+                _wait(self._group("flat", dev).alltoall_base(
+                    _bytes(out), _bytes(input.contiguous()), list(output_split_sizes),
+                    list(input_split_sizes), _opts(_c10d.AllToAllOptions)))
             _copy_back(cb)
 
         return self._post("all_to_all_single", (output, input), [output], run, opts.asyncOp)

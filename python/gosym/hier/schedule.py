@@ -23,8 +23,14 @@ from .measured import TABLE
 HIER, FLAT = "hier", "flat"
 MODES = ("table", HIER, FLAT)  # GOSYM_HIER_CHOICE's words
 # The ops that have a hierarchical schedule, by their gosym.bench names; the list forms and
-# all_reduce_coalesced take their tensor form's points.
-OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "reduce")
+# all_reduce_coalesced take their tensor form's points (all_to_all_single: of equal splits
+# on host tensors in the host-blocks layout only; every other all_to_all runs flat).
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "reduce",
+       "all_to_all_single")
+# The ops a report measured as themselves where it does not say (gosym.bench records its
+# build's OPS as "hier_ops" since session 30, when all_to_all_single got its schedule: before,
+# a hierarchical backend's all_to_all_single ran flat, and its points say nothing).
+_OPS_BEFORE_RECORDED = OPS[:5]
 
 
 def shape(counts) -> str:
@@ -78,7 +84,8 @@ def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], d
     flat path, what choosing flat costs; or, where that was not measured, the inter-host
     engine's own group). The entry:
     {"sources": the files, "hier": hier, "flat": flat, "ops": op -> points}: for each op of
-    OPS that both measured without error in every report, the points (bytes of one rank's
+    OPS that both measured without error in every report (and that the report's build had
+    a schedule for: its "hier_ops"), the points (bytes of one rank's
     input, hier us, flat us) by size, each the median over the reports of their medians
     (several runs, where one disturbed run must not decide). The shape comes from the
     reports' "hosts" (ranks per host: gosym.bench records them for a group across hosts),
@@ -92,9 +99,11 @@ def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], d
             raise ValueError(f"{source}: the report names no hosts (gosym.bench records them "
                              "for a group across hosts): give them with the source")
         keys.add((report["config"]["device"], shape(named or hosts)))
+        scheduled = report.get("hier_ops") or _OPS_BEFORE_RECORDED
         runs.append({(r["backend"], r["op"], r["size"]): r["median_us"]
                      for r in report["results"]
-                     if r.get("backend") in (hier, flat) and "error" not in r})
+                     if r.get("backend") in (hier, flat) and "error" not in r
+                     and r["op"] in scheduled})
     if len(keys) != 1:
         raise ValueError(f"one entry's reports must share a device type and shape, got "
                          f"{sorted(keys)}")

@@ -110,6 +110,11 @@ def _bytes(t):
     return t.reshape(rows, math.prod(t.shape[1:])).view(torch.uint8)
 
 
+def _flat_bytes(t):
+    """A contiguous t as one row of bytes."""
+    return t.reshape(-1).view(torch.uint8)
+
+
 def _contig(t, cb):
     """A contiguous t (a temporary whose contents go back into t through cb)."""
     if t.is_contiguous():
