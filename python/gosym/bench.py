@@ -474,7 +474,7 @@ class Bench:
             from .hier import schedule
 
             self.hosts = [len(h) for h in st["hier"]["hosts"]]
-            self.hier_ops = list(schedule.OPS)
+            self.hier_ops = schedule.ops_for(args.device)
         for b in args.backends:
             if b.startswith("gosym"):
                 continue

@@ -148,3 +148,28 @@ def test_entry_of_several_runs_takes_the_median():
     with pytest.raises(ValueError, match="share a device type and shape"):
         schedule.entry([("a", runs[0]), ("b", dict(runs[0], config={"device": "cuda"}))],
                        "g", "x")
+
+
+def test_all_to_all_single_has_a_schedule_on_host_tensors_only():
+    assert "all_to_all_single" in schedule.ops_for("cpu")
+    assert "all_to_all_single" not in schedule.ops_for("cuda")
+    assert set(schedule.ops_for("cuda")) == set(schedule.OPS) - {"all_to_all_single"}
+
+
+def test_points_only_from_reports_whose_build_had_the_schedule():
+    """A report from before gosym.bench recorded hier_ops (session 30) gives no
+    all_to_all_single points (its gosym-hier ran that op flat); one that records it does."""
+    def report(hier_ops):
+        rows = [{"backend": b, "op": op, "size": 1024, "median_us": us}
+                for op in ("all_reduce", "all_to_all_single")
+                for b, us in (("gosym-hier", 1.0), ("gosym-flat", 2.0))]
+        r = {"config": {"device": "cpu"}, "hosts": [2, 2], "results": rows}
+        if hier_ops is not None:
+            r["hier_ops"] = hier_ops
+        return r
+
+    _, old = schedule.entry([("old.json", report(None))], "gosym-hier", "gosym-flat")
+    assert sorted(old["ops"]) == ["all_reduce"]
+    _, new = schedule.entry([("new.json", report(schedule.ops_for("cpu")))], "gosym-hier",
+                            "gosym-flat")
+    assert sorted(new["ops"]) == ["all_reduce", "all_to_all_single"]

@@ -31,6 +31,13 @@ OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadca
 # build's OPS as "hier_ops" since session 30, when all_to_all_single got its schedule: before,
 # a hierarchical backend's all_to_all_single ran flat, and its points say nothing).
 _OPS_BEFORE_RECORDED = OPS[:5]
+# ops whose schedule runs on some device types only (elsewhere they always run flat)
+_ONLY_ON = {"all_to_all_single": ("cpu",)}
+
+
+def ops_for(device: str) -> list[str]:
+    """The ops of OPS that have a schedule across hosts for tensors on device."""
+    return [op for op in OPS if device in _ONLY_ON.get(op, (device,))]
 
 
 def shape(counts) -> str:
