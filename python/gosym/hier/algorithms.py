@@ -442,17 +442,17 @@ class HierAlgorithms(HierBase):
         rows that h''s ranks of local index l send to host h, in local-index order: the
         local all_to_all gives local rank l' its row and this rank the rows of h''s ranks for
         it, row l of that host's block). No copy beyond the received blocks."""
-        hosts = len(self._hosts)
+        hosts, me = len(self._hosts), self._host
         ins, outs = inp.view(hosts, -1), out.view(hosts, -1)
-        got = inp.new_empty(ins.shape)
-        works = self._rail_swap(dev, ins, got)
+        others = [h for h in range(hosts) if h != me]
+        got = dict(zip(others, inp.new_empty(len(others), ins.shape[1])))
+        works = iter(self._rail_swap(dev, ins, got))  # a receive and a send per other host
         opts = _opts(_c10d.AllToAllOptions)
-        _wait(self._local.alltoall_base(outs[self._host], ins[self._host], [], [], opts))
-        for w in works:
-            w.wait()
-        for h in range(hosts):
-            if h != self._host:
-                _wait(self._local.alltoall_base(outs[h], got[h], [], [], opts))
+        _wait(self._local.alltoall_base(outs[me], ins[me], [], [], opts))
+        for h in others:  # in host order on every rank: the local group's ops match
+            next(works).wait()
+            next(works).wait()
+            _wait(self._local.alltoall_base(outs[h], got[h], [], [], opts))
 
     def _scatter_rows(self, out, inp, op, dev):
         """out (m) <- the reduction of every rank's row `rank` of inp (size x m, contiguous)."""
