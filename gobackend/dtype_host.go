@@ -14,10 +14,16 @@ import (
 func hostReduceSupport(op *Op) error {
 	switch op.Kind {
 	case ops.AllReduce, ops.Reduce, ops.ReduceScatter:
-		if op.DType.IsFloat8() {
-			return status.Errorf(status.NotSupported, "gosym: %s of %s on CPU tensors is not supported (Gloo has no fp8 reductions; CUDA tensors reduce it)",
-				op.Kind, op.DType)
-		}
+		return hostFloat8(op.Kind.String(), op.DType)
+	}
+	return nil
+}
+
+// hostFloat8 refuses what (a reduction of host memory) of dt where dt is fp8.
+func hostFloat8(what string, dt DType) error {
+	if dt.IsFloat8() {
+		return status.Errorf(status.NotSupported, "gosym: %s of %s on CPU tensors is not supported (Gloo has no fp8 reductions; CUDA tensors reduce it)",
+			what, dt)
 	}
 	return nil
 }
@@ -34,8 +40,8 @@ func HostReduce(dst uintptr, srcs []uintptr, count int, dt DType, op RedOp, scal
 	if !dt.Valid() {
 		return status.Errorf(status.InvalidArg, "gosym: host_reduce: unknown dtype %d", int(dt))
 	}
-	if dt.IsFloat8() {
-		return status.Errorf(status.NotSupported, "gosym: host_reduce of %s is not supported (Gloo has no fp8 reductions)", dt)
+	if err := hostFloat8("host_reduce", dt); err != nil {
+		return err
 	}
 	if err := dtype.Supports(dt, op); err != nil {
 		return status.Errorf(status.NotSupported, "gosym: host_reduce: %v", err)

@@ -217,8 +217,8 @@ class HierAlgorithms(HierBase):
         in host order (_fold_hosts: one message each way per pair, where Gloo's all_reduce
         takes two rounds between two hosts and more between more; every host ends with the
         same bits). Else Gloo's or NCCL's all_reduce."""
-        fold = _fold(op, buf, self._n)
-        if swap and dev == "cpu" and fold is not None:
+        fold = _fold(op, buf, self._n) if swap and dev == "cpu" else None
+        if fold is not None:
             got = buf.new_empty(len(self._hosts), *buf.shape)
             works = self._rail_swap(dev, [buf] * len(self._hosts), got)
 
