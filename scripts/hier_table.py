@@ -54,11 +54,19 @@ SOURCES = [
     # measured the VM's scheduler more than the schedules. 3x2 is new (it ran flat before),
     # measured after the rail's all_reduce became swaps on any number of hosts (another lease,
     # a noisier host: its Gloo took 1.4x session 29's first 3x2 run's time at 1 KiB).
-    ([f"docs/results/2026-11-29-s29-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)],
+    # Session 31 added runs of all_reduce, reduce_scatter_tensor and all_to_all_single (the
+    # same step, GOSYM_CPUHOST_OPS narrowed to them; 2x2 two runs, 2x4 and 3x2 one) after
+    # the folds became the engine's and all_to_all_single got its host blocks: those ops'
+    # points are the medians over both sessions' runs (all_to_all_single: session 31's
+    # alone, the first build that had its schedule), the other ops' session 29's.
+    ([f"docs/results/2026-11-29-s29-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)]
+     + [f"docs/results/2026-11-29-s31-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2)],
      "gosym-hier", "gosym-flat", None),
-    (["docs/results/2026-11-29-s29-hier-cpu-2x4-idhosts-16core-run1.json"],
+    (["docs/results/2026-11-29-s29-hier-cpu-2x4-idhosts-16core-run1.json",
+      "docs/results/2026-11-29-s31-hier-cpu-2x4-idhosts-16core-run1.json"],
      "gosym-hier", "gosym-flat", None),
-    (["docs/results/2026-11-29-s29-hier-cpu-3x2-idhosts-16core-run1.json"],
+    (["docs/results/2026-11-29-s29-hier-cpu-3x2-idhosts-16core-run1.json",
+      "docs/results/2026-11-29-s31-hier-cpu-3x2-idhosts-16core-run1.json"],
      "gosym-hier", "gosym-flat", None),
 ]
 

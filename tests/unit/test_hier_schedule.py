@@ -150,6 +150,21 @@ def test_entry_of_several_runs_takes_the_median():
                        "g", "x")
 
 
+def test_entry_takes_each_op_from_the_runs_that_measured_it():
+    """A later job that measured one op again: that op's points are the median over every
+    run of it, the op it did not measure keeps the earlier runs' points (it is not dropped
+    for being absent from one report)."""
+    def run(ops):
+        return _report([2, 2], [(b, op, 1024, us, {}) for op, (g, x) in ops.items()
+                                for b, us in (("g", g), ("x", x))])
+
+    early = [run({"all_reduce": (5.0, 9.0), "broadcast": (7.0, 3.0)}),
+             run({"all_reduce": (6.0, 9.5), "broadcast": (8.0, 4.0)})]
+    later = run({"all_reduce": (50.0, 1.0)})
+    _, e = schedule.entry([(f"r{i}", r) for i, r in enumerate([*early, later])], "g", "x")
+    assert e["ops"] == {"all_reduce": ((1024, 6.0, 9.0),), "broadcast": ((1024, 7.5, 3.5),)}
+
+
 def test_all_to_all_single_has_a_schedule_on_host_tensors_only():
     assert "all_to_all_single" in schedule.ops_for("cpu")
     assert "all_to_all_single" not in schedule.ops_for("cuda")

@@ -91,10 +91,12 @@ def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], d
     flat path, what choosing flat costs; or, where that was not measured, the inter-host
     engine's own group). The entry:
     {"sources": the files, "hier": hier, "flat": flat, "ops": op -> points}: for each op of
-    OPS that both measured without error in every report (and that the report's build had
-    a schedule for: its "hier_ops"), the points (bytes of one rank's
-    input, hier us, flat us) by size, each the median over the reports of their medians
-    (several runs, where one disturbed run must not decide). The shape comes from the
+    OPS that both measured without error (and that the report's build had a schedule for:
+    its "hier_ops"), the points (bytes of one rank's input, hier us, flat us) by size, each
+    the median over the reports that measured the op of their medians (several runs, where
+    one disturbed run must not decide; a later job that measured some ops again adds its
+    runs to theirs and leaves the others' points as they were); a size one of those reports
+    lacks is left out. The shape comes from the
     reports' "hosts" (ranks per host: gosym.bench records them for a group across hosts),
     else from hosts (for reports from before it did)."""
     keys, runs = set(), []
@@ -116,9 +118,10 @@ def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], d
                          f"{sorted(keys)}")
     ops = {}
     for op in OPS:
-        sizes = sorted({s for b, o, s in runs[0] if o == op})
-        pts = tuple((s, _median(runs, (hier, op, s)), _median(runs, (flat, op, s)))
-                    for s in sizes if all((b, op, s) in m for m in runs for b in (hier, flat)))
+        have = [m for m in runs if any(o == op for _, o, _ in m)]
+        sizes = sorted({s for b, o, s in have[0] if o == op}) if have else []
+        pts = tuple((s, _median(have, (hier, op, s)), _median(have, (flat, op, s)))
+                    for s in sizes if all((b, op, s) in m for m in have for b in (hier, flat)))
         if pts:
             ops[op] = pts
     sources = [source for source, _ in reports]
