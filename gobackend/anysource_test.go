@@ -11,6 +11,7 @@ import (
 
 	"github.com/gosym/gosym/gobackend/internal/ops"
 	"github.com/gosym/gosym/gobackend/internal/status"
+	"github.com/gosym/gosym/gobackend/internal/symm"
 )
 
 // Receives from any source take one message of their tag from each sender
@@ -105,6 +106,56 @@ func TestRecvAnySourceFailsOnDestroy(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	require.NoError(t, eps[0].Destroy())
 	require.Equal(t, status.Closed, status.CodeOf(w.Wait(time.Second)))
+}
+
+// A message whose chunks come slowly (a sender descheduled between them, as
+// on a loaded host) completes a receive from any source: once its first
+// chunk is there, the rest has the group's timeout, not the slice an
+// inbox polls for the first chunk in (anySlice). The fuzzer found a 6.6 MB
+// message under load failing the receive after 50 ms, which broke the
+// group and left the sender waiting for the rest until its own timeout.
+// Also a message that no receive wants yet, stashed while one from any
+// source waits.
+func TestRecvAnySourceSlowChunks(t *testing.T) {
+	for _, wanted := range []bool{true, false} {
+		eps := group(t, 2, 10*time.Second)
+		tx := eps[1].exec.T
+		box := tx.BoxBytes() / 4
+		const chunks = 3
+		msg := make([]float32, chunks*box-7)
+		for i := range msg {
+			msg[i] = rand.Float32()
+		}
+		got := poisoned(len(msg))
+		tag := int64(5)
+		if !wanted {
+			tag = 6 // the receive from any source wants tag 5: this one is stashed
+		}
+		w, err := eps[0].Post(&Op{Kind: ops.Recv, Peer: ops.AnySource, Count: len(msg), Out: addr(got), Tag: 5})
+		require.NoError(t, err)
+		// Rank 1 sends by hand, pausing 3 slices after each chunk.
+		nb, cb := 4*len(msg), 4*box
+		for k, off := uint32(1), 0; off < nb; k, off = k+1, off+cb {
+			c := min(cb, nb-off)
+			require.NoError(t, tx.WaitBoxFree(0, k, symm.Who{Op: "send"}, time.Now().Add(5*time.Second)))
+			eps[1].exec.P.Copy(tx.Box(1, 0, int(k&1)), addr(msg)+uintptr(off), c)
+			tx.PostChunk(0, k, symm.ChunkHeader{Tag: tag, Total: uint64(nb), Off: uint64(off), Len: uint64(c)})
+			time.Sleep(3 * anySlice)
+		}
+		if wanted {
+			require.NoError(t, w.Wait(5*time.Second))
+			require.Equal(t, msg, got)
+			continue
+		}
+		// The stashed message fails nothing; a receive of its tag takes it.
+		done, err := w.Done()
+		require.False(t, done, "the receive from any source of tag 5 ended: %v", err)
+		got6 := poisoned(len(msg))
+		w6, err := eps[0].Post(&Op{Kind: ops.Recv, Peer: 1, Count: len(msg), Out: addr(got6), Tag: 6})
+		require.NoError(t, err)
+		require.NoError(t, w6.Wait(5*time.Second))
+		require.Equal(t, msg, got6)
+	}
 }
 
 func addrInt32(b []int32) uintptr {

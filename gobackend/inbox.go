@@ -172,6 +172,12 @@ func (b *inbox) loop() {
 			b.gone = err
 			continue
 		}
+		if head == nil {
+			// The slice bounded the wait for a first chunk; the rest of a
+			// message that has begun comes from a live sender, which may
+			// be descheduled between chunks: it has the group's timeout.
+			deadline = time.Now().Add(b.e.Timeout)
+		}
 		target, anySrc := (*Work)(nil), false
 		for _, w := range b.pending {
 			if w.op.Tag == h.Tag {
