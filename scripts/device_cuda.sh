@@ -274,8 +274,10 @@ for s in "${steps[@]}"; do
 		# the CUDA fuzzer at every GPU over GOSYM_FUZZ_SEEDS (default: 20 seeds from 1000), with
 		# GOSYM_FUZZ_THREADS programs per rank (default 1), one
 		# job at a time (four jobs sharing the GPUs ran past a 60 s limit where one alone takes
-		# about 10 s), then worlds 2 and 3 on the first GPUs over the CI seeds
-		ngpu=$(nvidia-smi -L | wc -l) fz=$out/fuzz-seeds
+		# about 10 s), then worlds 2 and 3 on the first GPUs over the CI seeds; with
+		# GOSYM_TEST_RANKS_PER_GPU=k, k ranks a GPU (every GPU visible: the worker picks its own);
+		# GOSYM_FUZZ_GROUPS subgroups besides the world (the worker's default 3)
+		ngpu=$(slots) fz=$out/fuzz-seeds
 		seeds=($(echo "${GOSYM_FUZZ_SEEDS:-$(seq -s, 1000 1019)}" | tr , " "))
 		mkdir -p $fz
 		runs=() && for sd in "${seeds[@]}"; do runs+=("$ngpu $sd"); done
@@ -284,9 +286,12 @@ for s in "${steps[@]}"; do
 		for run in "${runs[@]}"; do
 			read -r w sd <<<"$run"
 			mkdir -p $fz/w$w-$sd
-			CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((w - 1))) GOSYM_TEST_OUT=$fz/w$w-$sd PYTHONPATH=python:tests/jobs/common:tests/jobs/fuzz \
+			vis=$(seq -s, 0 $((w - 1)))
+			((${GOSYM_TEST_RANKS_PER_GPU:-1} > 1)) && vis=$(seq -s, 0 $(($(nvidia-smi -L | wc -l) - 1)))
+			CUDA_VISIBLE_DEVICES=$vis GOSYM_TEST_OUT=$fz/w$w-$sd PYTHONPATH=python:tests/jobs/common:tests/jobs/fuzz \
 				timeout "${GOSYM_FUZZ_S:-90}" torchrun --nproc-per-node "$w" tests/jobs/fuzz/fuzz_worker.py --cuda --seed "$sd" \
-				--ops "${GOSYM_FUZZ_OPS:-300}" --threads "${GOSYM_FUZZ_THREADS:-1}" --timeout 60 >$fz/w$w-$sd.log 2>&1
+				--ops "${GOSYM_FUZZ_OPS:-300}" --threads "${GOSYM_FUZZ_THREADS:-1}" --groups "${GOSYM_FUZZ_GROUPS:-3}" \
+				--timeout 60 >$fz/w$w-$sd.log 2>&1
 			rc=$?
 			echo "world $w seed $sd: exit $rc $(grep -h 'fuzz seed' $fz/w$w-$sd.log | head -1)"
 			((rc == 0)) || grep -h "FAIL" $fz/w$w-$sd.log | head -3

@@ -150,6 +150,8 @@ var (
 		"The seed of scripts/device_cuda.sh fuzz-slow.")
 	_ = textRow("GOSYM_FUZZ_THREADS", "1", Build,
 		"Programs at once (threads) per rank in scripts/device_cuda.sh fuzz-slow and fuzz-seeds.")
+	_ = textRow("GOSYM_FUZZ_GROUPS", "3", Build,
+		"Random subgroups besides the world in scripts/device_cuda.sh fuzz-seeds.")
 	_ = textRow("GOSYM_FUZZ_S", "240", Build,
 		"Seconds scripts/device_cuda.sh fuzz-slow may run (fuzz-seeds: each run, default 90).")
 	_ = textRow("GOSYM_CUDACHECK", "build/cudacheck", Build,
