@@ -65,11 +65,13 @@ def _group(choice="flat", check_args=False, inner=None):
 
 class _GlooWork:
     """Gloo's Work, as the stand-in hands it out: done at once, or when finish() is called
-    (then with an error if given one)."""
+    (then with an error if given one). As torch 2.11's Gloo, reduce_scatter_tensor's has no
+    future."""
 
     def __init__(self, name, later=False, error=None):
         self.name, self.waited, self._error = name, 0, error
         self._fut = torch.futures.Future()
+        self._has_future = name != "_reduce_scatter_base"
         if not later:
             self.finish()
 
@@ -85,6 +87,8 @@ class _GlooWork:
         return True
 
     def get_future(self):
+        if not self._has_future:
+            raise RuntimeError("Work::getFuture not implemented.")
         return self._fut
 
 
@@ -233,14 +237,50 @@ def test_flat_host_ops_synchronous_are_glooes_own_waited_at_the_call():
 
 
 def test_flat_host_ops_asynchronous_finish_when_gloos_future_does():
+    """(reduce_scatter_tensor's Gloo Work has no future: the worker waits for it.)"""
     gloo = _Gloo(later=True)
     g = _host_group(gloo)
     for op, call, _ in _ops(g):
         w = call()
         assert not w.is_completed(), op
         gloo.works[-1].finish()
-        assert w.is_completed() and w.wait(), op
+        assert w.wait(timeout=10) and w.is_completed(), op
         assert w.get_future().wait() is not None, op
+    g._runner.close()
+
+
+def test_flat_host_op_without_a_future_is_waited_by_the_worker(monkeypatch):
+    """Gloo's reduce_scatter_tensor Work has no future (torch 2.11): issued flat and
+    asynchronous, it was left in the ops a barrier waits for, never finished, and the CPU
+    fuzzer's next barrier across hosts (1+2, two programs) hung. The worker waits for it
+    now: the ops after it take the general path (the worker is busy), the barrier has
+    nothing of it to wait for, and a failure names the op."""
+    gloo = _Gloo(later=True)
+    g = _host_group(gloo)
+    rs = _c10d.ReduceScatterOptions()
+    w = g._reduce_scatter_base(torch.full((8,), float("nan")), torch.randn(8 * g._size), rs)
+    assert [n for n, _ in gloo.calls] == ["_reduce_scatter_base"]  # issued at the call
+    assert not g._flat_host and not g._runner.idle() and not w.is_completed()
+    g._wait_flat_host()  # returns: nothing of the op's is left for the barrier
+    gloo.works[-1].finish()
+    assert w.wait(timeout=10) and w.is_completed()
+    assert gloo.works[-1].waited == 1
+    g._runner.close()
+
+    seen = []
+
+    def failed(what, seq, e, keep=None):
+        seen.append((what, seq, e))
+        return RuntimeError(f"gosym: {what} (seq {seq}) failed: {e}")
+
+    boom = RuntimeError("Connection closed by peer")
+    g = _host_group(_Gloo(error=boom))
+    monkeypatch.setattr(g, "_failed", failed)
+    w = g._reduce_scatter_base(torch.full((8,), float("nan")), torch.randn(8 * g._size), rs)
+    with pytest.raises(RuntimeError, match=r"reduce_scatter_tensor \(seq 1\) failed: Connection"):
+        w.wait(timeout=10)
+    assert seen == [("reduce_scatter_tensor", 1, boom)]
+    g._runner.close()
 
 
 def test_barrier_waits_for_flat_host_ops_still_running():
@@ -330,3 +370,64 @@ def test_host_all_to_all_single_of_equal_splits_may_take_host_blocks(monkeypatch
     assert not g._a2a_applies(torch.empty(0, 3), ())
     g._hosts = [[0, 2], [1, 3]]  # a host's ranks not consecutive: no host blocks
     assert not g._a2a_applies(inp, ())
+
+
+@pytest.mark.parametrize("op", ["all_gather_into_tensor", "reduce_scatter_tensor"])
+def test_coalesced_ops_are_done_when_every_one_is(op):
+    """A coalesced call runs one op per tensor, and they may take different paths: an empty
+    last tensor takes the general path and was done at once, while the flat ops before it
+    still ran on Gloo's threads; its Work was the call's, so the caller read unwritten
+    outputs (the CPU fuzzer across hosts 2+1, all_gather_into_tensor of sizes 2, 1, 0). The
+    call's Work is now done when every op is."""
+    gloo = _Gloo(later=True)
+    g = _host_group(gloo)
+    w, k = g._size, [2, 1, 0]
+    if op == "all_gather_into_tensor":
+        outs = [torch.full((m * w,), float("nan")) for m in k]
+        ins = [torch.randn(m) for m in k]
+        call = g.allgather_into_tensor_coalesced
+    else:
+        outs = [torch.full((m,), float("nan")) for m in k]
+        ins = [torch.randn(m * w) for m in k]
+        call = g.reduce_scatter_tensor_coalesced
+    work = call(outs, ins)
+    # the first op flat at the call; the second too (all_gather) or, after Gloo's
+    # reduce_scatter_tensor Work that has no future, on the worker once that one is done
+    assert len(gloo.works) == (2 if op == "all_gather_into_tensor" else 1)
+    assert not work.is_completed()
+    fut = work.get_future()
+    waiter = threading.Thread(target=work.wait)
+    waiter.start()
+    gloo.works[0].finish()
+    for _ in range(1000):
+        if len(gloo.works) == 2:
+            break
+        threading.Event().wait(0.01)
+    waiter.join(0.3)
+    assert waiter.is_alive() and not work.is_completed() and not fut.done()  # op 1 still runs
+    gloo.works[1].finish()
+    waiter.join(10)
+    assert not waiter.is_alive() and work.is_completed() and work.is_success()
+    assert fut.wait() is outs
+    g._runner.close()
+
+
+def test_coalesced_synchronous_ops_have_no_work_and_a_failure_is_the_calls():
+    g = _host_group(_Gloo())
+    opts = _c10d.AllgatherOptions()
+    opts.asyncOp = False
+    assert g.allgather_into_tensor_coalesced([torch.zeros(8)], [torch.ones(2)], opts) is None
+    boom = RuntimeError("Connection closed by peer")
+    gloo = _Gloo(later=True, error=boom)
+    g = _host_group(gloo)
+    g._failed = lambda what, seq, e, keep=None: RuntimeError(f"gosym: {what} (seq {seq}): {e}")
+    work = g.allgather_into_tensor_coalesced([torch.zeros(8), torch.zeros(4)],
+                                             [torch.ones(2), torch.ones(1)])
+    for gw in gloo.works:
+        gw.finish()
+    with pytest.raises(RuntimeError, match=r"all_gather_into_tensor \(seq 1\): Connection"):
+        work.wait()
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        work.get_future().wait()
+    assert work.is_completed() and not work.is_success()
+    g._runner.close()

@@ -112,6 +112,19 @@ class HierAlgorithms(HierBase):
         except Exception as e:
             raise self._failed(what, seq, e, keep) from e
         done = EventWork(out)
+        try:
+            fut = w.get_future()
+        except RuntimeError:
+            # Gloo's reduce_scatter_tensor Work has no future (torch 2.11: "Work::getFuture
+            # not implemented"): the worker waits for it, so the ops after it wait too (the
+            # worker is not idle) and issue on the flat group in post order all the same
+            def finish():
+                try:
+                    w.wait()
+                except Exception as e:
+                    raise self._failed(what, seq, e, keep) from e
+            self._runner.submit(finish, done)
+            return done
         self._flat_host.add(done)
 
         def settle(fut):
@@ -128,7 +141,7 @@ class HierAlgorithms(HierBase):
                 return
             done._finish(None)
 
-        w.get_future().add_done_callback(settle)
+        fut.add_done_callback(settle)
         return done
 
     def _wait_flat_host(self):

@@ -18,9 +18,17 @@ from .. import forms as _forms
 from .. import monitored as _monitored
 from .. import profiling as _profiling
 from .._tensors import _one, _op_device, _same_dtype
-from ..work import EventWork
+from ..work import EventWork, JoinedWork
 from .algorithms import GENERAL, HierAlgorithms
 from .tensors import _bytes, _contig, _copy_back, _flat_bytes, _opts, _split_op, _wait
+
+
+def _joined(works, out):
+    """One Work for the ops of a coalesced call, run one per tensor (None: they were
+    synchronous): each may take another path (flat on the inner group's threads, general on
+    the worker), so the last one's Work does not cover the others."""
+    works = [w for w in works if w is not None]
+    return JoinedWork(works, out) if works else None
 
 
 class _Received(EventWork):
@@ -179,7 +187,7 @@ class HierGroup(HierAlgorithms):
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """torch's layout: one output list per rank, output_lists[r][i] is rank r's input i
-        (one all_gather per input; the last one's Work, the ops run in order)."""
+        (one all_gather per input, one Work for all: _joined)."""
         world, n = self._size, len(input_list)
         if len(output_lists) != world or any(len(o) != n for o in output_lists):
             raise ValueError(f"gosym: all_gather_coalesced: expected {world} output lists (one "
@@ -187,11 +195,11 @@ class HierGroup(HierAlgorithms):
                              f"{[len(o) for o in output_lists]}")
         works = [self.allgather([[o[i] for o in output_lists]], [t], opts)
                  for i, t in enumerate(input_list)]
-        return works[-1] if works else None
+        return _joined(works, output_lists)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return works[-1] if works else None
+        return _joined(works, outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = opts or _c10d.ReduceScatterOptions()
@@ -238,7 +246,7 @@ class HierGroup(HierAlgorithms):
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         pairs = zip(outputs, inputs, strict=True)
         works = [self._reduce_scatter_base(o, i, opts) for o, i in pairs]
-        return works[-1] if works else None
+        return _joined(works, outputs)
 
     # ---- all_to_all, gather, scatter: the flat inter-host group ------------------------
 

@@ -5,6 +5,7 @@
 - cuda: a CUDA op, on its stream before its Work exists (CudaWork, cuda_work), and a CUDA
   send or recv on one of its group's internal streams (CudaSideWork);
 - event: an op that a thread of gosym's finishes (EventWork);
+- joined: several ops posted as one, done when all are (JoinedWork);
 
 and what they share (common: dropped Works kept alive while C++ may use them).
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from .cuda import CudaSideWork, CudaWork, cuda_work
 from .event import EventWork
+from .joined import JoinedWork
 from .host import Completer, Work, _Op, work_of  # noqa: F401 - _Op: gosym's own callers
 
-__all__ = ["Completer", "CudaSideWork", "CudaWork", "EventWork", "Work", "cuda_work", "work_of"]
+__all__ = ["Completer", "CudaSideWork", "CudaWork", "EventWork", "JoinedWork", "Work", "cuda_work",
+           "work_of"]
