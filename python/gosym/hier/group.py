@@ -404,6 +404,11 @@ class HierGroup(HierAlgorithms):
                 "receive cannot wait on both. Pass src, or leave GOSYM_HIER_CPU_P2P unset (gloo)")
         self._usable("recv")
         pg = self._group("flat", "cpu")
+        if not t.numel():
+            # Gloo's own refuses an empty buffer (an enforce in its unbound buffer: "offset <
+            # this->size. 0 vs 0"; gosym's host engine takes it): one byte of scratch takes
+            # the sender's empty message (Gloo accepts a message shorter than the buffer)
+            return pg.recv_anysource([torch.empty(1, dtype=torch.uint8)], tag)
         if t.is_contiguous():
             return pg.recv_anysource([_bytes(t)], tag)
         buf = t.contiguous()

@@ -323,6 +323,14 @@ def check_anysource(ck, rank, world, gloo, counts):
         for src, t in got.items():
             ck.check(f"recv from any source: rank {src}'s data", bool((t == src * 10 + dst).all()),
                      f"{t}")
+    # an empty message from the next rank (gosym's host engine takes it; Gloo's own receive
+    # from any source refuses an empty buffer, and a group across hosts uses it)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    works = [dist.isend(torch.zeros(0), nxt, tag=8), dist.irecv(torch.zeros(0), tag=8)]
+    for w in works:
+        w.wait()
+    ck.check("recv from any source: an empty message names its sender",
+             works[1]._source_rank() == prv, f"{works[1]._source_rank()}, want {prv}")
     dist.barrier()
     os.environ["GOSYM_HIER_CPU_P2P"] = "local"
     try:
