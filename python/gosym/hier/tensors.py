@@ -95,10 +95,24 @@ def _red_wire(t):
     if t.dtype in _WIRE:
         return t, False
     if t.is_complex():
-        return torch.view_as_real(t), False
+        return torch.view_as_real(_packed(t)), False
     if t.dtype == torch.int16:
         return t.to(torch.int32), True
     raise TypeError(f"gosym: reductions across hosts do not support dtype {t.dtype}")
+
+
+def _packed(t):
+    """A contiguous t with the strides of its shape's packed layout: torch calls a tensor
+    contiguous whatever the strides of its dims of size 1 (a one-element slice of a strided
+    view keeps its stride of 2), which a view to another element size or to real parts
+    refuses ("self.stride(-1) must be 1"); the same elements either way."""
+    if not t.dim() or t.stride(-1) == 1:
+        return t
+    strides, step = [], 1
+    for n in reversed(t.shape):
+        strides.append(step)
+        step *= n
+    return t.as_strided(t.shape, strides[::-1])
 
 
 def _bytes(t):
@@ -107,12 +121,12 @@ def _bytes(t):
     if t.dtype in _WIRE:
         return t
     rows = t.shape[0] if t.dim() else 1
-    return t.reshape(rows, math.prod(t.shape[1:])).view(torch.uint8)
+    return _packed(t.reshape(rows, math.prod(t.shape[1:]))).view(torch.uint8)
 
 
 def _flat_bytes(t):
     """A contiguous t as one row of bytes."""
-    return t.reshape(-1).view(torch.uint8)
+    return _packed(t.reshape(-1)).view(torch.uint8)
 
 
 def _contig(t, cb):
