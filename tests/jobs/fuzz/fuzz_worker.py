@@ -788,6 +788,9 @@ def main():
     wc.write_result(ck.result(digests={f"{p.seed}/{k}": v for p in progs for k, v in p.digests.items()}))
     wc.print_summary(ck, f"fuzz seed {args.seed}" + (f" x{args.threads} threads" if args.threads > 1 else ""))
     dist.destroy_process_group()
+    # a failed check fails the process too (the result file says which): loops over seeds
+    # outside pytest (device_cuda.sh fuzz-seeds, campaigns) see it in the exit code
+    sys.exit(3 if ck.failures else 0)
 
 
 if __name__ == "__main__":
