@@ -12,13 +12,13 @@ from .common import _ZERO, _keep
 
 
 class JoinedWork(dist._Work):
-    """Done when every one of works is: wait() waits for each in post order (on CUDA each
-    makes the current stream wait for its op), its future completes with out once every
-    op's has, with the first failure if any failed."""
+    """Done when every one of works (the ops' Works) is: wait() waits for each in post
+    order (on CUDA each makes the current stream wait for its op), its future completes
+    with out once every op's has, with the first failure if any failed."""
 
     def __init__(self, works, out):
         super().__init__()
-        self._works, self._out, self._fut = [w for w in works if w is not None], out, None
+        self._works, self._out, self._fut = list(works), out, None
 
     def wait(self, timeout=_ZERO):
         for w in self._works:
