@@ -437,6 +437,53 @@ def check_p2p(ck, rank, world, gloo, counts):
     ck.check("send/recv", bool((t == prv).all()), f"{t}")
 
 
+def check_coalesced(ck, rank, world, gloo, counts):
+    """Coalesced calls (dist._coalescing_manager, as FSDP2 issues them): all_gather_into_tensor,
+    reduce_scatter_tensor and all_reduce of several tensors in one call, synchronous and
+    async, sizes whose ops take different paths across hosts (an empty last tensor is done at
+    once; the others are not): every output written when the call's Work is done."""
+    dev = DEVICE
+    for sizes in ([2, 1, 0], [4096, 1, 0], [0, 3000, 5]):
+        for async_op in (False, True):
+            tag = f"sizes={sizes} async={async_op}"
+            xs = [[make_input(f"coal ag {tag} {i}", r, n, torch.float32).to(dev)
+                   for r in range(world)] for i, n in enumerate(sizes)]
+            outs = [poison_like(torch.cat(x)) for x in xs]
+            with dist._coalescing_manager(async_ops=async_op) as cm:
+                for o, x in zip(outs, xs):
+                    dist.all_gather_into_tensor(o, x[rank])
+            if async_op:
+                cm.wait()
+            for i, (o, x) in enumerate(zip(outs, xs)):
+                why = wc.compare(o, torch.cat(x))
+                ck.check(f"coalesced all_gather_into_tensor {tag} [{i}]", why is None, why or "")
+            ins = [[make_input(f"coal rs {tag} {i}", r, n * world, torch.int32).to(dev)
+                    for r in range(world)] for i, n in enumerate(sizes)]
+            exps = [torch.stack(x).sum(0).to(torch.int32)[rank * n:(rank + 1) * n]
+                    for x, n in zip(ins, sizes)]  # int64 sums cut to int32: int32's wrap
+            outs = [poison_like(e) for e in exps]
+            with dist._coalescing_manager(async_ops=async_op) as cm:
+                for o, x in zip(outs, ins):
+                    dist.reduce_scatter_tensor(o, x[rank])
+            if async_op:
+                cm.wait()
+            for i, (o, exp) in enumerate(zip(outs, exps)):
+                why = wc.compare(o, exp)
+                ck.check(f"coalesced reduce_scatter_tensor {tag} [{i}]", why is None, why or "")
+            ts = [make_input(f"coal ar {tag} {i}", rank, n, torch.int32).to(dev)
+                  for i, n in enumerate(sizes)]
+            exps = [sum(make_input(f"coal ar {tag} {i}", r, n, torch.int32) for r in range(world))
+                    for i, n in enumerate(sizes)]
+            with dist._coalescing_manager(async_ops=async_op) as cm:
+                for t in ts:
+                    dist.all_reduce(t)
+            if async_op:
+                cm.wait()
+            for i, (t, e) in enumerate(zip(ts, exps)):
+                why = wc.compare(t, e.to(dev))
+                ck.check(f"coalesced all_reduce {tag} [{i}]", why is None, why or "")
+
+
 def check_groups(ck, rank, world, gloo, counts):
     """new_group across hosts (first and last rank: a HierGroup with one rank per host) and
     within a host (a plain ProcessGroupGosym: no inner groups), used, destroyed."""
@@ -690,7 +737,7 @@ def main():
     gloo = dist.new_group(backend="nccl" if DEVICE.type == "cuda" else "gloo")
     part = wc.part_runner(ck, rank, world, gloo, counts)
     parts = {"layout": check_layout, "ops": run_ops, "async": check_async, "p2p": check_p2p,
-             "anysource": check_anysource, "choice": check_choice, "groups": check_groups,
+             "anysource": check_anysource, "coalesced": check_coalesced, "choice": check_choice, "groups": check_groups,
              "split": check_split, "training": check_training}
     for name in args.parts.split(","):
         t0 = time.monotonic()

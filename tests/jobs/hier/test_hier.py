@@ -52,7 +52,7 @@ def run_hosts(counts, worker, args, outdir, timeout=300, env=None, gpus=False, k
 def test_ops_across_hosts(counts, outdir):
     """Every op x dtype, async Work, p2p, recv from any source, new_group, split_group,
     teardown; DDP and FSDP2 on 2x2."""
-    parts = "layout,ops,async,p2p,anysource,groups,split" + (",training" if counts == (2, 2)
+    parts = "layout,ops,async,p2p,anysource,coalesced,groups,split" + (",training" if counts == (2, 2)
                                                                else "")
     hosts = ",".join(map(str, counts))
     res = run_hosts(counts, "hier_worker", ["--hosts", hosts, "--parts", parts, "--timeout", 60],
@@ -223,7 +223,7 @@ def test_cuda_across_hosts(outdir):
     namespaces cannot be made, the hosts are told apart by GOSYM_HOST_ID alone."""
     per = gpus_per_host()
     res = run_hosts((per, per), "hier_worker", ["--hosts", f"{per},{per}", "--device", "cuda",
-                                                "--parts", "layout,ops,p2p", "--timeout", 120],
+                                                "--parts", "layout,ops,p2p,coalesced", "--timeout", 120],
                     outdir, timeout=900, gpus=True, kind=ANY_HOSTS)
     res.assert_ok()
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
