@@ -10,7 +10,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -297,6 +297,30 @@ for s in "${steps[@]}"; do
 			((rc == 0)) || grep -h "FAIL" $fz/w$w-$sd.log | head -3
 		done | tee $out/fuzz-seeds.txt
 		summary+=("fuzz-seeds: $(grep -c 'exit 0' $out/fuzz-seeds.txt) of ${#runs[@]} passed") ;;
+	fuzz-hosts)
+		# the CUDA fuzzer across two simulated hosts of half the GPU slots each, one job per seed
+		# of GOSYM_FUZZ_SEEDS (default 303, test_cuda_fuzz_across_hosts's), each rank's every
+		# step named as it begins (GOSYM_FUZZ_TRACE), every thread's Python stack and the
+		# engine's goroutines at GOSYM_FUZZ_STACKS_S (default 150) of a job still running, the
+		# job killed at GOSYM_FUZZ_S (default 240) by simhosts (its ranks with it), the whole
+		# log in $out: what session 32 lacked when that test ran past its step's limit on 2xH200
+		per=$(($(slots) / 2))
+		for sd in $(echo "${GOSYM_FUZZ_SEEDS:-303}" | tr , " "); do
+			log=$out/fuzz-hosts-$sd.log
+			mkdir -p "$out/fuzz-hosts-$sd"
+			GOSYM_FUZZ_TRACE=1 GOSYM_FUZZ_STACKS_S=${GOSYM_FUZZ_STACKS_S:-150} GOSYM_TEST_OUT=$out/fuzz-hosts-$sd \
+				PYTHONPATH=python:tests/jobs/common:tests/jobs/fuzz:tests/jobs/hier \
+				python3 tests/jobs/hier/simhosts.py --hosts "$per,$per" --gpus --timeout "${GOSYM_FUZZ_S:-240}" -- \
+				python3 tests/jobs/fuzz/fuzz_worker.py --cuda --seed "$sd" --ops "${GOSYM_FUZZ_OPS:-300}" \
+				--threads "${GOSYM_FUZZ_THREADS:-1}" --timeout 60 >"$log" 2>&1
+			rc=$?
+			echo "hosts $per,$per seed $sd: exit $rc $(grep -h 'fuzz seed' "$log" | head -1)"
+			((rc == 0)) || grep -hE "FAIL|illegal|rror:" "$log" | grep -v "should dump" | head -5
+			for r in $(seq 0 $((2 * per - 1))); do
+				echo "  rank $r last began: $(grep -h "fuzz rank $r: begins" "$log" | tail -1 | cut -c1-160)"
+			done
+		done | tee "$out/fuzz-hosts.txt"
+		summary+=("fuzz-hosts: $(grep -c 'exit 0' "$out/fuzz-hosts.txt") passed") ;;
 	fuzz-slow)
 		# the CUDA fuzzer at every GPU (GPU slot), each step slower than 1 s named (where a run stalls)
 		ngpu=$(slots)
