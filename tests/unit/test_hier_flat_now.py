@@ -49,6 +49,15 @@ class _Inner:
     def _reduce_scatter_base(self, out, inp, opts):
         return self._op("_reduce_scatter_base", out, inp, opts)
 
+    def send(self, ts, peer, tag):
+        return self._op("send", ts, peer, tag)
+
+    def recv(self, ts, peer, tag):
+        return self._op("recv", ts, peer, tag)
+
+    def recv_anysource(self, ts, tag):
+        return self._op("recv_anysource", ts, tag)
+
 
 def _group(choice="flat", check_args=False, inner=None):
     """A HierGroup of 4 ranks on 2 hosts with only what the op's call path reads."""
@@ -90,6 +99,12 @@ class _GlooWork:
         if not self._has_future:
             raise RuntimeError("Work::getFuture not implemented.")
         return self._fut
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def exception(self):
+        return self._error if self._fut.done() else None
 
 
 class _Gloo(_Inner):
@@ -430,4 +445,44 @@ def test_coalesced_synchronous_ops_have_no_work_and_a_failure_is_the_calls():
     with pytest.raises(RuntimeError, match="Connection closed"):
         work.get_future().wait()
     assert work.is_completed() and not work.is_success()
+    g._runner.close()
+
+
+def test_a_failed_send_or_receive_across_hosts_is_the_groups_failure():
+    """A send or receive across hosts is the flat Gloo group's own, and its failure (a peer
+    lost: "Connection reset by peer", or Gloo's timeout) was Gloo's words alone, where a
+    collective's names the op and the lost ranks (hier_worker's die-p2p scenario: three
+    ranks of four raised Gloo's errors). Each Work's failure is now the group's (_failed),
+    asked once, named by the op and its peer; one at the call too."""
+    boom = RuntimeError("Connection reset by peer")
+    gloo = _Gloo(later=True, error=boom)
+    g = _host_group(gloo)
+    g._cpu_p2p_local, g._host = False, 0
+    asked = []
+
+    def failed(what, seq, e, keep=None):
+        asked.append((what, seq))
+        return RuntimeError(f"gosym: {what} across hosts failed: ranks [3] were lost; cause: {e}")
+    g._failed = failed
+    send = g.send([torch.ones(3)], 2, 0)
+    recv = g.recv([torch.zeros(3)], 3, 0)
+    anysrc = g.recv_anysource([torch.zeros(3)], 0)
+    assert [c[0] for c in gloo.calls] == ["send", "recv", "recv_anysource"]
+    assert not send.is_completed()
+    for w in gloo.works:
+        w.finish()
+    with pytest.raises(RuntimeError, match=r"gosym: send to rank 2 across hosts .*lost; cause: Connection reset"):
+        send.wait()
+    with pytest.raises(RuntimeError, match=r"gosym: send to rank 2 "):
+        send.wait()  # the same error again, not asked twice
+    with pytest.raises(RuntimeError, match=r"gosym: recv from rank 3 .*Connection reset"):
+        recv.get_future().wait()
+    assert str(anysrc.exception()).startswith("gosym: recv from any source")
+    assert asked == [("send to rank 2", None), ("recv from rank 3", None), ("recv from any source", None)]
+    g = _host_group(_Gloo())
+    g._cpu_p2p_local, g._host = False, 0
+    g._group = lambda *a: _Inner(fail=boom)  # Gloo refuses at the call
+    g._failed = failed
+    with pytest.raises(RuntimeError, match=r"gosym: recv from rank 1 .*Connection reset"):
+        g.recv([torch.zeros(2)], 1, 0)
     g._runner.close()

@@ -360,16 +360,25 @@ class HierGroup(HierAlgorithms):
             return (self._local.recv if recv else self._local.send)(tensors, lp, tag)
         self._usable(what)
         pg = self._group("flat", self._dev(_op_device(t)))
-        if not recv:
-            return pg.send([_bytes(t.contiguous())], peer, tag)
-        if t.is_contiguous():
-            return pg.recv([_bytes(t)], peer, tag)
-        buf = t.contiguous()
-        _wait(pg.recv([_bytes(buf)], peer, tag))
+        named = self._p2p_failed(f"{what} {'from' if recv else 'to'} rank {peer}")
+        try:
+            if not recv:
+                return JoinedWork([pg.send([_bytes(t.contiguous())], peer, tag)], tensors, named)
+            if t.is_contiguous():
+                return JoinedWork([pg.recv([_bytes(t)], peer, tag)], tensors, named)
+            buf = t.contiguous()
+            _wait(pg.recv([_bytes(buf)], peer, tag))
+        except Exception as e:
+            raise named(e) from e
         t.copy_(buf)
         w = EventWork(tensors)
         w._finish(None)
         return w
+
+    def _p2p_failed(self, what):
+        """The error a failed send or receive across hosts raises (what names it and the
+        peer): the group's, as a collective's (_failed): broken, the lost ranks named."""
+        return lambda e: self._failed(what, None, e)
 
     def _local_pair(self, t, peer):
         """Whether a send or recv of t with peer, a rank of this host, goes through the local
@@ -404,16 +413,22 @@ class HierGroup(HierAlgorithms):
                 "receive cannot wait on both. Pass src, or leave GOSYM_HIER_CPU_P2P unset (gloo)")
         self._usable("recv")
         pg = self._group("flat", "cpu")
-        if not t.numel():
-            # Gloo's own refuses an empty buffer (an enforce in its unbound buffer: "offset <
-            # this->size. 0 vs 0"; gosym's host engine takes it): one byte of scratch takes
-            # the sender's empty message (Gloo accepts a message shorter than the buffer)
-            return pg.recv_anysource([torch.empty(1, dtype=torch.uint8)], tag)
-        if t.is_contiguous():
-            return pg.recv_anysource([_bytes(t)], tag)
-        buf = t.contiguous()
-        w = pg.recv_anysource([_bytes(buf)], tag)
-        w.wait()
+        named = self._p2p_failed("recv from any source")
+        try:
+            if not t.numel():
+                # Gloo's own refuses an empty buffer (an enforce in its unbound buffer: "offset
+                # < this->size. 0 vs 0"; gosym's host engine takes it): one byte of scratch
+                # takes the sender's empty message (Gloo accepts a message shorter than the
+                # buffer)
+                return JoinedWork([pg.recv_anysource([torch.empty(1, dtype=torch.uint8)], tag)],
+                                  tensors, named)
+            if t.is_contiguous():
+                return JoinedWork([pg.recv_anysource([_bytes(t)], tag)], tensors, named)
+            buf = t.contiguous()
+            w = pg.recv_anysource([_bytes(buf)], tag)
+            w.wait()
+        except Exception as e:
+            raise named(e) from e
         t.copy_(buf)
         return _Received(tensors, w._source_rank())
 

@@ -235,14 +235,16 @@ class HierBase(ProcessGroupGosym):
         (keep's tensors), and the ranks that do not report it within GOSYM_HIER_REPORT_S
         are named as lost; ranks that report a different op or different tensors are named
         with theirs (mismatched arguments across hosts fail in the inter-host step, which
-        cannot say why)."""
+        cannot say why). seq None: a send or receive (what names the peer), which takes no
+        collective sequence number and whose peers post other ops by nature: not compared."""
+        label = what if seq is None else f"{what} (seq {seq})"
         if self._broken is not None:
-            return DistBackendError(f"gosym: {what} (seq {seq}): {self._broken}")
+            return DistBackendError(f"gosym: {label}: {self._broken}")
         self._broken = "aborting"
         self._close_inner(abort=True)
         self._local.abort()
-        lost = self._lost(f"{what} (seq {seq}) of {signature(keep)}")
-        msg = (f"gosym: {what} (seq {seq}) across hosts failed on rank {self._rank} of "
+        lost = self._lost(_P2P + what if seq is None else f"{label} of {signature(keep)}")
+        msg = (f"gosym: {label} across hosts failed on rank {self._rank} of "
                f"{self._size} (group {self._name!r}, host {self._host} of ranks "
                f"{self._hosts[self._host]}): {lost}; cause: {type(e).__name__}: {e}")
         self._broken = msg
@@ -263,13 +265,18 @@ class HierBase(ProcessGroupGosym):
             ops = {r: self._store.get(keys[r]).decode() for r in range(self._size) if r not in late}
         except Exception as e:  # noqa: BLE001 - the store's host may be the lost one
             return f"the store is unreachable to name the lost ranks ({e})"
-        other = next((r for r, o in ops.items() if o != op), None)
+        other = next((r for r, o in ops.items()
+                      if o != op and not o.startswith(_P2P) and not op.startswith(_P2P)), None)
         differ = ("" if other is None else f"the ranks posted different ops: rank {self._rank} "
                   f"{op}, rank {other} {ops[other]}; ")
         if not late:
             return differ + "every rank reported the failure (no rank was lost)"
         return differ + (f"ranks {late} were lost or are blocked elsewhere (no report of the "
                          f"failure from them within {self._report_s:.0f} s)")
+
+
+# How a failed send or receive is reported through the store: its peers posted other ops.
+_P2P = "point-to-point: "
 
 
 class ArgumentsDiffer(ValueError):

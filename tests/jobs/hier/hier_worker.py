@@ -621,21 +621,37 @@ def check_teardown(ck, rank, shm_before):
     ck.check("nothing left in /dev/shm", not left, f"{left}")
 
 
+def ring_step(t, rank, world):
+    """One turn of a ring: each rank sends t to the next and receives the previous one's
+    into t (even ranks send first), within and across hosts."""
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    got = torch.empty_like(t)
+    if rank % 2 == 0:
+        dist.send(t, nxt)
+        dist.recv(got, prv)
+    else:
+        dist.recv(got, prv)
+        dist.send(t, nxt)
+    t.copy_(got)
+
+
 def scenario(args, ck, rank, world):
-    """A rank lost (SIGKILL) or late (it sleeps past the timeout) in the middle of a loop
-    of all_reduces: every other rank must raise a gosym error naming the op and it."""
+    """A rank lost (SIGKILL: die, die-p2p) or late (it sleeps past the timeout: late) in the
+    middle of a loop of all_reduces, or of sends and receives around a ring (die-p2p):
+    every other rank must raise a gosym error naming the op and it."""
     victim = args.victim
+    p2p = args.scenario.endswith("-p2p")
     t = torch.ones(args.elems)
     err = None
     t0 = time.monotonic()
     for i in range(6):
         if rank == victim and i == 3:
-            if args.scenario == "die":
+            if args.scenario.startswith("die"):
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(args.timeout * 3)
             break
         try:
-            dist.all_reduce(t)
+            ring_step(t, rank, world) if p2p else dist.all_reduce(t)
         except Exception as e:  # noqa: BLE001 - the error under test
             err = e
             break
@@ -644,7 +660,8 @@ def scenario(args, ck, rank, world):
         msg = str(err) if err is not None else ""
         ck.check("raised", err is not None, "no error")
         ck.check("a gosym error", msg.startswith("gosym:"), msg[:300])
-        ck.check("names the op", "all_reduce" in msg, msg[:300])
+        ck.check("names the op", any(w in msg for w in (("send", "recv") if p2p else ("all_reduce",))),
+                 msg[:300])
         ck.check("names the lost rank", f"ranks [{victim}] were lost" in msg, msg[:600])
         ck.info["error"] = msg[:1500]
         ck.info["seconds"] = round(took, 1)

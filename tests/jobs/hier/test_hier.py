@@ -95,11 +95,12 @@ def test_choice_across_hosts(counts, outdir):
 
 
 @needs_netns
-@pytest.mark.parametrize("scenario,victim", [("die", 3), ("die", 1), ("late", 2)],
-                         ids=["die-host1", "die-host0", "late-host1"])
+@pytest.mark.parametrize("scenario,victim", [("die", 3), ("die", 1), ("late", 2), ("die-p2p", 2)],
+                         ids=["die-host1", "die-host0", "late-host1", "die-p2p-host1"])
 def test_rank_lost(scenario, victim, outdir):
-    """A rank killed (or late past the timeout) on either host: every other rank raises a
-    gosym error naming the op and the lost rank."""
+    """A rank killed (or late past the timeout) on either host, in a loop of all_reduces or
+    (die-p2p) of sends and receives around the ring: every other rank raises a gosym error
+    naming the op and the lost rank."""
     res = run_hosts((2, 2), "hier_worker", ["--hosts", "2,2", "--scenario", scenario,
                                             "--victim", victim, "--timeout", 3], outdir,
                     timeout=180)
