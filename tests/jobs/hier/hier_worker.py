@@ -443,45 +443,41 @@ def check_coalesced(ck, rank, world, gloo, counts):
     async, sizes whose ops take different paths across hosts (an empty last tensor is done at
     once; the others are not): every output written when the call's Work is done."""
     dev = DEVICE
+
+    def coalesced(name, calls, outs, exps, async_op, tag):
+        with dist._coalescing_manager(async_ops=async_op) as cm:
+            for call in calls:
+                call()
+        if async_op:
+            cm.wait()
+        for i, (o, e) in enumerate(zip(outs, exps)):
+            why = wc.compare(o, e.to(dev))
+            ck.check(f"coalesced {name} {tag} [{i}]", why is None, why or "")
+
     for sizes in ([2, 1, 0], [4096, 1, 0], [0, 3000, 5]):
         for async_op in (False, True):
             tag = f"sizes={sizes} async={async_op}"
             xs = [[make_input(f"coal ag {tag} {i}", r, n, torch.float32).to(dev)
                    for r in range(world)] for i, n in enumerate(sizes)]
-            outs = [poison_like(torch.cat(x)) for x in xs]
-            with dist._coalescing_manager(async_ops=async_op) as cm:
-                for o, x in zip(outs, xs):
-                    dist.all_gather_into_tensor(o, x[rank])
-            if async_op:
-                cm.wait()
-            for i, (o, x) in enumerate(zip(outs, xs)):
-                why = wc.compare(o, torch.cat(x))
-                ck.check(f"coalesced all_gather_into_tensor {tag} [{i}]", why is None, why or "")
+            exps = [torch.cat(x) for x in xs]
+            outs = [poison_like(e) for e in exps]
+            coalesced("all_gather_into_tensor",
+                      [lambda o=o, x=x: dist.all_gather_into_tensor(o, x[rank]) for o, x in zip(outs, xs)],
+                      outs, exps, async_op, tag)
             ins = [[make_input(f"coal rs {tag} {i}", r, n * world, torch.int32).to(dev)
                     for r in range(world)] for i, n in enumerate(sizes)]
             exps = [torch.stack(x).sum(0).to(torch.int32)[rank * n:(rank + 1) * n]
                     for x, n in zip(ins, sizes)]  # int64 sums cut to int32: int32's wrap
             outs = [poison_like(e) for e in exps]
-            with dist._coalescing_manager(async_ops=async_op) as cm:
-                for o, x in zip(outs, ins):
-                    dist.reduce_scatter_tensor(o, x[rank])
-            if async_op:
-                cm.wait()
-            for i, (o, exp) in enumerate(zip(outs, exps)):
-                why = wc.compare(o, exp)
-                ck.check(f"coalesced reduce_scatter_tensor {tag} [{i}]", why is None, why or "")
-            ts = [make_input(f"coal ar {tag} {i}", rank, n, torch.int32).to(dev)
-                  for i, n in enumerate(sizes)]
+            coalesced("reduce_scatter_tensor",
+                      [lambda o=o, x=x: dist.reduce_scatter_tensor(o, x[rank]) for o, x in zip(outs, ins)],
+                      outs, exps, async_op, tag)
+            outs = [make_input(f"coal ar {tag} {i}", rank, n, torch.int32).to(dev)
+                    for i, n in enumerate(sizes)]
             exps = [sum(make_input(f"coal ar {tag} {i}", r, n, torch.int32) for r in range(world))
                     for i, n in enumerate(sizes)]
-            with dist._coalescing_manager(async_ops=async_op) as cm:
-                for t in ts:
-                    dist.all_reduce(t)
-            if async_op:
-                cm.wait()
-            for i, (t, e) in enumerate(zip(ts, exps)):
-                why = wc.compare(t, e.to(dev))
-                ck.check(f"coalesced all_reduce {tag} [{i}]", why is None, why or "")
+            coalesced("all_reduce", [lambda t=t: dist.all_reduce(t) for t in outs], outs, exps,
+                      async_op, tag)
 
 
 def check_groups(ck, rank, world, gloo, counts):
