@@ -102,7 +102,7 @@ var (
 		"Chunk bytes of the pipelined all_reduce across hosts: one chunk's inter-host step overlaps the next chunk's intra-host reduce-scatter.")
 	_ = pyIntRow("GOSYM_HIER_SWAP_MAX", 4*miB, 0,
 		"Host tensors across hosts: an all_reduce whose bytes times the other hosts' count are at most this moves along each rail as point-to-point sends to every other host per chunk, each rank folding what it receives in host order (larger ones: Gloo's all_reduce per chunk, which reduces on its own threads).")
-	_ = pyIntRow("GOSYM_HIER_REPORT_S", 10, 0,
+	_ = pyIntRow("GOSYM_HIER_REPORT_S", 5, 0,
 		"After a failure across hosts, seconds a rank waits for the others to report it; the ranks that do not are named as lost.")
 	_ = enumRow("GOSYM_HIER_CHOICE", "table", []string{"table", "hier", "flat"}, false, Python,
 		"Across hosts, whether all_reduce, all_gather, reduce_scatter, broadcast and reduce take the hierarchical schedule or run flat on the inter-host engine (Gloo, NCCL) over every rank: table (per op, size and hosts x ranks per host from the measurements in python/gosym/hier/measured.py; flat where none was measured), hier (always hierarchical) or flat (always flat). Every rank must use the same.")
