@@ -149,11 +149,11 @@ var (
 	_ = textRow("GOSYM_FUZZ_SEED", "101", Build,
 		"The seed of scripts/device_cuda.sh fuzz-slow.")
 	_ = textRow("GOSYM_FUZZ_THREADS", "1", Build,
-		"Programs at once (threads) per rank in scripts/device_cuda.sh fuzz-slow and fuzz-seeds.")
+		"Programs at once (threads) per rank in scripts/device_cuda.sh fuzz-slow, fuzz-seeds and fuzz-hosts.")
 	_ = textRow("GOSYM_FUZZ_GROUPS", "3", Build,
 		"Random subgroups besides the world in scripts/device_cuda.sh fuzz-seeds.")
 	_ = textRow("GOSYM_FUZZ_S", "240", Build,
-		"Seconds scripts/device_cuda.sh fuzz-slow may run (fuzz-seeds: each run, default 90).")
+		"Seconds scripts/device_cuda.sh fuzz-slow may run (fuzz-seeds: each run, default 90; fuzz-hosts: each run, default 240).")
 	_ = textRow("GOSYM_CUDACHECK", "build/cudacheck", Build,
 		"The cudacheck binary scripts/gpu_check.sh runs.")
 	_ = textRow("GOSYM_TEST_OUT", "a per-test directory", Tests,
@@ -165,7 +165,7 @@ var (
 	_ = enumRow("GOSYM_CONFORMANCE_REFERENCE", "0", []string{"0", "1"}, false, Tests,
 		"1: tests/jobs/conformance/test_conformance.py also checks gloo's outcomes at world 3 against the committed ones (world 2 always).")
 	_ = textRow("GOSYM_FUZZ_SEEDS", "101,202", Tests,
-		"tests/jobs/fuzz/test_fuzz.py's seeds, comma-separated: each runs one random program (fuzz_worker.py) per world. scripts/device_cuda.sh fuzz-seeds: the seeds it runs at every GPU (default 1000 to 1019).")
+		"tests/jobs/fuzz/test_fuzz.py's seeds, comma-separated: each runs one random program (fuzz_worker.py) per world. scripts/device_cuda.sh fuzz-seeds: the seeds it runs at every GPU (default 1000 to 1019); fuzz-hosts: the seeds it runs across two simulated hosts (default 303).")
 	_ = textRow("GOSYM_FUZZ_OPS", "300", Tests,
 		"The number of ops in each of tests/jobs/fuzz/test_fuzz.py's random programs.")
 	_ = textRow("GOSYM_TEST_RANKS_PER_GPU", "1", Tests,
@@ -199,7 +199,7 @@ var (
 	_ = textRow("GOSYM_FUZZ_TRACE", "", Tests,
 		"1: the fuzzer names every step as it starts, on stderr (where a run stalls).")
 	_ = textRow("GOSYM_FUZZ_STACKS_S", "", Tests,
-		"The fuzzer prints every thread's Python stack once after this many seconds, if still running, and (on gosym) the engine's goroutines (gosym_debug_stacks).")
+		"The fuzzer prints every thread's Python stack once after this many seconds, if still running, and (on gosym) the engine's goroutines (gosym_debug_stacks). scripts/device_cuda.sh fuzz-hosts sets it (default 150).")
 	_ = textRow("GOSYM_FUZZ_TURNS", "", Tests,
 		"1: the fuzzer's threaded programs post by turns on the CPU too (on CUDA they always do, unless --free-threads): the same posting order on every rank.")
 	_ = textRow("GOSYM_FUZZ_BACKEND", "gosym", Tests,
