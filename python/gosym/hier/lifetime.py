@@ -271,8 +271,10 @@ class HierBase(ProcessGroupGosym):
                   f"{op}, rank {other} {ops[other]}; ")
         if not late:
             return differ + "every rank reported the failure (no rank was lost)"
-        return differ + (f"ranks {late} were lost or are blocked elsewhere (no report of the "
-                         f"failure from them within {self._report_s:.0f} s)")
+        glob = [self._global_ranks[r] for r in late]
+        also = "" if glob == late else f" (global ranks {glob})"  # a subgroup's own numbers
+        return differ + (f"ranks {late}{also} were lost or are blocked elsewhere (no report of "
+                         f"the failure from them within {self._report_s:.0f} s)")
 
 
 # How a failed send or receive is reported through the store: its peers posted other ops.
