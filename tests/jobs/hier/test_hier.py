@@ -108,22 +108,25 @@ def test_rank_lost(scenario, victim, outdir):
     assert not fails, "\n".join(fails) + f"\n{res.tail(6000)}"
 
 
-def _clients_across_hosts(device, per, names, outdir):
-    """The client scenarios `names` on 2 simulated hosts x `per` ranks (one GPU each on CUDA)
-    against the reference backend (Gloo, NCCL) flat on the same ranks: per-step losses within
-    the scenarios' tolerance (tests/jobs/clients)."""
+def _clients_across_hosts(device, per, names, outdir, counts=None):
+    """The client scenarios `names` on 2 simulated hosts x `per` ranks (or hosts of `counts`
+    ranks each; one GPU a rank on CUDA) against the reference backend (Gloo, NCCL) flat on
+    the same ranks: per-step losses within the scenarios' tolerance (tests/jobs/clients)."""
     import harness as h
 
-    ref = h.run_job(device, 2 * per, h.REFERENCE[device], names, outdir / "reference")
+    counts = tuple(counts or (per, per))
+    world = sum(counts)
+    ref = h.run_job(device, world, h.REFERENCE[device], names, outdir / "reference")
     scratch = outdir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    res = run_hosts((per, per), "clients_worker", ["--device", device, "--scenarios", ",".join(names),
-                                                   "--scratch", scratch, "--timeout", 60,
-                                                   "--scenario-timeout", 150],
-                    outdir / "gosym", timeout=600, gpus=device == "cuda", kind=ANY_HOSTS)
+    res = run_hosts(counts, "clients_worker", ["--device", device, "--scenarios", ",".join(names),
+                                               "--scratch", scratch, "--timeout", 60,
+                                               "--scenario-timeout", 150],
+                    outdir / "gosym", timeout=600, gpus=device == "cuda",
+                    kind=ANY_HOSTS if len(counts) <= 2 else IdHosts)
     got = h.JobRun("gosym", res.results, None if res.returncode == 0 else res.tail(4000),
                    0.0)
-    outcomes = [h.compare(n, device, 2 * per, ref, got) for n in names]
+    outcomes = [h.compare(n, device, world, ref, got) for n in names]
     assert all(o.ok for o in outcomes), [(o.scenario, o.problems) for o in outcomes if not o.ok]
     assert all(r is not None and r["backend"] == "gosym" for r in res.results)
 
@@ -133,6 +136,18 @@ def test_clients_across_hosts(outdir):
     inside each host, FSDP across them) and 1F1B pipelining (a stage per rank: its sends and
     receives within a host and across) give the per-step losses of Gloo on the same four ranks."""
     _clients_across_hosts("cpu", 2, ["ddp", "fsdp2_fp32", "fsdp_tp", "pipe_1f1b"], outdir)
+
+
+def test_clients_across_uneven_hosts(outdir):
+    """The same on hosts of 2 and 1 ranks (an odd world: the scenarios that run at 3), with
+    DCP and the functional collectives: the per-step losses of Gloo (session 32 also ran
+    1+3, 3+1 and 2+1+1 this way)."""
+    import harness as h
+
+    names = [n for n in ("fsdp2_fp32", "fsdp2_bf16_reduce", "pipe_gpipe", "dcp", "funcol_eager")
+             if h.SPECS[n].skip_reason(n, "cpu", 3) is None]
+    assert len(names) >= 4, names
+    _clients_across_hosts("cpu", 0, names, outdir, counts=(2, 1))
 
 
 @pytest.mark.gpu
