@@ -57,3 +57,11 @@ def test_a_subgroups_lost_ranks_are_named_by_their_global_ranks_too():
     said = _group(0, 3, {1: op}, global_ranks=[1, 3, 6])._lost(op)
     assert "ranks [2] (global ranks [6]) were lost" in said
     assert "global" not in _group(0, 3, {1: op})._lost(op)
+
+
+def test_ranks_that_failed_at_other_sequence_numbers_did_not_post_differently():
+    """A broadcast's receivers finish it while its root fails to send to a lost rank, then fail
+    in the next one: seq 4 on the root, seq 5 elsewhere, which is progress (a 2+2 run with
+    rank 2 SIGKILLed named it a mismatch of ops)."""
+    said = _group(0, 3, {1: "broadcast (seq 5) of float32[8]"})._lost("broadcast (seq 4) of float32[8]")
+    assert "different ops" not in said and "ranks [2] were lost" in said

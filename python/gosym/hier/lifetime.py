@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 
 import torch
@@ -265,8 +266,7 @@ class HierBase(ProcessGroupGosym):
             ops = {r: self._store.get(keys[r]).decode() for r in range(self._size) if r not in late}
         except Exception as e:  # noqa: BLE001 - the store's host may be the lost one
             return f"the store is unreachable to name the lost ranks ({e})"
-        other = next((r for r, o in ops.items()
-                      if o != op and not o.startswith(_P2P) and not op.startswith(_P2P)), None)
+        other = next((r for r, o in ops.items() if _differ(op, o)), None)
         differ = ("" if other is None else f"the ranks posted different ops: rank {self._rank} "
                   f"{op}, rank {other} {ops[other]}; ")
         if not late:
@@ -279,6 +279,19 @@ class HierBase(ProcessGroupGosym):
 
 # How a failed send or receive is reported through the store: its peers posted other ops.
 _P2P = "point-to-point: "
+_SEQ = re.compile(r"\(seq (\d+)\)")
+
+
+def _differ(mine, theirs):
+    """Whether two failure reports are ops posted differently: collectives of one sequence
+    number with other names or tensors. A send or receive is compared with nothing (its
+    peers post other ops by nature), nor are reports of other sequence numbers: a rank that
+    finished an op before the failure (a broadcast's receiver, whose root then failed to
+    send to a lost rank) failed in the next one, which is progress, not a mismatch."""
+    if mine == theirs or mine.startswith(_P2P) or theirs.startswith(_P2P):
+        return False
+    a, b = _SEQ.search(mine), _SEQ.search(theirs)
+    return a is None or b is None or a.group(1) == b.group(1)
 
 
 class ArgumentsDiffer(ValueError):
