@@ -36,6 +36,7 @@ A failure names the seed and the step, so one program replays it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import os
@@ -69,9 +70,22 @@ def add_args(p):
     p.add_argument("--cuda", action="store_true")
     p.add_argument("--groups", type=int, default=3, help="random subgroups besides the world")
     p.add_argument("--threads", type=int, default=1, help="programs run at once, one per thread")
+    p.add_argument("--print-program", type=int, default=0, metavar="WORLD",
+                   help="print the programs' steps at this world size (with --cuda: as on CUDA; "
+                        "--across-hosts: without int16, as across hosts) and exit, running nothing")
+    p.add_argument("--across-hosts", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--free-threads", action="store_true",
                    help="on CUDA, threads post in any order instead of taking turns: not a valid NCCL program "
                         "(NCCL needs one order of ops across communicators on every rank), it may hang")
+
+
+def draw_members(r: random.Random, world: int, groups: int) -> list[list[int]]:
+    """The members of a program's random subgroups, drawn alike on every rank."""
+    out = []
+    for _ in range(groups):
+        n = r.randint(1, world)
+        out.append(sorted(r.sample(range(world), n)))
+    return out
 
 
 def draw_size(r: random.Random) -> int:
@@ -216,10 +230,7 @@ class Program:
         self.side = [torch.cuda.Stream(dev) for _ in range(2)] if args.cuda else []
         # the world, then subgroups: every rank calls new_group for each, in the same order
         self.groups = [(dist.new_group(list(range(world))) if own_world else None, list(range(world)))]
-        for _ in range(args.groups):
-            n = self.r.randint(1, world)
-            members = sorted(self.r.sample(range(world), n))
-            self.groups.append((dist.new_group(members), members))
+        self.groups += [(dist.new_group(m), m) for m in draw_members(self.r, world, args.groups)]
         self.checker_pg = dist.new_group(backend="gloo")
         self.dtypes = list(wc.ALL_DTYPES) + [torch.complex64]
         self.cur = dev  # the device of the op being drawn (a CUDA program runs some on the CPU)
@@ -318,7 +329,9 @@ class Program:
                 continue
             self.ck.run(case, check)
 
-    def step(self, step):
+    def draw(self, step):
+        """The step's op, drawn from the program's generator alike on every rank: its case
+        (the name every report uses) and its parameters."""
         r = self.r
         gi = r.randrange(len(self.groups))
         group, members = self.groups[gi]
@@ -349,18 +362,26 @@ class Program:
         case = f"seed {self.seed} step {step} {kind} {wc.dname(dtype)} n={n} op={op} group={gi}{members}" \
                f"{' async' if is_async else ''}{' strided' if strided else ''}{f' stream{stream}' if stream else ''}" \
                f"{' cpu' if on_cpu else ''} variant={variant} count={count}"
+        return case, dict(step=step, group=group, members=members, kind=kind, dtype=dtype, n=n, op=op,
+                          root=root, shift=shift, splits=splits, sizes=sizes, strided=strided, batch=batch,
+                          variant=variant, count=count, is_async=is_async, stream=stream, on_cpu=on_cpu)
+
+    def step(self, step):
+        case, d = self.draw(step)
+        kind, members, is_async, stream = d["kind"], d["members"], d["is_async"], d["stream"]
         self.last_case = case
         if os.environ.get("GOSYM_FUZZ_TRACE") == "1":  # every step named as it starts
-            print(f"fuzz rank {self.rank}: begins {case}", file=sys.stderr, flush=True)
+            sys.stderr.write(f"fuzz rank {self.rank}: begins {case}\n")  # one write: threads
+            sys.stderr.flush()  # of one process cannot split a line
         if self.rank not in members:
             with self.turn(step):  # the step's turn on every rank: passed on here
                 return
         self.counts[kind] = self.counts.get(kind, 0) + 1
         me = members.index(self.rank)
-        ctx = dict(step=step, case=case, group=group, members=members, me=me, dtype=dtype, n=n, op=op,
-                   root=root, shift=shift, splits=splits, sizes=sizes, strided=strided, batch=batch,
-                   variant=variant, count=count)
-        self.cur = torch.device("cpu") if on_cpu else self.dev
+        ctx = dict(d, case=case, me=me)
+        for k in ("kind", "is_async", "stream", "on_cpu"):
+            del ctx[k]
+        self.cur = torch.device("cpu") if d["on_cpu"] else self.dev
         # inputs and outputs made (host-to-device copies that wait for this thread's stream)
         # before the turn; the turn covers the post alone: a synchronous op's wait within
         # issue() needs only the peers' posts of this same turn
@@ -748,7 +769,29 @@ def run_all(progs):
         t.join()
 
 
+def print_program(args):
+    """--print-program: every program's steps as its ranks would draw them (the cases a run's
+    reports and GOSYM_FUZZ_TRACE name), with no process group, device or op: where a failing
+    step of a run sits in its program, and what ran before it."""
+    world = args.print_program
+    for i in range(args.threads):
+        p = Program.__new__(Program)
+        p.args, p.seed = args, args.seed + 7919 * i
+        p.r = random.Random(p.seed)
+        p.side = [None, None] if args.cuda else []
+        p.groups = [(None, list(range(world)))] + [(None, m) for m in draw_members(p.r, world, args.groups)]
+        p.dtypes = [d for d in list(wc.ALL_DTYPES) + [torch.complex64]
+                    if not (args.cuda and args.across_hosts and d == torch.int16)]
+        print(f"program {i} (seed {p.seed}): groups {[m for _, m in p.groups]}")
+        for step in range(args.ops):
+            print(p.draw(step)[0])
+
+
 def main():
+    if "--print-program" in sys.argv:  # no process, group or result file to set up
+        parser = argparse.ArgumentParser()
+        add_args(parser)
+        return print_program(parser.parse_known_args()[0])
     args = wc.setup(add_args)
     if os.environ.get("GOSYM_FUZZ_STACKS_S"):  # every thread's Python stack, if still running then
         import faulthandler

@@ -50,6 +50,28 @@ def test_fuzz_turns(outdir):
     assert len({t["order"] for t in turns}) == 1, f"ranks granted the turns in different orders: {turns}"
 
 
+def test_print_program_is_the_programs_steps(outdir):
+    """--print-program draws a run's programs with no group or device (where a failing step
+    sits in its program, and what ran before it: session 32 replayed a GPU run's program this
+    way): the cases a real run of two programs at world 3 names as it begins each step."""
+    import subprocess
+    import sys
+
+    from conftest import base_env, worker_script
+
+    args = ["--seed", SEEDS[0], "--ops", 40, "--groups", 4, "--threads", 2]
+    res = run_torchrun("fuzz_worker", 3, [*args, "--timeout", 60], timeout=300, outdir=outdir,
+                       env={"GOSYM_FUZZ_TRACE": "1"}, launcher="spawn")
+    res.assert_ok()  # the run passes: its trace is the program's
+    ran = sorted(line.split(": begins ", 1)[1] for line in (outdir / "rank0.log").read_text().splitlines()
+                 if line.startswith("fuzz rank 0: begins "))
+    printed = subprocess.run([sys.executable, str(worker_script("fuzz_worker")), "--print-program", "3",
+                              *map(str, args)], env=base_env(), capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    steps = [line for line in printed.stdout.splitlines() if not line.startswith("program ")]
+    assert len(steps) == 80 and sorted(steps) == ran
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seed", SEEDS)
