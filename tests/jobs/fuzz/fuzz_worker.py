@@ -88,6 +88,13 @@ def draw_members(r: random.Random, world: int, groups: int) -> list[list[int]]:
     return out
 
 
+def draw_dtypes(cuda_across_hosts: bool) -> list[torch.dtype]:
+    """The dtypes a program draws from: every one, but int16 for CUDA tensors across hosts
+    (NCCL carries them there and has no int16)."""
+    return [d for d in list(wc.ALL_DTYPES) + [torch.complex64]
+            if not (cuda_across_hosts and d == torch.int16)]
+
+
 def draw_size(r: random.Random) -> int:
     x, acc = r.random(), 0.0
     for w, f in SIZES:
@@ -232,13 +239,13 @@ class Program:
         self.groups = [(dist.new_group(list(range(world))) if own_world else None, list(range(world)))]
         self.groups += [(dist.new_group(m), m) for m in draw_members(self.r, world, args.groups)]
         self.checker_pg = dist.new_group(backend="gloo")
-        self.dtypes = list(wc.ALL_DTYPES) + [torch.complex64]
-        self.cur = dev  # the device of the op being drawn (a CUDA program runs some on the CPU)
+        across = False
         if args.cuda and args.backend == "gosym":
             import gosym
 
-            if "hier" in gosym.stats():  # across hosts NCCL carries CUDA tensors: no int16
-                self.dtypes.remove(torch.int16)
+            across = "hier" in gosym.stats()
+        self.dtypes = draw_dtypes(args.cuda and across)
+        self.cur = dev  # the device of the op being drawn (a CUDA program runs some on the CPU)
 
     # -- data ---------------------------------------------------------------------------
     def inp(self, step, r, n, dtype, op=None, tag="x") -> torch.Tensor:
@@ -378,9 +385,7 @@ class Program:
                 return
         self.counts[kind] = self.counts.get(kind, 0) + 1
         me = members.index(self.rank)
-        ctx = dict(d, case=case, me=me)
-        for k in ("kind", "is_async", "stream", "on_cpu"):
-            del ctx[k]
+        ctx = dict(d, case=case, me=me)  # the op builders take what they use (**_)
         self.cur = torch.device("cpu") if d["on_cpu"] else self.dev
         # inputs and outputs made (host-to-device copies that wait for this thread's stream)
         # before the turn; the turn covers the post alone: a synchronous op's wait within
@@ -780,8 +785,7 @@ def print_program(args):
         p.r = random.Random(p.seed)
         p.side = [None, None] if args.cuda else []
         p.groups = [(None, list(range(world)))] + [(None, m) for m in draw_members(p.r, world, args.groups)]
-        p.dtypes = [d for d in list(wc.ALL_DTYPES) + [torch.complex64]
-                    if not (args.cuda and args.across_hosts and d == torch.int16)]
+        p.dtypes = draw_dtypes(args.cuda and args.across_hosts)
         print(f"program {i} (seed {p.seed}): groups {[m for _, m in p.groups]}")
         for step in range(args.ops):
             print(p.draw(step)[0])

@@ -108,13 +108,12 @@ def test_rank_lost(scenario, victim, outdir):
     assert not fails, "\n".join(fails) + f"\n{res.tail(6000)}"
 
 
-def _clients_across_hosts(device, per, names, outdir, counts=None):
-    """The client scenarios `names` on 2 simulated hosts x `per` ranks (or hosts of `counts`
-    ranks each; one GPU a rank on CUDA) against the reference backend (Gloo, NCCL) flat on
-    the same ranks: per-step losses within the scenarios' tolerance (tests/jobs/clients)."""
+def _clients_across_hosts(device, counts, names, outdir):
+    """The client scenarios `names` on simulated hosts of `counts` ranks each (one GPU a rank
+    on CUDA) against the reference backend (Gloo, NCCL) flat on the same ranks: per-step
+    losses within the scenarios' tolerance (tests/jobs/clients)."""
     import harness as h
 
-    counts = tuple(counts or (per, per))
     world = sum(counts)
     ref = h.run_job(device, world, h.REFERENCE[device], names, outdir / "reference")
     scratch = outdir / "scratch"
@@ -135,7 +134,7 @@ def test_clients_across_hosts(outdir):
     """Real clients across 2 hosts x 2 ranks on CPU: DDP, FSDP2, a 2-D FSDP x TP mesh (TP
     inside each host, FSDP across them) and 1F1B pipelining (a stage per rank: its sends and
     receives within a host and across) give the per-step losses of Gloo on the same four ranks."""
-    _clients_across_hosts("cpu", 2, ["ddp", "fsdp2_fp32", "fsdp_tp", "pipe_1f1b"], outdir)
+    _clients_across_hosts("cpu", (2, 2), ["ddp", "fsdp2_fp32", "fsdp_tp", "pipe_1f1b"], outdir)
 
 
 def test_clients_across_uneven_hosts(outdir):
@@ -147,7 +146,7 @@ def test_clients_across_uneven_hosts(outdir):
     names = [n for n in ("fsdp2_fp32", "fsdp2_bf16_reduce", "pipe_gpipe", "dcp", "funcol_eager")
              if h.SPECS[n].skip_reason(n, "cpu", 3) is None]
     assert len(names) >= 4, names
-    _clients_across_hosts("cpu", 0, names, outdir, counts=(2, 1))
+    _clients_across_hosts("cpu", (2, 1), names, outdir)
 
 
 @pytest.mark.gpu
@@ -157,7 +156,7 @@ def test_cuda_clients_across_hosts(outdir):
     the 2-D FSDP x TP mesh (TP inside each host) where each host has 2 GPUs."""
     per = gpus_per_host()
     names = ["ddp", "fsdp2_fp32", "fsdp2_bf16"] + (["fsdp_tp"] if per == 2 else [])
-    _clients_across_hosts("cuda", per, names, outdir)
+    _clients_across_hosts("cuda", (per, per), names, outdir)
 
 
 @pytest.mark.parametrize("elems", [100, 100000], ids=["small", "rails"])
