@@ -350,18 +350,18 @@ class HierGroup(HierAlgorithms):
     # ---- point to point, barrier ----------------------------------------------------
 
     def _p2p(self, what, tensors, peer, tag, recv):
-        """send/recv: straight through the flat inter-host group (Gloo, NCCL), or through the
-        local gosym group to a rank of this host (_local_pair). Each pair uses one of the two,
-        so its messages keep their order."""
+        """send/recv: straight through an inter-host group (Gloo, NCCL: _p2p_group), or
+        through the local gosym group to a rank of this host (_local_pair). Each pair and
+        direction uses one of them, so its messages keep their order."""
         peer = self._peer(peer, what)
         t = _one(tensors, what)
         hp, lp = self._where[peer]
         if hp == self._host and self._local_pair(t, peer):
             return (self._local.recv if recv else self._local.send)(tensors, lp, tag)
         self._usable(what)
-        pg = self._group("flat", self._dev(_op_device(t)))
         named = self._p2p_failed(f"{what} {'from' if recv else 'to'} rank {peer}")
         try:
+            pg = self._p2p_group(peer, recv, t)
             if not recv:
                 return JoinedWork([pg.send([_bytes(t.contiguous())], peer, tag)], tensors, named)
             if t.is_contiguous():
@@ -374,6 +374,39 @@ class HierGroup(HierAlgorithms):
         w = EventWork(tensors)
         w._finish(None)
         return w
+
+    def _p2p_group(self, peer, recv, t):
+        """The inter-host group a send to or receive from peer takes: Gloo's flat group for
+        host tensors; for CUDA tensors one NCCL group per direction ("flat" from the lower rank
+        to the higher, "down" back). torch hands a Python group's batch_isend_irecv over one op
+        at a time (it coalesces a plain ProcessGroup's only), and NCCL pairs a pair's unbatched
+        ops in call order on one communicator: two ranks that both send first, as a batch
+        may, would pair a send with a send (NCCL's connection setup then reads the peer's
+        send handle as a receive handle: "connecting to address with family 0", and worse).
+        On a communicator of its own each direction's ops are sends on one side and receives
+        on the other, in the order called, whatever the batch's order. NCCL makes a pair's
+        communicator at the pair's first op on it, both ranks together, so the pair's first
+        op makes both, in one order on both ranks (_p2p_connect)."""
+        if t.is_cpu:
+            return self._group("flat", "cpu")
+        if peer not in self._p2p_peers:
+            self._p2p_connect(peer, t.device)
+            self._p2p_peers.add(peer)
+        sender, receiver = (peer, self._rank) if recv else (self._rank, peer)
+        return self._group("flat" if sender < receiver else "down", "cuda")
+
+    def _p2p_connect(self, peer, device):
+        """Makes the pair's NCCL communicators of both directions, the lower rank to the
+        higher first, by a byte each way: were each made by the op that first needs it, a
+        pair whose ranks both send first would each wait in the making of another one."""
+        up, down = self._group("flat", "cuda"), self._group("down", "cuda")
+        byte = torch.zeros(1, dtype=torch.uint8, device=device)
+        if self._rank < peer:
+            works = [up.send([byte], peer, 0), down.recv([byte], peer, 0)]
+        else:
+            works = [up.recv([byte], peer, 0), down.send([byte], peer, 0)]
+        for w in works:
+            w.wait()
 
     def _p2p_failed(self, what):
         """The error a failed send or receive across hosts raises (what names it and the

@@ -16,7 +16,7 @@ from torch._C import _distributed_c10d as _c10d
 
 from .. import split as _split
 from .._errors import DistBackendError
-from .._streams import _raw_stream
+from .._streams import _raw_stream, record as _record
 from .._tensors import _op_device
 from ..backend import ProcessGroupGosym
 from ..work import EventWork, cuda_work
@@ -75,6 +75,7 @@ class HierBase(ProcessGroupGosym):
         self._split_count = 0
         self._broken = None
         self._inner = {}
+        self._p2p_peers = set()  # ranks whose CUDA send/recv communicators are made (_p2p_connect)
         # asynchronous host ops issued flat at the call (_flat_now) and not yet finished: a
         # barrier waits for them first, as Gloo's barrier waits for the work before it
         self._flat_host = set()
@@ -137,8 +138,9 @@ class HierBase(ProcessGroupGosym):
     # ---- inner groups ---------------------------------------------------------
 
     def _group(self, kind, dev):
-        """This rank's inter-host group of kind "rail" (its local index's) or "flat" (every
-        rank), on Gloo (dev "cpu") or NCCL (dev "cuda")."""
+        """This rank's inter-host group of kind "rail" (its local index's), or "flat" or
+        "down" (every rank; "down" carries CUDA sends to lower ranks: _p2p_group), on Gloo
+        (dev "cpu") or NCCL (dev "cuda")."""
         pg = self._inner.get((kind, dev))
         if pg is None:
             ranks = self._rail if kind == "rail" else list(range(self._size))
@@ -191,6 +193,12 @@ class HierBase(ProcessGroupGosym):
             self._runner.drain()  # host ops posted earlier go first on the inner groups
             self._cuda = dev
             run()
+            # the op's tensors marked as used on this stream, as ProcessGroupNCCL marks its
+            # own (its inner ops here run synchronously and mark nothing): a tensor the
+            # caller drops, made on another stream, is not handed out again there before
+            # the op read it (the fuzzer across hosts, session 33: async gathers' inputs
+            # overwritten on the default stream while the op waited on a side stream)
+            _record(keep, torch.cuda.current_stream(dev))
             return cuda_work(out, dev, _raw_stream(dev)) if async_op else None
         on_thread = self._runner.on_thread()
         if not async_op and not on_thread and self._runner.inline(run):

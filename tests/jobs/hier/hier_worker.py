@@ -408,6 +408,46 @@ def check_async(ck, rank, world, gloo, counts):
     dist.barrier()
 
 
+def check_streams(ck, rank, world, gloo, counts):
+    """CUDA: asynchronous ops issued on a side stream held back by a sleeping kernel, their
+    tensors made on the default stream and dropped at once, the default stream then
+    allocating and filling as much again: the op still reads and writes its own tensors
+    (each must be marked as used on the side stream; session 33's fuzzer found the gathers'
+    inputs overwritten). Host tensors have no streams: nothing to do there."""
+    if DEVICE.type != "cuda":
+        return
+    side = torch.cuda.Stream()
+    n = 50_000
+    xs = [make_input("streams", r, world * n, torch.float32).to(DEVICE) for r in range(world)]
+    mine = [xs[rank][i * n:(i + 1) * n] for i in range(world)]
+    cases = {
+        "gather": (lambda ins, outs: dist.gather(ins[0], outs if rank == 0 else None, dst=0,
+                                                 async_op=True),
+                   lambda: [x[:n] for x in xs] if rank == 0 else []),
+        "scatter": (lambda ins, outs: dist.scatter(outs[0], ins if rank == 0 else None, src=0,
+                                                   async_op=True),
+                    lambda: [xs[0][rank * n:(rank + 1) * n]]),
+        "all_to_all": (lambda ins, outs: dist.all_to_all(outs, ins, async_op=True),
+                       lambda: [xs[r][rank * n:(rank + 1) * n] for r in range(world)]),
+    }
+    for name, (call, want) in cases.items():
+        exp = want()
+        ins = [m.clone() for m in mine]
+        outs = [poison_like(mine[0]) for _ in range(world)]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)  # the op waits behind this on its stream
+            work = call(ins, outs)
+        del ins  # the caller's last reference: the op alone holds them now
+        junk = [torch.full_like(mine[0], -7.0) for _ in range(2 * world)]
+        work.wait()
+        torch.cuda.current_stream().synchronize()
+        for i, e in enumerate(exp):
+            why = wc.compare(outs[i], e)
+            ck.check(f"{name} on a side stream, inputs dropped [{i}]", why is None, why or "")
+        del junk
+
+
 def check_p2p(ck, rank, world, gloo, counts):
     """send/recv along the ring, isend/irecv both ways, across and within hosts, every dtype
     class (int16 and complex travel as bytes)."""
@@ -426,6 +466,21 @@ def check_p2p(ck, rank, world, gloo, counts):
             q.wait()
         why = wc.compare(got, want)
         ck.check(f"ring isend/irecv {dtype}", why is None, why or "")
+    # a batch in which every rank sends to every other before it receives: torch hands a
+    # Python group's batch one op at a time, so on CUDA each pair's two sends come first (on
+    # one NCCL communicator they paired with each other: session 33's fault); 8 MiB is more
+    # than NCCL's buffers hold, so a send waits for its receive
+    for n in (7, 2 << 20):
+        peers = [p for p in range(world) if p != rank]
+        mine = make_input(f"p2p all {n}", rank, n, torch.float32).to(DEVICE)
+        got = {p: poison_like(mine) for p in peers}
+        ops = ([dist.P2POp(dist.isend, mine, p) for p in peers]
+               + [dist.P2POp(dist.irecv, got[p], p) for p in peers])
+        for q in dist.batch_isend_irecv(ops):
+            q.wait()
+        for p in peers:
+            why = wc.compare(got[p], make_input(f"p2p all {n}", p, n, torch.float32).to(DEVICE))
+            ck.check(f"batch, sends first, n={n} from {p}", why is None, why or "")
     # blocking send/recv, even ranks first (non-contiguous receive buffer)
     t = torch.zeros(6, 4, device=DEVICE)[:, 1]
     if rank % 2 == 0:
@@ -749,7 +804,7 @@ def main():
         os._exit(0)  # the group is broken: no teardown handshake to wait for
     gloo = dist.new_group(backend="nccl" if DEVICE.type == "cuda" else "gloo")
     part = wc.part_runner(ck, rank, world, gloo, counts)
-    parts = {"layout": check_layout, "ops": run_ops, "async": check_async, "p2p": check_p2p,
+    parts = {"layout": check_layout, "ops": run_ops, "async": check_async, "p2p": check_p2p, "streams": check_streams,
              "anysource": check_anysource, "coalesced": check_coalesced, "choice": check_choice, "groups": check_groups,
              "split": check_split, "training": check_training}
     for name in args.parts.split(","):

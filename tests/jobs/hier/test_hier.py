@@ -238,7 +238,7 @@ def test_cuda_across_hosts(outdir):
     namespaces cannot be made, the hosts are told apart by GOSYM_HOST_ID alone."""
     per = gpus_per_host()
     res = run_hosts((per, per), "hier_worker", ["--hosts", f"{per},{per}", "--device", "cuda",
-                                                "--parts", "layout,ops,p2p,coalesced", "--timeout", 120],
+                                                "--parts", "layout,ops,p2p,streams,coalesced", "--timeout", 120],
                     outdir, timeout=900, gpus=True, kind=ANY_HOSTS)
     res.assert_ok()
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
