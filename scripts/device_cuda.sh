@@ -303,7 +303,8 @@ for s in "${steps[@]}"; do
 		# step named as it begins (GOSYM_FUZZ_TRACE), every thread's Python stack and the
 		# engine's goroutines at GOSYM_FUZZ_STACKS_S (default 150) of a job still running, the
 		# job killed at GOSYM_FUZZ_S (default 240) by simhosts (its ranks with it), the whole
-		# log in $out: what session 32 lacked when that test ran past its step's limit on 2xH200
+		# log in $out: what session 32 lacked when that test ran past its step's limit on 2xH200;
+		# GOSYM_FUZZ_THREADS programs a rank, GOSYM_FUZZ_GROUPS subgroups (as fuzz-seeds)
 		per=$(($(slots) / 2))
 		for sd in $(echo "${GOSYM_FUZZ_SEEDS:-303}" | tr , " "); do
 			log=$out/fuzz-hosts-$sd.log
@@ -312,7 +313,7 @@ for s in "${steps[@]}"; do
 				PYTHONPATH=python:tests/jobs/common:tests/jobs/fuzz:tests/jobs/hier \
 				python3 tests/jobs/hier/simhosts.py --hosts "$per,$per" --gpus --timeout "${GOSYM_FUZZ_S:-240}" -- \
 				python3 tests/jobs/fuzz/fuzz_worker.py --cuda --seed "$sd" --ops "${GOSYM_FUZZ_OPS:-300}" \
-				--threads "${GOSYM_FUZZ_THREADS:-1}" --timeout 60 >"$log" 2>&1
+				--threads "${GOSYM_FUZZ_THREADS:-1}" --groups "${GOSYM_FUZZ_GROUPS:-3}" --timeout 60 >"$log" 2>&1
 			rc=$?
 			echo "hosts $per,$per seed $sd: exit $rc $(grep -h 'fuzz seed' "$log" | head -1)"
 			((rc == 0)) || grep -hE "FAIL|illegal|rror:" "$log" | grep -v "should dump" | head -5
