@@ -1,0 +1,111 @@
+"""CUDA send/recv across hosts (gosym.hier.group.HierGroup._p2p_group, _p2p_connect): what each
+rank asks of its inner NCCL groups, recorded by stand-ins. NCCL pairs a pair's unbatched ops on
+one communicator in call order, send with receive, and makes the pair's communicator at its
+first op, both ranks together; torch hands a Python group's batch_isend_irecv over one op at a
+time. So for any order of one batch, each inner group must see, pair by pair, one rank's sends
+matched by the other's receives in order, and both ranks must first use the inner groups in one
+order. The real NCCL runs in tests/jobs/hier (test_cuda_across_hosts, the fuzzer on CUDA)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from gosym.hier.group import HierGroup
+
+
+class _Work:
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+class _Inner:
+    """An inner group that logs (kind, op, peer) into its rank's log."""
+
+    def __init__(self, kind, log):
+        self.kind, self.log = kind, log
+
+    def send(self, tensors, peer, tag):
+        self.log.append((self.kind, "send", peer))
+        return _Work()
+
+    def recv(self, tensors, peer, tag):
+        self.log.append((self.kind, "recv", peer))
+        return _Work()
+
+
+def _rank(rank, size):
+    """Rank `rank` of a group with one rank on each of `size` hosts, its inner groups logging."""
+    g = HierGroup.__new__(HierGroup)
+    g._rank, g._size, g._host = rank, size, rank
+    g._where = {r: (r, 0) for r in range(size)}
+    g._cpu_p2p_local, g._broken, g._p2p_peers = False, None, set()
+    g.log, inner = [], {}
+
+    def group(kind, dev):
+        assert dev == "cuda", dev
+        return inner.setdefault(kind, _Inner(kind, g.log))
+
+    g._group = group
+    return g
+
+
+def _run(groups, batches):
+    """Each rank's batch (a list of ("send" | "recv", peer)) posted op by op, as torch's
+    batch_isend_irecv posts a Python group's."""
+    t = torch.empty(4, device="meta")  # not a host tensor: the CUDA path, without a GPU
+    for g, batch in zip(groups, batches):
+        for op, peer in batch:
+            (g.send if op == "send" else g.recv)([t], peer, 0)
+
+
+def _check_matched(groups):
+    """On every inner group, every pair's ops pair up in order, send with receive, and the
+    pair's ranks first used the inner groups in one order (NCCL makes a pair's communicator
+    at its first op there: two ranks making different ones first would wait on each other)."""
+    for a, b in itertools.combinations(range(len(groups)), 2):
+        def ops(me, peer):
+            return [(k, op) for k, op, p in groups[me].log if p == peer]
+
+        mine, theirs = ops(a, b), ops(b, a)
+        for kind in {k for k, _ in mine + theirs}:
+            sa = [op for k, op in mine if k == kind]
+            sb = [op for k, op in theirs if k == kind]
+            assert len(sa) == len(sb), (a, b, kind, sa, sb)
+            assert all(x != y for x, y in zip(sa, sb)), (a, b, kind, sa, sb)
+        first_a = list(dict.fromkeys(k for k, _ in mine))
+        first_b = list(dict.fromkeys(k for k, _ in theirs))
+        assert first_a == first_b, (a, b, first_a, first_b)
+
+
+@pytest.mark.parametrize("order", ["sends first", "receives first", "mixed"])
+def test_a_pairs_ops_pair_up_in_any_batch_order(order):
+    groups = [_rank(r, 2) for r in range(2)]
+    both = {"sends first": ([("send", 1), ("recv", 1)], [("send", 0), ("recv", 0)]),
+            "receives first": ([("recv", 1), ("send", 1)], [("recv", 0), ("send", 0)]),
+            "mixed": ([("send", 1), ("recv", 1)] * 3, [("recv", 0), ("send", 0)] * 3)}[order]
+    _run(groups, both)
+    _check_matched(groups)
+    # each direction on an inner group of its own: one side only sends there
+    for g in groups:
+        for kind in {k for k, _, _ in g.log}:
+            ops = {op for k, op, _ in g.log[2:] if k == kind}  # after the connect's two
+            assert len(ops) <= 1, (g._rank, kind, g.log)
+
+
+def test_every_pair_of_three_hosts_sends_first():
+    """dist.batch_isend_irecv of every rank sending to every other, then receiving (the
+    fuzzer's p2p_all): each pair's first ops are that pair's connect, in one order."""
+    groups = [_rank(r, 3) for r in range(3)]
+    batches = [[("send", p) for p in range(3) if p != r] + [("recv", p) for p in range(3) if p != r]
+               for r in range(3)]
+    _run(groups, batches)
+    _check_matched(groups)
+    for g, batch in zip(groups, batches):  # one connect (a byte each way) per peer, once
+        assert len(g.log) == len(batch) + 2 * 2, g.log
+        assert g._p2p_peers == {p for p in range(3) if p != g._rank}
