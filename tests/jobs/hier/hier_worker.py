@@ -692,7 +692,7 @@ def scenario(args, ck, rank, world):
     every other rank must raise a gosym error naming the op and it."""
     victim = args.victim
     p2p = args.scenario.endswith("-p2p")
-    t = torch.ones(args.elems)
+    t = torch.ones(args.elems, device=DEVICE)
     err = None
     t0 = time.monotonic()
     for i in range(6):
@@ -703,6 +703,8 @@ def scenario(args, ck, rank, world):
             break
         try:
             ring_step(t, rank, world) if p2p else dist.all_reduce(t)
+            if DEVICE.type == "cuda":
+                torch.cuda.synchronize()  # a CUDA op's failure shows at the host from here on
         except Exception as e:  # noqa: BLE001 - the error under test
             err = e
             break
