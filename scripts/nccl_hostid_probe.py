@@ -32,12 +32,9 @@ def rank_main(rank, world, port, extra):
         src = (rank - 1) % world
         y = torch.full((4096,), float(rank), device=dev)
         z = torch.full((4096,), -1.0, device=dev)
-        if rank % 2 == 0:
-            dist.send(y, peer)
-            dist.recv(z, src)
-        else:
-            dist.recv(z, src)
-            dist.send(y, peer)
+        pair = [(dist.send, y, peer), (dist.recv, z, src)]
+        for f, t, p in pair if rank % 2 == 0 else pair[::-1]:  # one side receives first
+            f(t, p)
         torch.cuda.synchronize()
         assert z[0].item() == src, z[0].item()
         step = "batch ring"
