@@ -39,13 +39,15 @@ class _Inner:
         return _Work()
 
 
-def _rank(rank, size):
-    """Rank `rank` of a group with one rank on each of `size` hosts, its inner groups logging."""
+def _rank(rank, size, per_host=1):
+    """Rank `rank` of a group of `size` ranks, `per_host` a host, its inner groups and its
+    host's gosym group (kind "local", by local index) logging."""
     g = HierGroup.__new__(HierGroup)
-    g._rank, g._size, g._host = rank, size, rank
-    g._where = {r: (r, 0) for r in range(size)}
+    g._rank, g._size, g._host = rank, size, rank // per_host
+    g._where = {r: (r // per_host, r % per_host) for r in range(size)}
     g._cpu_p2p_local, g._broken, g._p2p_peers = False, None, set()
     g.log, inner = [], {}
+    g._local = _Inner("local", g.log)
 
     def group(kind, dev):
         assert dev == "cuda", dev
@@ -109,3 +111,24 @@ def test_every_pair_of_three_hosts_sends_first():
     for g, batch in zip(groups, batches):  # one connect (a byte each way) per peer, once
         assert len(g.log) == len(batch) + 2 * 2, g.log
         assert g._p2p_peers == {p for p in range(3) if p != g._rank}
+
+
+def test_pairs_of_one_host_take_its_gosym_group():
+    """2 hosts x 2 ranks, every rank sending to every other first: pairs of one host go
+    through the host's gosym group (no NCCL communicator made for them), the others as
+    above."""
+    groups = [_rank(r, 4, per_host=2) for r in range(4)]
+    batches = [[("send", p) for p in range(4) if p != r] + [("recv", p) for p in range(4) if p != r]
+               for r in range(4)]
+    _run(groups, batches)
+    for g in groups:
+        mate = g._rank ^ 1
+        far = {p for p in range(4) if p // 2 != g._rank // 2}
+        # the host's group names its peer by local index; NCCL's by group rank
+        assert sorted((op, p) for k, op, p in g.log if k == "local") == [("recv", mate % 2),
+                                                                         ("send", mate % 2)], g.log
+        assert {p for k, _, p in g.log if k != "local"} == far, g.log
+        assert g._p2p_peers == far
+    for g in groups:  # the local group logs by local index: leave those out of the pairing
+        g.log = [e for e in g.log if e[0] != "local"]
+    _check_matched(groups)
