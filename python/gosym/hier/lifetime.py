@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import time
 
 import torch
@@ -23,12 +24,17 @@ from ..work import EventWork, cuda_work
 from . import schedule
 from .hosts import linked
 from .runner import Runner
+from .watch import Watch
 
 
 class HierBase(ProcessGroupGosym):
     """A HierGroup's life (gosym.hier.group.HierGroup is the group, its ops): what it is made
     of, its inner groups, running its ops (host-side ones in post order on a worker thread,
     CUDA ones on the caller's current stream, as NCCL's), and what a failure leaves."""
+
+    _watch = None  # the ranks' watch on each other (gosym.hier.watch), made with the group
+    _news = None  # what the watch heard (a failure elsewhere, a rank gone), until an op reports it
+    _dead = frozenset()  # ranks the watch saw exit without leaving (a set once one did)
 
     def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid, settings,
                  new_group):
@@ -46,7 +52,8 @@ class HierBase(ProcessGroupGosym):
         whether CPU sends and receives between ranks of one host go through gosym (local) or,
         as every other pair's, through Gloo (gloo); after a failure, a rank
         waits GOSYM_HIER_REPORT_S seconds for every other rank to report it before naming
-        those that did not as lost."""
+        those that did not as lost. The ranks watch each other around a ring on the flat
+        Gloo group (gosym.hier.watch, _watched)."""
         dist.ProcessGroup.__init__(self, rank, size)
         self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
         self._new_group = new_group
@@ -74,6 +81,7 @@ class HierBase(ProcessGroupGosym):
         self._seq = 0
         self._split_count = 0
         self._broken = None
+        self._dead = set()
         self._inner = {}
         self._p2p_peers = set()  # ranks whose CUDA send/recv communicators are made (_p2p_connect)
         # asynchronous host ops issued flat at the call (_flat_now) and not yet finished: a
@@ -89,7 +97,8 @@ class HierBase(ProcessGroupGosym):
         self._runner = Runner(name)
         try:
             self._group("rail", "cpu")
-            self._group("flat", "cpu")
+            self._watch = Watch(self._group("flat", "cpu"), rank, size, self._watched, name,
+                                timeout)
         except BaseException:
             self._local.shutdown()
             raise
@@ -112,13 +121,16 @@ class HierBase(ProcessGroupGosym):
         return json.dumps(s)
 
     def shutdown(self):
-        """Drains the worker, then shuts the inner groups down. Idempotent."""
+        """Drains the worker, tells the ring this rank leaves (the watch), then shuts the
+        inner groups down. Idempotent."""
         self._runner.close()
+        self._watch.close()
         self._close_inner(abort=False)
         self._local.shutdown()
 
     def abort(self):
         self._runner.close()
+        self._watch.close()
         self._close_inner(abort=True)
         self._local.shutdown()
 
@@ -164,10 +176,51 @@ class HierBase(ProcessGroupGosym):
     # ---- running ops -----------------------------------------------------------
 
     def _usable(self, what):
-        """DistBackendError for op `what` on a group an earlier failure broke."""
+        """DistBackendError for op `what` on a group an earlier failure broke, or that the
+        watch heard has failed (the op is then the failure this rank reports: _failed)."""
         if self._broken is not None:
             raise DistBackendError(f"gosym: {what}: the group is unusable after an earlier "
                                     f"failure: {self._broken}")
+        if self._news is not None:
+            raise self._failed(what, None, self._news)
+
+    def _watched(self, pred, origin, dead, error):
+        """The watch's news (gosym.hier.watch), on its thread, told by predecessor pred:
+        the group failed at rank origin, or rank dead exited without leaving (pred itself
+        where its connection closed: error). The news is passed on around the ring, a dead
+        rank is not waited for in the reports (_lost), and the news is kept for this rank's next op or CUDA
+        Work's wait (_usable, which reports it and names the lost ranks), and this rank's
+        NCCL groups are aborted: a CUDA op across hosts waits in NCCL's kernels, which
+        nothing else ends before torch's watchdog does at the group's timeout (session 33:
+        70 s), so the caller's stream drains now (the outputs of ops in flight undefined)."""
+        if dead is not None:  # a failure reported meanwhile, here or anywhere, need not wait for it
+            self._dead.add(dead)
+            try:
+                self._store.set(f"dead/{dead}", str(self._rank))
+            except Exception:  # noqa: BLE001 - the store's host may be the dead one
+                pass
+        if self._broken is not None or self._runner.closed:
+            return  # this rank's own failure, come around the ring, or the group is going
+        if dead is not None:
+            how = f": {error}" if error is not None else f" (told by rank {pred})"
+            self._news = RankLost(f"rank {dead} closed its connections without leaving the "
+                                  f"group (it exited or was killed){how}")
+            self._watch.tell_dead(dead)
+        else:
+            self._news = GroupFailed(f"the group failed on rank {origin} (told by rank {pred})")
+            self._watch.tell_failed(origin)
+        aborted = 0
+        for (_, dev), pg in list(self._inner.items()):
+            if dev == "cuda":
+                try:
+                    pg.abort()
+                    aborted += 1
+                except Exception:  # noqa: BLE001 - best effort: _failed aborts them again
+                    pass
+        if aborted:  # said now, as NCCL's watchdog does: the caller may be blocked on the GPU
+            print(f"gosym: group {self._name!r}, rank {self._rank}: {self._news}; its NCCL "
+                  f"work across hosts is aborted, its next op or wait raises", file=sys.stderr,
+                  flush=True)
 
     def _post(self, what, keep, out, fn, async_op=True):
         """Runs fn(dev) (the op's steps) as op `what`: CUDA ops (keep's tensors on a GPU)
@@ -199,7 +252,9 @@ class HierBase(ProcessGroupGosym):
             # the op read it (the fuzzer across hosts, session 33: async gathers' inputs
             # overwritten on the default stream while the op waited on a side stream)
             _record(keep, torch.cuda.current_stream(dev))
-            return cuda_work(out, dev, _raw_stream(dev)) if async_op else None
+            if not async_op:
+                return None
+            return cuda_work(out, dev, _raw_stream(dev), check=lambda: self._usable(what))
         on_thread = self._runner.on_thread()
         if not async_op and not on_thread and self._runner.inline(run):
             return None  # no Work to make: creating one costs more than a small op here
@@ -245,11 +300,14 @@ class HierBase(ProcessGroupGosym):
         are named as lost; ranks that report a different op or different tensors are named
         with theirs (mismatched arguments across hosts fail in the inter-host step, which
         cannot say why). seq None: a send or receive (what names the peer), which takes no
-        collective sequence number and whose peers post other ops by nature: not compared."""
+        collective sequence number and whose peers post other ops by nature, or an op that
+        met the watch's news (_usable): not compared."""
         label = what if seq is None else f"{what} (seq {seq})"
         if self._broken is not None:
             return DistBackendError(f"gosym: {label}: {self._broken}")
         self._broken = "aborting"
+        if self._watch is not None:  # every rank hears of it within a trip around the ring
+            self._watch.tell_failed(self._rank)
         self._close_inner(abort=True)
         self._local.abort()
         lost = self._lost(_P2P + what if seq is None else f"{label} of {signature(keep)}")
@@ -260,15 +318,18 @@ class HierBase(ProcessGroupGosym):
         return DistBackendError(msg)
 
     def _lost(self, op):
-        """Reports op (what this rank posted) as failed and waits for every rank's report:
-        who did not report, and who reported another op than this rank's."""
+        """Reports op (what this rank posted) as failed and waits for every rank's report
+        (no longer than until only ranks some rank's watch saw exit are missing: they are
+        in the store as dead/<rank>): who did not report, and who reported another op than
+        this rank's."""
         try:
             keys = [f"failed/{r}" for r in range(self._size)]
             self._store.set(keys[self._rank], op)
             deadline = time.monotonic() + self._report_s
             while True:
                 late = [r for r in range(self._size) if not self._store.check([keys[r]])]
-                if not late or time.monotonic() > deadline:
+                gone = [r for r in late if r in self._dead or self._store.check([f"dead/{r}"])]
+                if len(gone) == len(late) or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
             ops = {r: self._store.get(keys[r]).decode() for r in range(self._size) if r not in late}
@@ -281,6 +342,9 @@ class HierBase(ProcessGroupGosym):
             return differ + "every rank reported the failure (no rank was lost)"
         glob = [self._global_ranks[r] for r in late]
         also = "" if glob == late else f" (global ranks {glob})"  # a subgroup's own numbers
+        if len(gone) == len(late):
+            return differ + (f"ranks {late}{also} were lost (they exited without leaving the "
+                             f"group: the watch saw their connections close)")
         return differ + (f"ranks {late}{also} were lost or are blocked elsewhere (no report of "
                          f"the failure from them within {self._report_s:.0f} s)")
 
@@ -300,6 +364,14 @@ def _differ(mine, theirs):
         return False
     a, b = _SEQ.search(mine), _SEQ.search(theirs)
     return a is None or b is None or a.group(1) == b.group(1)
+
+
+class RankLost(RuntimeError):
+    """The watch's news: a rank's connection closed without its leaving the group."""
+
+
+class GroupFailed(RuntimeError):
+    """The watch's news: the group failed on another rank."""
 
 
 class ArgumentsDiffer(ValueError):

@@ -661,13 +661,21 @@ def shm_entries():
 
 def check_teardown(ck, rank, shm_before):
     """destroy_process_group shuts the inner groups and the worker thread down and leaves
-    nothing in /dev/shm."""
+    nothing in /dev/shm; each group's watch ends once the rank before it left too (every
+    rank destroys its groups here)."""
     pg = dist.distributed_c10d._get_default_group()
     dist.destroy_process_group()
     ck.check("inner groups gone", not getattr(pg, "_inner", {}), f"{getattr(pg, '_inner', None)}")
     time.sleep(0.2)
     alive = [t.name for t in threading.enumerate() if t.name.startswith("gosym-hier")]
     ck.check("worker thread gone", not alive, f"{alive}")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        watching = [t.name for t in threading.enumerate() if t.name.startswith("gosym-watch")]
+        if not watching:
+            break
+        time.sleep(0.05)
+    ck.check("watch threads gone", not watching, f"{watching}")
     left = sorted(e for e in shm_entries() - shm_before if "gosym" in e or str(os.getpid()) in e)
     ck.check("nothing left in /dev/shm", not left, f"{left}")
 
