@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sys
+import threading
 import time
 
 import torch
@@ -136,9 +138,12 @@ class HierBase(ProcessGroupGosym):
 
     def _close_inner(self, abort):
         inner, self._inner = self._inner, {}
+        if abort:
+            _abort_all(inner.values())
+            return
         for pg in inner.values():
             try:
-                pg.abort() if abort else pg.shutdown()
+                pg.shutdown()
             except Exception:  # noqa: BLE001 - best effort: the group goes either way
                 pass
 
@@ -166,7 +171,7 @@ class HierBase(ProcessGroupGosym):
                 opts._timeout = self._timeout
                 opts.group_name = f"{self._name}/{tag}"
                 opts.global_ranks_in_group = [self._global_ranks[r] for r in ranks]
-                pg = _c10d.ProcessGroupNCCL(sub, me, len(ranks), opts)
+                pg = _nccl_group(sub, me, len(ranks), opts)
             self._inner[(kind, dev)] = pg
         return pg
 
@@ -209,15 +214,9 @@ class HierBase(ProcessGroupGosym):
         else:
             self._news = GroupFailed(f"the group failed on rank {origin} (told by rank {pred})")
             self._watch.tell_failed(origin)
-        aborted = 0
-        for (_, dev), pg in list(self._inner.items()):
-            if dev == "cuda":
-                try:
-                    pg.abort()
-                    aborted += 1
-                except Exception:  # noqa: BLE001 - best effort: _failed aborts them again
-                    pass
-        if aborted:  # said now, as NCCL's watchdog does: the caller may be blocked on the GPU
+        nccl = [pg for (_, dev), pg in list(self._inner.items()) if dev == "cuda"]
+        _abort_all(nccl)
+        if nccl:  # said now, as NCCL's watchdog does: the caller may be blocked on the GPU
             print(f"gosym: group {self._name!r}, rank {self._rank}: {self._news}; its NCCL "
                   f"work across hosts is aborted, its next op or wait raises", file=sys.stderr,
                   flush=True)
@@ -347,6 +346,49 @@ class HierBase(ProcessGroupGosym):
                              f"group: the watch saw their connections close)")
         return differ + (f"ranks {late}{also} were lost or are blocked elsewhere (no report of "
                          f"the failure from them within {self._report_s:.0f} s)")
+
+
+# torch's NCCL groups read how their watchdog handles an error from this variable when they
+# are made; where the user left it unset, the inner ones clean up and raise (2) rather than
+# take the process down (torch's default, 3): a failure across hosts is the HierGroup's to
+# report, naming the lost ranks, as gosym does on one host. Session 34: NCCL's socket
+# transport saw a killed peer's p2p connection close, and torch's watchdog took the survivor
+# down before it could say who was lost.
+_NCCL_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+_nccl_env = threading.Lock()
+
+
+def _nccl_group(store, rank, size, opts):
+    """An inner ProcessGroupNCCL that cleans up and raises on an error unless the user chose
+    otherwise (_NCCL_HANDLING)."""
+    with _nccl_env:
+        if _NCCL_HANDLING in os.environ:
+            return _c10d.ProcessGroupNCCL(store, rank, size, opts)
+        os.environ[_NCCL_HANDLING] = "2"
+        try:
+            return _c10d.ProcessGroupNCCL(store, rank, size, opts)
+        finally:
+            del os.environ[_NCCL_HANDLING]
+
+
+def _abort_all(groups, limit_s=30):
+    """Aborts inner groups all at once, each on a thread of its own, waiting at most limit_s
+    in all. One at a time deadlocks: a NCCL communicator's abort waits for the device while
+    another's kernel still spins there, never to end until that one is aborted too (session
+    34: the flat group's abort hung 60 s behind the "down" group's receive)."""
+    def abort(pg):
+        try:
+            pg.abort()
+        except Exception:  # noqa: BLE001 - best effort: the group goes either way
+            pass
+
+    threads = [threading.Thread(target=abort, args=(pg,), daemon=True, name="gosym-abort")
+               for pg in groups]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + limit_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 # How a failed send or receive is reported through the store: its peers posted other ops.
