@@ -25,6 +25,7 @@ The modules, by job:
 - hosts: host detection (host_id, exchange) and the one-host group it promises (linked);
 - tensors: tensors as the inter-host engines take them, a reduction split into its steps;
 - runner: the thread that runs a HierGroup's host-side ops in post order;
+- watch: the ranks' watch on each other around a ring (a rank that exits is named at once);
 - lifetime: HierBase, a HierGroup's creation, inner groups, posting of ops, shutdown, and
   what a failure leaves (the lost ranks named);
 - algorithms: HierAlgorithms, the paths between hosts (the leaders, the rails) and the flat
