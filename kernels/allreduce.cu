@@ -366,7 +366,7 @@ template <class T, class Op> __device__ __forceinline__ void gs_arpush(const gs_
 template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_params &p) {
 	typedef typename T::S S;
 	const gs_u64 E = 8 / sizeof(S);
-	const int K = GS_LL_LINES / GS_BLOCK_THREADS; // lines per thread
+	const int K = GS_LL_LINES / GS_LL_THREADS; // lines per thread
 	const gs_u64 lines = (p.numel + E - 1) / E;
 	GsLL ll;
 	if (!gs_ll_begin(p.pads, p.world, p.rank, lines, ll))
@@ -376,7 +376,7 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 	gs_u64 mine[K];
 #pragma unroll
 	for (int k = 0; k < K; ++k) {
-		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_BLOCK_THREADS;
+		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_LL_THREADS;
 		const gs_u64 l = (gs_u64)blockIdx.x * GS_LL_LINES + j;
 		if (l >= lines)
 			break;
@@ -391,7 +391,7 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 	bool failed = false;
 #pragma unroll
 	for (int k = 0; k < K; ++k) {
-		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_BLOCK_THREADS;
+		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_LL_THREADS;
 		const gs_u64 l = (gs_u64)blockIdx.x * GS_LL_LINES + j;
 		if (l >= lines || failed)
 			break;

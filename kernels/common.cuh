@@ -100,10 +100,13 @@ __device__ __forceinline__ void gs_record_error(gs_u32 *pad, gs_u32 code, gs_u32
 
 // Checks what every kernel relies on. The answer is the same for all
 // threads of a block; a bad rank cannot be reported (no pad to write to).
-__device__ __forceinline__ bool gs_config_ok(gs_u32 *const *pads, int world, int rank) {
+// max_blocks: GS_MAX_BLOCKS (the pad's per-block barrier words), or the LL
+// launches' own limit (GS_LL_BLOCKS: one sequence word a block).
+__device__ __forceinline__ bool gs_config_ok(gs_u32 *const *pads, int world, int rank,
+                                             unsigned max_blocks = GS_MAX_BLOCKS) {
 	if (world < 1 || world > GS_MAX_RANKS || rank < 0 || rank >= world)
 		return false;
-	if (gridDim.x > GS_MAX_BLOCKS || gridDim.y != 1 || gridDim.z != 1 ||
+	if (gridDim.x > max_blocks || gridDim.y != 1 || gridDim.z != 1 ||
 	    blockDim.x < 32 || blockDim.y != 1 || blockDim.z != 1) {
 		if (threadIdx.x == 0)
 			gs_record_error(pads[rank], GS_ERR_CONFIG,

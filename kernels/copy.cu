@@ -143,11 +143,11 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy_steps(gs_
 // == 0: q sends only the handshake); src[rank] goes to dst[rank] locally
 // (skipped when either is 0 or they are equal). Rank q's src[r] is set
 // exactly when rank r's dst[q] is. Thread j of block b owns line
-// b * GS_LL_LINES + j (+ k * GS_BLOCK_THREADS) of every segment: it reads
+// b * GS_LL_LINES + j (+ k * GS_LL_THREADS) of every segment: it reads
 // all of them before it writes any, so in-place ops (a dst that is a src)
 // are safe. Grid: the same on every rank, as LLGrid gives for p.bytes.
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_llmove(gs_llmove_params p) {
-	const int K = GS_LL_LINES / GS_BLOCK_THREADS; // lines per thread
+	const int K = GS_LL_LINES / GS_LL_THREADS; // lines per thread
 	const gs_u64 lines = (p.bytes + 7u) / 8u;
 	GsLL ll;
 	if (!gs_ll_begin(p.pads, p.world, p.rank, lines, ll))
@@ -158,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_llmove(gs_llmo
 	gs_u64 mine[K];
 #pragma unroll
 	for (int k = 0; k < K; ++k) {
-		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_BLOCK_THREADS, l = first + j;
+		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_LL_THREADS, l = first + j;
 		if (l >= lines)
 			break;
 		for (int q = 0; q < p.world; ++q) {
@@ -178,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_llmove(gs_llmo
 	bool failed = false;
 #pragma unroll
 	for (int k = 0; k < K; ++k) {
-		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_BLOCK_THREADS, l = first + j;
+		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_LL_THREADS, l = first + j;
 		if (l >= lines || failed)
 			break;
 		for (int q = 0; q < p.world && !failed; ++q) {

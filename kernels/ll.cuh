@@ -119,10 +119,10 @@ struct GsLL {
 // forbids, and lines past the grid would be dropped. Anything else,
 // including an empty launch, is recorded as a config error.
 __device__ __forceinline__ bool gs_ll_begin(gs_u32 *const *pads, int world, int rank, gs_u64 lines, GsLL &ll) {
-	if (!gs_config_ok(pads, world, rank))
+	if (!gs_config_ok(pads, world, rank, GS_LL_BLOCKS))
 		return false;
 	const gs_u64 blocks = (lines + GS_LL_LINES - 1) / GS_LL_LINES;
-	if (gridDim.x != blocks || blocks > GS_LL_BLOCKS || blockDim.x != GS_BLOCK_THREADS) {
+	if (gridDim.x != blocks || blocks > GS_LL_BLOCKS || blockDim.x != GS_LL_THREADS) {
 		if (threadIdx.x == 0)
 			gs_record_error(pads[rank], GS_ERR_CONFIG, (gridDim.x << 16) | blockDim.x, 2);
 		return false;

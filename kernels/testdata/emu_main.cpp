@@ -445,7 +445,7 @@ struct LLGroup {
 
 	template <class P> void launch(void (*k)(P), const std::vector<P> &ps, unsigned grid) {
 		for (int r = 0; r < world; ++r)
-			queued[r].push_back([k, p = ps[r], grid] { run_rank(k, p, grid, GS_BLOCK_THREADS); });
+			queued[r].push_back([k, p = ps[r], grid] { run_rank(k, p, grid, GS_LL_THREADS); });
 		for (unsigned b = 0; b < grid; ++b)
 			seq[b]++;
 	}
@@ -634,9 +634,9 @@ static gs_llmove_params ll_move_params(const gs_ar_params &p) {
 // into its parameters when move, else gs_ll (f32 sum).
 static void run_ll_rank0(bool move, const gs_ar_params &p, unsigned grid) {
 	if (move)
-		run_rank(gs_llmove, ll_move_params(p), grid, GS_BLOCK_THREADS);
+		run_rank(gs_llmove, ll_move_params(p), grid, GS_LL_THREADS);
 	else
-		run_rank(gs_ll_f32_sum, p, grid, GS_BLOCK_THREADS);
+		run_rank(gs_ll_f32_sum, p, grid, GS_LL_THREADS);
 }
 
 // An LL launch (gs_ll or gs_llmove) whose grid is not LLGrid's for its
@@ -881,7 +881,7 @@ static void llmove_timeout_case(const Move &m, const std::vector<unsigned> &grid
 		if (grids[r] && grids[r] < ll_grid(m.bytes)) // a rank that ran a smaller op: its later blocks never come
 			ps.back().bytes = (size_t)grids[r] * GS_LL_LINES * 8;
 	}
-	run_ranks(gs_llmove, ps, grids, GS_BLOCK_THREADS);
+	run_ranks(gs_llmove, ps, grids, GS_LL_THREADS);
 	for (int r = 0; r < m.world; ++r) {
 		const unsigned *pad = g.pads.at(r);
 		const unsigned code = want[r].second ? GS_ERR_TIMEOUT : 0;

@@ -225,12 +225,12 @@ func TestLLGridAndArea(t *testing.T) {
 		numel  uint64
 		es     int
 		blocks uint32
-	}{{1, 4, 1}, {2048, 4, 1}, {2049, 4, 2}, {LLMaxBytes / 2, 2, LLBlocks}, {LLMaxBytes / 8, 8, LLBlocks}} {
+	}{{1, 4, 1}, {LLLines * 2, 4, 1}, {LLLines*2 + 1, 4, 2}, {LLMaxBytes / 2, 2, LLBlocks}, {LLMaxBytes / 8, 8, LLBlocks}} {
 		g, b := LLGrid(c.numel, c.es)
 		require.Equal(t, D1(c.blocks), g, "%d elements of %d bytes", c.numel, c.es)
-		require.Equal(t, D1(BlockThreads), b)
+		require.Equal(t, D1(LLThreads), b)
 	}
-	require.Equal(t, uintptr(8*2*2*LLLines*LLLineBytes), LLAreaBytes(2, 64<<10))
+	require.Equal(t, uintptr((64<<10)/8/LLLines*2*2*LLLines*LLLineBytes), LLAreaBytes(2, 64<<10))
 	require.Equal(t, uintptr(LLBlocks*2*8*LLLines*LLLineBytes), LLAreaBytes(8, 1<<40))
 	require.Equal(t, uintptr(2*3*LLLines*LLLineBytes), LLAreaBytes(3, 1))
 }

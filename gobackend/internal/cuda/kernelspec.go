@@ -234,7 +234,7 @@ func ReduceGridLimit(a Algo, numel uint64, esize, world, limit int) (grid, block
 func LLGrid(numel uint64, esize int) (grid, block Dim3) {
 	lines := (numel*uint64(esize) + 7) / 8
 	blocks := min(max((lines+LLLines-1)/LLLines, 1), LLBlocks)
-	return D1(uint32(blocks)), D1(BlockThreads)
+	return D1(uint32(blocks)), D1(LLThreads)
 }
 
 // LLAreaBytes is the size of one rank's LL area in a group of world ranks

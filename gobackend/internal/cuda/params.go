@@ -86,9 +86,13 @@ const (
 	// lines of 16 bytes to every peer, each 8 data bytes with the launch's
 	// flag twice, into the peer's LL area: blocks × 2 (parity) × world ×
 	// LLLines lines after the staging of the data allocation
-	// (LLAreaBytes).
-	LLBlocks    = 64   // GS_LL_BLOCKS: blocks a gs_ll launch may have
-	LLLines     = 1024 // GS_LL_LINES: lines per block (two per thread)
+	// (LLAreaBytes). Small blocks, one line a thread: an SM stores only so
+	// fast across NVLink, so 16 KiB over 2 blocks of 1024 lines took 1.2 µs
+	// more than 1 KiB (captured, 2×H200, session 32); 128 lines a block
+	// spread it over 16 SMs.
+	LLBlocks    = 512 // GS_LL_BLOCKS: blocks a gs_ll launch may have
+	LLLines     = 128 // GS_LL_LINES: lines per block
+	LLThreads   = 128 // GS_LL_THREADS: threads per block of gs_ll and gs_llmove
 	LLLineBytes = 16
 	// GS_LL_WAIT: set in the detail of a timeout gs_ll recorded (a block
 	// that waited for a peer's lines), with block << 8 | rank.
@@ -185,9 +189,10 @@ const (
 	_ = uint(PadSemaReadyWord - padErrorEnd)
 	_ = uint(PadSemaDoneWord - PadSemaReadyWord - MaxRanks)
 	_ = uint(0 - PadSemaReadyWord%16)
-	// A thread of gs_ll owns LLLines/BlockThreads lines; the sequence
+	// A thread of gs_ll owns LLLines/LLThreads lines; the sequence
 	// words follow the semaphores.
-	_ = uint(0 - LLLines%BlockThreads)
+	_ = uint(0 - LLLines%LLThreads)
+	_ = uint(BlockThreads - LLThreads)
 	_ = uint(PadLLSeqWord - PadSemaDoneWord - MaxRanks)
 	// A gs_a2av detail has room for its block and peer.
 	_ = uint(256 - A2AVBlocks)
@@ -224,6 +229,7 @@ var headerConsts = []struct {
 	{"GS_PAD_LL_SEQ", PadLLSeqWord},
 	{"GS_LL_BLOCKS", LLBlocks},
 	{"GS_LL_LINES", LLLines},
+	{"GS_LL_THREADS", LLThreads},
 	{"GS_LL_WAIT", LLWaitDetail},
 	{"GS_PAD_USED", padUsedWords},
 	{"GS_ERR_TIMEOUT", ErrTimeout},
