@@ -5,29 +5,17 @@ here is a dict; the real one runs in tests/jobs/hier (test_rank_lost, test_misma
 
 from __future__ import annotations
 
+from dictstore import DictStore
+
 from gosym.hier.group import HierGroup
 from gosym.hier.lifetime import _P2P
-
-
-class _Store:
-    def __init__(self, reports):
-        self.keys = {f"failed/{r}": op.encode() for r, op in reports.items()}
-
-    def set(self, key, value):
-        self.keys[key] = value.encode() if isinstance(value, str) else value
-
-    def check(self, keys):
-        return all(k in self.keys for k in keys)
-
-    def get(self, key):
-        return self.keys[key]
 
 
 def _group(rank, size, reports, global_ranks=None):
     g = HierGroup.__new__(HierGroup)
     g._rank, g._size, g._report_s = rank, size, 0
     g._global_ranks = global_ranks or list(range(size))
-    g._store = _Store(reports)
+    g._store = DictStore({f"failed/{r}": op for r, op in reports.items()})
     return g
 
 

@@ -9,25 +9,12 @@ import os
 import threading
 
 import pytest
+from dictstore import DictStore
 
 from gosym._errors import DistBackendError
 from gosym.hier import lifetime
 from gosym.hier.group import HierGroup
 from gosym.hier.lifetime import GroupFailed, RankLost
-
-
-class _Store:
-    def __init__(self):
-        self.keys = {}
-
-    def set(self, key, value):
-        self.keys[key] = value.encode() if isinstance(value, str) else value
-
-    def check(self, keys):
-        return all(k in self.keys for k in keys)
-
-    def get(self, key):
-        return self.keys[key]
 
 
 class _Inner:
@@ -76,7 +63,7 @@ def _group(rank=0, size=3, meet=None):
     g._rank, g._size, g._name, g._report_s = rank, size, "g", 5
     g._hosts, g._host, g._global_ranks = [[r] for r in range(size)], rank, list(range(size))
     g._broken, g._news, g._dead = None, None, set()
-    g._store, g._watch, g._runner, g._local = _Store(), _Watch(), _Runner(), _Local()
+    g._store, g._watch, g._runner, g._local = DictStore(), _Watch(), _Runner(), _Local()
     g._inner = {("flat", "cuda"): _Inner(meet), ("down", "cuda"): _Inner(meet),
                 ("flat", "cpu"): _Inner(), ("rail", "cpu"): _Inner()}
     return g
