@@ -116,7 +116,8 @@ def test_a_failure_told_at_one_rank_reaches_every_other_once(size):
         if r == 1:
             assert res["heard"] == [], res  # its own news, come around, is not news
         else:
-            assert [(n["origin"], n["dead"], n["error"]) for n in res["heard"]] == [(1, None, False)], (r, res)
+            heard = [(n["origin"], n["dead"], n["error"]) for n in res["heard"]]
+            assert heard == [(1, None, False)], (r, res)
         assert not res["waiting"], (r, res)
 
 

@@ -192,12 +192,13 @@ class HierBase(ProcessGroupGosym):
     def _watched(self, pred, origin, dead, error):
         """The watch's news (gosym.hier.watch), on its thread, told by predecessor pred:
         the group failed at rank origin, or rank dead exited without leaving (pred itself
-        where its connection closed: error). The news is passed on around the ring, a dead
-        rank is not waited for in the reports (_lost), and the news is kept for this rank's next op or CUDA
-        Work's wait (_usable, which reports it and names the lost ranks), and this rank's
-        NCCL groups are aborted: a CUDA op across hosts waits in NCCL's kernels, which
-        nothing else ends before torch's watchdog does at the group's timeout (session 33:
-        70 s), so the caller's stream drains now (the outputs of ops in flight undefined)."""
+        where its connection closed: error). The news is passed on around the ring; a dead
+        rank is not waited for in the reports (_lost); the news is kept for this rank's
+        next op or CUDA Work's wait (_usable, which reports it and names the lost ranks);
+        and this rank's NCCL groups are aborted: a CUDA op across hosts waits in NCCL's
+        kernels, which nothing else ends before torch's watchdog does at the group's timeout
+        (session 33: 70 s), so the caller's stream drains now (outputs of ops in flight
+        undefined)."""
         if dead is not None:  # a failure reported meanwhile, here or anywhere, need not wait for it
             self._dead.add(dead)
             try:
