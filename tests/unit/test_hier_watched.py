@@ -122,6 +122,24 @@ def test_news_on_a_group_that_failed_already_records_the_dead_rank_and_nothing_m
     assert all(pg.aborted == 0 for pg in g._inner.values())
 
 
+def test_a_failed_op_keeps_its_aborted_nccl_groups_alive(monkeypatch):
+    """ProcessGroupNCCL's destructor, run where the last reference goes, waits for its
+    watchdog, which after a timeout needs the GIL the destructor holds: the failed op must
+    not be the one to release its aborted NCCL groups (session 35 hung there for good)."""
+    import weakref
+
+    monkeypatch.setattr(lifetime, "_PARKED", [])
+    g = _group(rank=0, size=3)
+    refs = {k: weakref.ref(pg) for k, pg in g._inner.items()}
+    g._watched(2, None, 2, RuntimeError("closed"))
+    with pytest.raises(DistBackendError):
+        g._usable("all_reduce")
+    assert not g._inner
+    alive = {k for k, r in refs.items() if r() is not None}
+    assert alive == {("flat", "cuda"), ("down", "cuda")}, alive
+    assert all(pg.aborted == 2 for pg in lifetime._PARKED)  # the watch's abort, then the op's
+
+
 @pytest.mark.parametrize("users", [None, "3"])
 def test_inner_nccl_groups_clean_up_and_raise_unless_the_user_chose(monkeypatch, users):
     seen = []

@@ -170,6 +170,8 @@ var (
 		"The number of ops in each of tests/jobs/fuzz/test_fuzz.py's random programs.")
 	_ = textRow("GOSYM_TEST_RANKS_PER_GPU", "1", Tests,
 		"The tests' GPU jobs put this many ranks on each GPU (their worlds that many times the GPUs; NCCL's reference groups then see a host per rank): one GPU runs them at world 2 and more, for every path's logic, not its speed.")
+	_ = textRow("GOSYM_TEST_STACKS_EVERY", "", Tests,
+		"Seconds: every test worker then writes every thread's Python stack to its log this often (faulthandler), to see where a job that hangs waits before its deadline kills it.")
 	_ = textRow("GOSYM_TEST_BACKEND", "gosym", Tests,
 		"gloo runs the pytest workers on gloo: a check of the tests themselves.")
 	_ = textRow("GOSYM_TEST_FAKE_CUDA", "", Tests,

@@ -140,6 +140,7 @@ class HierBase(ProcessGroupGosym):
         inner, self._inner = self._inner, {}
         if abort:
             _abort_all(inner.values())
+            _PARKED.extend(pg for (_, dev), pg in inner.items() if dev == "cuda")
             return
         for pg in inner.values():
             try:
@@ -370,6 +371,15 @@ def _nccl_group(store, rank, size, opts):
             return _c10d.ProcessGroupNCCL(store, rank, size, opts)
         finally:
             del os.environ[_NCCL_HANDLING]
+
+
+# Aborted NCCL inner groups, kept for the process's life: ProcessGroupNCCL's destructor
+# joins its watchdog thread, which after a timeout still needs the GIL (it drops the failed
+# Works' tensors, it dumps Python stacks), while the destructor, run by the release of the
+# last Python reference, holds it. Released by the failed op that aborted them, it hung the
+# process for good (session 35: a rank late past the timeout across hosts on CUDA, the
+# survivor stopped between _close_inner's return and its next line).
+_PARKED = []
 
 
 def _abort_all(groups, limit_s=30):

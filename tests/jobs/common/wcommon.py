@@ -72,6 +72,9 @@ def setup(extra=None) -> argparse.Namespace:
     args = parser.parse_args()
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    every = float(os.environ.get("GOSYM_TEST_STACKS_EVERY", "0") or "0")
+    if every > 0:  # where a hang waits, over time (the deadline's SIGUSR1 shows its end only)
+        faulthandler.dump_traceback_later(every, repeat=True)
     _write_atomic(os.path.join(out_dir(), f"pid.{rank_env()}"), str(os.getpid()))
     return args
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -716,6 +717,9 @@ def scenario(args, ck, rank, world):
         except Exception as e:  # noqa: BLE001 - the error under test
             err = e
             break
+        finally:  # the log says which step a survivor waited in, and how long
+            print(f"scenario step {i} ended at {time.monotonic() - t0:.1f} s", file=sys.stderr,
+                  flush=True)
     took = time.monotonic() - t0
     if rank != victim:
         msg = str(err) if err is not None else ""
