@@ -696,7 +696,8 @@ def ring_step(t, rank, world):
 
 
 def scenario(args, ck, rank, world):
-    """A rank lost (SIGKILL: die, die-p2p) or late (it sleeps past the timeout: late) in the
+    """A rank lost (SIGKILL: die, die-p2p) or late (it sleeps past the timeout: late, or
+    stall, which sleeps 20 timeouts, longer than the job waits) in the
     middle of a loop of all_reduces, or of sends and receives around a ring (die-p2p):
     every other rank must raise a gosym error naming the op and it."""
     victim = args.victim
@@ -708,7 +709,8 @@ def scenario(args, ck, rank, world):
         if rank == victim and i == 3:
             if args.scenario.startswith("die"):
                 os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(args.timeout * 3)
+            # late: back after 3 timeouts; stall: after 20, past any watchdog's cleanup
+            time.sleep(args.timeout * (20 if args.scenario == "stall" else 3))
             break
         try:
             ring_step(t, rank, world) if p2p else dist.all_reduce(t)
