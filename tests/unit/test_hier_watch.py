@@ -22,9 +22,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # One rank: makes its watch on a Gloo group, acts out its part of the scenario, and prints
 # one JSON line: the news it heard (or none) and whether its watch's thread still waits.
 _RANK = textwrap.dedent("""
-    import datetime, json, os, signal, sys, threading, time
+    import atexit, datetime, json, os, signal, sys, threading, time
     import torch.distributed as dist
     from torch._C import _distributed_c10d as c10d
+
+    at_exit = {}
+
+    def report_at_exit():  # registered first: runs after gosym's own exit handler
+        print(json.dumps({"rank": rank, "heard": heard, "waiting": w.alive(),
+                          "exit_s": time.monotonic() - at_exit["t"]}), flush=True)
+
+    atexit.register(report_at_exit)
     from gosym.hier.watch import Watch
 
     rank, size, port, scenario = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -60,6 +68,11 @@ _RANK = textwrap.dedent("""
     elif scenario == "leave":
         time.sleep(0.2 * ((rank * 7) % size))  # leave in an order other than the ring's
         w.close()
+    elif scenario == "exit":  # no rank leaves; the last exits 1.5 s after the others
+        if rank == size - 1:
+            time.sleep(1.5)
+        at_exit["t"] = time.monotonic()
+        sys.exit(0)
     store.add("done", 1)
     while int(store.add("done", 0)) < size - (scenario == "kill"):
         time.sleep(0.01)
@@ -85,7 +98,8 @@ def _run(scenario, size):
     for r, p in enumerate(procs):
         stdout, stderr = p.communicate(timeout=90)
         lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-        out[r] = json.loads(lines[-1]) if lines else {"rc": p.returncode, "stderr": stderr[-2000:]}
+        out[r] = json.loads(lines[-1]) if lines else {"stderr": stderr[-2000:]}
+        out[r]["rc"] = p.returncode
     return out
 
 
@@ -127,3 +141,16 @@ def test_ranks_that_leave_in_any_order_are_no_news_and_leave_no_thread(size):
     for r, res in out.items():
         assert res.get("heard") == [], (r, res)
         assert not res["waiting"], (r, res)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_at_exit_every_rank_leaves_and_waits_for_its_predecessor(size):
+    """Ranks that exit without leaving (no destroy_process_group), rank 0's predecessor 1.5 s
+    after the others: every process exits cleanly with no watch thread left in Gloo's wait,
+    rank 0 once its predecessor left. A thread still waiting when the interpreter finalized
+    aborted the process when its wait returned (session 35: hosts of 2 and 1 ranks)."""
+    out = _run("exit", size)
+    for r, res in out.items():
+        assert res["rc"] == 0 and res.get("heard") == [], (r, res)
+        assert not res["waiting"], (r, res)
+    assert out[0]["exit_s"] > 1.0, out[0]  # it waited for rank size - 1 to leave

@@ -122,22 +122,31 @@ def test_news_on_a_group_that_failed_already_records_the_dead_rank_and_nothing_m
     assert all(pg.aborted == 0 for pg in g._inner.values())
 
 
-def test_a_failed_op_keeps_its_aborted_nccl_groups_alive(monkeypatch):
+def _alive(refs):
+    return {k for k, r in refs.items() if r() is not None}
+
+
+@pytest.mark.parametrize("then", ["op", "shutdown"])
+def test_aborted_inner_groups_outlive_the_group(monkeypatch, then):
     """ProcessGroupNCCL's destructor, run where the last reference goes, waits for its
-    watchdog, which after a timeout needs the GIL the destructor holds: the failed op must
-    not be the one to release its aborted NCCL groups (session 35 hung there for good)."""
+    watchdog, which after a timeout needs the GIL the destructor holds: neither the failed
+    op (then=op; session 35 hung there for good) nor a shutdown after the watch's news
+    (then=shutdown) may be the one to release an aborted group."""
     import weakref
 
     monkeypatch.setattr(lifetime, "_PARKED", [])
     g = _group(rank=0, size=3)
     refs = {k: weakref.ref(pg) for k, pg in g._inner.items()}
     g._watched(2, None, 2, RuntimeError("closed"))
-    with pytest.raises(DistBackendError):
-        g._usable("all_reduce")
+    if then == "op":
+        with pytest.raises(DistBackendError):
+            g._usable("all_reduce")
+        aborted = set(refs)  # the op aborts every inner group
+    else:
+        g._close_inner(abort=False)
+        aborted = {("flat", "cuda"), ("down", "cuda")}  # only the watch's aborts
     assert not g._inner
-    alive = {k for k, r in refs.items() if r() is not None}
-    assert alive == {("flat", "cuda"), ("down", "cuda")}, alive
-    assert all(pg.aborted == 2 for pg in lifetime._PARKED)  # the watch's abort, then the op's
+    assert _alive(refs) == aborted, _alive(refs)
 
 
 @pytest.mark.parametrize("users", [None, "3"])

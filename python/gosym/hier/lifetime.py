@@ -140,7 +140,6 @@ class HierBase(ProcessGroupGosym):
         inner, self._inner = self._inner, {}
         if abort:
             _abort_all(inner.values())
-            _PARKED.extend(pg for (_, dev), pg in inner.items() if dev == "cuda")
             return
         for pg in inner.values():
             try:
@@ -373,20 +372,24 @@ def _nccl_group(store, rank, size, opts):
             del os.environ[_NCCL_HANDLING]
 
 
-# Aborted NCCL inner groups, kept for the process's life: ProcessGroupNCCL's destructor
-# joins its watchdog thread, which after a timeout still needs the GIL (it drops the failed
-# Works' tensors, it dumps Python stacks), while the destructor, run by the release of the
-# last Python reference, holds it. Released by the failed op that aborted them, it hung the
+# Aborted inner groups, kept for the process's life: ProcessGroupNCCL's destructor joins its
+# watchdog thread, which after a timeout still needs the GIL (it drops the failed Works'
+# tensors, it dumps Python stacks), while the destructor, run by the release of the last
+# Python reference, holds it. Released by the failed op that aborted them, it hung the
 # process for good (session 35: a rank late past the timeout across hosts on CUDA, the
-# survivor stopped between _close_inner's return and its next line).
+# survivor stopped between _close_inner's return and its next line); released by a later
+# shutdown (destroy_process_group after the watch's news), it would.
 _PARKED = []
 
 
 def _abort_all(groups, limit_s=30):
     """Aborts inner groups all at once, each on a thread of its own, waiting at most limit_s
-    in all. One at a time deadlocks: a NCCL communicator's abort waits for the device while
-    another's kernel still spins there, never to end until that one is aborted too (session
-    34: the flat group's abort hung 60 s behind the "down" group's receive)."""
+    in all, and parks them (_PARKED). One at a time deadlocks: a NCCL communicator's abort
+    waits for the device while another's kernel still spins there, never to end until that
+    one is aborted too (session 34: the flat group's abort hung 60 s behind the "down"
+    group's receive)."""
+    groups = list(groups)
+    _PARKED.extend(groups)
     def abort(pg):
         try:
             pg.abort()

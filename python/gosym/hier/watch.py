@@ -24,12 +24,18 @@ matters: a Gloo send waits until its peer posts the receive, and each rank posts
 
 The watch's thread lingers after its own group's shutdown until its predecessor leaves or
 exits (Gloo's Work cannot be cancelled from Python); every rank's shutdown sends LEAVE, so
-it ends when the group is destroyed everywhere."""
+it ends when the group is destroyed everywhere. At interpreter exit every watch leaves and
+its thread is joined, for at most the group's timeout (_at_exit): a thread still in Gloo's
+wait once the interpreter finalizes is ended by CPython from inside C++ frames when the
+wait returns, and the process aborts."""
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import sys
 import threading
+import time
 
 import torch
 
@@ -47,6 +53,38 @@ def _gone(rank):
     return -2 - rank
 
 
+# The watches whose thread may still wait, joined at exit (_at_exit); a thread takes its
+# watch out as it ends.
+_live = set()
+_live_lock = threading.Lock()
+
+
+def _at_exit():
+    """Every watch leaves (a group never destroyed leaves now: with none leaving, each rank
+    would wait for its predecessor's exit around the ring) and its thread is joined until
+    the predecessor has left or exited, for at most the longest group timeout. A thread
+    that wakes from Gloo's wait once the interpreter finalizes is ended by CPython inside
+    pybind11's GIL guard, a C++ frame that may not unwind: "terminate called without an
+    active exception", the process aborted after the user's program had finished (session
+    35: hosts of 2 and 1 ranks, a rank's predecessor destroying the group a moment later,
+    4 runs of 4), and torchrun counted the job failed."""
+    with _live_lock:
+        watches = list(_live)
+    for w in watches:
+        w.close()
+    deadline = time.monotonic() + max((w._send_timeout.total_seconds() for w in watches),
+                                      default=0.0)
+    for w in watches:
+        w._thread.join(max(0.0, deadline - time.monotonic()))
+        if w._thread.is_alive():
+            print(f"gosym: at exit, rank {w._rank} of group {w._name!r} still waits for rank "
+                  f"{w._pred} to leave the group or exit; this process may abort if it does "
+                  f"while the interpreter shuts down", file=sys.stderr, flush=True)
+
+
+atexit.register(_at_exit)
+
+
 class Watch:
     """The watch of rank `rank` of `size` on flat Gloo group `pg`. on_news(pred, origin,
     dead, error) runs on the watch's thread at most once, unless the watch was closed first:
@@ -55,7 +93,7 @@ class Watch:
     says how)."""
 
     def __init__(self, pg, rank, size, on_news, name, send_timeout):
-        self._pg, self._on_news, self._rank = pg, on_news, rank
+        self._pg, self._on_news, self._rank, self._name = pg, on_news, rank, name
         self._pred, self._succ = (rank - 1) % size, (rank + 1) % size
         self._send_timeout = send_timeout
         self._lock = threading.Lock()  # guards _sent
@@ -65,9 +103,18 @@ class Watch:
         work = pg.recv([self._buf], self._pred, TAG)
         self._thread = threading.Thread(target=self._wait, args=(work,), daemon=True,
                                         name=f"gosym-watch-{name}")
+        with _live_lock:
+            _live.add(self)
         self._thread.start()
 
     def _wait(self, work):
+        try:
+            self._receive(work)
+        finally:
+            with _live_lock:
+                _live.discard(self)
+
+    def _receive(self, work):
         try:
             work.wait(_FOREVER)
         except Exception as e:  # noqa: BLE001 - the predecessor's connection closed
