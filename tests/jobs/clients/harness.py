@@ -77,8 +77,8 @@ SPECS: dict[str, Spec] = {
                worlds=(2, 4, 8)),
     "fsdp_tp": Spec("2-D DeviceMesh (dp=world/2 x tp=2): FSDP2 over dp of a tensor-parallel MLP",
                     worlds=(4, 6, 8)),
-    "pipe_gpipe": Spec("torch.distributed.pipelining ScheduleGPipe, a stage per rank, 4 microbatches"),
-    "pipe_1f1b": Spec("torch.distributed.pipelining Schedule1F1B, a stage per rank, 4 microbatches"),
+    "pipe_gpipe": Spec("torch.distributed.pipelining ScheduleGPipe, a stage per rank, 4 microbatches (8 past 4 ranks)"),
+    "pipe_1f1b": Spec("torch.distributed.pipelining Schedule1F1B, a stage per rank, 4 microbatches (8 past 4 ranks)"),
     "dcp": Spec("distributed checkpoint of an FSDP2 model+optimizer mid-run, loaded into a fresh "
                 "model; the resumed run must equal the uninterrupted one bitwise"),
     "funcol_eager": Spec("functional collectives: all_reduce sum/max, all_gather_tensor, "

@@ -182,15 +182,15 @@ def fsdp_tp(ctx):
 
 
 def _pipeline(ctx: Ctx, schedule_cls) -> list[float]:
-    """One stage per rank (a Linear+GELU block each), 4 microbatches; the last stage's
-    per-step mean loss."""
+    """One stage per rank (a Linear+GELU block each), 4 microbatches (8 past 4 ranks: 1F1B
+    needs as many as stages); the last stage's per-step mean loss."""
     from torch.distributed.pipelining import PipelineStage
 
     torch.manual_seed(15)
     blocks = [nn.Sequential(nn.Linear(16, 16), nn.GELU()) for _ in range(ctx.world)]
     stage_mod = blocks[ctx.rank].to(ctx.device)
     stage = PipelineStage(stage_mod, ctx.rank, ctx.world, ctx.device)
-    sched = schedule_cls(stage, n_microbatches=4, loss_fn=F.mse_loss)
+    sched = schedule_cls(stage, n_microbatches=4 if ctx.world <= 4 else 8, loss_fn=F.mse_loss)
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=0.05)
     first, last = ctx.rank == 0, ctx.rank == ctx.world - 1
     out = []
