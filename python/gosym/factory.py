@@ -22,7 +22,8 @@ def new_group(store, rank, size, timeout, name, global_ranks):
     does the table of measurements (gosym.hier.schedule), whose digest is compared with them."""
     settings = _settings.hier()  # a bad value fails here, before any rank waits for this one
     settings[hier.TABLE_KEY] = hier.schedule.digest()
-    seen, key = hier.exchange(store, rank, size, timeout, name, settings)
+    seen, key = hier.exchange(store, rank, size, timeout, name, settings,
+                              global_ranks[rank] if global_ranks else rank)
     hosts = {}
     try:
         for r, (h, theirs) in enumerate(seen):

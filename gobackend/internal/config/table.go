@@ -95,7 +95,7 @@ var (
 // Read by Python, the build and the tests. The engine never reads them.
 var (
 	_ = textRow("GOSYM_HOST_ID", "hostname, boot id, network and pid namespaces", Python,
-		"The host a rank is on: ranks with the same id form one gosym group inside a host, linked across hosts by Gloo (CPU) or NCCL (CUDA). Set one value per host where the detection cannot tell hosts apart.")
+		"The host a rank is on: ranks with the same id form one gosym group inside a host, linked across hosts by Gloo (CPU) or NCCL (CUDA). Set one value per host where the detection cannot tell hosts apart. For tests, ranks-per-host:K puts global rank g on simulated host g // K with one environment for every process (torch's own suite across hosts).")
 	_ = pyIntRow("GOSYM_HIER_RAIL_MIN", 64*kiB, 1,
 		"Across hosts of equal rank counts, all_reduce, reduce_scatter and all_gather of at least this many bytes run per local index (each rank moves 1/n between hosts); smaller ones, and all on unequal hosts, go through each host's first rank.")
 	_ = pyIntRow("GOSYM_HIER_CHUNK", 4*miB, 4096,

@@ -13,13 +13,23 @@ from .._errors import DistBackendError
 from ..backend import ProcessGroupGosym
 
 HOST_ENV = "GOSYM_HOST_ID"
+# GOSYM_HOST_ID=ranks-per-host:K: global rank g is on simulated host g // K (one environment
+# for every process, as torch's own test suite spawns its ranks: tests/jobs/conformance)
+_PER_HOST = "ranks-per-host:"
 
 
-def host_id() -> str:
+def host_id(global_rank=None) -> str:
     """This process's host as gosym's links see it: processes with the same id can link.
     Abstract Unix sockets do not cross network namespaces, and peers are authenticated by
-    pid, which a pid namespace renumbers; GOSYM_HOST_ID, when set, is the id instead."""
+    pid, which a pid namespace renumbers; GOSYM_HOST_ID, when set, is the id instead, or
+    (ranks-per-host:K) names host global_rank // K."""
     env = _settings.host_id()
+    if env.startswith(_PER_HOST):
+        k = env[len(_PER_HOST):]
+        if not k.isdigit() or int(k) < 1 or global_rank is None:
+            raise ValueError(f"gosym: {HOST_ENV}={env}: ranks-per-host takes a whole number "
+                             f"of ranks from 1 (and a group that knows its global ranks)")
+        return f"{HOST_ENV}=host{global_rank // int(k)}"
     if env:
         return f"{HOST_ENV}={env}"
     try:
@@ -36,13 +46,13 @@ def host_id() -> str:
     return "/".join(parts)
 
 
-def exchange(store, rank, size, timeout, name, settings):
+def exchange(store, rank, size, timeout, name, settings, global_rank=None):
     """Every rank's (host_id(), settings), through the store, and this rank's key (deleted
     once every rank has read it). settings (name -> value, JSON) are what every rank must
     share: the caller compares them."""
     gen = store.add(f"gosym/hostgen/{rank}", 1)  # fresh keys per creation, as _endpoint's
     keys = [f"gosym/host/{gen}/{r}" for r in range(size)]
-    store.set(keys[rank], json.dumps({"host": host_id(), "settings": settings}))
+    store.set(keys[rank], json.dumps({"host": host_id(global_rank), "settings": settings}))
     try:
         store.wait(keys, timeout)
     except Exception as e:  # noqa: BLE001 - re-raised naming the ranks that are missing
