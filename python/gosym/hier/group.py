@@ -17,6 +17,7 @@ from .. import anysource as _anysource
 from .. import forms as _forms
 from .. import monitored as _monitored
 from .. import profiling as _profiling
+from .. import sparse as _sparse
 from .._tensors import _one, _op_device, _same_dtype
 from ..work import EventWork, JoinedWork
 from .algorithms import GENERAL, HierAlgorithms
@@ -86,11 +87,25 @@ class HierGroup(HierAlgorithms):
 
         return self._post(what, t, tensors, run, async_op)
 
+    def _sparse_allreduce(self, t, tensors, opts):
+        """all_reduce of a sparse COO tensor (SUM): gosym.sparse's gathers of the indices and
+        values, run on this group, synchronously; an asynchronous caller gets a done Work."""
+        sync = _c10d.AllreduceOptions()
+        sync.reduceOp, sync.asyncOp = opts.reduceOp, False
+        _sparse.sparse_allreduce(self, t, tensors, sync)
+        if not opts.asyncOp:
+            return None
+        w = EventWork(tensors)
+        w._finish(None)
+        return w
+
     def allreduce(self, tensors, opts=None):
         opts = opts or _c10d.AllreduceOptions()
         t = _one(tensors, "all_reduce")
+        if t.layout is torch.sparse_coo:  # DDP's sparse gradients, as on one host and gloo
+            return self._sparse_allreduce(t, tensors, opts)
         if t.layout is not torch.strided:
-            raise ValueError("gosym: all_reduce of sparse tensors across hosts is not supported")
+            raise ValueError(f"gosym: all_reduce of {t.layout} tensors is not supported")
         _split_op(opts.reduceOp, t)  # bad input raises here, not on the worker
         w = self._flat_now("all_reduce", t.numel() * t.element_size(), t,
                            lambda pg, v: pg.allreduce([t], opts), tensors, opts.asyncOp,

@@ -115,6 +115,29 @@ class Ops:
             for n in SIZES:
                 self.reductions(dtype, n)
                 self.moves(dtype, n)
+        if self.dev.type == "cpu":
+            self.sparse()
+
+    def sparse(self):
+        """all_reduce of sparse COO tensors (DDP's sparse gradients), synchronous and not:
+        each rank's own random rows of a 50 x 3 tensor (some shared), summed in float64."""
+        def mine(r):
+            g = torch.Generator().manual_seed(wc.seed_of("sparse", r))
+            rows = torch.randperm(50, generator=g)[:7 + r]
+            vals = torch.randn(len(rows), 3, generator=g, dtype=torch.float64)
+            return torch.sparse_coo_tensor(rows.unsqueeze(0), vals, (50, 3))
+
+        exp = sum(mine(r).to_dense() for r in range(self.world))
+        for is_async in (False, True):
+            def fn(group):
+                t = mine(self.rank).float()
+                w = dist.all_reduce(t, group=group, async_op=is_async)
+                if w is not None:
+                    w.wait()
+                return t.to_dense().double()
+
+            self.both(f"all_reduce sparse_coo async={is_async}", fn, exp,
+                      torch.full_like(exp, 1e-4))
 
     def reductions(self, dtype, n):
         d = wc.dname(dtype)
