@@ -162,6 +162,8 @@ var (
 		"The backend whose process groups torch's suite creates in tests/jobs/conformance (set by run_dist_suite.py --backend).")
 	_ = textRow("GOSYM_CONFORMANCE_PORT", "a free port", Tests,
 		"The MASTER_PORT of torch's suite in tests/jobs/conformance (a few tests rendezvous on the port above it; set by run_dist_suite.py).")
+	_ = enumRow("GOSYM_CONFORMANCE_HOSTS", "0", []string{"0", "1"}, false, Tests,
+		"1: tests/jobs/conformance/test_conformance.py also runs torch's suite on gosym across simulated hosts (GOSYM_HOST_ID=ranks-per-host) at world 3 (hosts of 2 and 1 ranks), against gloo's outcomes; world 2 (1+1) always runs.")
 	_ = enumRow("GOSYM_CONFORMANCE_REFERENCE", "0", []string{"0", "1"}, false, Tests,
 		"1: tests/jobs/conformance/test_conformance.py also checks gloo's outcomes at world 3 against the committed ones (world 2 always).")
 	_ = textRow("GOSYM_FUZZ_SEEDS", "101,202", Tests,
