@@ -140,6 +140,7 @@ class HierBase(ProcessGroupGosym):
         inner, self._inner = self._inner, {}
         if abort:
             _abort_all(inner.values())
+            _park(pg for (_, dev), pg in inner.items() if dev == "cuda")
             return
         for pg in inner.values():
             try:
@@ -217,6 +218,7 @@ class HierBase(ProcessGroupGosym):
             self._watch.tell_failed(origin)
         nccl = [pg for (_, dev), pg in list(self._inner.items()) if dev == "cuda"]
         _abort_all(nccl)
+        _park(nccl)
         if nccl:  # said now, as NCCL's watchdog does: the caller may be blocked on the GPU
             print(f"gosym: group {self._name!r}, rank {self._rank}: {self._news}; its NCCL "
                   f"work across hosts is aborted, its next op or wait raises", file=sys.stderr,
@@ -372,24 +374,28 @@ def _nccl_group(store, rank, size, opts):
             del os.environ[_NCCL_HANDLING]
 
 
-# Aborted inner groups, kept for the process's life: ProcessGroupNCCL's destructor joins its
-# watchdog thread, which after a timeout still needs the GIL (it drops the failed Works'
+# Aborted NCCL inner groups, kept for the process's life: ProcessGroupNCCL's destructor joins
+# its watchdog thread, which after a timeout still needs the GIL (it drops the failed Works'
 # tensors, it dumps Python stacks), while the destructor, run by the release of the last
 # Python reference, holds it. Released by the failed op that aborted them, it hung the
 # process for good (session 35: a rank late past the timeout across hosts on CUDA, the
 # survivor stopped between _close_inner's return and its next line); released by a later
-# shutdown (destroy_process_group after the watch's news), it would.
+# shutdown (destroy_process_group after the watch's news), it would. Gloo groups are not
+# kept: releasing one closes its connections, which is how a peer blocked in a Gloo step
+# with this rank learns of the failure at once (parked, such a peer waited until this
+# process exited: 8 s, test_rank_lost[die-host1-long-timeout]).
 _PARKED = []
+
+
+def _park(groups):
+    _PARKED.extend(groups)
 
 
 def _abort_all(groups, limit_s=30):
     """Aborts inner groups all at once, each on a thread of its own, waiting at most limit_s
-    in all, and parks them (_PARKED). One at a time deadlocks: a NCCL communicator's abort
-    waits for the device while another's kernel still spins there, never to end until that
-    one is aborted too (session 34: the flat group's abort hung 60 s behind the "down"
-    group's receive)."""
-    groups = list(groups)
-    _PARKED.extend(groups)
+    in all. One at a time deadlocks: a NCCL communicator's abort waits for the device while
+    another's kernel still spins there, never to end until that one is aborted too (session
+    34: the flat group's abort hung 60 s behind the "down" group's receive)."""
     def abort(pg):
         try:
             pg.abort()
