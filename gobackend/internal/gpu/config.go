@@ -21,7 +21,8 @@ type Config struct {
 	// GOSYM_GPU_DIRECT_CE_MIN: data movement on the direct path uses the
 	// copy engines from this many bytes, gs_copy with bigBlocks below
 	directCEMin int
-	directMin   int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
+	ceOverlap   bool // GOSYM_GPU_CE_OVERLAP: the local piece of a copy-engine move on a second stream (overlap.go)
+	directMin   int  // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
 	// GOSYM_GPU_MOVE_DIRECT_MIN: the same for broadcast and all_gather,
 	// which read one buffer per peer and save a whole staging copy
 	moveDirectMin int
@@ -66,6 +67,7 @@ func ConfigFromEnv() Config {
 		// Measured on 2×H200 (docs/DECISIONS.md):
 		// gs_copy wins at 16 MiB, the copy engines from 64 MiB.
 		directCEMin: config.GPUDirectCEMin.Get(),
+		ceOverlap:   config.GPUCEOverlap.On(),
 		directMin:   config.GPUDirectMin.Get(),
 		// Measured on 2×H200: direct wins at 4 MiB (docs/DECISIONS.md).
 		moveDirectMin: config.GPUMoveDirectMin.Get(),

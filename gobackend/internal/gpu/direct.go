@@ -642,11 +642,14 @@ func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, er
 	in := func(r int) uintptr { return peers.at(r, uintptr(le.Uint64(metas[r][regionBytes:]))) }
 	switch op.Kind {
 	case ops.AllGather:
-		segs := make([]copySeg, 0, t.world)
+		segs, own := make([]copySeg, 0, t.world), -1
 		for _, r := range t.inTurn() {
+			if r == t.rank {
+				own = len(segs)
+			}
 			segs = append(segs, copySeg{op.OutPieces[r].Addr, in(r), n})
 		}
-		return true, t.moveDirect(segs, n, s)
+		return true, t.moveDirect(segs, own, n, s)
 	case ops.Broadcast:
 		if relay {
 			return true, t.relayBroadcast(op, n, in, s)
@@ -657,7 +660,7 @@ func (t *Team) direct(op *ops.Op, s cuda.Stream, agree agreeFunc) (done bool, er
 		} else if op.Out != op.In {
 			segs = append(segs, copySeg{op.Out, op.In, n})
 		}
-		return true, t.moveDirect(segs, n, s)
+		return true, t.moveDirect(segs, -1, n, s)
 	case ops.ReduceScatter:
 		p := t.reduceParams(op)
 		for r := range metas {
@@ -793,14 +796,17 @@ func (t *Team) allToAllDirect(sd *directSide, op *ops.Op, s cuda.Stream, all [][
 	}
 	t.counters.directOps.Add(1)
 	es := uintptr(op.DType.Size())
-	segs := make([]copySeg, 0, w)
+	segs, own := make([]copySeg, 0, w), -1
 	for _, j := range t.inTurn() {
 		if out := op.OutPieces[j]; out.Count > 0 {
+			if j == t.rank {
+				own = len(segs)
+			}
 			src := peers.at(j, uintptr(le.Uint64(regions[j][regionBytes+8*t.rank:])))
 			segs = append(segs, copySeg{out.Addr, src, uintptr(out.Count) * es})
 		}
 	}
-	return true, t.moveDirect(segs, longest, s)
+	return true, t.moveDirect(segs, own, longest, s)
 }
 
 // moveDirect makes segs (copies from the peers' own buffers, each at most
@@ -808,25 +814,43 @@ func (t *Team) allToAllDirect(sd *directSide, op *ops.Op, s cuda.Stream, all [][
 // barriers fused in, up to bigBlocks blocks, for n below directCEMin;
 // else by the copy engines between two barrier kernels. A launch moves
 // every segment at once, where the copy engines of one stream serialise
-// them (all_gather's local piece, then the peer's).
-func (t *Team) moveDirect(segs []copySeg, n uintptr, s cuda.Stream) error {
+// them (all_gather's local piece, then the peer's): segs[own], when own
+// is not -1, is this rank's own piece, which the copy engines move beside
+// the others (moveCE).
+func (t *Team) moveDirect(segs []copySeg, own int, n uintptr, s cuda.Stream) error {
 	if int(n) < t.cfg.directCEMin {
 		g, _ := cuda.CopyGridLimit(uint64(n), t.cfg.bigBlocks)
 		return t.copyKernel(nil, segs, g, s)
 	}
-	return t.moveCE(segs, s)
+	return t.moveCE(segs, own, s)
 }
 
 // moveCE makes segs by the copy engines between two barriers of all ranks.
-func (t *Team) moveCE(segs []copySeg, s cuda.Stream) error {
+// segs[own] (own -1: none), a copy within this rank's memory, runs on the
+// team's second stream beside the others where GOSYM_GPU_CE_OVERLAP allows
+// (overlap.go); it needs no peer, so it starts before the first barrier.
+func (t *Team) moveCE(segs []copySeg, own int, s cuda.Stream) error {
+	beside := own >= 0 && t.cfg.ceOverlap && segs[own].n > 0 && len(segs) > 1 &&
+		t.ce.ready(t.g, t.capturing)
+	if beside {
+		if err := t.ce.copyBeside(t.g, segs[own], s); err != nil {
+			return err
+		}
+		t.counters.ceBeside.Add(1)
+	}
 	if err := t.barrier(s); err != nil {
 		return err
 	}
-	for _, sg := range segs {
-		if sg.n > 0 {
+	for i, sg := range segs {
+		if sg.n > 0 && !(beside && i == own) {
 			if err := t.g.d.MemcpyDtoDAsync(t.g.ctx, sg.dst, sg.src, sg.n, s); err != nil {
 				return err
 			}
+		}
+	}
+	if beside {
+		if err := t.ce.joinTo(t.g, s); err != nil {
+			return err
 		}
 	}
 	return t.barrier(s)

@@ -84,6 +84,7 @@ type Counters struct {
 	llMoves   atomic.Int64 // data movement by one gs_llmove launch (ops.go, llMove)
 	pacedA2A  atomic.Int64 // all_to_all by one gs_a2av launch (ops.go, allToAllPaced)
 	voteSkips atomic.Int64 // direct ops that skipped the vote: their allocations were mapped everywhere already (direct.go, held)
+	ceBeside  atomic.Int64 // copy-engine moves whose local piece ran on the second stream (overlap.go)
 }
 
 // Park keeps a's op (collective seq) until the queue runs it (Take).
@@ -157,6 +158,7 @@ func (g *State) Stats(m map[string]any) {
 	m["gpu_ipc_hits"] = g.counters.ipcHits.Load()
 	m["gpu_ll_moves"] = g.counters.llMoves.Load()
 	m["gpu_paced_all_to_all"] = g.counters.pacedA2A.Load()
+	m["gpu_ce_beside"] = g.counters.ceBeside.Load()
 	m["gpu_vote_skips"] = g.counters.voteSkips.Load()
 	m["gpu_nvls"] = g.nvls.Load()
 	m["gpu_device_error"] = g.deviceErrorCode()

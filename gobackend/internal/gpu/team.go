@@ -40,6 +40,7 @@ type Team struct {
 	swapFD      swapFunc        // the fd exchange over the links, by deadline (direct.go)
 	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (nvls.go)
 	order       streamOrder     // the last op's stream and end event (order.go)
+	ce          ceSide          // the second copy stream (overlap.go)
 	df          deferral        // the internal stream and flag of deferred ops (defer.go)
 
 	errw *cuda.ErrorWords // where this rank's kernels copy their errors (deverr.go)
@@ -208,6 +209,7 @@ func (t *Team) close(wait time.Duration) {
 	}
 	t.closeIPC()
 	t.order.close(g)
+	t.ce.close(g)
 	t.df.close(g)
 	if err := t.errw.Close(); err != nil {
 		dlog.Printf("rank %d: freeing the host error block: %v", t.rank, err)

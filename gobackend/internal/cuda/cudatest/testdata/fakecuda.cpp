@@ -367,8 +367,25 @@ CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) {
 	memcpy(d, (const void *)s, n);
 	return OK;
 }
+static bool find_alloc(CUdeviceptr p, uintptr_t *base, Alloc *a);
+// FAKECUDA_LOCAL_COPY_DELAY_MS=n: an asynchronous copy within one device's
+// memory waits n ms on its stream first, so a test sees whether whatever
+// must follow it (a join of streams) does.
+static int local_copy_delay_ms(CUdeviceptr d, CUdeviceptr s) {
+	static const char *v = getenv("FAKECUDA_LOCAL_COPY_DELAY_MS");
+	uintptr_t b;
+	Alloc ad, as;
+	if (!v || !find_alloc(d, &b, &ad) || !find_alloc(s, &b, &as) || ad.device != as.device)
+		return 0;
+	return atoi(v);
+}
 CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
-	stream_of(st)->push([=] { memcpy((void *)d, (const void *)s, n); });
+	const int delay = local_copy_delay_ms(d, s);
+	stream_of(st)->push([=] {
+		if (delay > 0)
+			std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+		memcpy((void *)d, (const void *)s, n);
+	});
 	return OK;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
