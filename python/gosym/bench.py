@@ -691,7 +691,7 @@ class Bench:
     def _path_counters(self, backend):
         """This rank's gosym counters that tell which path a CUDA op took (None for other
         backends and host ops)."""
-        if not backend.startswith("gosym") or self.device != "cuda" or self.gosym is None:
+        if not backend.startswith("gosym") or self.args.device != "cuda" or self.gosym is None:
             return None
         st = self.gosym.stats(self.groups[backend])
         return {k: v for k, v in st.items() if k in PATH_COUNTERS or k.startswith("gpu_algo_")}
