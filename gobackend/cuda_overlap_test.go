@@ -12,7 +12,7 @@ import (
 	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
-// With GOSYM_GPU_CE_OVERLAP on (the default), a copy-engine move's local
+// With GOSYM_GPU_CE_OVERLAP_MIN at 1 byte, a copy-engine move's local
 // piece runs on the team's second stream: all_gather and all_to_all (equal
 // splits and splits that differ) on the direct path with the copy engines
 // at every size, on the fake driver's three devices, twice each (the
@@ -26,20 +26,27 @@ func TestCUDAMoveLocalPieceBeside(t *testing.T) {
 	}
 }
 
-// The same with GOSYM_GPU_CE_OVERLAP=0: one stream, the same results.
+// The same with the threshold above every op, and unset: the fake driver's
+// GPUs have no measurement, so the overlap is off there. One stream, the
+// same results.
 func TestCUDAMoveLocalPieceInTurn(t *testing.T) {
-	if st := ceMoves(t, "0"); st != nil {
-		require.EqualValues(t, 0, st["gpu_ce_beside"], "%v", st)
+	for _, v := range []string{"1073741824", ""} {
+		t.Run("min="+v, func(t *testing.T) {
+			if st := ceMoves(t, v); st != nil {
+				require.EqualValues(t, 0, st["gpu_ce_beside"], "%v", st)
+			}
+		})
 	}
 }
 
-// ceMoves runs the ops of the two tests above with the overlap setting
-// overlap and returns rank 0's counters (nil in the parent process).
+// ceMoves runs the ops of the two tests above with GOSYM_GPU_CE_OVERLAP_MIN
+// set to overlap ("": unset) and returns rank 0's counters (nil in the
+// parent process).
 func ceMoves(t *testing.T, overlap string) map[string]any {
 	t.Setenv("GOSYM_GPU_DIRECT_MIN", "1")
 	t.Setenv("GOSYM_GPU_DIRECT_CE_MIN", "0")
 	t.Setenv("GOSYM_GPU_LL_MAX", "0")
-	t.Setenv("GOSYM_GPU_CE_OVERLAP", overlap)
+	t.Setenv("GOSYM_GPU_CE_OVERLAP_MIN", overlap)
 	// the local piece's copy late: without the join the op's stream would end before it
 	t.Setenv("FAKECUDA_LOCAL_COPY_DELAY_MS", "200")
 	if inP2PFakeCUDA(t) {

@@ -10,7 +10,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -437,6 +437,19 @@ for s in "${steps[@]}"; do
 				--ops broadcast,all_gather_into_tensor,all_to_all_single,reduce_scatter_tensor --backends gosym,nccl \
 				--sizes 1K,16K,64K,256K --target-time 0.05 --no-check \
 				--json "$out/moves-graph-$ll.json" 2>&1 | tail -18
+		done ;;
+	overlap)
+		# a copy-engine move's local piece on a second stream (GOSYM_GPU_CE_OVERLAP_MIN: 1 byte)
+		# against one stream (2^62), on, off, on again in one call (session 36; the reports
+		# scripts/gpu_table.py reads for the knob)
+		echo "== the local piece beside the peers' on the copy engines, 10 per sample"
+		for run in on-a off on-b; do
+			chk=() && [[ $run != on-a ]] && chk=(--no-check)
+			min=1 && [[ $run == off ]] && min=$((1 << 62))
+			echo "-- GOSYM_GPU_CE_OVERLAP_MIN=$min ($run)"
+			GOSYM_GPU_CE_OVERLAP_MIN=$min timeout 200 python3 -m gosym.bench --device cuda --backends gosym,nccl --batch 10 \
+				--ops all_gather_into_tensor,all_to_all_single,all_to_all_single_skew --sizes 32M,64M,256M,1G \
+				--target-time 0.1 "${chk[@]}" --json "$out/ce-overlap-$run.json" 2>&1 | rows
 		done ;;
 	a2av)
 		echo "== skewed all_to_all: the host agreement (default) against the paced kernel (GOSYM_GPU_A2AV_BLOCKS=64), 40 per sample"

@@ -45,6 +45,7 @@ ARCH = {"NVIDIA H100": 90, "NVIDIA H200": 90, "NVIDIA H800": 90, "NVIDIA GH200":
 
 S23 = "docs/results/2026-11-28-s23-"
 S24 = "docs/results/2026-11-28-s24-"
+S36 = "docs/results/2026-11-30-s36-"
 
 # One entry per (knob, world, GPU): a variant is a list of (report file, key path inside it or
 # None for the whole file); only the "gosym" backend's rows of the op are read.
@@ -64,6 +65,13 @@ SOURCES = [
                   (S24 + "bcast-blocks-32-4xH200.json", None)],
              42: [(S23 + "broadcast-push-4xH200.json", "runs.bc-push-42")],
          }),
+    # the local piece of a copy-engine move on a second stream, 2×H200, session 36 (on, off,
+    # on in one call: device_cuda.sh overlap): all_gather, whose piece is its input, so the
+    # bench's size is the knob's unit (the longest piece); all_to_all moved alike. The reports
+    # ran under the setting's first form, GOSYM_GPU_CE_OVERLAP=1 (on at every size) and =0.
+    dict(knob="GOSYM_GPU_CE_OVERLAP_MIN", op="all_gather_into_tensor", rule="from",
+         off=[(S36 + "ce-overlap-off-2xH200.json", None)],
+         on=[(S36 + "ce-overlap-on-a-2xH200.json", None), (S36 + "ce-overlap-on-b-2xH200.json", None)]),
 ]
 
 

@@ -44,8 +44,8 @@ var (
 		"Block limit of gs_copy (staged data-movement chunks below GOSYM_GPU_CE_MIN).")
 	GPUDirectCEMin = intRow("GOSYM_GPU_DIRECT_CE_MIN", 32*miB, 0, math.MaxInt, "", true,
 		"Data movement on the direct path uses the copy engines from this many bytes (0: always), gs_copy below.")
-	GPUCEOverlap = enumRow("GOSYM_GPU_CE_OVERLAP", "1", []string{"0", "1"}, false, Engine,
-		"1: a copy-engine move's local piece (all_gather's and all_to_all's own piece on the direct path) runs on a second stream beside the peers' pieces; 0: one stream, one copy after another.")
+	GPUCEOverlapMin = intRow("GOSYM_GPU_CE_OVERLAP_MIN", 0, 1, math.MaxInt, "off, or as measured for the world and GPU (2×H200: 32 MiB; scripts/gpu_table.py)", false,
+		"Copy-engine moves whose longest piece has at least this many bytes run this rank's own piece (all_gather's, all_to_all's) on a second stream beside the peers' pieces; below, one stream, one copy after another.")
 	GPUDirectMin = intRow("GOSYM_GPU_DIRECT_MIN", 8*miB, 1, math.MaxInt, "", true,
 		"Ops of at least this many bytes per rank (all_to_all: its longest piece) read the peers' buffers in place (the direct path) instead of staging; all_reduce from min(this, GOSYM_GPU_TWOSHOT_MIN). The per-kind thresholds below are at most this.")
 	GPUMoveDirectMin = intRow("GOSYM_GPU_MOVE_DIRECT_MIN", 4*miB, 1, math.MaxInt, "", true,

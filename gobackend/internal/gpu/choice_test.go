@@ -63,3 +63,15 @@ func TestRelayBlocksMeasured(t *testing.T) {
 	require.Equal(t, 32, k.at(4, 90, 1<<30))
 	require.Equal(t, k.def, k.at(2, 90, 64<<20))
 }
+
+// The local piece beside the link's runs from 32 MiB at 2 ranks of H200s
+// (the table), and nowhere it was not measured: 4 ranks, another GPU.
+func TestCEOverlapMeasured(t *testing.T) {
+	k := knobOf(config.GPUCEOverlapMin)
+	if k.set > 0 {
+		t.Skip("GOSYM_GPU_CE_OVERLAP_MIN is set")
+	}
+	require.Equal(t, 32<<20, k.at(2, 90, 1<<30))
+	require.Equal(t, 0, k.at(4, 90, 1<<30), "4 ranks: not measured, off")
+	require.Equal(t, 0, k.at(2, 100, 1<<30), "another GPU: not measured, off")
+}

@@ -21,8 +21,11 @@ type Config struct {
 	// GOSYM_GPU_DIRECT_CE_MIN: data movement on the direct path uses the
 	// copy engines from this many bytes, gs_copy with bigBlocks below
 	directCEMin int
-	ceOverlap   bool // GOSYM_GPU_CE_OVERLAP: the local piece of a copy-engine move on a second stream (overlap.go)
-	directMin   int  // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
+	// GOSYM_GPU_CE_OVERLAP_MIN: copy-engine moves from this many bytes (the
+	// longest piece) run the local piece on a second stream (overlap.go);
+	// by measurement (choice.go), off where none was made
+	ceOverlapMin knob
+	directMin    int // GOSYM_GPU_DIRECT_MIN: ops of at least this many bytes per rank use the peers' buffers
 	// GOSYM_GPU_MOVE_DIRECT_MIN: the same for broadcast and all_gather,
 	// which read one buffer per peer and save a whole staging copy
 	moveDirectMin int
@@ -66,9 +69,9 @@ func ConfigFromEnv() Config {
 		copyBlocks: config.GPUCopyBlocks.Get(),
 		// Measured on 2×H200 (docs/DECISIONS.md):
 		// gs_copy wins at 16 MiB, the copy engines from 64 MiB.
-		directCEMin: config.GPUDirectCEMin.Get(),
-		ceOverlap:   config.GPUCEOverlap.On(),
-		directMin:   config.GPUDirectMin.Get(),
+		directCEMin:  config.GPUDirectCEMin.Get(),
+		ceOverlapMin: knobOf(config.GPUCEOverlapMin),
+		directMin:    config.GPUDirectMin.Get(),
 		// Measured on 2×H200: direct wins at 4 MiB (docs/DECISIONS.md).
 		moveDirectMin: config.GPUMoveDirectMin.Get(),
 		// Measured on 2×H200: direct wins from 4 MiB, not at 1 MiB

@@ -822,15 +822,17 @@ func (t *Team) moveDirect(segs []copySeg, own int, n uintptr, s cuda.Stream) err
 		g, _ := cuda.CopyGridLimit(uint64(n), t.cfg.bigBlocks)
 		return t.copyKernel(nil, segs, g, s)
 	}
-	return t.moveCE(segs, own, s)
+	return t.moveCE(segs, own, n, s)
 }
 
-// moveCE makes segs by the copy engines between two barriers of all ranks.
-// segs[own] (own -1: none), a copy within this rank's memory, runs on the
-// team's second stream beside the others where GOSYM_GPU_CE_OVERLAP allows
-// (overlap.go); it needs no peer, so it starts before the first barrier.
-func (t *Team) moveCE(segs []copySeg, own int, s cuda.Stream) error {
-	beside := own >= 0 && t.cfg.ceOverlap && segs[own].n > 0 && len(segs) > 1 &&
+// moveCE makes segs (the longest n bytes, n the same on every rank) by the
+// copy engines between two barriers of all ranks. segs[own] (own -1:
+// none), a copy within this rank's memory, runs on the team's second
+// stream beside the others from GOSYM_GPU_CE_OVERLAP_MIN (overlap.go); it
+// needs no peer, so it starts before the first barrier.
+func (t *Team) moveCE(segs []copySeg, own int, n uintptr, s cuda.Stream) error {
+	from := t.cfg.ceOverlapMin.at(t.world, t.arch(), int(n))
+	beside := own >= 0 && from > 0 && int(n) >= from && segs[own].n > 0 && len(segs) > 1 &&
 		t.ce.ready(t.g, t.capturing)
 	if beside {
 		if err := t.ce.copyBeside(t.g, segs[own], s); err != nil {

@@ -11,4 +11,6 @@ var measuredRows = []measuredRow{
 	{knob: "GOSYM_GPU_RELAY_BLOCKS", world: 4, arch: 90, from: 0, value: 32},
 	{knob: "GOSYM_GPU_RELAY_BLOCKS", world: 4, arch: 90, from: 8 << 20, value: 16},
 	{knob: "GOSYM_GPU_RELAY_BLOCKS", world: 4, arch: 90, from: 256 << 20, value: 32},
+	// GOSYM_GPU_CE_OVERLAP_MIN, rule from: docs/results/2026-11-30-s36-ce-overlap-off-2xH200.json, docs/results/2026-11-30-s36-ce-overlap-on-a-2xH200.json, docs/results/2026-11-30-s36-ce-overlap-on-b-2xH200.json
+	{knob: "GOSYM_GPU_CE_OVERLAP_MIN", world: 2, arch: 90, from: 0, value: 32 << 20},
 }

@@ -214,7 +214,7 @@ func (t *Team) move(pre, segs []copySeg, n uintptr, s cuda.Stream) error {
 			}
 		}
 	}
-	return t.moveCE(segs, -1, s)
+	return t.moveCE(segs, -1, n, s)
 }
 
 // copyKernel launches gs_copy: pre, then a barrier of all ranks, segs and

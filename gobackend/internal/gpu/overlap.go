@@ -12,7 +12,9 @@ package gpu
 // only when both have. Only the local piece moves: the 4-GPU probe
 // (nvswitch_probe.cu) measured several copy-engine copies to peers at
 // once moving less per GPU than one stream's in turn (197 against 230
-// GB/s), so the peers' pieces stay on one stream.
+// GB/s), so the peers' pieces stay on one stream. Where it pays is
+// measured per world and GPU (GOSYM_GPU_CE_OVERLAP_MIN, choice.go): off
+// where nobody measured it.
 //
 // Under graph capture the fork and join are captured like any event
 // record and wait, so the graph holds the same two branches; the stream
