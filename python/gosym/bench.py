@@ -355,14 +355,17 @@ def graph_op(torch, fn, n_ops):
 
 
 # gosym's counters of the CUDA paths (gosym.stats); the rest of an op's launches are staged.
-PATH_COUNTERS = ("gpu_ops", "gpu_direct_ops", "gpu_reg_direct_ops", "gpu_ll_moves", "gpu_paced_all_to_all")
+PATH_COUNTERS = ("gpu_ops", "gpu_direct_ops", "gpu_reg_direct_ops", "gpu_ll_moves", "gpu_paced_all_to_all",
+                 "gpu_ce_beside")
 
 
 def path_of(before, after):
     """Which CUDA path a case's ops took, from the counters' growth over its run: 'll' (one
     LL launch), 'direct' (the peers' own buffers), 'relay' (a broadcast by scatter and relay on
     them), 'paced' (gs_a2av), else 'staged', with the
-    reduction algorithms that ran (gpu_algo_*). Mixed paths are joined with '+'."""
+    reduction algorithms that ran (gpu_algo_*) and 'beside' where the copy engines moved this
+    rank's own piece on a second stream (GOSYM_GPU_CE_OVERLAP_MIN). Mixed paths are joined
+    with '+'."""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after if isinstance(after.get(k), int)}
     ops = d.get("gpu_ops", 0)
     if ops <= 0:
@@ -375,6 +378,8 @@ def path_of(before, after):
         parts["staged"] = ops - named
     out = [k for k, v in parts.items() if v > 0]
     algos = sorted(k[len("gpu_algo_"):] for k, v in d.items() if k.startswith("gpu_algo_") and v > 0)
+    if d.get("gpu_ce_beside", 0) > 0:
+        algos.append("beside")
     return "+".join(out) + (f" ({','.join(algos)})" if algos else "")
 
 

@@ -11,6 +11,7 @@ def test_path_of_names_the_paths_taken():
     assert path_of(before, dict(before, gpu_ops=13)) == "staged"
     assert path_of(before, dict(before, gpu_ops=14, gpu_direct_ops=4, gpu_algo_twoshot=5)) == "direct+staged (twoshot)"
     assert path_of(before, before) == "none"
+    assert path_of(before, dict(before, gpu_ops=13, gpu_direct_ops=5, gpu_ce_beside=3)) == "direct (beside)"
 
 
 def test_path_of_tells_relayed_broadcasts_from_other_direct_ops():
