@@ -12,7 +12,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gosym/gosym/gobackend/internal/cuda"
+	"github.com/gosym/gosym/gobackend/internal/cuda/cudatest"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
+	"github.com/gosym/gosym/gobackend/internal/gpu"
 	"github.com/gosym/gosym/gobackend/internal/ops"
 )
 
@@ -314,4 +317,77 @@ func deferInterleave(t *testing.T) {
 		require.Positive(t, st["gpu_stream_joins"], "rank %d: %v", r, st)
 		require.NoError(t, rk.ep.DeviceError())
 	}
+}
+
+// A deferred op's event (gpu/defer.go) goes back to the pool once the
+// internal stream's wait for it is enqueued, and the next deferred op may
+// record it on another caller's stream before that wait ran: records of one
+// event on two streams then complete in any order, and each wait must be
+// for the record that was the event's latest at the call, as on a GPU. The
+// fake driver once kept one "last completed record" per event, which went
+// back when the earlier record completed last: the internal stream then
+// waited for good for the later one (TestCUDADeferredAndLLOpsInterleaveOnTwoStreams
+// hung about once in 20 runs on a loaded machine), and a wait for the
+// earlier record was released by the later one.
+func TestCUDADeferredEventRecordedAgainOnAnotherStream(t *testing.T) {
+	if cudatest.InFakeChild(t) {
+		return
+	}
+	g, err := gpu.Open(0)
+	require.NoError(t, err)
+	d, ctx := g.Driver(), g.Context()
+	var a, b, c cuda.Stream
+	for _, s := range []*cuda.Stream{&a, &b, &c} {
+		*s, err = d.StreamCreate(ctx, cuda.StreamNonBlocking)
+		require.NoError(t, err)
+		st := *s
+		t.Cleanup(func() { d.StreamDestroy(ctx, st) })
+	}
+	words, err := d.MemAlloc(ctx, 8) // a gate that holds stream a, a mark that stream c writes
+	require.NoError(t, err)
+	t.Cleanup(func() { d.MemFree(ctx, words) })
+	gate, mark := words, words+4
+	require.NoError(t, d.MemcpyHtoD(ctx, words, make([]byte, 8)))
+	word := func(p uintptr) uint32 {
+		b := make([]byte, 4)
+		require.NoError(t, d.MemcpyDtoH(ctx, b, p))
+		return binary.LittleEndian.Uint32(b)
+	}
+	ev, err := d.EventCreate(ctx, cuda.EventDisableTiming)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.EventDestroy(ctx, ev) })
+
+	// record 1 on a, behind the gate; c waits for it, then writes the mark
+	require.NoError(t, d.StreamWaitValue32(ctx, a, gate, 1, cuda.WaitGEQ))
+	require.NoError(t, d.EventRecord(ctx, ev, a))
+	require.NoError(t, d.StreamWaitEvent(ctx, c, ev))
+	require.NoError(t, d.StreamWriteValue32(ctx, c, mark, 1))
+	// record 2 on b completes at once: it must not release c
+	require.NoError(t, d.EventRecord(ctx, ev, b))
+	require.NoError(t, d.StreamSynchronize(ctx, b))
+	time.Sleep(100 * time.Millisecond)
+	if m := word(mark); m != 0 { // goes on: what follows shows the other half
+		t.Errorf("a wait for an event's record was released by a later record of it on another stream (mark %d)", m)
+	}
+	// open the gate: record 1 completes after record 2, and c goes on
+	require.NoError(t, d.MemcpyHtoD(ctx, gate, []byte{1, 0, 0, 0}))
+	require.NoError(t, d.StreamSynchronize(ctx, a))
+	require.NoError(t, d.StreamSynchronize(ctx, c))
+	require.EqualValues(t, 1, word(mark))
+	// a wait enqueued now is for record 2, complete long ago
+	require.NoError(t, d.StreamWaitEvent(ctx, c, ev))
+	require.NoError(t, d.StreamWriteValue32(ctx, c, mark, 2))
+	synced := make(chan error, 1)
+	go func() { synced <- d.StreamSynchronize(ctx, c) }()
+	select {
+	case err := <-synced:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		require.NoError(t, d.EventRecord(ctx, ev, b)) // releases the stuck wait, so that cleanup returns
+		t.Fatal("a wait for an event's latest record never returned: an earlier record of it completed last")
+	}
+	require.EqualValues(t, 2, word(mark))
+	done, err := d.EventQuery(ctx, ev)
+	require.NoError(t, err)
+	require.True(t, done)
 }

@@ -36,6 +36,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -107,11 +108,43 @@ static CUstream_st *legacy() {
 }
 static CUstream_st *stream_of(CUstream s) { return s ? s : legacy(); }
 
-struct CUevent_st {
+// One cuEventRecord: complete once its stream reached it. As on a GPU, a
+// wait (cuStreamWaitEvent, cuEventSynchronize) is for the record that was
+// the event's latest at the call, whatever the event is recorded on later:
+// records of one event on different streams complete in any order (the
+// engine's deferral events are recorded again on another caller's stream
+// while the internal stream's wait for the previous record is still
+// queued), so one "last completed" count per event would go back and leave
+// a wait for a later record waiting for good, or release a wait for an
+// earlier record before that record's stream reached it.
+struct EventRecord {
 	std::mutex mu;
 	std::condition_variable cv;
-	unsigned long long recorded = 0, done = 0; // record generations
+	bool done = false;
 	std::chrono::steady_clock::time_point at;
+	void complete() {
+		std::lock_guard<std::mutex> l(mu);
+		done = true;
+		at = std::chrono::steady_clock::now();
+		cv.notify_all();
+	}
+	void wait() {
+		std::unique_lock<std::mutex> l(mu);
+		cv.wait(l, [this] { return done; });
+	}
+	bool completed() {
+		std::lock_guard<std::mutex> l(mu);
+		return done;
+	}
+};
+
+struct CUevent_st {
+	std::mutex mu;
+	std::shared_ptr<EventRecord> last; // the latest record; null: never recorded (waits return at once)
+	std::shared_ptr<EventRecord> latest() {
+		std::lock_guard<std::mutex> l(mu);
+		return last;
+	}
 };
 
 // ---- memory -------------------------------------------------------------------
@@ -438,48 +471,38 @@ CUresult cuEventDestroy_v2(CUevent e) {
 	delete e;
 	return OK;
 }
+// The stream's work holds the record, not the event: an event may be
+// destroyed while its record is pending, as on a GPU.
 CUresult cuEventRecord(CUevent e, CUstream s) {
-	unsigned long long gen;
+	auto r = std::make_shared<EventRecord>();
 	{
 		std::lock_guard<std::mutex> l(e->mu);
-		gen = ++e->recorded;
+		e->last = r;
 	}
-	stream_of(s)->push([e, gen] {
-		std::lock_guard<std::mutex> l(e->mu);
-		e->done = gen;
-		e->at = std::chrono::steady_clock::now();
-		e->cv.notify_all();
-	});
+	stream_of(s)->push([r] { r->complete(); });
 	return OK;
 }
-static void event_wait(CUevent e, unsigned long long gen) {
-	std::unique_lock<std::mutex> l(e->mu);
-	e->cv.wait(l, [&] { return e->done >= gen; });
-}
 CUresult cuEventSynchronize(CUevent e) {
-	unsigned long long gen;
-	{
-		std::lock_guard<std::mutex> l(e->mu);
-		gen = e->recorded;
-	}
-	event_wait(e, gen);
+	if (auto r = e->latest())
+		r->wait();
 	return OK;
 }
 CUresult cuEventQuery(CUevent e) {
-	std::lock_guard<std::mutex> l(e->mu);
-	return e->done >= e->recorded ? OK : NOT_READY;
+	auto r = e->latest();
+	return !r || r->completed() ? OK : NOT_READY;
 }
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
-	*ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
+	auto ra = a->latest(), rb = b->latest();
+	if (!ra || !rb)
+		return INVALID_VALUE;
+	if (!ra->completed() || !rb->completed())
+		return NOT_READY;
+	*ms = std::chrono::duration<float, std::milli>(rb->at - ra->at).count();
 	return OK;
 }
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) {
-	unsigned long long gen;
-	{
-		std::lock_guard<std::mutex> l(e->mu);
-		gen = e->recorded;
-	}
-	stream_of(s)->push([e, gen] { event_wait(e, gen); });
+	if (auto r = e->latest()) // the latest record now, not when the stream gets there
+		stream_of(s)->push([r] { r->wait(); });
 	return OK;
 }
 
