@@ -68,7 +68,7 @@ SOURCES = [
     # the local piece of a copy-engine move on a second stream, 2×H200, session 36 (on, off,
     # on in one call: device_cuda.sh overlap): all_gather, whose piece is its input, so the
     # bench's size is the knob's unit (the longest piece); all_to_all moved alike. The reports
-    # ran under the setting's first form, GOSYM_GPU_CE_OVERLAP=1 (on at every size) and =0.
+    # ran under the setting's first form, an on/off switch (on at every size, and off).
     dict(knob="GOSYM_GPU_CE_OVERLAP_MIN", op="all_gather_into_tensor", rule="from",
          off=[(S36 + "ce-overlap-off-2xH200.json", None)],
          on=[(S36 + "ce-overlap-on-a-2xH200.json", None), (S36 + "ce-overlap-on-b-2xH200.json", None)]),
