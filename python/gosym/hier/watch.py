@@ -53,8 +53,10 @@ def _gone(rank):
     return -2 - rank
 
 
-# The watches whose thread may still wait, joined at exit (_at_exit); a thread takes its
-# watch out as it ends.
+# The watches not closed or whose thread still waits: _at_exit closes the first (each owes
+# its successor a LEAVE, whether or not its own predecessor left already: taken out when its
+# thread ended, such a watch sent nothing at exit, and its successor heard this rank's exit
+# as a death) and joins the second. A watch leaves the set once closed and its thread ended.
 _live = set()
 _live_lock = threading.Lock()
 
@@ -99,6 +101,7 @@ class Watch:
         self._lock = threading.Lock()  # guards _sent
         self._sent = False
         self.closed = False
+        self._waiting = True  # the thread has not ended (guarded by _live_lock)
         self._buf = torch.empty(1, dtype=torch.int64)
         work = pg.recv([self._buf], self._pred, TAG)
         self._thread = threading.Thread(target=self._wait, args=(work,), daemon=True,
@@ -112,7 +115,9 @@ class Watch:
             self._receive(work)
         finally:
             with _live_lock:
-                _live.discard(self)
+                self._waiting = False
+                if self.closed:
+                    _live.discard(self)
 
     def _receive(self, work):
         try:
@@ -140,7 +145,10 @@ class Watch:
 
     def close(self):
         """This rank leaves the group: LEAVE to the successor, no news reported any more."""
-        self.closed = True
+        with _live_lock:
+            self.closed = True
+            if not self._waiting:
+                _live.discard(self)
         self._send(LEAVE)
 
     def alive(self):
