@@ -35,6 +35,16 @@ func TestCUDAAllToAllRegisteredSilentSenderPaced(t *testing.T) {
 	allToAllRegisteredSilentSender(t)
 }
 
+// The same on the paced kernel pushing (GOSYM_GPU_A2AV_PUSH).
+func TestCUDAAllToAllRegisteredSilentSenderPacedPush(t *testing.T) {
+	t.Setenv("GOSYM_GPU_A2AV_BLOCKS", "4")
+	t.Setenv("GOSYM_GPU_A2AV_PUSH", "1")
+	if inP2PFakeCUDA(t) {
+		return
+	}
+	allToAllRegisteredSilentSender(t)
+}
+
 func allToAllRegisteredSilentSender(t *testing.T) {
 	const world, poison = 3, float32(-7)
 	devices := []int{0, 1, 2}

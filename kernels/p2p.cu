@@ -111,7 +111,11 @@ __device__ __forceinline__ void gs_p2p_share(gs_u64 bytes, gs_u64 slot_bytes, gs
 //   sent(), recvd()           this side's own counts;
 //   ack(), ready()            the flags this side waits on, in its memory;
 //   peer_ready(), peer_ack()  the flags it releases, in the peer's;
-//   slot(s)                   slot s of the lane, in the sender's memory;
+//   slot(s)                   slot s of the lane, in the sender's memory
+//                             (a pushing lane's: in the receiver's);
+//   pushes()                  the sender stores each chunk into the
+//                             receiver's memory, and the receiver grants
+//                             slots (below) rather than freeing them;
 //   wait(flag, want, what)    a wait with the lane's deadline (false, for
 //                             every thread, once it timed out, recorded);
 //   put_header(j, s)          thread 0, once chunk j is in slot s;
@@ -124,6 +128,29 @@ static_assert(GS_P2P_WAIT_SLOT == GS_A2AV_WAIT_SLOT && GS_P2P_WAIT_DATA == GS_A2
               "lanes: one set of wait codes");
 #define GS_LANE_SLOTS GS_P2P_SLOTS
 
+// ACK, the counter a sender waits on before it fills chunk k, means one of
+// two things. Pulling: chunks consumed; slot k % SLOTS is free once chunk
+// k - SLOTS was consumed, so a sender may fill its own memory up to SLOTS
+// chunks ahead, even before its receiver started the op. Pushing: chunks
+// granted; the receiver grants at most SLOTS chunks past the ones it
+// consumed and never past the end of the piece it is receiving now, so no
+// sender stores into the receiver's memory before the receiver's launch
+// began (its slots lie in memory other ops of the group use between the
+// all_to_alls).
+
+// The count a sender's ACK must reach before it fills chunk k.
+template <class Lane>
+__device__ __forceinline__ gs_u32 gs_lane_free(const Lane &l, gs_u32 k) {
+	return l.pushes() ? k + 1u : k + 1u - GS_LANE_SLOTS;
+}
+
+// The ACK a receiver releases once it consumed up to count k of a piece
+// that ends at count end.
+template <class Lane>
+__device__ __forceinline__ gs_u32 gs_lane_ack(const Lane &l, gs_u32 k, gs_u32 end) {
+	return l.pushes() && (int)(end - k) > 0 ? k + ((int)(end - k) < GS_LANE_SLOTS ? end - k : GS_LANE_SLOTS) : k;
+}
+
 // Sends bytes from src over lane l, block b of nb, one chunk of slot_bytes
 // at most per round. False if a wait timed out; else *next is the lane's
 // count after the last chunk.
@@ -135,8 +162,7 @@ __device__ __forceinline__ bool gs_lane_send(const Lane &l, const char *src, gs_
 	gs_u32 k = *l.sent();
 	const gs_u64 rounds = gs_p2p_rounds(bytes, slot_bytes, nb);
 	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
-		// Slot k % SLOTS is free once chunk k - SLOTS was consumed.
-		if (!l.wait(l.ack(), k + 1u - GS_LANE_SLOTS, GS_P2P_WAIT_SLOT))
+		if (!l.wait(l.ack(), gs_lane_free(l, k), GS_P2P_WAIT_SLOT))
 			return false;
 		const gs_u32 s = k % GS_LANE_SLOTS;
 		gs_u64 off, len;
@@ -160,8 +186,13 @@ template <class Lane>
 __device__ __forceinline__ void gs_lane_recv(const Lane &l, char *dst, gs_u64 bytes, gs_u64 slot_bytes, gs_u32 nb,
                                              gs_u32 b) {
 	gs_u32 k = *l.recvd();
+	const gs_u32 k0 = k;
 	gs_u64 rounds = gs_p2p_rounds(bytes, slot_bytes, nb);
 	bool drain = false; // the message is not the one expected: consume it, write nothing
+	// A pushing sender waits for the first grant; the read of recvd above
+	// happens before thread 0 writes it (the barrier in the first wait).
+	if (l.pushes() && threadIdx.x == 0)
+		gs_st_release(l.peer_ack(), gs_lane_ack(l, k, k0 + (gs_u32)rounds));
 	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
 		if (!l.wait(l.ready(), k + 1u, GS_P2P_WAIT_DATA))
 			return;
@@ -180,7 +211,7 @@ __device__ __forceinline__ void gs_lane_recv(const Lane &l, char *dst, gs_u64 by
 		// refill it.
 		__syncthreads();
 		if (threadIdx.x == 0) {
-			gs_st_release(l.peer_ack(), k + 1u);
+			gs_st_release(l.peer_ack(), gs_lane_ack(l, k + 1u, k0 + (gs_u32)rounds));
 			*l.recvd() = k + 1u;
 		}
 	}
@@ -228,6 +259,7 @@ struct GsP2PLane {
 	__device__ gs_u32 *peer_ready() const { return p.peer_ctrl + GS_P2P_READY + line; }
 	__device__ gs_u32 *peer_ack() const { return p.peer_ctrl + GS_P2P_ACK + line; }
 	__device__ char *slot(gs_u32 s) const { return gs_p2p_slot(p, s); }
+	__device__ bool pushes() const { return false; }
 	__device__ bool wait(const gs_u32 *flag, gs_u32 want, gs_u32 what) const {
 		return gs_p2p_wait(p, flag, want, what);
 	}
@@ -275,8 +307,10 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2
 // The channel protocol above, run for every ordered pair of a group at
 // once in one launch, over the group's own buffers instead of a channel's:
 // the piece rank i sends rank q passes through region q of i's staging (q
-// pulls it from there), and the pair's counters live in the signal pads
-// (params.go, PadA2AV*). A pair's chunk count depends only on its own
+// pulls it from there) or, with p.push, through region i of q's staging
+// (i stores it there over the link, q copies it out locally; stores cross
+// the switch without a load's round trip), and the pair's counters live
+// in the signal pads (params.go, PadA2AV*). A pair's chunk count depends only on its own
 // piece size, which both ranks of the pair know (the sender its input
 // split, the receiver its output split), so no rank needs the others'
 // splits: there is no barrier of all ranks and no agreement on the host,
@@ -288,9 +322,10 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2
 // channel, a receiver reads its sender's size from the header of the
 // first chunk; one that expected another size drains the piece in step,
 // writes nothing of it and records GS_ERR_MISMATCH naming the sender, so
-// the counters stay in step. A sender block ends only once its receiver
-// consumed every chunk: the launch that follows on the stream may stage
-// into the same region.
+// the counters stay in step. A pulling sender block ends only once its
+// receiver consumed every chunk: the launch that follows on the stream may
+// stage into the same region. A pushing one ends after its last store: its
+// receiver's launch ends only once it consumed every chunk in its staging.
 
 __device__ __forceinline__ bool gs_a2av_config_ok(const gs_a2av_params &p) {
 	if (p.world < 1 || p.world > GS_MAX_RANKS || p.rank < 0 || p.rank >= p.world || !p.pads[p.rank])
@@ -328,8 +363,8 @@ __device__ __forceinline__ char *gs_a2av_slot(const gs_a2av_params &p, int owner
 
 // Block b of the pair between this rank and q, in one direction: the
 // pair's counters in the two pads (by peer and block), its slots in region
-// `to` of rank owner's staging (the sender's), and a size header written
-// once, with the first chunk.
+// `to` of rank owner's staging (the sender's, or with p.push the
+// receiver's), and a size header written once, with the first chunk.
 struct GsA2AVLane {
 	const gs_a2av_params &p;
 	int q, owner, to;
@@ -338,7 +373,8 @@ struct GsA2AVLane {
 	gs_u32 mine, theirs; // this rank's and q's counter index for block b
 	gs_u64 bytes;        // the sender's piece (a sending lane's)
 	__device__ GsA2AVLane(const gs_a2av_params &p, int q, gs_u32 b, bool sending)
-	    : p(p), q(q), owner(sending ? p.rank : q), to(sending ? q : p.rank), b(b), own(p.pads[p.rank]),
+	    : p(p), q(q), owner(sending == !p.push ? p.rank : q), to(sending == !p.push ? q : p.rank), b(b),
+	      own(p.pads[p.rank]),
 	      peer(p.pads[q]), mine((gs_u32)p.rank * GS_A2AV_BLOCKS + b), theirs((gs_u32)q * GS_A2AV_BLOCKS + b),
 	      bytes(p.send[q]) {}
 	__device__ volatile gs_u32 *sent() const { return own + GS_PAD_A2AV_SENT + theirs; }
@@ -348,6 +384,7 @@ struct GsA2AVLane {
 	__device__ gs_u32 *peer_ready() const { return peer + GS_PAD_A2AV_READY + mine; }
 	__device__ gs_u32 *peer_ack() const { return peer + GS_PAD_A2AV_ACK + mine; }
 	__device__ char *slot(gs_u32 s) const { return gs_a2av_slot(p, owner, to, b, s); }
+	__device__ bool pushes() const { return p.push != 0; }
 	__device__ bool wait(const gs_u32 *flag, gs_u32 want, gs_u32 what) const {
 		return gs_a2av_wait(p, flag, want, what, q, b);
 	}
@@ -371,12 +408,13 @@ struct GsA2AVLane {
 	}
 };
 
-// Block b of the pair (this rank -> q). It ends only once q consumed every
-// chunk: the region is then free for what follows on the stream.
+// Block b of the pair (this rank -> q). Pulling, it ends only once q
+// consumed every chunk: the region is then free for what follows on the
+// stream.
 __device__ __forceinline__ void gs_a2av_send(const gs_a2av_params &p, int q, gs_u32 b) {
 	const GsA2AVLane l(p, q, b, true);
 	gs_u32 next;
-	if (gs_lane_send(l, (const char *)p.src[q], p.send[q], p.slot_bytes, p.nb, b, &next))
+	if (gs_lane_send(l, (const char *)p.src[q], p.send[q], p.slot_bytes, p.nb, b, &next) && !p.push)
 		l.wait(l.ack(), next, GS_A2AV_WAIT_SLOT);
 }
 

@@ -163,6 +163,7 @@ struct gs_a2av_params { // 424 bytes, Go: cuda.A2AVParams
 	int nb;                                  // offset 408
 	int world;                               // offset 412
 	int rank;                                // offset 416
+	int push;                                // offset 420
 };
 
 struct gs_relay_params { // 184 bytes, Go: cuda.RelayParams

@@ -39,6 +39,13 @@ setting() {
 # the CPU benches' ops and sizes (cpuhostbench, cpubench)
 cpu_ops=${GOSYM_CPUHOST_OPS:-all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single}
 cpu_sizes=${GOSYM_CPUHOST_SIZES:-1K,4K,16K,64K,256K,1M,4M,16M,64M}
+# the skewed all_to_all's mode $1 (host: agreed on the host; pull, push: the paced kernel) as
+# $nb and $push, the values of GOSYM_GPU_A2AV_BLOCKS and GOSYM_GPU_A2AV_PUSH
+a2av_mode() {
+	nb=64 push=0
+	[[ $1 == host ]] && nb=0
+	[[ $1 == push ]] && push=1
+}
 # the ranks the GPU jobs may place: the GPUs times GOSYM_TEST_RANKS_PER_GPU
 slots() { echo $(($(nvidia-smi -L | wc -l) * ${GOSYM_TEST_RANKS_PER_GPU:-1})); }
 rows() { grep -E "^[a-z_]+ +[0-9]+[KMG]? |CORRECTNESS|^error" | awk '/^[a-z_]+ /{print $2, $3, $4, $5, $NF; next} {print}'; }
@@ -452,26 +459,32 @@ for s in "${steps[@]}"; do
 				--target-time 0.1 "${chk[@]}" --json "$out/ce-overlap-$run.json" 2>&1 | rows
 		done ;;
 	a2av)
-		echo "== skewed all_to_all: the host agreement (default) against the paced kernel (GOSYM_GPU_A2AV_BLOCKS=64), 40 per sample"
+		# the skewed all_to_all: the host agreement (default) against the paced kernel
+		# (GOSYM_GPU_A2AV_BLOCKS=64), pulling and pushing (GOSYM_GPU_A2AV_PUSH=1, session 37)
+		echo "== skewed all_to_all: host agreement, paced pulling, paced pushing; 40 per sample"
 		for run in a b; do
-			for nb in 0 64; do
-				echo "-- GOSYM_GPU_A2AV_BLOCKS=$nb ($run)"
-				GOSYM_GPU_A2AV_BLOCKS=$nb timeout 200 python3 -m gosym.bench --device cuda --batch 40 \
-					--ops all_to_all_single_skew --backends gosym,nccl --sizes 1K,64K,1M,4M,16M,64M,256M \
-					--target-time 0.05 --json "$out/a2av-$nb-$run.json" 2>&1 | rows
+			for mode in host pull push; do
+				a2av_mode "$mode"
+				chk=() && [[ $run == b ]] && chk=(--no-check)
+				echo "-- $mode: GOSYM_GPU_A2AV_BLOCKS=$nb GOSYM_GPU_A2AV_PUSH=$push ($run)"
+				GOSYM_GPU_A2AV_BLOCKS=$nb GOSYM_GPU_A2AV_PUSH=$push timeout 200 python3 -m gosym.bench --device cuda \
+					--batch 40 --ops all_to_all_single_skew --backends gosym,nccl --sizes 1K,64K,1M,4M,16M,64M,256M \
+					--target-time 0.05 "${chk[@]}" --json "$out/a2av-$mode-$run.json" 2>&1 | rows
 			done
 		done
-		echo "-- shapes (blocks per pair, slot bytes), gosym alone"
-		for shape in 32,65536 64,16384; do
-			GOSYM_GPU_A2AV_BLOCKS=${shape%,*} GOSYM_GPU_A2AV_SLOT_BYTES=${shape#*,} timeout 200 python3 -m gosym.bench \
-				--device cuda --batch 40 --ops all_to_all_single_skew --backends gosym --sizes 64K,1M,4M,16M,64M \
-				--target-time 0.05 --no-check --json "$out/tune-a2av-$shape.json" 2>&1 | rows | sed "s/^/$shape /"
+		echo "-- pushing, shapes (blocks per pair, slot bytes), gosym alone"
+		for shape in 16,262144 32,131072 64,16384; do
+			GOSYM_GPU_A2AV_PUSH=1 GOSYM_GPU_A2AV_BLOCKS=${shape%,*} GOSYM_GPU_A2AV_SLOT_BYTES=${shape#*,} timeout 200 \
+				python3 -m gosym.bench --device cuda --batch 40 --ops all_to_all_single_skew --backends gosym \
+				--sizes 64K,1M,4M,16M,64M,256M --target-time 0.05 --no-check --json "$out/tune-a2av-push-$shape.json" \
+				2>&1 | rows | sed "s/^/$shape /"
 		done
-		echo "-- graph of 10, paced and host-agreed"
-		for nb in 0 64; do
-			GOSYM_GPU_A2AV_BLOCKS=$nb timeout 200 python3 -m gosym.bench --device cuda --cuda-graph 10 \
-				--ops all_to_all_single_skew --backends gosym,nccl --sizes 1K,64K,1M,4M --target-time 0.05 --no-check \
-				--json "$out/tune-a2av-graph-$nb.json" 2>&1 | rows | sed "s/^/graph $nb /"
+		echo "-- graph of 10: host-agreed, paced pulling, paced pushing"
+		for mode in host pull push; do
+			a2av_mode "$mode"
+			GOSYM_GPU_A2AV_BLOCKS=$nb GOSYM_GPU_A2AV_PUSH=$push timeout 200 python3 -m gosym.bench --device cuda \
+				--cuda-graph 10 --ops all_to_all_single_skew --backends gosym,nccl --sizes 1K,64K,1M,4M \
+				--target-time 0.05 --no-check --json "$out/tune-a2av-graph-$mode.json" 2>&1 | rows | sed "s/^/graph $mode /"
 		done ;;
 	vmm)
 		echo "== large ops on gosym.empty buffers (gosym-bound: bound by fd, read in place) against torch tensors and NCCL, 40 per sample"

@@ -30,9 +30,10 @@ type a2avCase struct {
 	stage     uintptr // staging bytes of each rank
 	slotWant  int     // the slot asked of cuda.A2AVSlotBytes
 	launches  int
-	piece     int // the largest random piece
-	big       int // the big pair has at least this many bytes (and always 2*A2AVSlots+3 rounds)
-	self      int // a large local piece, for several copy blocks
+	piece     int  // the largest random piece
+	big       int  // the big pair has at least this many bytes (and always 2*A2AVSlots+3 rounds)
+	self      int  // a large local piece, for several copy blocks
+	push      bool // the senders store into the receivers' stagings (GOSYM_GPU_A2AV_PUSH)
 	misalign
 }
 
@@ -45,6 +46,9 @@ func (k a2avCase) String() string {
 	s := fmt.Sprintf("gs_a2av world=%d nb=%d", k.world, k.nb)
 	if k.capped {
 		s += " (capped: residency)"
+	}
+	if k.push {
+		s += " push"
 	}
 	return s + fmt.Sprintf(" slot=%d region=%d misalign=%d/%d, %d launches back to back, skewed splits", k.slot(),
 		k.region(), k.srcMis, k.dstMis, k.launches)
@@ -89,6 +93,10 @@ func (c *checker) a2avCases(g *gpu, padsFor func(world int) (*padSet, error)) {
 			}
 		}
 	}
+	for _, k := range ks { // every case pulling, then pushing
+		k.push = true
+		ks = append(ks, k)
+	}
 	for _, k := range ks {
 		record(k.String(), func() error {
 			if k.world*2*(k.world-1)*k.nb > resident {
@@ -108,18 +116,19 @@ func (c *checker) a2avCases(g *gpu, padsFor func(world int) (*padSet, error)) {
 		mk = a2avCase{world: 2, nb: 1, stage: 48<<10 + 16, slotWant: 4 << 10, launches: 3, piece: 3000, self: 5000,
 			misalign: misalign{1, 3}}
 	}
-	record(fmt.Sprintf("gs_a2av mismatch: rank 0 sends rank 1 more than it expects (world=%d nb=%d slot=%d): "+
-		"rank 1 records it, leaves the piece, the next launches run in step", mk.world, mk.nb, mk.slot()), func() error {
-		return c.a2avMismatchCase(g, mk)
-	})
 	tk := a2avCase{world: 2, nb: cuda.A2AVBlocksFor(2, 4), stage: 256 << 10, slotWant: 4 << 10, launches: 1,
 		piece: 4096, self: 1001, misalign: misalign{5, 13}}
 	if c.quick {
 		tk.nb = 1
 	}
-	record(fmt.Sprintf("gs_a2av timeout names the missing rank (rank 1 absent, 5 ms, nb=%d)", tk.nb), func() error {
-		return c.a2avTimeoutCase(g, tk)
-	})
+	for _, push := range []bool{false, true} {
+		mk.push, tk.push = push, push
+		record(fmt.Sprintf("gs_a2av mismatch: rank 0 sends rank 1 more than it expects (world=%d nb=%d slot=%d push=%t): "+
+			"rank 1 records it, leaves the piece, the next launches run in step", mk.world, mk.nb, mk.slot(), push),
+			func() error { return c.a2avMismatchCase(g, mk) })
+		record(fmt.Sprintf("gs_a2av timeout names the missing rank (rank 1 absent, 5 ms, nb=%d push=%t)", tk.nb, push),
+			func() error { return c.a2avTimeoutCase(g, tk) })
+	}
 }
 
 // a2avStart makes k's staging (the caller frees it), reads the pads'
@@ -316,7 +325,9 @@ func (c *checker) a2avMismatchCase(g *gpu, k a2avCase) error {
 
 // a2avTimeoutCase launches rank 0's part of k (a world of 2) with rank 1
 // absent: its pair blocks must give up on rank 1 after 5 ms, naming it,
-// while its own piece is still copied.
+// while its own piece is still copied. Pushing, rank 0 must not have
+// stored a byte into rank 1's staging: rank 1 never granted a slot (its
+// staging may hold another op's data until its own launch begins).
 func (c *checker) a2avTimeoutCase(g *gpu, k a2avCase) error {
 	pads, err := c.newPads(g, 2)
 	if err != nil {
@@ -353,6 +364,17 @@ func (c *checker) a2avTimeoutCase(g *gpu, k a2avCase) error {
 		return fmt.Errorf("error words code=%d detail=%#x missing=%#x, want code=%d detail=%#x|what<<16|block<<8|1 "+
 			"(what %d or %d, block < %d) missing=0x2", code, detail, missing, cuda.ErrTimeout, cuda.A2AVDetail,
 			cuda.A2AVWaitSlot, cuda.A2AVWaitData, k.nb)
+	}
+	if k.push {
+		got, err := st.bufs[1].read(0, st.bufs[1].size)
+		if err != nil {
+			return err
+		}
+		for j, v := range got {
+			if v != 0xab {
+				return fmt.Errorf("rank 1's staging changed at byte %d before rank 1 granted a slot", j-guardBytes)
+			}
+		}
 	}
 	return s.check()
 }
@@ -551,6 +573,9 @@ func (c *checker) newA2AVStep(g *gpu, pads *padSet, st *a2avStaging, k a2avCase,
 		p.Stages, p.Pads = st.ptrs, pads.ptrs
 		p.Region, p.SlotBytes, p.TimeoutNs = k.region(), k.slot(), timeoutNs
 		p.NB, p.World, p.Rank = int32(k.nb), int32(k.world), int32(r)
+		if k.push {
+			p.Push = 1
+		}
 	}
 	return s, nil
 }

@@ -369,8 +369,10 @@ type LLMoveParams struct {
 // bytes from q into Dst[q]; its own piece is copied locally. The piece
 // for q passes through region q (Region bytes at q*Region) of this rank's
 // staging (Stages[Rank]), cut into NB blocks × A2AVSlots slots of
-// SlotBytes; q pulls it from there (Stages[Rank] mapped on q). Every
-// rank must use the same NB and SlotBytes (checked at setup); the grid
+// SlotBytes; q pulls it from there (Stages[Rank] mapped on q). With
+// Push, it passes through region Rank of q's staging instead: this rank
+// stores it there, q copies it out. Every rank must use the same NB,
+// SlotBytes and Push (checked at setup); the grid
 // has 2*(World-1)*NB pair blocks, then at least one block for the local
 // copy (A2AVGrid).
 type A2AVParams struct {
@@ -386,6 +388,7 @@ type A2AVParams struct {
 	NB        int32             `cuda:"nb,int"`                        // blocks per pair and direction, 1..A2AVBlocks
 	World     int32             `cuda:"world,int"`
 	Rank      int32             `cuda:"rank,int"`
+	Push      int32             `cuda:"push,int"` // 1: through region Rank of the receiver's staging (see gs_a2av)
 }
 
 // RelayParams is the parameter of gs_bcast_relay, a broadcast of Bytes

@@ -58,6 +58,7 @@ type Config struct {
 	// its slot. Checked equal on every rank at setup (a pair's chunks depend
 	// on both).
 	a2avBlocks, a2avSlot int
+	a2avPush             bool // GOSYM_GPU_A2AV_PUSH: gs_a2av's senders store over the link (agreed as a setting)
 }
 
 func ConfigFromEnv() Config {
@@ -94,6 +95,7 @@ func ConfigFromEnv() Config {
 		// Off: measured on 2×H200, see docs/DECISIONS.md.
 		a2avBlocks: min(config.GPUA2AVBlocks.Get(), cuda.A2AVBlocks),
 		a2avSlot:   config.GPUA2AVSlotBytes.Get(),
+		a2avPush:   config.GPUA2AVPush.On(),
 	}
 }
 

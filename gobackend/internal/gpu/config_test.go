@@ -221,6 +221,11 @@ func TestA2AVParams(t *testing.T) {
 	p := tm.a2avParams(&ops.Op{Kind: ops.AllToAll, DType: dtype.Float32, InPieces: make([]ops.Piece, 2), OutPieces: make([]ops.Piece, 2)})
 	require.EqualValues(t, 8, p.NB)
 	require.EqualValues(t, 4096, p.SlotBytes)
+	require.Zero(t, p.Push, "pulling unless GOSYM_GPU_A2AV_PUSH")
+	tm.cfg.a2avPush = true
+	require.EqualValues(t, 1, tm.a2avParams(&ops.Op{Kind: ops.AllToAll, DType: dtype.Float32, InPieces: make([]ops.Piece, 2), OutPieces: make([]ops.Piece, 2)}).Push)
+	t.Setenv("GOSYM_GPU_A2AV_PUSH", "1")
+	require.True(t, ConfigFromEnv().a2avPush)
 	grid, _ := cuda.A2AVGrid(2, 8, 0)
 	require.EqualValues(t, 17, grid.X, "16 pair blocks and one that checks the local splits")
 	grid, _ = cuda.A2AVGrid(2, 8, 100<<20)

@@ -664,6 +664,9 @@ func (t *Team) a2avParams(op *ops.Op) cuda.A2AVParams {
 	p := cuda.A2AVParams{Stages: t.stages, Pads: t.pads, Region: uint64(region),
 		SlotBytes: cuda.A2AVSlotBytes(region, nb, t.cfg.a2avSlot), TimeoutNs: t.timeoutNs,
 		NB: int32(nb), World: int32(t.world), Rank: int32(t.rank)}
+	if t.cfg.a2avPush {
+		p.Push = 1
+	}
 	for q := range t.world {
 		in, out := op.InPieces[q], op.OutPieces[q]
 		p.Src[q], p.Send[q] = in.Addr, uint64(in.Count)*es

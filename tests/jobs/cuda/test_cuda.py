@@ -61,11 +61,14 @@ def cuda_direct_job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cuda_arpush_job(tmp_path_factory):
-    """The direct path with all_reduce on gs_arpush (GOSYM_GPU_AR_PUSH=1: its reduce-scatter
-    half pushes into the peers' stagings), in rounds of the jobs' 1 MiB staging (many
-    rounds from a few hundred KiB up)."""
+    """The kernels that push into the peers' stagings: the direct path with all_reduce on
+    gs_arpush (GOSYM_GPU_AR_PUSH=1: its reduce-scatter half pushes), in rounds of the jobs'
+    1 MiB staging (many rounds from a few hundred KiB up); and skewed all_to_all on the paced
+    kernel pushing (GOSYM_GPU_A2AV_PUSH=1, 64 blocks per pair), where every other op of the
+    job uses the same stagings between the all_to_alls."""
     return _worker_job(tmp_path_factory, "cuda_arpush", GOSYM_GPU_DIRECT_MIN="1",
-                       GOSYM_GPU_LL_MAX="0", GOSYM_GPU_AR_PUSH="1")
+                       GOSYM_GPU_LL_MAX="0", GOSYM_GPU_AR_PUSH="1", GOSYM_GPU_A2AV_BLOCKS="64",
+                       GOSYM_GPU_A2AV_PUSH="1")
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +137,8 @@ def test_arpush_path(cuda_arpush_job):
     assert st["gpu_direct_ops"] > 1000, st
     # the direct path's all_reduce ran gs_arpush (two-shot only where an op stages)
     assert st["gpu_algo_arpush"] > 100 and st["gpu_algo_arpush"] > st["gpu_algo_twoshot"], st
+    # skewed all_to_all on the paced kernel, pushing (as in test_oneshot_path)
+    assert st["gpu_paced_all_to_all"] >= 400, st
 
 
 def test_oneshot_path(cuda_oneshot_job):
