@@ -35,10 +35,10 @@ func TestCUDAAllToAllRegisteredSilentSenderPaced(t *testing.T) {
 	allToAllRegisteredSilentSender(t)
 }
 
-// The same on the paced kernel pushing (GOSYM_GPU_A2AV_PUSH).
-func TestCUDAAllToAllRegisteredSilentSenderPacedPush(t *testing.T) {
+// The same on the paced kernel pulling (GOSYM_GPU_A2AV_PUSH=0; it pushes by default).
+func TestCUDAAllToAllRegisteredSilentSenderPacedPull(t *testing.T) {
 	t.Setenv("GOSYM_GPU_A2AV_BLOCKS", "4")
-	t.Setenv("GOSYM_GPU_A2AV_PUSH", "1")
+	t.Setenv("GOSYM_GPU_A2AV_PUSH", "0")
 	if inP2PFakeCUDA(t) {
 		return
 	}

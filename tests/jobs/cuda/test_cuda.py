@@ -64,8 +64,8 @@ def cuda_arpush_job(tmp_path_factory):
     """The kernels that push into the peers' stagings: the direct path with all_reduce on
     gs_arpush (GOSYM_GPU_AR_PUSH=1: its reduce-scatter half pushes), in rounds of the jobs'
     1 MiB staging (many rounds from a few hundred KiB up); and skewed all_to_all on the paced
-    kernel pushing (GOSYM_GPU_A2AV_PUSH=1, 64 blocks per pair), where every other op of the
-    job uses the same stagings between the all_to_alls."""
+    kernel pushing (GOSYM_GPU_A2AV_PUSH=1, its default; 64 blocks per pair), where every
+    other op of the job uses the same stagings between the all_to_alls."""
     return _worker_job(tmp_path_factory, "cuda_arpush", GOSYM_GPU_DIRECT_MIN="1",
                        GOSYM_GPU_LL_MAX="0", GOSYM_GPU_AR_PUSH="1", GOSYM_GPU_A2AV_BLOCKS="64",
                        GOSYM_GPU_A2AV_PUSH="1")
@@ -75,10 +75,10 @@ def cuda_arpush_job(tmp_path_factory):
 def cuda_oneshot_job(tmp_path_factory):
     """Small all_reduce on the one-shot kernel over the staging (GOSYM_GPU_LL_MAX=0: no
     LL kernel), eager (staging fused into the launch) and captured (copy + kernel); and
-    skewed all_to_all on the paced kernel (GOSYM_GPU_A2AV_BLOCKS=64: 64 blocks per pair,
-    2 KiB slots in the 1 MiB staging)."""
+    skewed all_to_all on the paced kernel pulling (GOSYM_GPU_A2AV_BLOCKS=64: 64 blocks per
+    pair, 2 KiB slots in the 1 MiB staging; GOSYM_GPU_A2AV_PUSH=0: cuda_arpush_job pushes)."""
     return _worker_job(tmp_path_factory, "cuda_oneshot", GOSYM_GPU_LL_MAX="0",
-                       GOSYM_GPU_A2AV_BLOCKS="64")
+                       GOSYM_GPU_A2AV_BLOCKS="64", GOSYM_GPU_A2AV_PUSH="0")
 
 
 @pytest.fixture(scope="module")
