@@ -4,7 +4,9 @@
 # python -m gosym.bench --device cuda, eager and CUDA-graph captured, gosym
 # against NCCL and PyTorch symmetric memory. Carry python/gosym/libgosym.so
 # (built here; the device has no Go) and, for the checker, build/cudacheck; for conform,
-# build/pydeps (make pydeps: expecttest, which torch's suite imports).
+# build/pydeps (make pydeps: expecttest, which torch's suite imports). The full library and
+# build/cudacheck together pass the call's 64 MiB: carry scripts/device_lib.sh's sm_90-only
+# library instead (it also lets a kernel variant's library ride beside main's).
 # Refuses to run anything unless the multicast safety variables are set. Do not wrap it in
 # `timeout`: bash runs its TERM trap (which packs $out) only once the running step returns,
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
