@@ -297,7 +297,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def _short_pair(self, output, input):  # noqa: A002 - torch's names
         """The CUDA device of a two-buffer op (all_gather_into_tensor, reduce_scatter_tensor,
-        all_to_all_single of equal splits) whose tensors take the short path: dense,
+        all_to_all_single) whose tensors take the short path: dense,
         contiguous, of one dtype, on the group's device with no CUDA send or receive
         pending; else -1. The caller then posts the desc with the stream at once (_pair_now,
         if the engine knows the dtype) by one native call, with no frame of the
@@ -585,16 +585,23 @@ class ProcessGroupGosym(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                       opts=_A2A):
-        if not input_split_sizes and not output_split_sizes:
-            idx = self._short_pair(output, input)
-            world, n = self._size, input.numel()
-            if (idx >= 0 and input.dim() and output.dim() and not input.size(0) % world
-                    and not output.size(0) % world and output.numel() == n):
-                code = _DTYPES.get(input.dtype)
-                if code is not None:
+        idx = self._short_pair(output, input)
+        code = _DTYPES.get(input.dtype) if idx >= 0 else None
+        if code is not None:
+            if not input_split_sizes and not output_split_sizes:
+                world, n = self._size, input.numel()
+                if (input.dim() and output.dim() and not input.size(0) % world
+                        and not output.size(0) % world and output.numel() == n):
                     return self._pair_now(output, input, idx, opts.asyncOp,
                                           descriptors.all_to_all_on, code, n // world,
                                           input.data_ptr(), output.data_ptr())
+            else:
+                # Splits (MoE's dispatch): the same short path, the pieces built here; their
+                # arrays live in this frame until the engine, which reads them, returns.
+                in_arr, ip = self._a2a_pieces(input, input_split_sizes, "input", 1)
+                out_arr, op = self._a2a_pieces(output, output_split_sizes, "output", 1)
+                return self._pair_now(output, input, idx, opts.asyncOp,
+                                      descriptors.all_to_all_v_on, code, ip, op, self._size)
         _same_dtype(input, output, "all_to_all_single")
         src = _src(input)
         cb = []

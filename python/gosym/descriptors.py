@@ -80,6 +80,11 @@ def all_to_all(*, dtype, count, src, dst, stream=0, device=-1):
 def all_to_all_v(*, dtype, in_pieces, out_pieces, world, stream=0, device=-1):
     """Any splits: piece r of in_pieces goes to rank r, piece r of out_pieces receives rank
     r's (world pieces each)."""
+    return all_to_all_v_on(dtype, in_pieces, out_pieces, world, stream, device)
+
+
+def all_to_all_v_on(dtype, in_pieces, out_pieces, world, stream, device):
+    """all_to_all of any splits as the CUDA short path calls it (see all_gather_on)."""
     return _pack(DESC_SIZE, OP_ALLTOALL, dtype, 0, 1.0, 0, 0, 0, 0, 0, 0,
                  in_pieces, out_pieces, world, world, stream, device, 0)
 

@@ -83,6 +83,8 @@ def pairs(v, on=()):
              (OP_ALLGATHER, v.dtype, 0, 1.0, 0, 0, 0, v.count, v.a, v.b, 0, 0, 0, 0)),
             ("all_to_all_on", D.all_to_all_on(v.dtype, v.count, v.a, v.b, *on),
              (OP_ALLTOALL, v.dtype, 0, 1.0, 0, 0, 0, v.count, v.a, v.b, 0, 0, 0, 0)),
+            ("all_to_all_v_on", D.all_to_all_v_on(v.dtype, v.p, v.q, v.world, *on),
+             (OP_ALLTOALL, v.dtype, 0, 1.0, 0, 0, 0, 0, 0, 0, v.p, v.q, v.world, v.world)),
             ("reduce_scatter_on",
              D.reduce_scatter_on(v.dtype, v.red, v.scale, v.count, v.a, v.b, *on),
              (OP_REDUCE_SCATTER, v.dtype, v.red, v.scale, 0, 0, 0, v.count, v.a, v.b, 0, 0, 0, 0)),
