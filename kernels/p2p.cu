@@ -306,8 +306,8 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2
 //
 // The channel protocol above, run for every ordered pair of a group at
 // once in one launch, over the group's own buffers instead of a channel's:
-// the piece rank i sends rank q passes through region q of i's staging (q
-// pulls it from there) or, with p.push, through region i of q's staging
+// the piece rank i sends rank q passes through i's region for q in i's
+// staging (q pulls it from there) or, with p.push, through q's region for i
 // (i stores it there over the link, q copies it out locally; stores cross
 // the switch without a load's round trip), and the pair's counters live
 // in the signal pads (params.go, PadA2AV*). A pair's chunk count depends only on its own
@@ -356,9 +356,13 @@ __device__ __forceinline__ bool gs_a2av_wait(const gs_a2av_params &p, const gs_u
 	return !__syncthreads_or(failed);
 }
 
-// Slot s of block b in region `to` of rank owner's staging.
+// Slot s of block b in the region for rank `to` of rank owner's staging:
+// world-1 regions, one per other rank in rank order (the owner has none
+// for itself: its own piece is copied directly), so that a region is
+// stage/(world-1) bytes and at two ranks the whole staging.
 __device__ __forceinline__ char *gs_a2av_slot(const gs_a2av_params &p, int owner, int to, gs_u32 b, gs_u32 s) {
-	return (char *)p.stages[owner] + (gs_u64)to * p.region + ((gs_u64)b * GS_A2AV_SLOTS + s) * p.slot_bytes;
+	const gs_u64 at = (gs_u64)(to - (to > owner ? 1 : 0));
+	return (char *)p.stages[owner] + at * p.region + ((gs_u64)b * GS_A2AV_SLOTS + s) * p.slot_bytes;
 }
 
 // Block b of the pair between this rank and q, in one direction: the

@@ -41,12 +41,14 @@ setting() {
 # the CPU benches' ops and sizes (cpuhostbench, cpubench)
 cpu_ops=${GOSYM_CPUHOST_OPS:-all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single}
 cpu_sizes=${GOSYM_CPUHOST_SIZES:-1K,4K,16K,64K,256K,1M,4M,16M,64M}
-# the skewed all_to_all's mode $1 (host: agreed on the host; pull, push: the paced kernel) as
-# $nb and $push, the values of GOSYM_GPU_A2AV_BLOCKS and GOSYM_GPU_A2AV_PUSH
+# the skewed all_to_all's mode $1 (host: agreed on the host; pull, push, push64: the paced
+# kernel, push64 in a 64 MiB staging) as $nb, $push and $stage, the values of
+# GOSYM_GPU_A2AV_BLOCKS, GOSYM_GPU_A2AV_PUSH and GOSYM_GPU_STAGE_BYTES
 a2av_mode() {
-	nb=64 push=0
+	nb=64 push=0 stage=$((32 << 20))
 	[[ $1 == host ]] && nb=0
-	[[ $1 == push ]] && push=1
+	[[ $1 == push* ]] && push=1
+	[[ $1 == push64 ]] && stage=$((64 << 20))
 }
 # the ranks the GPU jobs may place: the GPUs times GOSYM_TEST_RANKS_PER_GPU
 slots() { echo $(($(nvidia-smi -L | wc -l) * ${GOSYM_TEST_RANKS_PER_GPU:-1})); }
@@ -462,24 +464,21 @@ for s in "${steps[@]}"; do
 		done ;;
 	a2av)
 		# the skewed all_to_all: the host agreement (default) against the paced kernel
-		# (GOSYM_GPU_A2AV_BLOCKS=64), pulling and pushing (GOSYM_GPU_A2AV_PUSH=1, session 37)
-		echo "== skewed all_to_all: host agreement, paced pulling, paced pushing; 40 per sample"
+		# (GOSYM_GPU_A2AV_BLOCKS=64), pulling and pushing (GOSYM_GPU_A2AV_PUSH, session 37), and
+		# pushing in a 64 MiB staging (256 KiB slots at two ranks, where 32 MiB gives 128 KiB)
+		echo "== skewed all_to_all: host agreement, paced pulling, pushing, pushing in 64 MiB; 40 per sample to 64 MiB, 10 above"
 		for run in a b; do
-			for mode in host pull push; do
+			for mode in host pull push push64; do
 				a2av_mode "$mode"
 				chk=() && [[ $run == b ]] && chk=(--no-check)
-				echo "-- $mode: GOSYM_GPU_A2AV_BLOCKS=$nb GOSYM_GPU_A2AV_PUSH=$push ($run)"
-				GOSYM_GPU_A2AV_BLOCKS=$nb GOSYM_GPU_A2AV_PUSH=$push timeout 200 python3 -m gosym.bench --device cuda \
-					--batch 40 --ops all_to_all_single_skew --backends gosym,nccl --sizes 1K,64K,1M,4M,16M,64M,256M \
-					--target-time 0.05 "${chk[@]}" --json "$out/a2av-$mode-$run.json" 2>&1 | rows
+				echo "-- $mode: GOSYM_GPU_A2AV_BLOCKS=$nb GOSYM_GPU_A2AV_PUSH=$push GOSYM_GPU_STAGE_BYTES=$stage ($run)"
+				for part in "40 1K,64K,1M,4M,16M,64M" "10 256M,1G"; do
+					GOSYM_GPU_A2AV_BLOCKS=$nb GOSYM_GPU_A2AV_PUSH=$push GOSYM_GPU_STAGE_BYTES=$stage timeout 200 \
+						python3 -m gosym.bench --device cuda --batch "${part% *}" --ops all_to_all_single_skew \
+						--backends gosym,nccl --sizes "${part#* }" --target-time 0.05 "${chk[@]}" \
+						--json "$out/a2av-$mode-$run-b${part% *}.json" 2>&1 | rows
+				done
 			done
-		done
-		echo "-- pushing, shapes (blocks per pair, slot bytes), gosym alone"
-		for shape in 16,262144 32,131072 64,16384; do
-			GOSYM_GPU_A2AV_PUSH=1 GOSYM_GPU_A2AV_BLOCKS=${shape%,*} GOSYM_GPU_A2AV_SLOT_BYTES=${shape#*,} timeout 200 \
-				python3 -m gosym.bench --device cuda --batch 40 --ops all_to_all_single_skew --backends gosym \
-				--sizes 64K,1M,4M,16M,64M,256M --target-time 0.05 --no-check --json "$out/tune-a2av-push-$shape.json" \
-				2>&1 | rows | sed "s/^/$shape /"
 		done
 		echo "-- graph of 10: host-agreed, paced pulling, paced pushing"
 		for mode in host pull push; do

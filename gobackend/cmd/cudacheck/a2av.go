@@ -37,8 +37,8 @@ type a2avCase struct {
 	misalign
 }
 
-// region is the bytes of one peer's region of a staging.
-func (k a2avCase) region() uint64 { return uint64(k.stage) / uint64(k.world) &^ 15 }
+// region is the bytes of one peer's region of a staging (world-1 of them).
+func (k a2avCase) region() uint64 { return cuda.A2AVRegion(k.stage, k.world) }
 
 func (k a2avCase) slot() uint64 { return cuda.A2AVSlotBytes(uintptr(k.region()), k.nb, k.slotWant) }
 
@@ -435,8 +435,8 @@ func transpose(m [][]uint64) [][]uint64 {
 }
 
 // a2avStaging is one staging per simulated rank, guardBytes either side,
-// filled with 0xab; the slots of region q of rank r's lie in its first
-// nb*A2AVSlots*slot bytes, nothing else may change.
+// filled with 0xab; the slots of each of its world-1 regions lie in the
+// region's first nb*A2AVSlots*slot bytes, nothing else may change.
 type a2avStaging struct {
 	bufs []*dbuf
 	ptrs [cuda.MaxRanks]uintptr
@@ -463,8 +463,7 @@ func (c *checker) newA2AVStaging(g *gpu, k a2avCase) (*a2avStaging, error) {
 func (st *a2avStaging) free() { freeAll(st.bufs) }
 
 // check finds a byte of a staging that changed outside the slots: in
-// the guards, in a rank's own region, past the slots of a region or past
-// the last region.
+// the guards, past the slots of a region or past the last region.
 func (st *a2avStaging) check(k a2avCase) error {
 	region, used := k.region(), uint64(k.nb*cuda.A2AVSlots)*k.slot()
 	for r, b := range st.bufs {
@@ -478,7 +477,7 @@ func (st *a2avStaging) check(k a2avCase) error {
 			}
 			off := int64(j) - guardBytes
 			if off >= 0 && off < int64(k.stage) {
-				if q := uint64(off) / region; q < uint64(k.world) && q != uint64(r) && uint64(off)%region < used {
+				if q := uint64(off) / region; q < uint64(k.world-1) && uint64(off)%region < used {
 					continue
 				}
 			}
@@ -599,12 +598,10 @@ func (s *a2avStep) launch(c *checker, g *gpu, _ *padSet) error {
 		if err := c.d.Launch(s.fn, grid, block, 0, g.streams[r], &s.ps[r]); err != nil {
 			return err
 		}
-		for q := range s.k.world {
+		for q := range s.k.world - 1 {
 			at := s.st.ptrs[r] + uintptr(q)*uintptr(s.k.region())
-			if q != r {
-				if err := c.d.MemsetD32Async(g.ctx, at, 0xabababab, used/4, g.streams[r]); err != nil {
-					return err
-				}
+			if err := c.d.MemsetD32Async(g.ctx, at, 0xabababab, used/4, g.streams[r]); err != nil {
+				return err
 			}
 		}
 	}

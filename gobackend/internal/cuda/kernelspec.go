@@ -281,6 +281,12 @@ func A2AVBlocksFor(world, want int) int {
 	return max(min(want, A2AVBlocks, MaxBlocks/(2*(world-1))), 1)
 }
 
+// A2AVRegion is the bytes of each of the world-1 regions of a staging of
+// stage bytes that gs_a2av uses, one per other rank (a multiple of 16).
+func A2AVRegion(stage uintptr, world int) uint64 {
+	return uint64(stage/uintptr(max(world-1, 1))) &^ 15
+}
+
 // A2AVSlotBytes is gs_a2av's slot for a region of region bytes, nb blocks
 // and a wanted slot of want bytes: a multiple of 16 that fits nb ×
 // A2AVSlots slots in the region; 0 if not even 16 bytes fit.

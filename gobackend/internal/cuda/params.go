@@ -366,12 +366,13 @@ type LLMoveParams struct {
 // A2AVParams is the parameter of gs_a2av: an all_to_all(v) paced pair by
 // pair, with no barrier of all ranks and no agreement on the host. This
 // rank sends Send[q] bytes from Src[q] to each rank q and expects Recv[q]
-// bytes from q into Dst[q]; its own piece is copied locally. The piece
-// for q passes through region q (Region bytes at q*Region) of this rank's
-// staging (Stages[Rank]), cut into NB blocks × A2AVSlots slots of
-// SlotBytes; q pulls it from there (Stages[Rank] mapped on q). With
-// Push, it passes through region Rank of q's staging instead: this rank
-// stores it there, q copies it out. Every rank must use the same NB,
+// bytes from q into Dst[q]; its own piece is copied locally. A staging
+// has a region of Region bytes for each other rank, in rank order
+// (A2AVRegion). The piece for q passes through this rank's region for q
+// (Stages[Rank]), cut into NB blocks × A2AVSlots slots of SlotBytes; q
+// pulls it from there (Stages[Rank] mapped on q). With Push, it passes
+// through q's region for this rank instead: this rank stores it there,
+// q copies it out. Every rank must use the same NB,
 // SlotBytes and Push (checked at setup); the grid
 // has 2*(World-1)*NB pair blocks, then at least one block for the local
 // copy (A2AVGrid).

@@ -660,9 +660,9 @@ func (t *Team) allToAllPaced(op *ops.Op, s cuda.Stream) error {
 func (t *Team) a2avParams(op *ops.Op) cuda.A2AVParams {
 	es := uint64(op.DType.Size())
 	nb := cuda.A2AVBlocksFor(t.world, t.cfg.a2avBlocks)
-	region := t.region()
-	p := cuda.A2AVParams{Stages: t.stages, Pads: t.pads, Region: uint64(region),
-		SlotBytes: cuda.A2AVSlotBytes(region, nb, t.cfg.a2avSlot), TimeoutNs: t.timeoutNs,
+	region := cuda.A2AVRegion(t.stage, t.world)
+	p := cuda.A2AVParams{Stages: t.stages, Pads: t.pads, Region: region,
+		SlotBytes: cuda.A2AVSlotBytes(uintptr(region), nb, t.cfg.a2avSlot), TimeoutNs: t.timeoutNs,
 		NB: int32(nb), World: int32(t.world), Rank: int32(t.rank)}
 	if t.cfg.a2avPush {
 		p.Push = 1
