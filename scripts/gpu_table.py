@@ -15,13 +15,18 @@ run
 The unit tests run --check, so the Go table always says what its files say. Standard library
 only (no torch, no gosym).
 
-Two rules:
+Three rules:
 - "from": the knob is a size threshold between two paths, "off" and "on". Its value is the
   smallest measured size from which "on" is no slower than "off" at that size and every larger
   one (in the knob's unit: the op's bytes per rank, or one rank's output for reduce_scatter).
 - "best": the knob takes one of several values. At each measured size the fastest value wins
   unless the default is within TOLERANCE of it; the winners become steps: from each measured
   size up to the next, its winner (below the smallest, the smallest's).
+- "against": the knob takes one value at every size (a choice no rank may make by size
+  without asking, as GOSYM_GPU_A2AV_BLOCKS: the skewed all_to_all's longest piece is not
+  known everywhere). Each variant's worst size against the `against` backend (its time over
+  gosym's, both from the variant's own reports: measured side by side) is its score; the
+  best score wins unless the default's is within TOLERANCE of it.
 Points of one variant measured in several reports are averaged (the median of the runs).
 """
 
@@ -92,16 +97,16 @@ def _arch(gpu: str) -> int:
     sys.exit(f"gpu_table: no compute capability known for {gpu!r}: add it to ARCH")
 
 
-def points(variant, op: str):
-    """{size: median µs} of the gosym rows of op over the variant's reports, and the reports'
-    (world, arch)."""
+def points(variant, op: str, backend: str = "gosym"):
+    """{size: median µs} of the backend's rows of op over the variant's reports, and the
+    reports' (world, arch)."""
     runs, shape = {}, set()
     for path, key in variant:
         r = _report(path, key)
         m = r["machine"]
         shape.add((m["world_size"], _arch(m["gpu"])))
         for row in r["results"]:
-            if row["backend"] == "gosym" and row["op"] == op:
+            if row["backend"] == backend and row["op"] == op:
                 runs.setdefault(row["size"], []).append(row["median_us"])
     if len(shape) != 1:
         sys.exit(f"gpu_table: {variant} mix worlds or GPUs: {sorted(shape)}")
@@ -146,6 +151,28 @@ def rule_best(e):
     return shape.pop(), steps
 
 
+def rule_against(e):
+    score, shape = {}, set()
+    for value, variant in e["variants"].items():
+        mine, sh = points(variant, e["op"])
+        base, _ = points(variant, e["op"], e["against"])
+        shape.add(sh)
+        sizes = sorted(set(mine) & set(base))
+        if not sizes:
+            sys.exit(f"gpu_table: {e['knob']}={value}: no size measured on gosym and {e['against']}")
+        score[value] = min(base[s] / mine[s] for s in sizes)
+    if len(shape) != 1:
+        sys.exit(f"gpu_table: {e['knob']}: variants measured on {sorted(shape)}")
+    default = e["default"]
+    best = max(score, key=lambda v: (score[v], v == default))
+    if score[default] * (1 + TOLERANCE) >= score[best]:
+        best = default
+    return shape.pop(), [(0, best)]
+
+
+RULES = {"from": rule_from, "best": rule_best, "against": rule_against}
+
+
 def _size(n: int) -> str:
     for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
         if n and n % (1 << shift) == 0:
@@ -166,7 +193,7 @@ var measuredRows = []measuredRow{
 def build() -> str:
     out, seen = [HEAD], set()
     for e in SOURCES:
-        (world, arch), steps = (rule_from if e["rule"] == "from" else rule_best)(e)
+        (world, arch), steps = RULES[e["rule"]](e)
         if (e["knob"], world, arch) in seen:
             sys.exit(f"gpu_table: {e['knob']} measured twice at world {world}, sm_{arch}")
         seen.add((e["knob"], world, arch))

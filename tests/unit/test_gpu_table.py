@@ -1,5 +1,5 @@
 """The CUDA engine's choices by measurement (gobackend/internal/gpu/measured.go, written by
-scripts/gpu_table.py): the Go table says what its reports say, and the two rules choose what
+scripts/gpu_table.py): the Go table says what its reports say, and the rules choose what
 their docstrings promise on reports made up here."""
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ def test_table_is_what_its_reports_say():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-def _report(tmp_path, name, op, times, world=4, gpu="NVIDIA H200"):
+def _report(tmp_path, name, op, times, world=4, gpu="NVIDIA H200", nccl=None):
     rows = [{"backend": "gosym", "op": op, "size": s, "median_us": t} for s, t in times.items()]
-    rows.append({"backend": "nccl", "op": op, "size": 1 << 20, "median_us": 0.001})  # not read
+    # read by the "against" rule alone
+    for s, t in (nccl or {1 << 20: 0.001}).items():
+        rows.append({"backend": "nccl", "op": op, "size": s, "median_us": t})
     f = tmp_path / f"{name}.json"
     f.write_text(json.dumps({"machine": {"world_size": world, "gpu": gpu}, "results": rows}))
     return [(str(f), None)]
@@ -61,3 +63,18 @@ def test_rules(tmp_path, monkeypatch):
     variants[16] = variants[16] + _report(tmp_path, "w2", "broadcast", {4 * M: 1}, world=2)
     with pytest.raises(SystemExit, match="mix worlds"):
         g.rule_best(dict(knob="K", op="broadcast", default=32, variants=variants))
+    # "against": one value at every size, the best worst ratio to NCCL in each variant's own
+    # job: 64 leads by 1.3x up to 4 MiB but loses 0.87x at 1 GiB; 0 loses 0.92x at 4 MiB and
+    # leads elsewhere, so 0 (its worst is the better); with 64's 1 GiB at NCCL's time, 64
+    op = "all_to_all_single_skew"
+    nccl = {M: 40, 4 * M: 40, 1024 * M: 2800}
+    host = _report(tmp_path, "host", op, {M: 41, 4 * M: 43.5, 1024 * M: 2740}, nccl=nccl)
+    paced = _report(tmp_path, "paced", op, {M: 30, 4 * M: 31, 1024 * M: 3220}, nccl=nccl)
+    e = dict(knob="K", op=op, against="nccl", default=0, variants={0: host, 64: paced})
+    assert g.rule_against(e) == ((4, 90), [(0, 0)])
+    e["variants"][64] = _report(tmp_path, "paced2", op, {M: 30, 4 * M: 31, 1024 * M: 2790}, nccl=nccl)
+    assert g.rule_against(e) == ((4, 90), [(0, 64)])
+    # 64's worst (0.925) within the tolerance of the default's (40 / 43.5 = 0.9195): 0 stays
+    e["variants"][64] = _report(tmp_path, "paced3", op, {M: 30, 4 * M: 31, 1024 * M: 3000},
+                                nccl={M: 40, 4 * M: 40, 1024 * M: 2775})
+    assert g.rule_against(e)[1] == [(0, 0)]

@@ -22,18 +22,19 @@ type measuredRow struct {
 }
 
 // knob is a setting that measurement may choose: what the environment set
-// (0: unset) and the default.
+// (-1: unset; a setting whose 0 means something, as GOSYM_GPU_A2AV_BLOCKS's
+// host agreement, may be set to 0) and the default.
 type knob struct {
 	name     string
 	set, def int
 }
 
-func knobOf(s config.Int) knob { return knob{name: s.Name, set: s.Or(0), def: s.Get()} }
+func knobOf(s config.Int) knob { return knob{name: s.Name, set: s.Or(-1), def: s.Get()} }
 
 // at is k's value for an op of n bytes (in the knob's unit) at world ranks
 // on GPUs of arch.
 func (k knob) at(world, arch, n int) int {
-	if k.set > 0 {
+	if k.set >= 0 {
 		return k.set
 	}
 	v, found := k.def, false

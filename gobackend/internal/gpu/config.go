@@ -54,10 +54,12 @@ type Config struct {
 	// GOSYM_GPU_A2AV_BLOCKS: blocks per pair and direction of gs_a2av, the
 	// all_to_all of splits that differ between ranks with no host round
 	// (0, the default: agree on the splits on the host, which reads large
-	// pieces in place and is faster from 16 MiB); GOSYM_GPU_A2AV_SLOT_BYTES:
-	// its slot. Checked equal on every rank at setup (a pair's chunks depend
-	// on both).
+	// pieces in place and is faster from 16 MiB), by measurement per world
+	// and GPU (a2avKnob; a team's a2avBlocks is its value there, capped by
+	// residency: newTeam); GOSYM_GPU_A2AV_SLOT_BYTES: its slot. Checked
+	// equal on every rank at setup (a pair's chunks depend on both).
 	a2avBlocks, a2avSlot int
+	a2avKnob             knob
 	a2avPush             bool // GOSYM_GPU_A2AV_PUSH: gs_a2av's senders store over the link (agreed as a setting)
 }
 
@@ -93,7 +95,8 @@ func ConfigFromEnv() Config {
 		// Measured on 2×H200: LL wins to 256 KiB (docs/DECISIONS.md).
 		llMax: min(config.GPULLMax.Get(), cuda.LLMaxBytes),
 		// Off: measured on 2×H200, see docs/DECISIONS.md.
-		a2avBlocks: min(config.GPUA2AVBlocks.Get(), cuda.A2AVBlocks),
+		a2avKnob:   knobOf(config.GPUA2AVBlocks),
+		a2avBlocks: min(knobOf(config.GPUA2AVBlocks).at(0, 0, 0), cuda.A2AVBlocks), // newTeam: by measurement
 		a2avSlot:   config.GPUA2AVSlotBytes.Get(),
 		a2avPush:   config.GPUA2AVPush.On(),
 	}

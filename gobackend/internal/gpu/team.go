@@ -85,12 +85,13 @@ func newTeam(device, rank, world int, cfg Config, timeout time.Duration) (*Team,
 		t.llArea = cuda.LLAreaBytes(world, cfg.llMax)
 	}
 	t.data.size = round(t.stage + t.llArea)
-	if cfg.a2avBlocks > 0 && world > 1 {
+	t.cfg.a2avBlocks = min(cfg.a2avKnob.at(world, g.arch, 0), cuda.A2AVBlocks)
+	if t.cfg.a2avBlocks > 0 && world > 1 {
 		f, err := t.function(cuda.A2AVKernel)
 		if err != nil {
 			return t, err
 		}
-		if t.cfg.a2avBlocks, err = a2avResident(cfg.a2avBlocks, world, g.d.ResidentBlocks(g.dev, f, cuda.BlockThreads)); err != nil {
+		if t.cfg.a2avBlocks, err = a2avResident(t.cfg.a2avBlocks, world, g.d.ResidentBlocks(g.dev, f, cuda.BlockThreads)); err != nil {
 			return t, err
 		}
 	}
