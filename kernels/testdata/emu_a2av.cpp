@@ -48,10 +48,13 @@ static std::string hex(unsigned v) {
 
 // The pads and stagings of a group, and what the counters on them should
 // read: chunks[s][r] sent from s to r since `start`.
+static int g_push; // the cases of main's current pass push (gs_a2av_params.push)
+
 struct Group {
 	int world;
 	unsigned nb;
 	size_t slot, region;
+	int push = g_push;
 	unsigned start = 0;
 	std::vector<std::vector<unsigned>> pads;
 	std::vector<std::unique_ptr<Buf>> stages;
@@ -62,13 +65,15 @@ struct Group {
 	    : world(world_), nb(nb_), slot(slot_), region(region_), pads(world_, std::vector<unsigned>(kPadWords, 0)),
 	      chunks(world_, std::vector<unsigned long long>(world_, 0)),
 	      last(world_, std::vector<unsigned long long>(world_, 0)), ran(world_, std::vector<bool>(world_, false)) {
+		// a region for each other rank (gs_a2av_slot), one at world 1
 		for (int r = 0; r < world; ++r)
-			stages.emplace_back(new Buf((size_t)world * region, 0));
+			stages.emplace_back(new Buf((size_t)(world > 1 ? world - 1 : 1) * region, 0));
 	}
 
 	std::string name() const {
-		char b[96];
-		snprintf(b, sizeof b, "world=%d nb=%u slot=%zu region=%zu start=%#x", world, nb, slot, region, start);
+		char b[112];
+		snprintf(b, sizeof b, "world=%d nb=%u slot=%zu region=%zu start=%#x%s", world, nb, slot, region, start,
+		         push ? " push" : "");
 		return b;
 	}
 
@@ -102,6 +107,7 @@ struct Group {
 		p.nb = (int)nb;
 		p.world = world;
 		p.rank = r;
+		p.push = push;
 		return p;
 	}
 
@@ -155,7 +161,7 @@ struct Group {
 	// Every pair's counters advanced by the chunks of its pieces (and agree
 	// on both pads), each header holds the size of the pair's last piece,
 	// nothing else on the pads was written, and senders staged only into
-	// their slots of the receivers' regions.
+	// their slots of the regions (world-1 of them).
 	std::string in_step() const {
 		for (int r = 0; r < world; ++r) {
 			for (size_t w = 0; w < kPadWords; ++w) {
@@ -170,7 +176,7 @@ struct Group {
 			const size_t used = (size_t)nb * GS_A2AV_SLOTS * slot;
 			for (size_t i = 0; i < st.len; ++i) {
 				const size_t q = i / region, at = i % region;
-				if ((q == (size_t)r || at >= used) && st.mem[st.off + i] != kPoison)
+				if ((q + 1 >= (size_t)world || at >= used) && st.mem[st.off + i] != kPoison)
 					return "rank " + std::to_string(r) + ": staging byte " + std::to_string(i) +
 					       " written outside the slots";
 			}
@@ -525,15 +531,20 @@ static void timeout_case(int world, unsigned nb, size_t slot, int gone, unsigned
 	const unsigned *err = g.err(gone);
 	if (err[0] || err[1] || err[2])
 		return fail(std::string(name) + ": the absent rank's pad has an error");
-	// Each sender filled exactly the slots (each block's READY on the
-	// absent rank's pad stopped at GS_A2AV_SLOTS) and then gave up.
+	// Pulling, each sender filled exactly the slots (each block's READY on
+	// the absent rank's pad stopped at GS_A2AV_SLOTS) and then gave up;
+	// pushing, none: the absent rank never granted one, and its staging,
+	// which other ops may hold, is untouched.
+	const unsigned filled = g.push ? 0 : GS_A2AV_SLOTS;
 	for (int s = 0; s < world; ++s)
 		if (s != gone)
 			for (unsigned b = 0; b < nb; ++b)
-				if (g.pads[gone][GS_PAD_A2AV_READY + s * GS_A2AV_BLOCKS + b] != GS_A2AV_SLOTS)
+				if (g.pads[gone][GS_PAD_A2AV_READY + s * GS_A2AV_BLOCKS + b] != filled)
 					return fail(std::string(name) + ": rank " + std::to_string(s) + " block " + std::to_string(b) +
 					            " made " + std::to_string(g.pads[gone][GS_PAD_A2AV_READY + s * GS_A2AV_BLOCKS + b]) +
-					            " chunks ready, want the slots");
+					            " chunks ready, want " + std::to_string(filled));
+	if (g.push && !g.stages[gone]->untouched())
+		return fail(std::string(name) + ": a sender stored into the absent rank's staging");
 	passed++;
 }
 
@@ -600,7 +611,8 @@ static void config_case() {
 	}
 }
 
-int main() {
+// Every case but the bad launches, in the mode g_push says.
+static void run_cases() {
 	// Every world with empty, one-byte and random splits (some skewed), over
 	// block counts and slot sizes.
 	const struct {
@@ -638,6 +650,13 @@ int main() {
 	// An absent rank.
 	timeout_case(2, 2, 16, 1, 50000000ull);
 	timeout_case(3, 1, 32, 2, 2000000000ull);
+}
+
+int main() {
+	for (int push : {0, 1}) { // every case pulling, then pushing
+		g_push = push;
+		run_cases();
+	}
 	config_case();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
