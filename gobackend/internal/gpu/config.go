@@ -64,6 +64,7 @@ type Config struct {
 }
 
 func ConfigFromEnv() Config {
+	a2av := knobOf(config.GPUA2AVBlocks)
 	return Config{
 		stageBytes: config.GPUStageBytes.Get(),
 		twoShotMin: config.GPUTwoShotMin.Get(),
@@ -95,8 +96,8 @@ func ConfigFromEnv() Config {
 		// Measured on 2×H200: LL wins to 256 KiB (docs/DECISIONS.md).
 		llMax: min(config.GPULLMax.Get(), cuda.LLMaxBytes),
 		// Off: measured on 2×H200, see docs/DECISIONS.md.
-		a2avKnob:   knobOf(config.GPUA2AVBlocks),
-		a2avBlocks: min(knobOf(config.GPUA2AVBlocks).at(0, 0, 0), cuda.A2AVBlocks), // newTeam: by measurement
+		a2avKnob:   a2av,
+		a2avBlocks: min(a2av.at(0, 0, 0), cuda.A2AVBlocks), // newTeam: by measurement
 		a2avSlot:   config.GPUA2AVSlotBytes.Get(),
 		a2avPush:   config.GPUA2AVPush.On(),
 	}
