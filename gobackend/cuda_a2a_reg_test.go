@@ -3,6 +3,7 @@ package gobackend
 import (
 	"encoding/binary"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,15 +17,16 @@ import (
 // (mem_map), where rank 0 sends nothing: it has no input to find
 // registered, its peers have. Every rank must take the same path: the
 // host agreement by default, the paced kernel with GOSYM_GPU_A2AV_BLOCKS
-// set. Before the paced choice was the setting's alone, rank 0 took the
-// paced kernel there while ranks 1 and 2 waited to agree, until the
-// group's timeout.
+// set, but the agreement under graph capture. Before the paced choice was
+// the setting's alone, rank 0 took the paced kernel there while ranks 1 and
+// 2 waited to agree, until the group's timeout.
 
 func TestCUDAAllToAllRegisteredSilentSender(t *testing.T) {
 	if inP2PFakeCUDA(t) {
 		return
 	}
-	allToAllRegisteredSilentSender(t)
+	st := allToAllRegisteredSilentSender(t, false)
+	require.EqualValues(t, 0, st["gpu_paced_all_to_all"], "%v", st)
 }
 
 func TestCUDAAllToAllRegisteredSilentSenderPaced(t *testing.T) {
@@ -32,7 +34,20 @@ func TestCUDAAllToAllRegisteredSilentSenderPaced(t *testing.T) {
 	if inP2PFakeCUDA(t) {
 		return
 	}
-	allToAllRegisteredSilentSender(t)
+	st := allToAllRegisteredSilentSender(t, false)
+	require.EqualValues(t, 1, st["gpu_paced_all_to_all"], "%v", st)
+}
+
+// Under graph capture the ranks agree on the splits (once, at capture)
+// though the paced kernel is set.
+func TestCUDAAllToAllRegisteredSilentSenderPacedCaptured(t *testing.T) {
+	t.Setenv("GOSYM_GPU_A2AV_BLOCKS", "4")
+	if inP2PFakeCUDA(t) {
+		return
+	}
+	st := allToAllRegisteredSilentSender(t, true)
+	require.EqualValues(t, 0, st["gpu_paced_all_to_all"], "%v", st)
+	require.Positive(t, st["gpu_agree_rounds"], "%v", st)
 }
 
 // The same on the paced kernel pulling (GOSYM_GPU_A2AV_PUSH=0; it pushes by default).
@@ -42,10 +57,13 @@ func TestCUDAAllToAllRegisteredSilentSenderPacedPull(t *testing.T) {
 	if inP2PFakeCUDA(t) {
 		return
 	}
-	allToAllRegisteredSilentSender(t)
+	st := allToAllRegisteredSilentSender(t, false)
+	require.EqualValues(t, 1, st["gpu_paced_all_to_all"], "%v", st)
 }
 
-func allToAllRegisteredSilentSender(t *testing.T) {
+// allToAllRegisteredSilentSender runs the op (its callers say whether under
+// capture), checks every rank's output, and gives rank 0's counters.
+func allToAllRegisteredSilentSender(t *testing.T, capturing bool) map[string]any {
 	const world, poison = 3, float32(-7)
 	devices := []int{0, 1, 2}
 	ranks := p2pGroup(t, devices, 5*time.Second) // a regression fails in seconds
@@ -81,16 +99,18 @@ func allToAllRegisteredSilentSender(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, MemUnmap(m)) })
 	}
-	errs := postCUDAAll(eps, func(r int) int { return devices[r] },
-		func(r int) uintptr { return uintptr(ranks[r].stream(t, r, false)) },
-		func(r int) *Op {
-			op := &Op{Kind: ops.AllToAll, DType: dtype.Float32}
-			for j := range world {
-				op.InPieces = append(op.InPieces, Piece{Addr: ins[r] + uintptr(4*room*j), Count: send(r, j)})
-				op.OutPieces = append(op.OutPieces, Piece{Addr: outs[r] + uintptr(4*room*j), Count: send(j, r)})
-			}
-			return op
-		})
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r, ep := range eps {
+		op := &Op{Kind: ops.AllToAll, DType: dtype.Float32}
+		for j := range world {
+			op.InPieces = append(op.InPieces, Piece{Addr: ins[r] + uintptr(4*room*j), Count: send(r, j)})
+			op.OutPieces = append(op.OutPieces, Piece{Addr: outs[r] + uintptr(4*room*j), Count: send(j, r)})
+		}
+		st := uintptr(ranks[r].stream(t, r, false))
+		wg.Go(func() { _, errs[r] = ep.PostCUDA(op, devices[r], st, capturing) })
+	}
+	wg.Wait()
 	require.Equal(t, make([]error, world), errs)
 	for r, rk := range ranks {
 		rk.sync(t)
@@ -106,4 +126,5 @@ func allToAllRegisteredSilentSender(t *testing.T) {
 			require.Equal(t, poison, got(room*j+n), "rank %d from %d: past the piece", r, j)
 		}
 	}
+	return eps[0].StatsMap()
 }

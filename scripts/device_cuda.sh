@@ -465,10 +465,11 @@ for s in "${steps[@]}"; do
 	a2av)
 		# the skewed all_to_all: the host agreement (default) against the paced kernel
 		# (GOSYM_GPU_A2AV_BLOCKS=64), pulling and pushing (GOSYM_GPU_A2AV_PUSH, session 37), and
-		# pushing in a 64 MiB staging (256 KiB slots at two ranks, where 32 MiB gives 128 KiB)
+		# pushing in a 64 MiB staging (256 KiB slots at two ranks, where 32 MiB gives 128 KiB);
+		# GOSYM_A2AV_MODES picks some of them (default: all four)
 		echo "== skewed all_to_all: host agreement, paced pulling, pushing, pushing in 64 MiB; 40 per sample to 64 MiB, 10 above"
 		for run in a b; do
-			for mode in host pull push push64; do
+			for mode in ${GOSYM_A2AV_MODES:-host pull push push64}; do
 				a2av_mode "$mode"
 				chk=() && [[ $run == b ]] && chk=(--no-check)
 				echo "-- $mode: GOSYM_GPU_A2AV_BLOCKS=$nb GOSYM_GPU_A2AV_PUSH=$push GOSYM_GPU_STAGE_BYTES=$stage ($run)"

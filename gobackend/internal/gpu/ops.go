@@ -590,7 +590,11 @@ func (t *Team) allToAll(op *ops.Op, s cuda.Stream, agree agreeFunc) error {
 	// any inputs. Not by whether this rank's input is registered: a rank that
 	// sends nothing has no input to find registered while its peers' are, and
 	// the ranks would part ways (the paced kernel here, the agreement there).
-	if !even && t.cfg.a2avBlocks > 0 && t.world > 1 {
+	// Not under graph capture: there the agreement's host round is paid once,
+	// at capture, and the replayed copies beat the paced kernel's pacing
+	// (2×H200, 10 per graph: 8.6 / 10.0 µs at 1 / 64 KiB, paced 12.3 /
+	// 12.6). Every rank captures the same ops (as for directMin).
+	if !even && t.cfg.a2avBlocks > 0 && t.world > 1 && !t.capturing {
 		return t.allToAllPaced(op, s)
 	}
 	w := t.world
