@@ -42,10 +42,12 @@ setting() {
 cpu_ops=${GOSYM_CPUHOST_OPS:-all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single}
 cpu_sizes=${GOSYM_CPUHOST_SIZES:-1K,4K,16K,64K,256K,1M,4M,16M,64M}
 # the skewed all_to_all's mode $1 (host: agreed on the host; pull, push, push64: the paced
-# kernel, push64 in a 64 MiB staging) as $nb, $push and $stage, the values of
-# GOSYM_GPU_A2AV_BLOCKS, GOSYM_GPU_A2AV_PUSH and GOSYM_GPU_STAGE_BYTES
+# kernel, push64 in a 64 MiB staging; a suffix -nbN: N blocks per pair, 64 without) as $nb,
+# $push and $stage, the values of GOSYM_GPU_A2AV_BLOCKS, GOSYM_GPU_A2AV_PUSH and
+# GOSYM_GPU_STAGE_BYTES
 a2av_mode() {
 	nb=64 push=0 stage=$((32 << 20))
+	[[ $1 == *-nb* ]] && nb=${1##*-nb}
 	[[ $1 == host ]] && nb=0
 	[[ $1 == push* ]] && push=1
 	[[ $1 == push64 ]] && stage=$((64 << 20))
