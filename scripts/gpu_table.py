@@ -51,6 +51,7 @@ ARCH = {"NVIDIA H100": 90, "NVIDIA H200": 90, "NVIDIA H800": 90, "NVIDIA GH200":
 S23 = "docs/results/2026-11-28-s23-"
 S24 = "docs/results/2026-11-28-s24-"
 S36 = "docs/results/2026-11-30-s36-"
+S38 = "docs/results/2026-11-30-s38-"
 
 # One entry per (knob, world, GPU): a variant is a list of (report file, key path inside it or
 # None for the whole file); only the "gosym" backend's rows of the op are read.
@@ -77,6 +78,17 @@ SOURCES = [
     dict(knob="GOSYM_GPU_CE_OVERLAP_MIN", op="all_gather_into_tensor", rule="from",
          off=[(S36 + "ce-overlap-off-2xH200.json", None)],
          on=[(S36 + "ce-overlap-on-a-2xH200.json", None), (S36 + "ce-overlap-on-b-2xH200.json", None)]),
+    # the skewed all_to_all's blocks per pair of gs_a2av (0: the ranks agree on the splits on
+    # the host), 2×H200, session 38: two calls of device_cuda.sh a2av, two runs each (a, b),
+    # 40 per sample to 64 MiB and 10 at 256 MiB and 1 GiB, pushing (GOSYM_GPU_A2AV_PUSH=1) in
+    # the default 32 MiB staging; 32 blocks in the second call only.
+    dict(knob="GOSYM_GPU_A2AV_BLOCKS", op="all_to_all_single_skew", rule="against", against="nccl",
+         default=0, variants={
+             v: [(f"{S38}a2av-{mode}-{run}-b{b}-2xH200.json", None)
+                 for run in runs for b in (40, 10)]
+             for v, mode, runs in ((0, "host", ("a1", "b1", "a2", "b2")),
+                                   (64, "push", ("a1", "b1", "a2", "b2")),
+                                   (32, "push-nb32", ("a2", "b2")))}),
 ]
 
 
