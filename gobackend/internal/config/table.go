@@ -148,6 +148,8 @@ var (
 		"What scripts/device_cuda.sh cpuhostprofile profiles (scripts/hier_profile.py): op:sizes, space-separated.")
 	_ = textRow("GOSYM_HIER_STEPS", "1", Build,
 		"0: scripts/device_cuda.sh cpuhostbench skips scripts/hier_steps.py (what each step of an op across hosts costs).")
+	_ = textRow("GOSYM_A2AV_MODES", "host pull push push64", Build,
+		"The modes of the skewed all_to_all that scripts/device_cuda.sh a2av measures, space-separated: host (agreed on the host), pull, push (gs_a2av), push64 (pushing in a 64 MiB staging); a suffix -nbN sets gs_a2av's blocks per pair.")
 	_ = textRow("GOSYM_PROBE_MIB", "256", Build,
 		"MiB per piece of scripts/device_cuda.sh nvswitch (the NVSwitch copy probe).")
 	_ = textRow("GOSYM_FUZZ_SEED", "101", Build,
