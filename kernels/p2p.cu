@@ -113,6 +113,9 @@ __device__ __forceinline__ void gs_p2p_share(gs_u64 bytes, gs_u64 slot_bytes, gs
 //   peer_ready(), peer_ack()  the flags it releases, in the peer's;
 //   slot(s)                   slot s of the lane, in the sender's memory
 //                             (a pushing lane's: in the receiver's);
+//   slots                     how many chunks a sender may run ahead
+//                             (its slots: the p2p outbox's and gs_a2av's
+//                             differ, each measured for its own use);
 //   pushes()                  the sender stores each chunk into the
 //                             receiver's memory, and the receiver grants
 //                             slots (below) rather than freeing them;
@@ -123,11 +126,8 @@ __device__ __forceinline__ void gs_p2p_share(gs_u64 bytes, gs_u64 slot_bytes, gs
 //                             the sender's size (or tag) is not the one
 //                             expected, *bytes then the sender's (recorded).
 
-static_assert(GS_P2P_SLOTS == GS_A2AV_SLOTS, "lanes: one slot count");
 static_assert(GS_P2P_WAIT_SLOT == GS_A2AV_WAIT_SLOT && GS_P2P_WAIT_DATA == GS_A2AV_WAIT_DATA,
               "lanes: one set of wait codes");
-#define GS_LANE_SLOTS GS_P2P_SLOTS
-
 // ACK, the counter a sender waits on before it fills chunk k, means one of
 // two things. Pulling: chunks consumed; slot k % SLOTS is free once chunk
 // k - SLOTS was consumed, so a sender may fill its own memory up to SLOTS
@@ -141,14 +141,14 @@ static_assert(GS_P2P_WAIT_SLOT == GS_A2AV_WAIT_SLOT && GS_P2P_WAIT_DATA == GS_A2
 // The count a sender's ACK must reach before it fills chunk k.
 template <class Lane>
 __device__ __forceinline__ gs_u32 gs_lane_free(const Lane &l, gs_u32 k) {
-	return l.pushes() ? k + 1u : k + 1u - GS_LANE_SLOTS;
+	return l.pushes() ? k + 1u : k + 1u - Lane::slots;
 }
 
 // The ACK a receiver releases once it consumed up to count k of a piece
 // that ends at count end.
 template <class Lane>
 __device__ __forceinline__ gs_u32 gs_lane_ack(const Lane &l, gs_u32 k, gs_u32 end) {
-	return l.pushes() && (int)(end - k) > 0 ? k + ((int)(end - k) < GS_LANE_SLOTS ? end - k : GS_LANE_SLOTS) : k;
+	return l.pushes() && (int)(end - k) > 0 ? k + ((int)(end - k) < (int)Lane::slots ? end - k : Lane::slots) : k;
 }
 
 // Sends bytes from src over lane l, block b of nb, one chunk of slot_bytes
@@ -164,7 +164,7 @@ __device__ __forceinline__ bool gs_lane_send(const Lane &l, const char *src, gs_
 	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
 		if (!l.wait(l.ack(), gs_lane_free(l, k), GS_P2P_WAIT_SLOT))
 			return false;
-		const gs_u32 s = k % GS_LANE_SLOTS;
+		const gs_u32 s = k % Lane::slots;
 		gs_u64 off, len;
 		gs_p2p_share(bytes, slot_bytes, nb, b, j, &off, &len);
 		gs_copy_seg(l.slot(s), src + off, len, threadIdx.x, blockDim.x);
@@ -196,7 +196,7 @@ __device__ __forceinline__ void gs_lane_recv(const Lane &l, char *dst, gs_u64 by
 	for (gs_u64 j = 0; j < rounds; ++j, ++k) {
 		if (!l.wait(l.ready(), k + 1u, GS_P2P_WAIT_DATA))
 			return;
-		const gs_u32 s = k % GS_LANE_SLOTS;
+		const gs_u32 s = k % Lane::slots;
 		// The sender's header, read by every thread after the wait.
 		if (j == 0 && !l.check_header(s, &bytes)) {
 			drain = true;
@@ -259,6 +259,7 @@ struct GsP2PLane {
 	__device__ gs_u32 *peer_ready() const { return p.peer_ctrl + GS_P2P_READY + line; }
 	__device__ gs_u32 *peer_ack() const { return p.peer_ctrl + GS_P2P_ACK + line; }
 	__device__ char *slot(gs_u32 s) const { return gs_p2p_slot(p, s); }
+	static constexpr gs_u32 slots = GS_P2P_SLOTS;
 	__device__ bool pushes() const { return false; }
 	__device__ bool wait(const gs_u32 *flag, gs_u32 want, gs_u32 what) const {
 		return gs_p2p_wait(p, flag, want, what);
@@ -388,6 +389,7 @@ struct GsA2AVLane {
 	__device__ gs_u32 *peer_ready() const { return peer + GS_PAD_A2AV_READY + mine; }
 	__device__ gs_u32 *peer_ack() const { return peer + GS_PAD_A2AV_ACK + mine; }
 	__device__ char *slot(gs_u32 s) const { return gs_a2av_slot(p, owner, to, b, s); }
+	static constexpr gs_u32 slots = GS_A2AV_SLOTS;
 	__device__ bool pushes() const { return p.push != 0; }
 	__device__ bool wait(const gs_u32 *flag, gs_u32 want, gs_u32 what) const {
 		return gs_a2av_wait(p, flag, want, what, q, b);
