@@ -81,7 +81,7 @@ var (
 	GPUA2AVPush = enumRow("GOSYM_GPU_A2AV_PUSH", "1", []string{"0", "1"}, true, Engine,
 		"1: gs_a2av's senders store each chunk into the receiver's staging over the link and the receiver copies it out locally (measured on 2xH200: as fast or faster at every size, 0.74x the time from 64 MiB); 0: the sender stages locally and the receiver loads over the link.")
 	GPUA2AVSlotBytes = intRow("GOSYM_GPU_A2AV_SLOT_BYTES", 256*kiB, 1, math.MaxInt, "", true,
-		"Slot bytes of gs_a2av (see GOSYM_GPU_A2AV_BLOCKS), at most what its blocks' slots leave of a region (GOSYM_GPU_STAGE_BYTES over world-1). Longer slots move large pieces faster: on 2xH200, 64 blocks, 1 GiB took 3223 us in 64 KiB slots, 2918 in 128 KiB, 2776 in 256 KiB (the staging made large enough).")
+		"Slot bytes of gs_a2av (see GOSYM_GPU_A2AV_BLOCKS), at most what its blocks' two slots each leave of a region (GOSYM_GPU_STAGE_BYTES over world-1: 256 KiB at two ranks in the default staging). Longer slots move large pieces faster: on 2xH200, 64 blocks, pushing, 1 GiB took 2784 us in two slots of 256 KiB against 2892 in four of 128 KiB (NCCL 2806).")
 	GPUP2PSlotBytes = intRow("GOSYM_GPU_P2P_SLOT_BYTES", 128*kiB, 1, math.MaxInt, "", true,
 		"Outbox slot of one block of a CUDA send/recv channel (rounded down to a multiple of 16, at least 16).")
 	GPUSemaWait = enumRow("GOSYM_GPU_SEMA_WAIT", "kernel", []string{"kernel", "memop"}, false, Engine,
