@@ -507,7 +507,8 @@ def _skewed_once(case, rank, world, dev, dtype, total, group=None):
 
 def skewed(ck, rank, world, dev, nccl, digests):
     """all_to_all_single whose splits differ between ranks (the host agreement by default;
-    gs_a2av with GOSYM_GPU_A2AV_BLOCKS set: each pair paces its own piece): every dtype at sizes from a few elements to
+    gs_a2av where GOSYM_GPU_A2AV_BLOCKS is set or measured, as at two H200s: each pair paces
+    its own piece; under capture always the agreement): every dtype at sizes from a few elements to
     pieces of many chunks (the job's 1 MiB staging), against the exact result and NCCL on
     the same splits; 400 back to back under random per-rank delays with no host sync;
     and 5 captured in a CUDA graph, replayed 20 times on fresh inputs."""
