@@ -3,7 +3,6 @@ package gobackend
 import (
 	"encoding/binary"
 	"math"
-	"sync"
 	"testing"
 	"time"
 
@@ -98,18 +97,16 @@ func allToAllRegisteredSilentSender(t *testing.T, capturing bool) map[string]any
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, MemUnmap(m)) })
 	}
-	errs := make([]error, world)
-	var wg sync.WaitGroup
-	for r, ep := range eps {
-		op := &Op{Kind: ops.AllToAll, DType: dtype.Float32}
-		for j := range world {
-			op.InPieces = append(op.InPieces, Piece{Addr: ins[r] + uintptr(4*room*j), Count: send(r, j)})
-			op.OutPieces = append(op.OutPieces, Piece{Addr: outs[r] + uintptr(4*room*j), Count: send(j, r)})
-		}
-		st := uintptr(ranks[r].stream(t, r, false))
-		wg.Go(func() { _, errs[r] = ep.PostCUDA(op, devices[r], st, capturing) })
-	}
-	wg.Wait()
+	errs := postCUDAAllCapturing(eps, capturing, func(r int) int { return devices[r] },
+		func(r int) uintptr { return uintptr(ranks[r].stream(t, r, false)) },
+		func(r int) *Op {
+			op := &Op{Kind: ops.AllToAll, DType: dtype.Float32}
+			for j := range world {
+				op.InPieces = append(op.InPieces, Piece{Addr: ins[r] + uintptr(4*room*j), Count: send(r, j)})
+				op.OutPieces = append(op.OutPieces, Piece{Addr: outs[r] + uintptr(4*room*j), Count: send(j, r)})
+			}
+			return op
+		})
 	require.Equal(t, make([]error, world), errs)
 	for r, rk := range ranks {
 		rk.sync(t)

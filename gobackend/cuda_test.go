@@ -20,13 +20,20 @@ import (
 // postCUDAAll posts one CUDA op per rank concurrently (each PostCUDA runs
 // its op before it returns) and returns every rank's error.
 func postCUDAAll(eps []*Endpoint, device func(r int) int, stream func(r int) uintptr, mk func(r int) *Op) []error {
+	return postCUDAAllCapturing(eps, false, device, stream, mk)
+}
+
+// postCUDAAllCapturing is postCUDAAll with every rank saying whether its
+// stream is being captured into a CUDA graph.
+func postCUDAAllCapturing(eps []*Endpoint, capturing bool, device func(r int) int, stream func(r int) uintptr,
+	mk func(r int) *Op) []error {
 	errs := make([]error, len(eps))
 	var wg sync.WaitGroup
 	for r, ep := range eps {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[r] = ep.PostCUDA(mk(r), device(r), stream(r), false)
+			_, errs[r] = ep.PostCUDA(mk(r), device(r), stream(r), capturing)
 		}()
 	}
 	wg.Wait()

@@ -467,7 +467,8 @@ for s in "${steps[@]}"; do
 	a2av)
 		# the skewed all_to_all: the host agreement (default) against the paced kernel
 		# (GOSYM_GPU_A2AV_BLOCKS=64), pulling and pushing (GOSYM_GPU_A2AV_PUSH, session 37), and
-		# pushing in a 64 MiB staging (256 KiB slots at two ranks, where 32 MiB gives 128 KiB);
+		# pushing in a 64 MiB staging (four 256 KiB slots at two ranks before session 38, where
+		# 32 MiB gave 128 KiB; with two slots a lane since, 32 MiB gives 256 KiB already);
 		# GOSYM_A2AV_MODES picks some of them (default: all four)
 		echo "== skewed all_to_all: host agreement, paced pulling, pushing, pushing in 64 MiB; 40 per sample to 64 MiB, 10 above"
 		for run in a b; do

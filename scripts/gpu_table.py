@@ -54,7 +54,8 @@ S36 = "docs/results/2026-11-30-s36-"
 S38 = "docs/results/2026-11-30-s38-"
 
 # One entry per (knob, world, GPU): a variant is a list of (report file, key path inside it or
-# None for the whole file); only the "gosym" backend's rows of the op are read.
+# None for the whole file); only the "gosym" backend's rows of the op are read (and, for the
+# rule "against", its `against` backend's).
 SOURCES = [
     # reduce_scatter on the peers' inputs in place (direct) or through the staging, 4×H200,
     # session 23: GOSYM_GPU_DIRECT_MIN=1048576 for "on" (direct at every size measured).

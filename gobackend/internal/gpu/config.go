@@ -53,8 +53,8 @@ type Config struct {
 	llMax            int // GOSYM_GPU_LL_MAX: all_reduce of at most this many bytes runs the LL kernel (0: never)
 	// GOSYM_GPU_A2AV_BLOCKS: blocks per pair and direction of gs_a2av, the
 	// all_to_all of splits that differ between ranks with no host round
-	// (0, the default: agree on the splits on the host, which reads large
-	// pieces in place and is faster from 16 MiB), by measurement per world
+	// (0, the default where unmeasured: agree on the splits on the host, which
+	// reads large pieces in place), by measurement per world
 	// and GPU (a2avKnob; a team's a2avBlocks is its value there, capped by
 	// residency: newTeam); GOSYM_GPU_A2AV_SLOT_BYTES: its slot. Checked
 	// equal on every rank at setup (a pair's chunks depend on both).
@@ -64,7 +64,6 @@ type Config struct {
 }
 
 func ConfigFromEnv() Config {
-	a2av := knobOf(config.GPUA2AVBlocks)
 	return Config{
 		stageBytes: config.GPUStageBytes.Get(),
 		twoShotMin: config.GPUTwoShotMin.Get(),
@@ -95,11 +94,10 @@ func ConfigFromEnv() Config {
 		fuseMax:          config.GPUFuseMax.Get(),
 		// Measured on 2×H200: LL wins to 256 KiB (docs/DECISIONS.md).
 		llMax: min(config.GPULLMax.Get(), cuda.LLMaxBytes),
-		// Off: measured on 2×H200, see docs/DECISIONS.md.
-		a2avKnob:   a2av,
-		a2avBlocks: min(a2av.at(0, 0, 0), cuda.A2AVBlocks), // newTeam: by measurement
-		a2avSlot:   config.GPUA2AVSlotBytes.Get(),
-		a2avPush:   config.GPUA2AVPush.On(),
+		// By measurement (docs/DECISIONS.md); a2avBlocks is newTeam's, by world and GPU.
+		a2avKnob: knobOf(config.GPUA2AVBlocks),
+		a2avSlot: config.GPUA2AVSlotBytes.Get(),
+		a2avPush: config.GPUA2AVPush.On(),
 	}
 }
 
