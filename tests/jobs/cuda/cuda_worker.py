@@ -598,11 +598,15 @@ def _registered_silent_sender(ck, rank, world, dev):
 
 def mismatched_splits(ck, rank, world, dev):
     """Every rank r sends rank r+1 one row more than r+1 expects (no rank has equal
-    splits: those agree on nothing), on a group of its own. By default the host agreement
-    raises the mismatch on the call itself, naming both numbers. With
-    GOSYM_GPU_A2AV_BLOCKS set, gs_a2av drains the piece, writes nothing of it and records
-    the mismatch, which the group's next CUDA op raises on every rank, naming the sender;
-    the group then refuses CUDA ops and is destroyed cleanly."""
+    splits: those agree on nothing), on a group of its own. Where the skewed all_to_all
+    agrees on the splits on the host (no GOSYM_GPU_A2AV_BLOCKS and no measured row for
+    this world and GPU), the call itself raises the mismatch, naming both numbers. Where it
+    runs gs_a2av (the engine's counter says which), the call returns, as NCCL's would:
+    gs_a2av drains the piece, writes nothing of it and records the mismatch, which the
+    group's next CUDA op raises on every rank, naming the sender; the group then refuses
+    CUDA ops and is destroyed cleanly."""
+    import gosym
+
     cols = 5
     sub = dist.new_group(backend="gosym")
     nxt, prev = (rank + 1) % world, (rank - 1) % world
@@ -610,10 +614,21 @@ def mismatched_splits(ck, rank, world, dev):
     out = torch.full((world * 4, cols), -7.0, device=dev)
     ins_s = [5 if j == nxt else 4 for j in range(world)]
     outs_s = [4] * world
-    paced = int(os.environ.get("GOSYM_GPU_A2AV_BLOCKS") or 0) > 0
     case = "all_to_all_single: mismatched splits"
-    if paced:
+    dist.all_reduce(torch.ones(1, device=dev), group=sub)  # the group's CUDA team, set up
+    paced0 = gosym.stats(sub)["gpu_paced_all_to_all"]
+    try:
         dist.all_to_all_single(out, inp, outs_s, ins_s, group=sub)
+        raised = None
+    except (RuntimeError, ValueError) as e:
+        raised = e
+    paced = gosym.stats(sub)["gpu_paced_all_to_all"] - paced0
+    if raised is not None:
+        ck.check(f"{case}: raised on the host path", paced == 0, f"gs_a2av ran {paced} times and the call raised")
+        ck.check(f"{case}: names both numbers", "expects" in str(raised) and "sends" in str(raised),
+                 wc.error_text(raised))
+    elif ck.check(f"{case}: the call raised or ran gs_a2av", paced == 1,
+                  f"it returned, and gs_a2av ran {paced} times"):
         torch.cuda.synchronize(dev)
         piece = out[prev * 4:(prev + 1) * 4]
         ck.check(f"{case}: nothing of the mismatched piece written", bool((piece == -7.0).all()),
@@ -627,11 +642,6 @@ def mismatched_splits(ck, rank, world, dev):
             ck.check(f"{case}: names the sender", f"rank {prev} sent this rank a piece" in str(e),
                      wc.error_text(e))
         ck.expect_error(f"{case}: later ops raise too", dist.all_reduce, t, group=sub)
-    else:
-        e = ck.expect_error(case, dist.all_to_all_single, out, inp, outs_s, ins_s, group=sub)
-        if e is not None:
-            ck.check(f"{case}: names both numbers", "expects" in str(e) and "sends" in str(e),
-                     wc.error_text(e))
     dist.destroy_process_group(sub)
 
 
