@@ -24,6 +24,14 @@ and all_to_all_single of --numel float32 per rank (a multiple of the world size)
 - ``driver``: host time inside CUDA driver calls during the native call, as the engine counts
   it while timing is on (gosym_driver_timing), and the driver calls per op.
 - ``record_stream``: one Tensor.record_stream, which gosym's CUDA path makes per tensor.
+- ``gosym method, bare, no native call``: the bare method with its native call replaced by a
+  Python function that does nothing: gosym's Python measured alone, not as a difference
+  (where it is well below the derived row, the native call costs more inside the method than
+  replayed alone: caches, or the GIL that ctypes gives up and takes back).
+- ``native call, GIL held``: the replay through a ctypes.PyDLL binding of the same export,
+  which keeps the GIL across the call (ctypes.CDLL gives it up and takes it back).
+- ``Python threads``: the threads alive in the rank while it measured (a thread that wants the
+  GIL when ctypes gives it up can take it).
 
 The derived rows split the total: torch's wrapper (dist.<op> - method), the entry wrapper
 (method - bare), gosym's Python (bare - native call), Go (native call - ctypes floor -
@@ -33,12 +41,15 @@ driver).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import inspect
 import json
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 from ._torchrun import module_job, run_job
@@ -114,6 +125,17 @@ def _captured_native(gosym_backend, gosym_streams, call):
     if len(seen) != 1:
         raise RuntimeError(f"gosym.callcost: expected one native call per op, saw {len(seen)}")
     return seen[0]
+
+
+@contextlib.contextmanager
+def _no_native(gosym_backend, gosym_streams):
+    """The group's native call replaced by a Python function that does nothing."""
+    real_b, real_s = gosym_backend._run, gosym_streams._run
+    gosym_backend._run = gosym_streams._run = lambda h, desc: None
+    try:
+        yield
+    finally:
+        gosym_backend._run, gosym_streams._run = real_b, real_s
 
 
 def _rank_main(device, numel, calls, bursts):
@@ -195,6 +217,9 @@ def _rank_main(device, numel, calls, bursts):
         raise AssertionError(f"rank {rank}: the replayed native all_reduce gave a wrong result")
     x.zero_()
 
+    held = ctypes.PyDLL(_lib.lib._name).gosym_op_run
+    held.restype, held.argtypes = _lib.op_run.restype, _lib.op_run.argtypes
+    rows["Python threads"] = threading.active_count()
     stats = _lib.process_stats_json
     n_timed = calls * (bursts + 2)  # the calls one timed() makes, its untimed bursts included
     for op, fns in ops.items():
@@ -205,6 +230,10 @@ def _rank_main(device, numel, calls, bursts):
         timed(f"{op}: gosym method, bare", fns["bare"])
         h, desc = _captured_native(gosym_backend, _streams, fns["method"])
         timed(f"{op}: native call", lambda: _lib.op_run(h, desc))
+        timed(f"{op}: native call, GIL held", lambda: held(h, desc))
+        with _no_native(gosym_backend, _streams):
+            timed(f"{op}: gosym method, bare, no native call", fns["bare"])
+        sync()
         before = json.loads(stats())
         _lib.lib.gosym_driver_timing(1)
         timed(f"{op}: native call, driver timed", lambda: _lib.op_run(h, desc))
