@@ -193,7 +193,7 @@ def test_odd_tensors_pending_host_ops_or_checked_arguments_take_the_general_path
     for odd in (torch.zeros(4, 2).t(), torch.zeros(0)):  # not contiguous; empty
         assert g._flat_now("all_reduce", 32, odd,
                            lambda pg, v: pytest.fail("issued flat")) is algorithms.GENERAL
-    g._runner._pending = 1  # a host op posted earlier and not yet run goes first
+    g._runner.pending = 1  # a host op posted earlier and not yet run goes first
     assert g._flat_now("all_reduce", 32, torch.zeros(8),
                        lambda pg, v: pytest.fail("issued flat")) is algorithms.GENERAL
     g = _group(check_args=True)
@@ -350,19 +350,34 @@ def test_flat_host_op_failing_after_shutdown_starts_no_worker():
     assert g._runner._thread is None
 
 
-def test_what_gloo_does_not_take_as_it_is_takes_the_general_path():
+def test_what_gloo_does_not_take_as_it_is_takes_the_general_path(monkeypatch):
+    """Host reductions Gloo does not run as they are (AVG, PREMUL_SUM) and dtypes it does
+    not move as themselves go to the general path, through the ops' own checks; MAX runs
+    flat."""
     gloo = _Gloo()
     g = _host_group(gloo)
+    posted = []
+    monkeypatch.setattr(g, "_post", lambda what, *a, **k: posted.append(what))
+
+    def opts(cls, **kw):
+        o = cls()
+        for k, v in kw.items():
+            setattr(o, k, v)
+        return o
+
     for t, red in ((torch.randn(8), dist.ReduceOp.AVG),
                    (torch.randn(8), dist._make_nccl_premul_sum(2.0)),
-                   (torch.zeros(8, dtype=torch.complex64), None),
                    (torch.zeros(8, dtype=torch.int16), dist.ReduceOp.SUM)):
-        assert g._flat_now("all_reduce", 32, t, lambda pg, v: pytest.fail("issued flat"),
-                           [t], True, red) is algorithms.GENERAL, (t.dtype, red)
+        g.allreduce([t], opts(_c10d.AllreduceOptions, reduceOp=red))
+    g._reduce_scatter_base(torch.empty(2), torch.randn(8),
+                           opts(_c10d.ReduceScatterOptions, reduceOp=dist.ReduceOp.AVG))
+    g.broadcast([torch.zeros(8, dtype=torch.complex64)], _c10d.BroadcastOptions())
+    assert posted == ["all_reduce"] * 3 + ["reduce_scatter_tensor", "broadcast"], posted
     assert g._seq == 0 and not gloo.calls
     t = torch.randn(8)
-    assert g._flat_now("all_reduce", 32, t, lambda pg, v: pg.allreduce([t], None), [t], True,
-                       dist.ReduceOp.MAX) is not algorithms.GENERAL
+    g.allreduce([t], opts(_c10d.AllreduceOptions, reduceOp=dist.ReduceOp.MAX))
+    assert posted == ["all_reduce"] * 3 + ["reduce_scatter_tensor", "broadcast"]
+    assert g._seq == 1 and len(gloo.calls) == 1
 
 
 def test_host_all_to_all_single_of_equal_splits_may_take_host_blocks(monkeypatch):

@@ -31,17 +31,11 @@ def _same(t):
 
 
 def _flat(t):
-    return t.view(-1)
+    return t if t.dim() == 1 else t.view(-1)  # a view costs more than the test
 
 
 def _raise(e):
     raise e
-
-
-def _gloo_takes(t, red):
-    """Whether Gloo reduces t with red (None: no reduction) as it is: a reduction of its own
-    (AVG and PREMUL_SUM are gosym's steps around Gloo's SUM)."""
-    return red is None or _split_op(red, t)[1] is red
 
 
 class HierAlgorithms(HierBase):
@@ -58,7 +52,7 @@ class HierAlgorithms(HierBase):
         self._paths[key] = self._paths.get(key, 0) + 1
         return path == schedule.HIER
 
-    def _flat_now(self, what, nbytes, keep, issue, out=None, async_op=True, red=None,
+    def _flat_now(self, what, nbytes, keep, issue, out=None, async_op=True, gloo_red=True,
                   choice=True):
         """The flat group's own op `what` (its schedule name, asked of the choice unless
         choice is False: an op whose hierarchical schedule does not apply to these
@@ -68,7 +62,8 @@ class HierAlgorithms(HierBase):
         non-contiguous or empty tensors, a dtype the inner engines do not move as itself
         (the general path moves it as bytes), arguments compared across ranks (DETAIL
         debug), host ops still pending (they go first), the choice is hierarchical, or
-        (host tensors) a reduction red that is not Gloo's own (AVG, PREMUL_SUM). Flat then
+        (host tensors) a reduction that is not Gloo's own (gloo_red False: AVG, PREMUL_SUM,
+        from the caller's _split_op, made once per call). Flat then
         costs what the inner engine's own op does: no byte views, copies or hand-off to the
         worker over it (session 26: 12-37 µs an op on CUDA; an asynchronous host op's two
         hand-offs, session 27).
@@ -77,22 +72,29 @@ class HierAlgorithms(HierBase):
         EventWork its future finishes (out: the Work's result); a failure either way is the
         group's (_failed), so a lost rank is named as on the general path. issue's flat
         turns a two-buffer op's tensor into the 1-D view Gloo's tensor ops take (NCCL: the
-        tensor itself)."""
-        if self._check_args:
+        tensor itself). On the path of every small op across hosts, where it is all that
+        gosym adds to Gloo's or NCCL's own op: one pass of cheap tests, no frame it can
+        spare (a synchronous 1 KiB op flat cost 4-9 us over torch's wrapper on a 2-core VM)."""
+        if self._check_args or self._runner.pending:  # read unlocked: at worst GENERAL
             return GENERAL
-        dev = _op_device(keep)
-        ts = keep if isinstance(keep, tuple) else (keep,)
-        if (not ts[-1].numel() or not all(t.is_contiguous() for t in ts)
-                or not self._runner.idle()):
-            return GENERAL
-        where = "cpu" if dev < 0 else "cuda"
-        if ts[-1].dtype not in _WIRE or where == "cpu" and not _gloo_takes(ts[-1], red):
+        dev = _op_device(keep)  # first: it refuses tensors on two devices
+        if keep.__class__ is tuple:
+            t = keep[-1]
+            if not keep[0].is_contiguous():
+                return GENERAL
+        else:
+            t = keep
+        if not t.numel() or not t.is_contiguous() or t.dtype not in _WIRE:
             return GENERAL  # the general path moves other dtypes as bytes
+        where = "cpu" if dev < 0 else "cuda"
+        if where == "cpu" and not gloo_red:
+            return GENERAL
         chosen = choice and what in schedule.OPS
         if chosen and schedule.choose(where, what, nbytes, self._shape,
                                       self._choice) != schedule.FLAT:
             return GENERAL
-        self._usable(what)
+        if self._broken is not None or self._news is not None:
+            self._usable(what)
         self._seq += 1
         seq = self._seq
         if chosen:

@@ -106,13 +106,13 @@ class HierGroup(HierAlgorithms):
             return self._sparse_allreduce(t, tensors, opts)
         if t.layout is not torch.strided:
             raise ValueError(f"gosym: all_reduce of {t.layout} tensors is not supported")
-        _split_op(opts.reduceOp, t)  # bad input raises here, not on the worker
+        op = opts.reduceOp
+        gloo_red = _split_op(op, t)[1] is op  # bad input raises here, not on the worker
         w = self._flat_now("all_reduce", t.numel() * t.element_size(), t,
                            lambda pg, v: pg.allreduce([t], opts), tensors, opts.asyncOp,
-                           opts.reduceOp)
+                           gloo_red)
         if w is not GENERAL:
             return w
-        op = opts.reduceOp
         return self._in_place("all_reduce", tensors,
                               lambda buf, dev: self._allreduce(buf, op, dev), opts.asyncOp)
 
@@ -223,14 +223,14 @@ class HierGroup(HierAlgorithms):
             raise ValueError(f"gosym: reduce_scatter_tensor: input has {input.numel()} "
                              f"elements, expected world size {self._size} x output "
                              f"{output.numel()}")
-        _split_op(opts.reduceOp, output)
+        op = opts.reduceOp
+        gloo_red = _split_op(op, output)[1] is op
         w = self._flat_now("reduce_scatter_tensor", input.numel() * input.element_size(),
                            (output, input),
                            lambda pg, v: pg._reduce_scatter_base(v(output), v(input), opts),
-                           [output], opts.asyncOp, opts.reduceOp)
+                           [output], opts.asyncOp, gloo_red)
         if w is not GENERAL:
             return w
-        op = opts.reduceOp
 
         def run(dev):
             cb = []

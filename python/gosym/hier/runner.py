@@ -19,14 +19,14 @@ class Runner:
         self._name = name
         self._q = queue.SimpleQueue()
         self._thread = None
-        self._lock = threading.Lock()  # guards _pending
-        self._pending = 0  # ops posted and not yet run (queued, running, or inline)
+        self._lock = threading.Lock()  # guards pending
+        self.pending = 0  # ops posted and not yet run (queued, running, or inline); read unlocked by _flat_now
         self._slot = threading.Lock()  # held while an op runs: one at a time, in post order
         self.closed = False  # close() was called: the group is going away
 
     def submit(self, fn, work):
         with self._lock:
-            self._pending += 1
+            self.pending += 1
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"gosym-hier-{self._name}",
                                             daemon=True)
@@ -38,9 +38,9 @@ class Runner:
         next in post order; an op posted meanwhile by another thread waits for it); False,
         running nothing, where one is: submit it instead."""
         with self._lock:
-            if self._pending:
+            if self.pending:
                 return False
-            self._pending += 1
+            self.pending += 1
         try:
             with self._slot:
                 fn()
@@ -50,7 +50,7 @@ class Runner:
 
     def _done(self):
         with self._lock:
-            self._pending -= 1
+            self.pending -= 1
 
     def on_thread(self):
         return threading.current_thread() is self._thread
@@ -58,7 +58,7 @@ class Runner:
     def idle(self) -> bool:
         """Whether every op posted so far ran (so an op started now is next in post order)."""
         with self._lock:
-            return not self._pending
+            return not self.pending
 
     def drain(self):
         """Blocks until every op posted so far ran: at once when none is pending (no hand-off
