@@ -105,3 +105,83 @@ func TestCUDAAllToAllOnlyOwnPieceDiffers(t *testing.T) {
 		}
 	}
 }
+
+// TestCUDAAllToAllEqualPaced: with gs_a2av on (GOSYM_GPU_A2AV_BLOCKS) and
+// GOSYM_GPU_A2A_PACED_MIN set, an equal-split all_to_all (one buffer, no
+// pieces) whose input has at least that many bytes per rank runs gs_a2av on
+// every rank, and a smaller one does not (no LL kernel here: it takes small
+// ones first); pieces passed, even all equal, are splits that may differ
+// elsewhere, so they run gs_a2av at any size. Every element arrives, and
+// the element past each rank's output stays poisoned. One op per group: on
+// the fake driver a second gs_a2av launch of a group does not finish (on
+// 2xH200 the GPU suite runs 400 back to back; not understood yet).
+func TestCUDAAllToAllEqualPaced(t *testing.T) {
+	const world, k = 3, 1000 // k elements a piece: 12000 bytes of input per rank
+	t.Setenv("GOSYM_GPU_A2AV_BLOCKS", "4")
+	t.Setenv("GOSYM_GPU_A2A_PACED_MIN", fmt.Sprint(world*4*k))
+	t.Setenv("GOSYM_GPU_LL_MAX", "0")
+	if inP2PFakeCUDA(t) {
+		return
+	}
+	for _, c := range []struct {
+		n      int
+		pieces bool
+		paced  bool
+	}{{k - 1, false, false}, {k, false, true}, {k - 1, true, true}, {3 * k, false, true}} {
+		t.Run(fmt.Sprintf("n%d-pieces%v", c.n, c.pieces), func(t *testing.T) {
+			require.Equal(t, c.paced, equalAllToAllPaced(t, world, c.n, c.pieces))
+		})
+	}
+}
+
+// equalAllToAllPaced runs one all_to_all of n elements to and from every
+// rank on a fresh group of world ranks (pieces: passed one per rank, else
+// one buffer), checks every rank's output, and says whether rank 0 ran it
+// on gs_a2av.
+func equalAllToAllPaced(t *testing.T, world, n int, pieces bool) bool {
+	devices := make([]int, world)
+	for r := range devices {
+		devices[r] = r
+	}
+	ranks := p2pGroup(t, devices, 5*time.Second) // a regression fails in seconds
+	eps := make([]*Endpoint, world)
+	for r, rk := range ranks {
+		eps[r] = rk.ep
+	}
+	val := func(i, j, e int) float32 { return float32(i*100000+j*10000+e) + 0.5 }
+	const poison = -7
+	in, out := make([][]float32, world), make([][]float32, world)
+	for r := range world {
+		in[r], out[r] = make([]float32, n*world), make([]float32, n*world+1)
+		for e := range in[r] {
+			in[r][e] = val(r, e/n, e%n)
+		}
+		for e := range out[r] {
+			out[r][e] = poison
+		}
+	}
+	errs := postCUDAAll(eps, func(r int) int { return devices[r] },
+		func(r int) uintptr { return uintptr(ranks[r].stream(t, r, false)) },
+		func(r int) *Op {
+			if !pieces {
+				return &Op{Kind: ops.AllToAll, DType: dtype.Float32, Count: n, In: addr(in[r]), Out: addr(out[r])}
+			}
+			op := &Op{Kind: ops.AllToAll, DType: dtype.Float32}
+			for j := range world {
+				op.InPieces = append(op.InPieces, Piece{Addr: addr(in[r][j*n:]), Count: n})
+				op.OutPieces = append(op.OutPieces, Piece{Addr: addr(out[r][j*n:]), Count: n})
+			}
+			return op
+		})
+	require.Equal(t, make([]error, world), errs)
+	for _, rk := range ranks {
+		rk.sync(t)
+	}
+	for r := range world {
+		for e := range n * world {
+			require.Equal(t, val(e/n, r, e%n), out[r][e], "rank %d element %d", r, e)
+		}
+		require.Equal(t, float32(poison), out[r][n*world], "rank %d: past the output", r)
+	}
+	return eps[0].StatsMap()["gpu_paced_all_to_all"].(int64) == 1
+}

@@ -52,6 +52,7 @@ S23 = "docs/results/2026-11-28-s23-"
 S24 = "docs/results/2026-11-28-s24-"
 S36 = "docs/results/2026-11-30-s36-"
 S38 = "docs/results/2026-11-30-s38-"
+S39 = "docs/results/2026-11-30-s39-"
 
 # One entry per (knob, world, GPU): a variant is a list of (report file, key path inside it or
 # None for the whole file); only the "gosym" backend's rows of the op are read (and, for the
@@ -90,6 +91,13 @@ SOURCES = [
              for v, mode, runs in ((0, "host", ("a1", "b1", "a2", "b2")),
                                    (64, "push", ("a1", "b1", "a2", "b2")),
                                    (32, "push-nb32", ("a2", "b2")))}),
+    # equal-split all_to_all on gs_a2av (pushing, 64 blocks, as the row above) or on its own
+    # paths (staged, then the direct path's copy engines), 2×H200, session 39: one call, the
+    # setting 0 (off) and 1 (on at every size) in turn, twice (a, b), 10 per sample; the bench's
+    # size is the input per rank, the knob's unit.
+    dict(knob="GOSYM_GPU_A2A_PACED_MIN", op="all_to_all_single", rule="from",
+         off=[(f"{S39}a2a-paced-off-{r}-2xH200.json", None) for r in "ab"],
+         on=[(f"{S39}a2a-paced-on-{r}-2xH200.json", None) for r in "ab"]),
 ]
 
 

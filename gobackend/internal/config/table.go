@@ -78,6 +78,8 @@ var (
 		"all_reduce of at most this many bytes, and broadcast, all_gather, gather, scatter, reduce_scatter and equal-split all_to_all of at most this many bytes per segment, run one low-latency (LL) launch; 0: never; capped at 512 KiB (the LL area).")
 	GPUA2AVBlocks = intRow("GOSYM_GPU_A2AV_BLOCKS", 0, 0, math.MaxInt, "0, or as measured for the world and GPU (64 on 2xH200; scripts/gpu_table.py)", true,
 		"Blocks per pair and direction of gs_a2av, the all_to_all of differing splits without a host round; 0 agrees on the splits on the host instead (set to 0, it does so where a measurement would choose gs_a2av). Under CUDA graph capture the splits are always agreed on the host (once, at capture). Capped by what the GPU holds resident.")
+	GPUA2APacedMin = intRow("GOSYM_GPU_A2A_PACED_MIN", 0, 0, math.MaxInt, "0, or as measured for the world and GPU (2xH200: see scripts/gpu_table.py)", true,
+		"all_to_all of equal splits whose input has at least this many bytes per rank runs gs_a2av (where GOSYM_GPU_A2AV_BLOCKS is on) instead of the direct path's copy engines; 0: never. On 2xH200, 1 GiB took 1498 us on gs_a2av against 1618-1652 on the copy engines (NCCL 1616). Not under CUDA graph capture.")
 	GPUA2AVPush = enumRow("GOSYM_GPU_A2AV_PUSH", "1", []string{"0", "1"}, true, Engine,
 		"1: gs_a2av's senders store each chunk into the receiver's staging over the link and the receiver copies it out locally (measured on 2xH200: as fast or faster at every size, 0.74x the time from 64 MiB); 0: the sender stages locally and the receiver loads over the link.")
 	GPUA2AVSlotBytes = intRow("GOSYM_GPU_A2AV_SLOT_BYTES", 256*kiB, 1, math.MaxInt, "", true,

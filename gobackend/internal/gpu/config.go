@@ -60,7 +60,13 @@ type Config struct {
 	// equal on every rank at setup (a pair's chunks depend on both).
 	a2avBlocks, a2avSlot int
 	a2avKnob             knob
-	a2avPush             bool // GOSYM_GPU_A2AV_PUSH: gs_a2av's senders store over the link (agreed as a setting)
+	// GOSYM_GPU_A2A_PACED_MIN: equal-split all_to_all from this many bytes
+	// of input per rank runs gs_a2av too (pacedAllToAll), by measurement
+	// (choice.go); a team's a2aPacedMin is its value there, shared like
+	// a2avBlocks (ranks that disagreed would part ways)
+	a2aPacedKnob knob
+	a2aPacedMin  int
+	a2avPush     bool // GOSYM_GPU_A2AV_PUSH: gs_a2av's senders store over the link (agreed as a setting)
 }
 
 func ConfigFromEnv() Config {
@@ -97,31 +103,37 @@ func ConfigFromEnv() Config {
 		// By measurement (docs/DECISIONS.md); a2avBlocks is newTeam's, by world and GPU.
 		a2avKnob: knobOf(config.GPUA2AVBlocks),
 		a2avSlot: config.GPUA2AVSlotBytes.Get(),
-		a2avPush: config.GPUA2AVPush.On(),
+		// By measurement (docs/DECISIONS.md); a2aPacedMin is newTeam's.
+		a2aPacedKnob: knobOf(config.GPUA2APacedMin),
+		a2avPush:     config.GPUA2AVPush.On(),
 	}
 }
 
 // shared is what of cfg every rank of a group must have the same, as
 // setup announces it: gs_a2av's shape (its pairs pace each other).
 func (c Config) shared() []byte {
-	b := make([]byte, 16)
+	b := make([]byte, sharedBytes)
 	binary.LittleEndian.PutUint64(b, uint64(c.a2avBlocks))
 	binary.LittleEndian.PutUint64(b[8:], uint64(c.a2avSlot))
+	binary.LittleEndian.PutUint64(b[16:], uint64(c.a2aPacedMin))
 	return b
 }
+
+// sharedBytes is the length of shared().
+const sharedBytes = 24
 
 // sharedMismatch explains a peer's announcement of shared() that differs
 // from this rank's.
 func (c Config) sharedMismatch(r int, theirs []byte) error {
-	if len(theirs) == 16 && string(theirs) == string(c.shared()) {
+	if len(theirs) == sharedBytes && string(theirs) == string(c.shared()) {
 		return nil
 	}
-	if len(theirs) != 16 {
-		return fmt.Errorf("rank %d announced %d bytes of settings, this rank 16 (another gosym version?)", r, len(theirs))
+	if len(theirs) != sharedBytes {
+		return fmt.Errorf("rank %d announced %d bytes of settings, this rank %d (another gosym version?)", r, len(theirs), sharedBytes)
 	}
 	le := binary.LittleEndian
-	return fmt.Errorf("rank %d runs GOSYM_GPU_A2AV_BLOCKS=%d and GOSYM_GPU_A2AV_SLOT_BYTES=%d, this rank %d and %d (every rank must use the same; the blocks are capped by what each GPU holds resident)",
-		r, le.Uint64(theirs), le.Uint64(theirs[8:]), c.a2avBlocks, c.a2avSlot)
+	return fmt.Errorf("rank %d runs GOSYM_GPU_A2AV_BLOCKS=%d, GOSYM_GPU_A2AV_SLOT_BYTES=%d and GOSYM_GPU_A2A_PACED_MIN=%d, this rank %d, %d and %d (every rank must use the same; the blocks are capped by what each GPU holds resident, and where unset both are measured per world and GPU)",
+		r, le.Uint64(theirs), le.Uint64(theirs[8:]), le.Uint64(theirs[16:]), c.a2avBlocks, c.a2avSlot, c.a2aPacedMin)
 }
 
 // a2avResident is the blocks per pair of gs_a2av for a wish of want, in

@@ -240,7 +240,10 @@ func TestGPUConfigSharedMismatch(t *testing.T) {
 	b := a
 	b.a2avBlocks = 0
 	require.EqualError(t, a.sharedMismatch(3, b.shared()),
-		"rank 3 runs GOSYM_GPU_A2AV_BLOCKS=0 and GOSYM_GPU_A2AV_SLOT_BYTES=65536, this rank 16 and 65536 (every rank must use the same; the blocks are capped by what each GPU holds resident)")
+		"rank 3 runs GOSYM_GPU_A2AV_BLOCKS=0, GOSYM_GPU_A2AV_SLOT_BYTES=65536 and GOSYM_GPU_A2A_PACED_MIN=0, this rank 16, 65536 and 0 (every rank must use the same; the blocks are capped by what each GPU holds resident, and where unset both are measured per world and GPU)")
+	c := a
+	c.a2aPacedMin = 64 << 20
+	require.ErrorContains(t, a.sharedMismatch(1, c.shared()), "GOSYM_GPU_A2A_PACED_MIN=67108864, this rank 16, 65536 and 0")
 	require.ErrorContains(t, a.sharedMismatch(2, nil), "rank 2 announced 0 bytes of settings")
 }
 

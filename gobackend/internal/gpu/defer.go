@@ -204,7 +204,10 @@ func (t *Team) agrees(op *ops.Op) bool {
 		return n >= t.eagerDirectMin(op)
 	case ops.AllToAll:
 		m, even := equalSplit(op)
-		return even && int(m*es) >= t.eagerDirectMin(op) || !even && t.cfg.a2avBlocks == 0
+		if t.pacedAllToAll(m*es, even) {
+			return false
+		}
+		return !even || int(m*es) >= t.eagerDirectMin(op)
 	}
 	return false
 }

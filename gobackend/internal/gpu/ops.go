@@ -579,23 +579,15 @@ func pieceStride(pieces []ops.Piece, es uintptr) (stride uintptr, even bool) {
 func (t *Team) allToAll(op *ops.Op, s cuda.Stream, agree agreeFunc) error {
 	es := uintptr(op.DType.Size())
 	n, even := equalSplit(op)
+	if !t.capturing && t.pacedAllToAll(n*es, even) {
+		return t.allToAllPaced(op, s)
+	}
 	if even && int(n*es) < t.directMin(op) && !t.allToAllRegistered(op, n*es) {
 		// The equal-split all_to_all_single: every rank moves n elements to and
 		// from every rank, so every rank knows the chunk count without asking.
 		// (A rank whose splits differ asks; the others do not answer, and the
 		// op fails at the group timeout, as an all_reduce of mismatched counts.)
 		return t.allToAllChunks(op, s, n*es)
-	}
-	// Splits that differ: the paced kernel where set (an agreed setting), on
-	// any inputs. Not by whether this rank's input is registered: a rank that
-	// sends nothing has no input to find registered while its peers' are, and
-	// the ranks would part ways (the paced kernel here, the agreement there).
-	// Not under graph capture: there the agreement's host round is paid once,
-	// at capture, and the replayed copies beat the paced kernel's pacing
-	// (2×H200, 10 per graph: 8.6 / 10.0 µs at 1 / 64 KiB, paced 12.3 /
-	// 12.6). Every rank captures the same ops (as for directMin).
-	if !even && t.cfg.a2avBlocks > 0 && t.world > 1 && !t.capturing {
-		return t.allToAllPaced(op, s)
 	}
 	w := t.world
 	le := binary.LittleEndian
@@ -642,6 +634,30 @@ func (t *Team) allToAll(op *ops.Op, s cuda.Stream, agree agreeFunc) error {
 		}
 	}
 	return t.allToAllChunks(op, s, longest)
+}
+
+// pacedAllToAll says whether an eager all_to_all whose pieces have n bytes
+// each (even: equal splits; else n means nothing) runs gs_a2av, from the
+// settings alone (defer.go asks before the op runs): splits that differ
+// wherever gs_a2av is on (GOSYM_GPU_A2AV_BLOCKS), on any inputs; equal
+// splits from GOSYM_GPU_A2A_PACED_MIN bytes of input per rank (2×H200: the
+// copy engines of the direct path move 325 GB/s each way where gs_a2av
+// pushes 358). Not by whether this rank's input is registered: a rank that
+// sends nothing has no input to find registered while its peers' are, and
+// the ranks would part ways (the paced kernel here, the agreement there).
+// The caller leaves out ops under graph capture: there the agreement's host
+// round is paid once, at capture, and the replayed copies beat the paced
+// kernel's pacing (2×H200, 10 per graph: 8.6 / 10.0 µs at 1 / 64 KiB,
+// paced 12.3 / 12.6). Every rank captures the same ops (as for directMin).
+func (t *Team) pacedAllToAll(n uintptr, even bool) bool {
+	if t.cfg.a2avBlocks == 0 || t.world == 1 {
+		return false
+	}
+	if !even {
+		return true
+	}
+	in := int(n) * t.world
+	return t.cfg.a2aPacedMin > 0 && in >= t.cfg.a2aPacedMin
 }
 
 // allToAllPaced runs an all_to_all as one gs_a2av launch: each pair of

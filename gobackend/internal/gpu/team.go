@@ -94,6 +94,7 @@ func newTeam(device, rank, world int, cfg Config, timeout time.Duration) (*Team,
 		if t.cfg.a2avBlocks, err = a2avResident(t.cfg.a2avBlocks, world, g.d.ResidentBlocks(g.dev, f, cuda.BlockThreads)); err != nil {
 			return t, err
 		}
+		t.cfg.a2aPacedMin = cfg.a2aPacedKnob.at(world, g.arch, 0)
 	}
 	for _, sy := range t.symms() {
 		own := &sy.bufs[rank]
