@@ -74,7 +74,7 @@ class HierAlgorithms(HierBase):
         turns a two-buffer op's tensor into the 1-D view Gloo's tensor ops take (NCCL: the
         tensor itself). On the path of every small op across hosts, where it is all that
         gosym adds to Gloo's or NCCL's own op: one pass of cheap tests, no frame it can
-        spare (a synchronous 1 KiB op flat cost 4-9 us over torch's wrapper on a 2-core VM)."""
+        spare (3-5 us over torch's wrapper on a 2-core VM, 4-9 before: scripts/hier_flat_cost.py)."""
         if self._check_args or self._runner.pending:  # read unlocked: at worst GENERAL
             return GENERAL
         dev = _op_device(keep)  # first: it refuses tensors on two devices
