@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes gobackend/internal/gpu/measured.go: the CUDA engine's choices measured per world size
-and GPU (docs/ARCHITECTURE.md, "Choices by measurement"), each from the bench reports that
-chose it. The engine takes a knob's measured value where its world and GPU have one and the
+and GPU (gobackend/internal/gpu/choice.go; docs/DECISIONS.md, "Choices that depend on world and
+GPU come from one table"), each from the bench reports that chose it. The engine takes a knob's measured value where its world and GPU have one and the
 knob's environment variable is unset; elsewhere the knob's default, measured at 2 GPUs.
 
 A new choice: run the variants side by side in one device call (the knob set per run, e.g.
