@@ -67,7 +67,13 @@ func (s *p2pRank) stream(t *testing.T, peer int, recv bool) cuda.Stream {
 	st, err := s.g.Driver().StreamCreate(s.g.Context(), cuda.StreamNonBlocking)
 	require.NoError(t, err)
 	s.streams[k] = st
-	t.Cleanup(func() { s.g.Driver().StreamDestroy(s.g.Context(), st) })
+	// Gone from the cache with the stream: a later test (a subtest after the one that made
+	// it) gets a stream of its own, not a destroyed one (on the fake driver a launch on a
+	// destroyed stream never returned).
+	t.Cleanup(func() {
+		delete(s.streams, k)
+		s.g.Driver().StreamDestroy(s.g.Context(), st)
+	})
 	return st
 }
 
