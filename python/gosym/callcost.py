@@ -233,7 +233,6 @@ def _rank_main(device, numel, calls, bursts):
         timed(f"{op}: native call, GIL held", lambda: held(h, desc))
         with _no_native(gosym_backend, _streams):
             timed(f"{op}: gosym method, bare, no native call", fns["bare"])
-        sync()
         before = json.loads(stats())
         _lib.lib.gosym_driver_timing(1)
         timed(f"{op}: native call, driver timed", lambda: _lib.op_run(h, desc))

@@ -19,6 +19,7 @@ from torch._C import _distributed_c10d as _c10d
 from gosym.hier import algorithms, schedule
 from gosym.hier.group import HierGroup
 from gosym.hier.runner import Runner
+from gosym.hier.tensors import _opts
 
 
 class _Inner:
@@ -359,23 +360,17 @@ def test_what_gloo_does_not_take_as_it_is_takes_the_general_path(monkeypatch):
     posted = []
     monkeypatch.setattr(g, "_post", lambda what, *a, **k: posted.append(what))
 
-    def opts(cls, **kw):
-        o = cls()
-        for k, v in kw.items():
-            setattr(o, k, v)
-        return o
-
     for t, red in ((torch.randn(8), dist.ReduceOp.AVG),
                    (torch.randn(8), dist._make_nccl_premul_sum(2.0)),
                    (torch.zeros(8, dtype=torch.int16), dist.ReduceOp.SUM)):
-        g.allreduce([t], opts(_c10d.AllreduceOptions, reduceOp=red))
+        g.allreduce([t], _opts(_c10d.AllreduceOptions, True, reduceOp=red))
     g._reduce_scatter_base(torch.empty(2), torch.randn(8),
-                           opts(_c10d.ReduceScatterOptions, reduceOp=dist.ReduceOp.AVG))
+                           _opts(_c10d.ReduceScatterOptions, True, reduceOp=dist.ReduceOp.AVG))
     g.broadcast([torch.zeros(8, dtype=torch.complex64)], _c10d.BroadcastOptions())
     assert posted == ["all_reduce"] * 3 + ["reduce_scatter_tensor", "broadcast"], posted
     assert g._seq == 0 and not gloo.calls
     t = torch.randn(8)
-    g.allreduce([t], opts(_c10d.AllreduceOptions, reduceOp=dist.ReduceOp.MAX))
+    g.allreduce([t], _opts(_c10d.AllreduceOptions, True, reduceOp=dist.ReduceOp.MAX))
     assert posted == ["all_reduce"] * 3 + ["reduce_scatter_tensor", "broadcast"]
     assert g._seq == 1 and len(gloo.calls) == 1
 
