@@ -23,6 +23,7 @@ BOOTSTRAP_PY ?= $(shell for p in python3.11 python3; do \
 PIP_FLAGS ?= $(if $(CI),--progress-bar off,)
 
 LIB := python/gosym/libgosym.so
+C10D := python/gosym/_c10d.torch
 LIB_SRCS := $(shell find cabi gobackend kernels -type f \( -name '*.go' -o \
 	-name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null) \
 	go.mod $(wildcard go.sum)
@@ -58,7 +59,12 @@ pydeps: venv
 check-go:
 	@command -v $(GO) >/dev/null || { echo "error: the Go toolchain is missing: install Go 1.26 (https://go.dev/dl/) and put 'go' on PATH" >&2; exit 1; }
 
-lib: $(LIB)
+lib: $(LIB) $(C10D)
+
+# The group's C++ backend (python/gosym/_c10d.cpp, gosym.c10d), built against the venv's torch
+# and Python; _c10d.torch records the torch it was built for (gosym loads it only under that).
+$(C10D): python/gosym/_c10d.cpp cabi/gosym.h scripts/build_c10d.py $(VENV_STAMP)
+	$(PY) scripts/build_c10d.py
 
 # Every kernel compiled ahead of time (gobackend/cmd/kernelgen), with the
 # venv's NVRTC when there is one; the library embeds the images. Without
@@ -125,5 +131,6 @@ print-venv:
 
 clean:
 	rm -rf build dist .pytest_cache python/gosym.egg-info $(LIB) python/gosym/libgosym.h \
+		$(C10D) python/gosym/_c10d.cpython-*.so \
 		kernels/prebuilt/*.img $(PREBUILT_STAMP)
 	find python tests scripts -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -12,7 +12,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -267,6 +267,30 @@ for s in "${steps[@]}"; do
 				CUDA_DEVICE_MAX_CONNECTIONS=$c timeout 30 python3 scripts/streamwait_probe.py --gap $g 2>&1 | tail -1
 			done
 		done | tee "$out/streamwait_probe.txt" ;;
+	c10d)
+		# the group's C++ backend (gosym._c10d) for this machine's torch and Python: the device
+		# has no venv of ours, so it is built here (g++, ~20 s); without it gosym runs its
+		# Python group and says why
+		echo "== scripts/build_c10d.py"
+		timeout 200 python3 scripts/build_c10d.py 2>&1 | tail -5
+		python3 -c "import gosym.c10d as c; print('gosym._c10d:', c.module() is not None, c.why())" 2>&1 | tail -2
+		summary+=("c10d: $(python3 -c "import gosym.c10d as c; print(c.module() is not None, c.why())" 2>&1 | tail -1)") ;;
+	small)
+		# issue 35's small eager ops: all_reduce against symm_mem's one-shot and two-shot, the
+		# other ops against NCCL, 40 and 1 per sample, on torch's C++ group (gosym._c10d) and on
+		# the Python group (GOSYM_C10D=0), one job each
+		for c in 1 0; do
+			for b in 40 1; do
+				echo "== small ops, GOSYM_C10D=$c, $b per sample"
+				GOSYM_C10D=$c timeout 150 python3 -m gosym.bench --device cuda --ops all_reduce \
+					--backends gosym,nccl,symm-1shot,symm-2shot --batch "$b" --sizes 1K,4K,16K,64K,256K,1M \
+					--target-time 0.1 --json "$out/small-ar-c10d$c-b$b.json" 2>&1 | tail -12
+				GOSYM_C10D=$c timeout 150 python3 -m gosym.bench --device cuda \
+					--ops broadcast,all_gather_into_tensor,reduce_scatter_tensor,all_to_all_single \
+					--backends gosym,nccl --batch "$b" --sizes 1K,16K,256K,1M \
+					--target-time 0.1 --json "$out/small-ops-c10d$c-b$b.json" 2>&1 | tail -22
+			done
+		done ;;
 	callcost)
 		# the host cost of one small eager op, layer by layer (torch's wrapper, gosym's Python,
 		# ctypes, Go, the driver), beside torch's do-nothing groups: one rank, then every GPU

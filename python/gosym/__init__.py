@@ -15,6 +15,7 @@ if not dist.is_available():
     raise ImportError("gosym: this torch build has no torch.distributed")
 
 from . import _lib  # noqa: E402 - raises ImportError when the library is missing or mismatched
+from . import c10d  # noqa: E402
 from ._compile import keep_dynamo_out  # noqa: E402
 from .backend import ProcessGroupGosym  # noqa: E402
 from .factory import register  # noqa: E402
@@ -32,6 +33,7 @@ __all__ = [
     "empty",
     "empty_like",
     "engine_version",
+    "group",
     "mem_import",
     "mem_map",
     "mem_unmap",
@@ -51,10 +53,17 @@ def engine_version() -> str:
 
 def stats(group=None) -> dict:
     """Counters and settings of a gosym group's endpoint (None: the default group)."""
-    pg = dist.distributed_c10d._get_default_group() if group is None else group
+    pg = c10d.unwrap(dist.distributed_c10d._get_default_group() if group is None else group)
     if not isinstance(pg, ProcessGroupGosym):
         raise ValueError(f"gosym: {pg!r} is not a gosym process group")
     return json.loads(pg._stats_json())
+
+
+def group(pg=None):
+    """The Python group (ProcessGroupGosym or HierGroup) behind a gosym process group that
+    torch returned (None: the default group); torch's own group runs gosym._c10d's backend
+    where that is built (gosym.c10d)."""
+    return c10d.unwrap(dist.distributed_c10d._get_default_group() if pg is None else pg)
 
 
 def process_stats() -> dict:

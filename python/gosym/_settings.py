@@ -28,6 +28,11 @@ def profiler_ranges() -> bool:
     return os.environ.get("GOSYM_PROFILER_RANGES", "1") != "0"
 
 
+def c10d() -> bool:
+    """GOSYM_C10D=0: torch gets the Python group itself, not gosym._c10d's C++ backend."""
+    return os.environ.get("GOSYM_C10D", "1") != "0"
+
+
 def library() -> str:
     """GOSYM_LIBRARY: path of the libgosym.so to load ("" for the package's own)."""
     return os.environ.get("GOSYM_LIBRARY", "")

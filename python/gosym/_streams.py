@@ -102,11 +102,12 @@ class CudaStreams:
     run on (`device`, set by the first), its internal send and receive streams, and the
     sends and receives posted but not launched yet (`pending`)."""
 
-    __slots__ = ("h", "device", "pending", "_pairs", "_group", "_selfq")
+    __slots__ = ("h", "device", "pending", "_pairs", "_group", "_selfq", "_shared")
 
-    def __init__(self, h, group):
+    def __init__(self, h, group, shared):
         self.h = h  # the group's endpoint; the group zeroes it at shutdown
         self.device = None
+        self._shared = shared  # the group's cells for gosym._c10d: [1] is device
         self.pending = []
         self._selfq = {}  # sends to and receives from this rank itself not matched yet
         self._pairs = {}  # (device index, peer) -> (send stream, recv stream)
@@ -135,7 +136,7 @@ class CudaStreams:
         """Enqueues a CUDA op: one native call (post, wait, release), since a CUDA op is
         done on the host once it is enqueued on its stream."""
         _run(self.h, desc)
-        self.device = idx
+        self.device = self._shared[1] = idx
 
     def stream(self, idx):
         """The caller's current stream on CUDA device idx (checked against the group's

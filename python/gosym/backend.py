@@ -23,6 +23,7 @@ sparse all_reduce in sparse.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import weakref
 
@@ -100,7 +101,9 @@ class ProcessGroupGosym(dist.ProcessGroup):
         self._split_count = 0
         self._views = weakref.WeakValueDictionary()  # gosym.contiguous_view's tensors
         self._h = _endpoint.bootstrap(store, rank, size, timeout, name)
-        self._streams = CudaStreams(self._h, self)
+        # the endpoint and the CUDA device, as gosym._c10d's backend reads them (gosym.c10d)
+        self._shared = (ctypes.c_int64 * 2)(self._h, -1)
+        self._streams = CudaStreams(self._h, self, self._shared)
         self._self = None  # host sends to itself not matched yet (selfp2p.HostSelf)
         self._completer = Completer(name)
         self._finalizer = weakref.finalize(self, _endpoint.destroy, self._h, self._completer, name)
@@ -179,7 +182,7 @@ class ProcessGroupGosym(dist.ProcessGroup):
         waited for them would expect of any backend."""
         if self._streams.pending and self._h:
             self._streams.flush()
-        self._h = self._streams.h = 0
+        self._h = self._streams.h = self._shared[0] = 0
         self._finalizer()
 
     def abort(self):

@@ -14,7 +14,10 @@ and all_to_all_single of --numel float32 per rank (a multiple of the world size)
   the floor of torch's Python wrapper and dispatcher.
 - ``torch null Python group``: dist.<op> on a Python ProcessGroup whose methods return None
   (no Work: torch skips the wait), the floor for any backend written in Python.
-- ``gosym dist.<op>``: what a user pays.
+- ``gosym dist.<op>``: what a user pays: torch's C++ group and gosym._c10d's backend where
+  that is built (gosym.c10d), else the Python group.
+- ``gosym dist.<op>, Python group``: the same on a group created with GOSYM_C10D=0, which
+  torch calls through its Python methods; the layers below are that group's.
 - ``gosym method``: the group's method called directly, without torch's wrapper.
 - ``gosym method, bare``: the same without the wrapper every op method has (gosym.forms'
   call forms and gosym.profiling's check for a running profiler).
@@ -33,9 +36,9 @@ and all_to_all_single of --numel float32 per rank (a multiple of the world size)
 - ``Python threads``: the threads alive in the rank while it measured (a thread that wants the
   GIL when ctypes gives it up can take it).
 
-The derived rows split the total: torch's wrapper (dist.<op> - method), the entry wrapper
-(method - bare), gosym's Python (bare - native call), Go (native call - ctypes floor -
-driver).
+The derived rows split the Python group's total: torch's wrapper (dist.<op> on the Python
+group - method), the entry wrapper (method - bare), gosym's Python (bare - native call), Go
+(native call - ctypes floor - driver).
 """
 
 from __future__ import annotations
@@ -165,7 +168,10 @@ def _rank_main(device, numel, calls, bursts):
     dist.Backend.register_backend("gosymnull", lambda store, r, s, timeout: null_cls(r, s),
                                   devices=["cpu", "cuda"])
     dist.init_process_group("gosym")
-    pg = dist.distributed_c10d._get_default_group()
+    pg = gosym.group()  # the Python group behind torch's (gosym._c10d's backend, if built)
+    os.environ["GOSYM_C10D"] = "0"  # read at creation: this group is the Python one itself
+    python_group = dist.new_group(backend="gosym")
+    del os.environ["GOSYM_C10D"]
     fake = dist.new_group(backend="fake")
     null = dist.new_group(backend="gosymnull")
     ctrl = dist.new_group(backend="gloo")
@@ -226,6 +232,7 @@ def _rank_main(device, numel, calls, bursts):
         timed(f"{op}: torch fake group", lambda: fns["dist"](fake))
         timed(f"{op}: torch null Python group", lambda: fns["dist"](null))
         timed(f"{op}: gosym dist.{op}", fns["dist"])
+        timed(f"{op}: gosym dist.{op}, Python group", lambda: fns["dist"](python_group))
         timed(f"{op}: gosym method", fns["method"])
         timed(f"{op}: gosym method, bare", fns["bare"])
         h, desc = _captured_native(gosym_backend, _streams, fns["method"])
@@ -260,7 +267,7 @@ def derived(row):
         r = {k.split(": ", 1)[1]: v for k, v in row.items() if k.startswith(op + ": ")}
         if not r:
             continue
-        out[f"{op}: = torch's wrapper"] = r[f"gosym dist.{op}"] - r["gosym method"]
+        out[f"{op}: = torch's wrapper"] = r[f"gosym dist.{op}, Python group"] - r["gosym method"]
         out[f"{op}: = entry wrapper"] = r["gosym method"] - r["gosym method, bare"]
         out[f"{op}: = gosym's Python"] = r["gosym method, bare"] - r["native call"]
         out[f"{op}: = ctypes"] = row["ctypes floor"]

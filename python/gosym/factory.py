@@ -12,7 +12,7 @@ import time
 
 import torch.distributed as dist
 
-from . import _settings, hier
+from . import _settings, c10d, hier
 
 
 def new_group(store, rank, size, timeout, name, global_ranks):
@@ -63,10 +63,11 @@ def _all_read(store, key, rank, size, timeout) -> None:
 
 
 def create(dist_backend_opts, backend_options=None):
-    """torch's creator for backend "gosym" (register_backend with extended_api=True)."""
+    """torch's creator for backend "gosym" (register_backend with extended_api=True): the
+    group, as gosym.c10d hands it to torch (its C++ backend where that is built)."""
     o = dist_backend_opts
-    return new_group(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id),
-                     list(o.global_ranks_in_group))
+    return c10d.wrap(new_group(o.store, o.group_rank, o.group_size, o.timeout,
+                               str(o.group_id), list(o.global_ranks_in_group)))
 
 
 def register() -> None:

@@ -21,12 +21,13 @@ def test_callcost_gives_every_layer(tmp_path):
     us = json.loads(out.read_text())["us"]
     for op in callcost.OPS:
         for layer in ("torch fake group", "torch null Python group", f"gosym dist.{op}",
-                      "gosym method", "gosym method, bare", "native call"):
+                      f"gosym dist.{op}, Python group", "gosym method", "gosym method, bare",
+                      "native call"):
             assert us[f"{op}: {layer}"] > 0, (op, layer, us)
-        # on the CPU no driver call is made; the split adds up to the total
+        # on the CPU no driver call is made; the split adds up to the Python group's total
         assert us[f"{op}: driver calls per op"] == 0
         parts = sum(v for k, v in us.items() if k.startswith(f"{op}: = "))
-        assert abs(parts - us[f"{op}: gosym dist.{op}"]) < 1e-6, us
+        assert abs(parts - us[f"{op}: gosym dist.{op}, Python group"]) < 1e-6, us
     assert us["ctypes floor"] > 0
 
 

@@ -116,6 +116,8 @@ var (
 		"Across hosts, how sends and receives of CPU tensors travel: gloo (every pair through the inter-host Gloo group, as a Gloo group does it: recv from any source works on every rank) or local (two ranks of one host through gosym's shared memory, faster, but a rank that shares its host cannot receive from any source: its host's senders and the others' take different transports). Every rank must use the same.")
 	_ = textRow("GOSYM_LIBRARY", "libgosym.so in the package", Python,
 		"Path of the libgosym.so that python/gosym loads.")
+	_ = enumRow("GOSYM_C10D", "1", []string{"0", "1"}, false, Python,
+		"1: a group on one host is handed to torch as gosym._c10d's C++ backend where that module is built for the running torch (`make lib`), so dist.<op> reaches its short path without Python; 0: torch gets the Python ProcessGroupGosym itself.")
 	_ = enumRow("GOSYM_PROFILER_RANGES", "1", []string{"0", "1"}, false, Python,
 		"1: every op records a gosym:<op> range while torch's profiler runs (python/gosym/profiling.py); 0: the op methods are not wrapped (no ranges, not the wrapper's cost).")
 	_ = textRow("GOSYM_VENV", "~/.cache/gosym/venv-<hash of the requirements>", Build,

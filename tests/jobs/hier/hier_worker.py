@@ -562,6 +562,7 @@ def check_coalesced(ck, rank, world, gloo, counts):
 def check_groups(ck, rank, world, gloo, counts):
     """new_group across hosts (first and last rank: a HierGroup with one rank per host) and
     within a host (a plain ProcessGroupGosym: no inner groups), used, destroyed."""
+    import gosym
     from gosym import ProcessGroupGosym
     from gosym.hier import HierGroup
 
@@ -574,7 +575,8 @@ def check_groups(ck, rank, world, gloo, counts):
         dist.all_reduce(t, group=across)
         ck.check("new_group across hosts: all_reduce", bool((t == world - 1).all()), f"{t[:3]}")
     if rank < counts[0]:
-        ck.check("new_group within a host is flat", type(host0) is ProcessGroupGosym, repr(host0))
+        ck.check("new_group within a host is flat", type(gosym.group(host0)) is ProcessGroupGosym,
+                 repr(host0))
         t = torch.full((7,), 1.0)
         dist.all_reduce(t, group=host0)
         ck.check("new_group within a host: all_reduce", bool((t == counts[0]).all()), f"{t}")

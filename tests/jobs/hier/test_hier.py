@@ -216,7 +216,7 @@ def test_one_host_is_unchanged(outdir):
     code = ("import gosym, torch.distributed as dist, wcommon as wc\n"
             "wc.setup(); wc.init('gosym', 30)\n"
             "pg = dist.distributed_c10d._get_default_group()\n"
-            "assert type(pg) is gosym.ProcessGroupGosym, pg\n"
+            "assert type(gosym.group(pg)) is gosym.ProcessGroupGosym, pg\n"
             "assert 'hier' not in gosym.stats()\n"
             "wc.write_result({'failures': [], 'passed': 1})\n"
             "dist.destroy_process_group()\n")

@@ -485,7 +485,7 @@ MX_SIZES = (1, 1025, LARGE)
 def all_reduce_out_of_place(inp, out, group=None):
     """all_reduce SUM with in != out. torch's API is in-place only; the engine's
     descriptor takes both addresses (cabi/gosym.h), so post it directly."""
-    pg = group or dist.distributed_c10d._get_default_group()
+    pg = gosym.group(group)
     desc = _lib.pack_desc(_lib.OP_ALLREDUCE, reduce_dtype(inp), _lib.RED["SUM"], 1.0, 0, 0, 0,
                           inp.numel(), inp.data_ptr(), out.data_ptr(), 0, 0, 0, 0)
     h = _lib.post(pg._h, desc)

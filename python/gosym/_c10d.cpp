@@ -1,0 +1,705 @@
+// gosym._c10d: the "gosym" group as torch's C++ ProcessGroup calls it.
+//
+// torch hands a Python ProcessGroup's ops to its Python methods, so every eager op of a
+// Python group pays the trampoline into Python and gosym's Python (docs/ARCHITECTURE.md, "The
+// group torch calls"). This c10d::Backend is what the creator returns instead: torch builds
+// its own C++ ProcessGroup around it and dispatches dist.<op> here without Python. The short
+// path (one dense contiguous tensor or pair on the group's CUDA device, or a synchronous
+// dense host op) packs the engine's gosym_op_desc and makes the one native call the Python
+// group's short path makes; everything else goes to the wrapped ProcessGroupGosym's method
+// of the same name, with the GIL taken, so there is one implementation of every op.
+//
+// The engine's entry points come as addresses from the ctypes library the Python package
+// loaded (this module links torch, never libgosym). The Python group shares two int64 cells
+// with this one: its endpoint handle (0 once shut down) and its CUDA device (-1 before its
+// first CUDA op, which the Python path makes).
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
+#include <torch/csrc/profiler/orchestration/observer.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/chrono.h>
+
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+extern "C" {
+#include "gosym.h"
+// The CUDA runtime's capture query (torch's wheel brings the runtime; its headers may be
+// absent): cudaStreamCaptureStatusNone is 0.
+int cudaStreamIsCapturing(void* stream, int* status);
+}
+
+namespace py = pybind11;
+
+namespace gosym {
+
+using c10d::Work;
+using WorkPtr = c10::intrusive_ptr<Work>;
+
+// CUDA through c10's device interface: streams, events and the caching allocator's record
+// without CUDA's headers.
+const c10::impl::DeviceGuardImplInterface* cuda() {
+  static const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return impl;
+}
+
+c10::Stream currentStream(int idx) {
+  return cuda()->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(idx)));
+}
+
+// Events of finished CudaWorks, per device, for the next ops' ends (as ProcessGroupNCCL's
+// event cache and gosym.work.cuda's): no event created and destroyed per asynchronous op.
+class EventPool {
+ public:
+  static c10::Event take(c10::DeviceIndex idx) {
+    std::lock_guard<std::mutex> lock(mu());
+    auto& pool = pools()[idx];
+    if (pool.empty()) {
+      return c10::Event(c10::DeviceType::CUDA);
+    }
+    c10::Event ev = std::move(pool.back());
+    pool.pop_back();
+    return ev;
+  }
+  static void give(c10::DeviceIndex idx, c10::Event&& ev) {
+    std::lock_guard<std::mutex> lock(mu());
+    auto& pool = pools()[idx];
+    if (pool.size() < 256) {
+      pool.push_back(std::move(ev));
+    }
+  }
+
+ private:
+  // Never destroyed: CUDA may be gone when static destructors run.
+  static std::mutex& mu() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static std::unordered_map<int, std::vector<c10::Event>>& pools() {
+    static auto* p = new std::unordered_map<int, std::vector<c10::Event>>();
+    return *p;
+  }
+};
+
+// A future holding out, completed for whoever follows stream (a CUDA-aware future where out
+// is on a GPU, as ProcessGroupNCCL's).
+c10::intrusive_ptr<c10::ivalue::Future> completed(const std::vector<at::Tensor>& out,
+                                                  std::optional<c10::Stream> stream) {
+  std::vector<c10::Device> devices;
+  if (stream) {
+    devices.push_back(stream->device());
+  }
+  auto fut = c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::create(c10::TensorType::get()), devices);
+  if (stream) {
+    c10::StreamGuard guard(*stream);
+    fut->markCompleted(c10::IValue(out));
+  } else {
+    fut->markCompleted(c10::IValue(out));
+  }
+  return fut;
+}
+
+// The engine's entry points this module calls.
+struct Api {
+  int32_t (*op_run)(uint64_t, const gosym_op_desc*) = nullptr;
+  int32_t (*device_error)(uint64_t) = nullptr;
+  const char* (*last_error)() = nullptr;
+};
+
+// The engine's error as the Python package raises it (_lib.error): the same classes and text.
+[[noreturn]] void raise(const Api& api, int32_t st) {
+  const char* m = api.last_error ? api.last_error() : nullptr;
+  std::string text = m ? m : ("status " + std::to_string(st));
+  if (text.rfind("gosym: ", 0) == 0) {
+    text = text.substr(7);
+  }
+  if (st == GOSYM_ERR_TIMEOUT && text.find("Timed out") == std::string::npos) {
+    auto at = text.find("timed out");
+    if (at != std::string::npos) {
+      text.replace(at, 9, "Timed out");
+    } else {
+      text = "Timed out: " + text;
+    }
+  }
+  text = "gosym: " + text;
+  switch (st) {
+    case GOSYM_ERR_INVALID_ARG:
+    case GOSYM_ERR_MISMATCH:
+      C10_THROW_ERROR(ValueError, text);
+    case GOSYM_ERR_NOT_SUPPORTED:
+      C10_THROW_ERROR(NotImplementedError, text);
+    case GOSYM_ERR_TIMEOUT:
+    case GOSYM_ERR_PEER:
+    case GOSYM_ERR_CLOSED:
+      C10_THROW_ERROR(DistBackendError, text);
+    default:
+      C10_THROW_ERROR(Error, text);
+  }
+}
+
+class Group;
+
+// A Work of the Python group, as torch's C++ group hands it back: every question goes to the
+// Python object, which this keeps alive (torch's PyWorkHolder forwards only wait and the
+// future: is_completed, result and a receive's source rank would be the base class's).
+class PyWork : public Work {
+ public:
+  explicit PyWork(py::object w) : work_(w.cast<c10::intrusive_ptr<Work>>()), obj_(std::move(w)) {}
+  ~PyWork() override {
+    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+      py::gil_scoped_acquire gil;
+      obj_ = py::object();
+    } else {
+      obj_.release();
+    }
+  }
+  bool isCompleted() override {
+    py::gil_scoped_acquire gil;
+    return obj_.attr("is_completed")().cast<bool>();
+  }
+  bool isSuccess() const override {
+    py::gil_scoped_acquire gil;
+    return obj_.attr("is_success")().cast<bool>();
+  }
+  std::exception_ptr exception() const override {
+    py::gil_scoped_acquire gil;
+    py::object e = obj_.attr("exception")();
+    if (e.is_none()) {
+      return nullptr;
+    }
+    return std::make_exception_ptr(std::runtime_error(py::str(e).cast<std::string>()));
+  }
+  int sourceRank() const override {
+    py::gil_scoped_acquire gil;
+    return obj_.attr("_source_rank")().cast<int>();
+  }
+  std::vector<at::Tensor> result() override {
+    py::gil_scoped_acquire gil;
+    return obj_.attr("result")().cast<std::vector<at::Tensor>>();
+  }
+  void synchronize() override {
+    py::gil_scoped_acquire gil;
+    obj_.attr("synchronize")();
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    return work_->wait(timeout);  // torch's trampoline: the Python wait(), with the GIL
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return work_->getFuture();  // torch's trampoline: the Python get_future()
+  }
+
+ private:
+  c10::intrusive_ptr<Work> work_;
+  py::object obj_;
+};
+
+// The Work of a synchronous caller: nothing left to wait for (a CUDA op is on the caller's
+// stream, a host op returned done), as the Python group's None.
+class DoneWork : public Work {
+ public:
+  DoneWork(std::vector<at::Tensor> out, std::optional<c10::Stream> stream)
+      : out_(std::move(out)), stream_(stream) {}
+  bool isCompleted() override {
+    return true;
+  }
+  bool isSuccess() const override {
+    return true;
+  }
+  bool wait(std::chrono::milliseconds) override {
+    return true;
+  }
+  std::vector<at::Tensor> result() override {
+    return out_;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return completed(out_, stream_);
+  }
+
+ private:
+  std::vector<at::Tensor> out_;
+  std::optional<c10::Stream> stream_;
+};
+
+// The Work of an asynchronous CUDA op of the short path: gosym.work.cuda.CudaWork in C++
+// (enqueued on the caller's stream before it exists; wait() joins its end into the current
+// stream where they differ and raises the group's device error, as ProcessGroupNCCL's).
+class CudaWork : public Work {
+ public:
+  CudaWork(std::vector<at::Tensor> out, c10::Stream stream, bool end,
+           c10::intrusive_ptr<Group> group);
+  ~CudaWork() override {
+    if (end_) {
+      EventPool::give(stream_.device_index(), std::move(*end_));
+    }
+  }
+  bool isCompleted() override {
+    return !end_ || end_->query();
+  }
+  bool isSuccess() const override {
+    return true;
+  }
+  bool wait(std::chrono::milliseconds) override;
+  void synchronize() override {
+    wait(std::chrono::milliseconds(0));
+  }
+  std::vector<at::Tensor> result() override {
+    return out_;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return completed(out_, stream_);
+  }
+
+ private:
+  std::vector<at::Tensor> out_;
+  c10::Stream stream_;
+  std::optional<c10::Event> end_;
+  c10::intrusive_ptr<Group> group_;
+};
+
+class Group : public c10d::Backend {
+ public:
+  Group(py::object group, int rank, int size, uintptr_t shared, uintptr_t op_run,
+        uintptr_t device_error, uintptr_t last_error,
+        const std::vector<std::pair<py::object, int64_t>>& dtypes,
+        const std::vector<std::pair<int64_t, int64_t>>& reds, double timeout_s)
+      : c10d::Backend(rank, size),
+        group_(std::move(group)),
+        shared_(reinterpret_cast<const int64_t*>(shared)),
+        timeout_(static_cast<int64_t>(timeout_s * 1000)) {
+    api_.op_run = reinterpret_cast<decltype(api_.op_run)>(op_run);
+    api_.device_error = reinterpret_cast<decltype(api_.device_error)>(device_error);
+    api_.last_error = reinterpret_cast<decltype(api_.last_error)>(last_error);
+    codes_.fill(-1);
+    for (const auto& [dtype, code] : dtypes) {
+      TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "gosym: dtypes takes (torch.dtype, code)");
+      auto k = static_cast<size_t>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type);
+      if (k < codes_.size()) {
+        codes_[k] = static_cast<int8_t>(code);
+      }
+    }
+    reds_.fill(-1);
+    for (const auto& [op, code] : reds) {
+      if (op >= 0 && op < static_cast<int64_t>(reds_.size())) {
+        reds_[op] = static_cast<int8_t>(code);
+      }
+    }
+  }
+
+  ~Group() override {
+    // The Python group goes with the GIL; at interpreter exit it is left to the exit.
+    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+      py::gil_scoped_acquire gil;
+      group_ = py::object();
+      split_child_ = py::object();
+    } else {
+      group_.release();
+      split_child_.release();
+    }
+  }
+
+  const py::object& group() const {
+    return group_;
+  }
+
+  const std::string getBackendName() const override {
+    return "gosym";
+  }
+
+  // ---- the short path ----------------------------------------------------------------
+
+  // The Python group's device error for a Work's wait(): one load of host memory.
+  void checkDeviceError() const {
+    uint64_t h = static_cast<uint64_t>(shared_[0]);
+    if (h == 0) {
+      return;
+    }
+    int32_t st = api_.device_error(h);
+    if (st) {
+      raise(api_, st);
+    }
+  }
+
+  // ---- ops ---------------------------------------------------------------------------
+
+  WorkPtr allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
+    if (ts.size() == 1) {
+      int red = plainRed(o.reduceOp);
+      if (red >= 0) {
+        if (auto w = inPlace(GOSYM_OP_ALLREDUCE, ts, red, 0, o.asyncOp)) {
+          return w;
+        }
+      }
+    }
+    return call("allreduce", ts, o);
+  }
+
+  WorkPtr reduce(std::vector<at::Tensor>& ts, const c10d::ReduceOptions& o) override {
+    if (ts.size() == 1 && o.rootRank >= 0 && o.rootRank < size_) {
+      int red = plainRed(o.reduceOp);
+      if (red >= 0) {
+        if (auto w = inPlace(GOSYM_OP_REDUCE, ts, red, o.rootRank, o.asyncOp)) {
+          return w;
+        }
+      }
+    }
+    return call("reduce", ts, o);
+  }
+
+  WorkPtr broadcast(std::vector<at::Tensor>& ts, const c10d::BroadcastOptions& o) override {
+    if (ts.size() == 1 && o.rootRank >= 0 && o.rootRank < size_) {
+      if (auto w = inPlace(GOSYM_OP_BROADCAST, ts, 0, o.rootRank, o.asyncOp)) {
+        return w;
+      }
+    }
+    return call("broadcast", ts, o);
+  }
+
+  WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in,
+                          const c10d::AllgatherOptions& o) override {
+    if (out.numel() == in.numel() * size_) {
+      if (auto w = pair(GOSYM_OP_ALLGATHER, out, in, in.numel(), 0, o.asyncOp)) {
+        return w;
+      }
+    }
+    return call("_allgather_base", out, in, o);
+  }
+
+  WorkPtr _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                               const c10d::ReduceScatterOptions& o) override {
+    int red = plainRed(o.reduceOp);
+    if (red >= 0 && in.numel() == out.numel() * size_) {
+      if (auto w = pair(GOSYM_OP_REDUCE_SCATTER, out, in, out.numel(), red, o.asyncOp)) {
+        return w;
+      }
+    }
+    return call("_reduce_scatter_base", out, in, o);
+  }
+
+  WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outSplits,
+                        std::vector<int64_t>& inSplits,
+                        const c10d::AllToAllOptions& o) override {
+    if (outSplits.empty() && inSplits.empty() && in.dim() > 0 && out.dim() > 0 &&
+        in.size(0) % size_ == 0 && out.size(0) % size_ == 0 && out.numel() == in.numel()) {
+      if (auto w = pair(GOSYM_OP_ALLTOALL, out, in, in.numel() / size_, 0, o.asyncOp)) {
+        return w;
+      }
+    }
+    return call("alltoall_base", out, in, outSplits, inSplits, o);
+  }
+
+  // ---- everything else: the Python group's method -------------------------------------
+
+  WorkPtr allreduce_sparse(std::vector<at::Tensor>& ts,
+                           const c10d::AllreduceOptions& o) override {
+    return call("allreduce", ts, o);
+  }
+  WorkPtr allreduce_coalesced(std::vector<at::Tensor>& ts,
+                              const c10d::AllreduceCoalescedOptions& o) override {
+    return call("allreduce_coalesced", ts, o);
+  }
+  WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
+                    const c10d::AllgatherOptions& o) override {
+    return call("allgather", outs, ins, o);
+  }
+  WorkPtr allgather_coalesced(std::vector<std::vector<at::Tensor>>& outs,
+                              std::vector<at::Tensor>& ins,
+                              const c10d::AllgatherOptions& o) override {
+    return call("allgather_coalesced", outs, ins, o);
+  }
+  WorkPtr allgather_into_tensor_coalesced(std::vector<at::Tensor>& outs,
+                                          std::vector<at::Tensor>& ins,
+                                          const c10d::AllgatherOptions& o) override {
+    return call("allgather_into_tensor_coalesced", outs, ins, o);
+  }
+  WorkPtr gather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
+                 const c10d::GatherOptions& o) override {
+    return call("gather", outs, ins, o);
+  }
+  WorkPtr scatter(std::vector<at::Tensor>& outs, std::vector<std::vector<at::Tensor>>& ins,
+                  const c10d::ScatterOptions& o) override {
+    return call("scatter", outs, ins, o);
+  }
+  WorkPtr reduce_scatter(std::vector<at::Tensor>& outs,
+                         std::vector<std::vector<at::Tensor>>& ins,
+                         const c10d::ReduceScatterOptions& o) override {
+    return call("reduce_scatter", outs, ins, o);
+  }
+  WorkPtr reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outs,
+                                          std::vector<at::Tensor>& ins,
+                                          const c10d::ReduceScatterOptions& o) override {
+    return call("reduce_scatter_tensor_coalesced", outs, ins, o);
+  }
+  WorkPtr alltoall(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+                   const c10d::AllToAllOptions& o) override {
+    return call("alltoall", outs, ins, o);
+  }
+  WorkPtr send(std::vector<at::Tensor>& ts, int dst, int tag) override {
+    return call("send", ts, dst, tag);
+  }
+  WorkPtr recv(std::vector<at::Tensor>& ts, int src, int tag) override {
+    return call("recv", ts, src, tag);
+  }
+  WorkPtr recvAnysource(std::vector<at::Tensor>& ts, int tag) override {
+    return call("recv_anysource", ts, tag);
+  }
+  WorkPtr barrier(const c10d::BarrierOptions& o) override {
+    return call("barrier", o);
+  }
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool waitAll) override {
+    py::gil_scoped_acquire gil;
+    // torch's unset timeout (negative) is the group's, as the Python method's None
+    py::object t = o.timeout.count() < 0 ? py::none() : py::cast(o.timeout);
+    group_.attr("monitored_barrier")(t, waitAll);
+  }
+
+  // ---- lifetime, splitting, memory ----------------------------------------------------
+
+  void shutdown() override {
+    py::gil_scoped_acquire gil;
+    group_.attr("shutdown")();
+  }
+  void abort() override {
+    py::gil_scoped_acquire gil;
+    group_.attr("abort")();
+  }
+  void setSequenceNumberForGroup() override {}  // sequence numbers are the engine's
+  uint64_t getSequenceNumberForGroup() override {
+    return 0;
+  }
+  void eagerConnectSingleDevice(at::Device) override {}  // connected at creation
+  bool supportsSplitting() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override {
+    return c10::make_intrusive<c10d::Backend::Options>("gosym", timeout_);
+  }
+  // ProcessGroup::splitGroup asks each device's backend, and this one serves both: the
+  // second call of one split gets the child the first made (gosym.split counts splits).
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>&,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  bool supportsTensorAlloc(c10::DeviceIndex idx) override {
+    if (idx < 0) {
+      return false;  // torch passes a device's index alone: a host device has none
+    }
+    py::gil_scoped_acquire gil;
+    return group_.attr("supports_tensor_alloc")(c10::Device(c10::DeviceType::CUDA, idx))
+        .cast<bool>();
+  }
+  at::Tensor allocateTensor(long size, at::TensorOptions opts) override {
+    py::gil_scoped_acquire gil;
+    py::object dtype = py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPDtype(opts.dtype().toScalarType())));
+    return group_.attr("allocate_tensor")(size, py::arg("dtype") = dtype,
+                                          py::arg("device") = opts.device())
+        .cast<at::Tensor>();
+  }
+
+ private:
+  // GOSYM_RED_* of a reduce op without a factor, else -1 (the Python path takes it).
+  int plainRed(const c10d::ReduceOp& op) const {
+    auto k = static_cast<size_t>(op.op_);
+    return k < reds_.size() ? reds_[k] : -1;
+  }
+
+  int code(const at::Tensor& t) const {
+    auto k = static_cast<size_t>(t.scalar_type());
+    return k < codes_.size() ? codes_[k] : -1;
+  }
+
+  // The CUDA device a dense tensor of this group takes the short path on; -1: a host tensor
+  // with a synchronous caller; -2: the Python path.
+  int where(const at::Tensor& t, bool asyncOp) const {
+    if (t.layout() != c10::kStrided || !t.is_contiguous()) {
+      return -2;
+    }
+    if (t.is_cuda()) {
+      int idx = t.get_device();
+      return idx == shared_[1] ? idx : -2;
+    }
+    return t.is_cpu() && !asyncOp ? -1 : -2;
+  }
+
+  bool fast() const {
+    return shared_[0] != 0 && !torch::profiler::impl::profilerEnabled();
+  }
+
+  WorkPtr run(gosym_op_desc& d, int idx, std::vector<at::Tensor> keep,
+              std::vector<at::Tensor> out, bool asyncOp) {
+    d.struct_size = sizeof(gosym_op_desc);
+    if (idx < 0) {
+      d.device = -1;
+      int32_t st = api_.op_run(static_cast<uint64_t>(shared_[0]), &d);
+      if (st) {
+        raise(api_, st);
+      }
+      return c10::make_intrusive<DoneWork>(std::move(out), std::nullopt);
+    }
+    c10::Stream stream = currentStream(idx);
+    void* raw = stream.native_handle();
+    d.stream = reinterpret_cast<uint64_t>(raw);
+    d.device = idx;
+    int32_t st = api_.op_run(static_cast<uint64_t>(shared_[0]), &d);
+    if (st) {
+      raise(api_, st);
+    }
+    // As the Python path's record_stream: no buffer is reused before the op ran.
+    for (auto& t : keep) {
+      cuda()->recordDataPtrOnStream(t.storage().data_ptr(), stream);
+    }
+    if (!asyncOp) {
+      return c10::make_intrusive<DoneWork>(std::move(out), stream);
+    }
+    int cap = 0;
+    bool end = cudaStreamIsCapturing(raw, &cap) == 0 && cap == 0;
+    return c10::make_intrusive<CudaWork>(std::move(out), stream, end,
+                                         c10::intrusive_ptr<Group>::reclaim_copy(this));
+  }
+
+  WorkPtr inPlace(int op, std::vector<at::Tensor>& ts, int red, int root, bool asyncOp) {
+    const at::Tensor& t = ts[0];
+    int c = code(t);
+    int idx = where(t, asyncOp);
+    if (c < 0 || idx == -2 || !fast()) {
+      return WorkPtr();
+    }
+    gosym_op_desc d{};
+    d.op = op;
+    d.dtype = c;
+    d.red_op = red;
+    d.scale = 1.0;
+    d.root = root;
+    d.count = static_cast<uint64_t>(t.numel());
+    d.in_addr = d.out_addr = reinterpret_cast<uint64_t>(t.data_ptr());
+    return run(d, idx, {t}, ts, asyncOp);
+  }
+
+  WorkPtr pair(int op, at::Tensor& out, at::Tensor& in, int64_t count, int red, bool asyncOp) {
+    int c = code(in);
+    int idx = where(in, asyncOp);
+    if (c < 0 || idx == -2 || out.scalar_type() != in.scalar_type() ||
+        where(out, asyncOp) != idx || !fast()) {
+      return WorkPtr();
+    }
+    gosym_op_desc d{};
+    d.op = op;
+    d.dtype = c;
+    d.red_op = red;
+    d.scale = 1.0;
+    d.count = static_cast<uint64_t>(count);
+    d.in_addr = reinterpret_cast<uint64_t>(in.data_ptr());
+    d.out_addr = reinterpret_cast<uint64_t>(out.data_ptr());
+    return run(d, idx, {in, out}, {out}, asyncOp);
+  }
+
+  // The Python group's method name, with the GIL; its None (a synchronous caller's) becomes a
+  // done Work, since torch's C++ group hands a Work back.
+  template <typename... A>
+  WorkPtr call(const char* name, A&... args) {
+    py::gil_scoped_acquire gil;
+    py::object r = group_.attr(name)(args...);
+    if (r.is_none()) {
+      return c10::make_intrusive<DoneWork>(std::vector<at::Tensor>{}, std::nullopt);
+    }
+    return c10::make_intrusive<PyWork>(std::move(r));
+  }
+
+  py::object group_;
+  const int64_t* shared_;
+  std::chrono::milliseconds timeout_;
+  Api api_;
+  std::array<int8_t, 64> codes_{};
+  std::array<int8_t, 32> reds_{};
+  std::mutex split_mu_;
+  std::string split_name_;
+  py::object split_child_;
+  c10::intrusive_ptr<c10d::Backend> split_backend_;
+
+ public:
+  // gosym.factory's wrap(child) for split()'s children: set once at module import.
+  static py::object& wrapper() {
+    static py::object* w = new py::object();  // never destroyed: outlives the interpreter
+    return *w;
+  }
+};
+
+CudaWork::CudaWork(std::vector<at::Tensor> out, c10::Stream stream, bool end,
+                   c10::intrusive_ptr<Group> group)
+    : out_(std::move(out)), stream_(stream), group_(std::move(group)) {
+  if (end) {
+    end_.emplace(EventPool::take(stream_.device_index()));
+    end_->record(stream_);
+  }
+}
+
+bool CudaWork::wait(std::chrono::milliseconds) {
+  c10::Stream cur = currentStream(stream_.device_index());
+  if (cur != stream_) {
+    if (end_) {
+      end_->block(cur);
+    } else {
+      c10::Event ev(c10::DeviceType::CUDA);
+      ev.record(stream_);
+      ev.block(cur);
+    }
+  }
+  group_->checkDeviceError();
+  return true;
+}
+
+c10::intrusive_ptr<c10d::Backend> Group::split(const c10::intrusive_ptr<c10d::Store>&,
+                                               const std::vector<int>& ranks,
+                                               const c10::intrusive_ptr<Options>& opts) {
+  std::lock_guard<std::mutex> lock(split_mu_);
+  if (!split_name_.empty() && split_name_ == opts->group_name) {
+    return split_backend_;
+  }
+  py::gil_scoped_acquire gil;
+  std::chrono::duration<double> t = opts->timeout;
+  py::object child = group_.attr("split_group")(
+      ranks, py::module_::import("datetime").attr("timedelta")(py::arg("seconds") = t.count()),
+      py::none(), opts->group_name, opts->group_desc);
+  split_name_ = opts->group_name;
+  split_child_ = child;
+  split_backend_ = c10::intrusive_ptr<c10d::Backend>();
+  if (!child.is_none()) {
+    split_backend_ = wrapper()(child).cast<c10::intrusive_ptr<c10d::Backend>>();
+  }
+  return split_backend_;
+}
+
+}  // namespace gosym
+
+PYBIND11_MODULE(_c10d, m) {
+  m.doc() = "gosym's c10d::Backend: the short path in C++, the rest in the Python group";
+  py::module_::import("torch.distributed");
+  py::class_<gosym::Group, c10d::Backend, c10::intrusive_ptr<gosym::Group>>(m, "Group")
+      .def(py::init<py::object, int, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                    const std::vector<std::pair<py::object, int64_t>>&,
+                    const std::vector<std::pair<int64_t, int64_t>>&, double>(),
+           py::arg("group"), py::arg("rank"), py::arg("size"), py::arg("shared"),
+           py::arg("op_run"), py::arg("device_error"), py::arg("last_error"),
+           py::arg("dtypes"), py::arg("reds"), py::arg("timeout_s"))
+      .def_property_readonly("group", &gosym::Group::group,
+                             "the ProcessGroupGosym this backend runs")
+      // split_group deep-copies a parent's options: none here, as the Python group's
+      .def_property_readonly("options", [](const gosym::Group&) { return py::none(); })
+      .def("comm_split_count",
+           [](const gosym::Group& g) { return g.group().attr("comm_split_count")(); })
+      // new_group on a bound default group asks its backend this on ranks left out (NCCL's
+      // ncclCommSplit needs every rank): a gosym rank outside a new group takes no part
+      .def("perform_nocolor_split", [](const gosym::Group&, py::object) {});
+  m.def("set_wrapper", [](py::object f) { gosym::Group::wrapper() = std::move(f); });
+}

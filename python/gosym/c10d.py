@@ -1,0 +1,95 @@
+"""The group torch calls: gosym._c10d's C++ backend around a ProcessGroupGosym.
+
+torch hands a Python ProcessGroup's ops to its Python methods, so an eager op on a Python
+group pays torch's trampoline into Python and gosym's Python before the one native call.
+Where the module is built for the running torch (scripts/build_c10d.py, run by `make lib`:
+python/gosym/_c10d<EXT_SUFFIX> and _c10d.torch, the torch version it was built for) and
+GOSYM_C10D is not 0, the creator hands torch a gosym._c10d.Group instead: torch builds its
+own C++ ProcessGroup around it, and the Group runs the short path (one dense tensor or pair
+on the group's CUDA device, or a synchronous dense host op: the Python short path's checks,
+desc and native call, in C++) and hands everything else to the ProcessGroupGosym's method
+of the same name. Where the module is absent, or built for another torch, torch gets the
+ProcessGroupGosym itself, as before (said once where it was built but does not load).
+
+The two share the Python group's two int64 cells (`_shared`): its endpoint (0 once shut
+down) and its CUDA device (-1 before its first CUDA op, which takes the Python path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pathlib
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from . import _lib, _settings
+from ._dtypes import _PREMUL, _REDS, DTYPES
+
+_state: dict = {}  # "module": gosym._c10d once loaded; "why": why it is not
+
+
+def _fn(f) -> int:
+    return ctypes.cast(f, ctypes.c_void_p).value
+
+
+def module():
+    """gosym._c10d, loaded once, or None (why() says why)."""
+    if "module" in _state or "why" in _state:
+        return _state.get("module")
+    stamp = pathlib.Path(__file__).with_name("_c10d.torch")
+    try:
+        built = stamp.read_text().strip()
+    except OSError:
+        _state["why"] = "not built (make lib builds it)"
+        return None
+    if built != torch.__version__:
+        _state["why"] = f"built for torch {built}, running {torch.__version__}"
+    else:
+        try:
+            from . import _c10d as m
+        except ImportError as e:
+            _state["why"] = f"does not load: {e}"
+        else:
+            m.set_wrapper(wrap)
+            _state["module"] = m
+            return m
+    warnings.warn(f"gosym: the C++ backend (gosym._c10d) is {_state['why']}; groups run on "
+                  f"the Python backend (rebuild with `make lib`)", RuntimeWarning, stacklevel=2)
+    return None
+
+
+def why() -> str:
+    """Why gosym._c10d is not in use ("" when it is)."""
+    module()
+    return _state.get("why", "")
+
+
+def wrap(pg):
+    """What torch gets for pg: a gosym._c10d.Group around a ProcessGroupGosym where the module
+    loads and GOSYM_C10D is not 0, else pg itself (a HierGroup always)."""
+    from .backend import ProcessGroupGosym  # backend never imports this module
+
+    if type(pg) is not ProcessGroupGosym or not _settings.c10d():  # a HierGroup is a subclass
+        return pg
+    m = module()
+    if m is None:
+        return pg
+    reds = [(key, code) for key, code in _REDS.items() if code != _PREMUL]
+    return m.Group(pg, pg.rank(), pg.size(), ctypes.addressof(pg._shared), _fn(_lib.op_run),
+                   _fn(_lib.endpoint_device_error), _fn(_lib.last_error), list(DTYPES.items()),
+                   reds, pg._timeout.total_seconds())
+
+
+def unwrap(pg):
+    """The Python group behind pg: the ProcessGroupGosym a gosym._c10d.Group of torch's pg runs,
+    else pg itself (a Python group, or a group that is not gosym's)."""
+    m = _state.get("module")
+    if m is None or type(pg) is not dist.ProcessGroup:
+        return pg
+    try:
+        b = pg._get_backend(torch.device("cpu"))
+    except Exception:  # noqa: BLE001 - no backend for the CPU: not gosym's
+        return pg
+    return b.group if isinstance(b, m.Group) else pg
