@@ -205,65 +205,61 @@ class PyWork : public Work {
   py::object obj_;
 };
 
-// The Work of a synchronous caller: nothing left to wait for (a CUDA op is on the caller's
-// stream, a host op returned done), as the Python group's None.
-class DoneWork : public Work {
+// A Work of the short path: its outputs, and a future completed for whoever follows the op's
+// stream (none for a host op).
+class ShortWork : public Work {
  public:
-  DoneWork(std::vector<at::Tensor> out, std::optional<c10::Stream> stream)
+  ShortWork(std::vector<at::Tensor> out, std::optional<c10::Stream> stream)
       : out_(std::move(out)), stream_(stream) {}
-  bool isCompleted() override {
+  bool isSuccess() const override {
     return true;
   }
-  bool isSuccess() const override {
+  std::vector<at::Tensor> result() override {
+    return out_;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return completed(out_, stream_);
+  }
+
+ protected:
+  std::vector<at::Tensor> out_;
+  std::optional<c10::Stream> stream_;
+};
+
+// The Work of a synchronous caller: nothing left to wait for (a CUDA op is on the caller's
+// stream, a host op returned done), as the Python group's None.
+class DoneWork : public ShortWork {
+ public:
+  using ShortWork::ShortWork;
+  bool isCompleted() override {
     return true;
   }
   bool wait(std::chrono::milliseconds) override {
     return true;
   }
-  std::vector<at::Tensor> result() override {
-    return out_;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    return completed(out_, stream_);
-  }
-
- private:
-  std::vector<at::Tensor> out_;
-  std::optional<c10::Stream> stream_;
 };
 
 // The Work of an asynchronous CUDA op of the short path: gosym.work.cuda.CudaWork in C++
 // (enqueued on the caller's stream before it exists; wait() joins its end into the current
 // stream where they differ and raises the group's device error, as ProcessGroupNCCL's).
-class CudaWork : public Work {
+class CudaWork : public ShortWork {
  public:
   CudaWork(std::vector<at::Tensor> out, c10::Stream stream, bool end,
            c10::intrusive_ptr<Group> group);
   ~CudaWork() override {
     if (end_) {
-      EventPool::give(stream_.device_index(), std::move(*end_));
+      EventPool::give(stream_->device_index(), std::move(*end_));
     }
   }
   bool isCompleted() override {
     return !end_ || end_->query();
   }
-  bool isSuccess() const override {
-    return true;
-  }
   bool wait(std::chrono::milliseconds) override;
   void synchronize() override {
     wait(std::chrono::milliseconds(0));
   }
-  std::vector<at::Tensor> result() override {
-    return out_;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    return completed(out_, stream_);
-  }
 
  private:
-  std::vector<at::Tensor> out_;
-  c10::Stream stream_;
   std::optional<c10::Event> end_;
   c10::intrusive_ptr<Group> group_;
 };
@@ -637,21 +633,22 @@ class Group : public c10d::Backend {
 
 CudaWork::CudaWork(std::vector<at::Tensor> out, c10::Stream stream, bool end,
                    c10::intrusive_ptr<Group> group)
-    : out_(std::move(out)), stream_(stream), group_(std::move(group)) {
+    : ShortWork(std::move(out), stream), group_(std::move(group)) {
   if (end) {
-    end_.emplace(EventPool::take(stream_.device_index()));
-    end_->record(stream_);
+    end_.emplace(EventPool::take(stream.device_index()));
+    end_->record(stream);
   }
 }
 
 bool CudaWork::wait(std::chrono::milliseconds) {
-  c10::Stream cur = currentStream(stream_.device_index());
-  if (cur != stream_) {
+  const c10::Stream& op = *stream_;
+  c10::Stream cur = currentStream(op.device_index());
+  if (cur != op) {
     if (end_) {
       end_->block(cur);
     } else {
       c10::Event ev(c10::DeviceType::CUDA);
-      ev.record(stream_);
+      ev.record(op);
       ev.block(cur);
     }
   }
