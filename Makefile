@@ -63,7 +63,7 @@ lib: $(LIB) $(C10D)
 
 # The group's C++ backend (python/gosym/_c10d.cpp, gosym.c10d), built against the venv's torch
 # and Python; _c10d.torch records the torch it was built for (gosym loads it only under that).
-$(C10D): python/gosym/_c10d.cpp cabi/gosym.h scripts/build_c10d.py $(VENV_STAMP)
+$(C10D): python/gosym/_c10d.cpp cabi/gosym.h scripts/build_c10d.py $(wildcard $(VENV_STAMP)) | venv
 	$(PY) scripts/build_c10d.py
 
 # Every kernel compiled ahead of time (gobackend/cmd/kernelgen), with the

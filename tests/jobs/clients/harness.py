@@ -169,6 +169,25 @@ def run_job(device: str, world: int, backend: str, names: list[str], outdir: Pat
     return JobRun(backend, ranks, "\n".join(problems) or None, seconds)
 
 
+def reference_job(device: str, world: int, names: list[str], outdir: Path) -> JobRun:
+    """The reference backend's run_job, where a scenario that failed with DistNetworkError on
+    some rank (Gloo's TCP transport reset while a new group connected: seen once in CI, in
+    session 39's cpu-w3-split, with gosym's run of it bitwise equal) runs once more in a job
+    of its own, whose outcome replaces the first. gosym's jobs are never run again."""
+    run = run_job(device, world, REFERENCE[device], names, outdir)
+    again = [n for n in names if any("DistNetworkError" in str((run.entry(r, n) or {}).get("error"))
+                                     for r in range(world))]
+    if not again:
+        return run
+    second = run_job(device, world, REFERENCE[device], again, Path(outdir) / "again")
+    for r in range(world):
+        if second.ranks[r] is not None and run.ranks[r] is not None:
+            run.ranks[r]["scenarios"].update(
+                {n: e for n, e in second.ranks[r]["scenarios"].items() if n in again})
+    run.seconds += second.seconds
+    return run
+
+
 def _launch(device: str, world: int, backend: str, names: list[str], outdir: Path, timeout: float) -> JobRun:
     """One launch of the worker for ``names``."""
     scratch = outdir / "scratch"
@@ -300,8 +319,11 @@ def run_pair(device: str, world: int, names: list[str], outdir: Path) -> list[Ou
         dest.parent.mkdir(parents=True, exist_ok=True)
     out, runs = [], {}
     with concurrent.futures.ThreadPoolExecutor(len(shards) * 2) as pool:
-        pending = {pool.submit(run_job, device, world, b, sh, Path(outdir) / f"shard{i}"): (i, b)
-                   for i, sh in enumerate(shards) for b in backends}
+        pending = {}
+        for i, sh in enumerate(shards):
+            d = Path(outdir) / f"shard{i}"
+            pending[pool.submit(reference_job, device, world, sh, d)] = (i, backends[0])
+            pending[pool.submit(run_job, device, world, "gosym", sh, d)] = (i, "gosym")
         for f in concurrent.futures.as_completed(pending):
             i, b = pending[f]
             runs[(i, b)] = f.result()

@@ -94,3 +94,32 @@ def test_job_hung_after_its_scenarios_fails(tmp_path):
     assert not o.ok, o
     assert "did not end cleanly" in o.problems[0], o.problems
     assert "rank 1: destroyed in" in o.problems[0], o.problems
+
+
+def test_reference_network_error_runs_again(monkeypatch, tmp_path):
+    """A reference scenario that failed with DistNetworkError runs once more, alone, and its
+    second outcome counts; the others keep their first (no job is launched: run_job is
+    replaced by a recorder)."""
+    calls = []
+
+    def fake(device, world, backend, names, outdir, timeout=None):
+        calls.append(list(names))
+        first = len(calls) == 1
+
+        def entry(n):
+            if first and n == "split":
+                return {"values": None, "error": "DistNetworkError: Connection reset by peer"}
+            return {"values": [len(calls)], "error": None}
+
+        ranks = [{"rank": r, "backend": backend, "scenarios": {n: entry(n) for n in names}}
+                 for r in range(world)]
+        return h.JobRun(backend, ranks, None, 1.0)
+
+    monkeypatch.setattr(h, "run_job", fake)
+    run = h.reference_job("cpu", 2, ["ddp", "split", "tp"], tmp_path)
+    assert calls == [["ddp", "split", "tp"], ["split"]]
+    assert run.entry(1, "split") == {"values": [2], "error": None}
+    assert run.entry(0, "ddp")["values"] == [1] and run.seconds == 2.0
+    calls.clear()
+    h.reference_job("cpu", 2, ["ddp"], tmp_path)
+    assert calls == [["ddp"]]  # nothing failed: one job
