@@ -386,10 +386,24 @@ class Group : public c10d::Backend {
   WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outSplits,
                         std::vector<int64_t>& inSplits,
                         const c10d::AllToAllOptions& o) override {
-    if (outSplits.empty() && inSplits.empty() && in.dim() > 0 && out.dim() > 0 &&
-        in.size(0) % size_ == 0 && out.size(0) % size_ == 0 && out.numel() == in.numel()) {
-      if (auto w = pair(GOSYM_OP_ALLTOALL, out, in, in.numel() / size_, 0, o.asyncOp)) {
-        return w;
+    if (outSplits.empty() && inSplits.empty()) {
+      if (in.dim() > 0 && out.dim() > 0 && in.size(0) % size_ == 0 && out.size(0) % size_ == 0 &&
+          out.numel() == in.numel()) {
+        if (auto w = pair(GOSYM_OP_ALLTOALL, out, in, in.numel() / size_, 0, o.asyncOp)) {
+          return w;
+        }
+      }
+    } else {
+      // Splits (MoE's dispatch): the pieces built here, valid ones only (the Python path
+      // raises on the others, naming what is wrong)
+      int idx = pairWhere(out, in, o.asyncOp);
+      std::vector<gosym_piece> ip, op;
+      if (idx != -2 && pieces(in, inSplits, ip) && pieces(out, outSplits, op)) {
+        gosym_op_desc d = desc(GOSYM_OP_ALLTOALL, code(in), 0);
+        d.in_pieces = ip.data();
+        d.out_pieces = op.data();
+        d.n_in = d.n_out = size_;
+        return run(d, idx, {in, out}, {out}, o.asyncOp);
       }
     }
     return call("alltoall_base", out, in, outSplits, inSplits, o);
@@ -564,6 +578,15 @@ class Group : public c10d::Backend {
                                          c10::intrusive_ptr<Group>::reclaim_copy(this));
   }
 
+  static gosym_op_desc desc(int op, int dtype, int red) {
+    gosym_op_desc d{};
+    d.op = op;
+    d.dtype = dtype;
+    d.red_op = red;
+    d.scale = 1.0;
+    return d;
+  }
+
   WorkPtr inPlace(int op, std::vector<at::Tensor>& ts, int red, int root, bool asyncOp) {
     const at::Tensor& t = ts[0];
     int c = code(t);
@@ -571,33 +594,74 @@ class Group : public c10d::Backend {
     if (c < 0 || idx == -2 || !fast()) {
       return WorkPtr();
     }
-    gosym_op_desc d{};
-    d.op = op;
-    d.dtype = c;
-    d.red_op = red;
-    d.scale = 1.0;
+    gosym_op_desc d = desc(op, c, red);
     d.root = root;
     d.count = static_cast<uint64_t>(t.numel());
     d.in_addr = d.out_addr = reinterpret_cast<uint64_t>(t.data_ptr());
     return run(d, idx, {t}, ts, asyncOp);
   }
 
-  WorkPtr pair(int op, at::Tensor& out, at::Tensor& in, int64_t count, int red, bool asyncOp) {
-    int c = code(in);
+  // Where a pair of one dtype the engine knows takes the short path (as where()), else -2.
+  int pairWhere(const at::Tensor& out, const at::Tensor& in, bool asyncOp) const {
     int idx = where(in, asyncOp);
-    if (c < 0 || idx == -2 || out.scalar_type() != in.scalar_type() ||
+    if (code(in) < 0 || idx == -2 || out.scalar_type() != in.scalar_type() ||
         where(out, asyncOp) != idx || !fast()) {
+      return -2;
+    }
+    return idx;
+  }
+
+  WorkPtr pair(int op, at::Tensor& out, at::Tensor& in, int64_t count, int red, bool asyncOp) {
+    int idx = pairWhere(out, in, asyncOp);
+    if (idx == -2) {
       return WorkPtr();
     }
-    gosym_op_desc d{};
-    d.op = op;
-    d.dtype = c;
-    d.red_op = red;
-    d.scale = 1.0;
+    gosym_op_desc d = desc(op, code(in), red);
     d.count = static_cast<uint64_t>(count);
     d.in_addr = reinterpret_cast<uint64_t>(in.data_ptr());
     d.out_addr = reinterpret_cast<uint64_t>(out.data_ptr());
     return run(d, idx, {in, out}, {out}, asyncOp);
+  }
+
+  // all_to_all_single's pieces of t along dim 0, one per rank: splits rows each (equal
+  // when empty), as the Python group's _a2a_pieces; false where they are not valid.
+  bool pieces(const at::Tensor& t, const std::vector<int64_t>& splits,
+              std::vector<gosym_piece>& out) const {
+    int64_t rows = t.dim() ? t.size(0) : 1;
+    int64_t row = 1;  // elements per row
+    for (int64_t k = 1; k < t.dim(); ++k) {
+      row *= t.size(k);
+    }
+    std::vector<int64_t> even;
+    const std::vector<int64_t>* s = &splits;
+    if (splits.empty()) {
+      if (rows % size_) {
+        return false;
+      }
+      even.assign(size_, rows / size_);
+      s = &even;
+    }
+    if (static_cast<int64_t>(s->size()) != size_) {
+      return false;
+    }
+    int64_t sum = 0;
+    for (int64_t r : *s) {
+      if (r < 0 || r > rows) {
+        return false;
+      }
+      sum += r;
+    }
+    if (sum != rows) {
+      return false;
+    }
+    uint64_t addr = reinterpret_cast<uint64_t>(t.data_ptr());
+    const uint64_t bytes = static_cast<uint64_t>(row) * t.element_size();
+    out.reserve(size_);
+    for (int64_t r : *s) {
+      out.push_back(gosym_piece{addr, static_cast<uint64_t>(r * row)});
+      addr += static_cast<uint64_t>(r) * bytes;
+    }
+    return true;
   }
 
   // The Python group's method name, with the GIL; its None (a synchronous caller's) becomes a

@@ -66,8 +66,10 @@ dist.all_reduce(x)                   # synchronous, dense, on the host: the C++ 
 dist.broadcast(x, 0)
 o = torch.full((1000,), float("nan"), dtype=torch.float64)
 dist.all_gather_into_tensor(o, x)
+v = torch.full((1000,), float("nan"), dtype=torch.float64)
+dist.all_to_all_single(v, x, [1000], [1000])  # splits: pieces built in C++
 out["short_calls"] = len(calls)
-out["short_equal"] = bool(torch.equal(x, want) and torch.equal(o, want))
+out["short_equal"] = bool(torch.equal(x, want) and torch.equal(o, want) and torch.equal(v, want))
 w = dist.all_reduce(x, async_op=True)  # asynchronous: the Python group's Work
 out["async_work"] = [w.wait(), w.is_completed(), w.is_success()]
 nc = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # not contiguous: Python path
@@ -94,6 +96,8 @@ def err(fn):
 t = torch.ones(8, dtype=torch.float8_e4m3fn)
 out["fp8"] = err(lambda: dist.all_reduce(t))  # the engine refuses fp8 reductions on the host
 out["bad_root"] = err(lambda: dist.broadcast(torch.ones(4), 3))
+# splits that do not sum to dim 0: the C++ side hands them to the Python group, which says so
+out["bad_splits"] = err(lambda: dist.all_to_all_single(torch.ones(8), torch.ones(8), [7], [8]))
 dist.destroy_process_group(pg)
 out["after"] = err(lambda: gosym.group(pg).allreduce([torch.ones(4)]))
 """
@@ -104,4 +108,6 @@ def test_errors_match_the_python_group():
     assert cpp["fp8"] is not None and cpp["fp8"] == py["fp8"], (cpp["fp8"], py["fp8"])
     assert cpp["fp8"][0] == "NotImplementedError" and cpp["fp8"][1].startswith("gosym: ")
     assert cpp["bad_root"] is not None and cpp["bad_root"][0] == py["bad_root"][0], (cpp, py)
+    assert cpp["bad_splits"] is not None and cpp["bad_splits"] == py["bad_splits"], (cpp, py)
+    assert cpp["bad_splits"][0] == "ValueError" and "output splits" in cpp["bad_splits"][1], cpp
     assert cpp["after"] is not None and "shut down" in cpp["after"][1], cpp
