@@ -31,6 +31,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 extern "C" {
@@ -151,6 +152,22 @@ struct Api {
 
 class Group;
 
+// Lets go of a Python object from C++: with the GIL, or, once the interpreter is going away,
+// by leaving it to the exit (taking the GIL then would hang or crash).
+void dropPython(py::object& o) {
+#if PY_VERSION_HEX >= 0x030D0000
+  bool finalizing = Py_IsFinalizing();
+#else
+  bool finalizing = _Py_IsFinalizing();
+#endif
+  if (Py_IsInitialized() && !finalizing) {
+    py::gil_scoped_acquire gil;
+    o = py::object();
+  } else {
+    o.release();
+  }
+}
+
 // A Work of the Python group, as torch's C++ group hands it back: every question goes to the
 // Python object, which this keeps alive (torch's PyWorkHolder forwards only wait and the
 // future: is_completed, result and a receive's source rank would be the base class's).
@@ -158,12 +175,7 @@ class PyWork : public Work {
  public:
   explicit PyWork(py::object w) : work_(w.cast<c10::intrusive_ptr<Work>>()), obj_(std::move(w)) {}
   ~PyWork() override {
-    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
-      py::gil_scoped_acquire gil;
-      obj_ = py::object();
-    } else {
-      obj_.release();
-    }
+    dropPython(obj_);
   }
   bool isCompleted() override {
     py::gil_scoped_acquire gil;
@@ -294,15 +306,7 @@ class Group : public c10d::Backend {
   }
 
   ~Group() override {
-    // The Python group goes with the GIL; at interpreter exit it is left to the exit.
-    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
-      py::gil_scoped_acquire gil;
-      group_ = py::object();
-      split_child_ = py::object();
-    } else {
-      group_.release();
-      split_child_.release();
-    }
+    dropPython(group_);
   }
 
   const py::object& group() const {
@@ -683,8 +687,7 @@ class Group : public c10d::Backend {
   std::array<int8_t, 64> codes_{};
   std::array<int8_t, 32> reds_{};
   std::mutex split_mu_;
-  std::string split_name_;
-  py::object split_child_;
+  std::string split_name_;  // the split whose child waits for the second device's question
   c10::intrusive_ptr<c10d::Backend> split_backend_;
 
  public:
@@ -725,20 +728,21 @@ c10::intrusive_ptr<c10d::Backend> Group::split(const c10::intrusive_ptr<c10d::St
                                                const c10::intrusive_ptr<Options>& opts) {
   std::lock_guard<std::mutex> lock(split_mu_);
   if (!split_name_.empty() && split_name_ == opts->group_name) {
-    return split_backend_;
+    split_name_.clear();  // handed once: the parent does not keep its child alive
+    return std::exchange(split_backend_, c10::intrusive_ptr<c10d::Backend>());
   }
   py::gil_scoped_acquire gil;
   std::chrono::duration<double> t = opts->timeout;
   py::object child = group_.attr("split_group")(
       ranks, py::module_::import("datetime").attr("timedelta")(py::arg("seconds") = t.count()),
       py::none(), opts->group_name, opts->group_desc);
-  split_name_ = opts->group_name;
-  split_child_ = child;
-  split_backend_ = c10::intrusive_ptr<c10d::Backend>();
+  c10::intrusive_ptr<c10d::Backend> backend;
   if (!child.is_none()) {
-    split_backend_ = wrapper()(child).cast<c10::intrusive_ptr<c10d::Backend>>();
+    backend = wrapper()(child).cast<c10::intrusive_ptr<c10d::Backend>>();
   }
-  return split_backend_;
+  split_name_ = opts->group_name;
+  split_backend_ = backend;
+  return backend;
 }
 
 }  // namespace gosym
