@@ -92,4 +92,7 @@ def unwrap(pg):
         b = pg._get_backend(torch.device("cpu"))
     except Exception:  # noqa: BLE001 - no backend for the CPU: not gosym's
         return pg
+    # under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps the backend in a checking wrapper
+    while not isinstance(b, m.Group) and hasattr(b, "wrapped_pg"):
+        b = b.wrapped_pg
     return b.group if isinstance(b, m.Group) else pg

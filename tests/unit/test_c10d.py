@@ -111,3 +111,11 @@ def test_errors_match_the_python_group():
     assert cpp["bad_splits"] is not None and cpp["bad_splits"] == py["bad_splits"], (cpp, py)
     assert cpp["bad_splits"][0] == "ValueError" and "output splits" in cpp["bad_splits"][1], cpp
     assert cpp["after"] is not None and "shut down" in cpp["after"][1], cpp
+
+
+def test_debug_detail_wrapper_is_seen_through():
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps a C++ backend in its checking wrapper, as
+    # NCCL's; gosym.group() and gosym.stats() still reach the Python group behind it
+    out = run('out["stats"] = gosym.stats()["rank"]\n', env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert out["backend"] == "_ProcessGroupWrapper" and out["python"] == "ProcessGroupGosym", out
+    assert out["stats"] == 0, out
