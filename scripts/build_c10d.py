@@ -1,8 +1,8 @@
 """Builds gosym._c10d (python/gosym/_c10d.cpp), the group's C++ backend, against the torch and
 Python that run this script: python/gosym/_c10d<EXT_SUFFIX> and, beside it, _c10d.torch, the
-torch version it was built for (gosym.factory loads the module only under that torch).
+torch version it was built for (gosym.c10d loads the module only under that torch).
 
-Usage: python scripts/build_c10d.py [--out DIR] [--jobs N]
+Usage: python scripts/build_c10d.py [--out DIR]
 Needs a C++17 compiler (CXX, default g++), torch's headers (every torch wheel has them) and
 the CUDA runtime library torch's CUDA wheels bring (no CUDA headers: CUDA is reached through
 c10's device interface). Without them it says so and exits 1; gosym then runs its Python group.

@@ -273,8 +273,9 @@ for s in "${steps[@]}"; do
 		# Python group and says why
 		echo "== scripts/build_c10d.py"
 		timeout 200 python3 scripts/build_c10d.py 2>&1 | tail -5
-		python3 -c "import gosym.c10d as c; print('gosym._c10d:', c.module() is not None, c.why())" 2>&1 | tail -2
-		summary+=("c10d: $(python3 -c "import gosym.c10d as c; print(c.module() is not None, c.why())" 2>&1 | tail -1)") ;;
+		got=$(python3 -c "import gosym.c10d as c; print(c.module() is not None, c.why())" 2>&1 | tail -1)
+		echo "gosym._c10d: $got"
+		summary+=("c10d: $got") ;;
 	small)
 		# issue 35's small eager ops: all_reduce against symm_mem's one-shot and two-shot, the
 		# other ops against NCCL, 40 and 1 per sample, on torch's C++ group (gosym._c10d) and on

@@ -27,7 +27,6 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <array>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -103,12 +102,11 @@ c10::intrusive_ptr<c10::ivalue::Future> completed(const std::vector<at::Tensor>&
   }
   auto fut = c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::create(c10::TensorType::get()), devices);
+  std::optional<c10::StreamGuard> guard;
   if (stream) {
-    c10::StreamGuard guard(*stream);
-    fut->markCompleted(c10::IValue(out));
-  } else {
-    fut->markCompleted(c10::IValue(out));
+    guard.emplace(*stream);
   }
+  fut->markCompleted(c10::IValue(out));
   return fut;
 }
 
@@ -116,38 +114,15 @@ c10::intrusive_ptr<c10::ivalue::Future> completed(const std::vector<at::Tensor>&
 struct Api {
   int32_t (*op_run)(uint64_t, const gosym_op_desc*) = nullptr;
   int32_t (*device_error)(uint64_t) = nullptr;
-  const char* (*last_error)() = nullptr;
 };
 
-// The engine's error as the Python package raises it (_lib.error): the same classes and text.
-[[noreturn]] void raise(const Api& api, int32_t st) {
-  const char* m = api.last_error ? api.last_error() : nullptr;
-  std::string text = m ? m : ("status " + std::to_string(st));
-  if (text.rfind("gosym: ", 0) == 0) {
-    text = text.substr(7);
-  }
-  if (st == GOSYM_ERR_TIMEOUT && text.find("Timed out") == std::string::npos) {
-    auto at = text.find("timed out");
-    if (at != std::string::npos) {
-      text.replace(at, 9, "Timed out");
-    } else {
-      text = "Timed out: " + text;
-    }
-  }
-  text = "gosym: " + text;
-  switch (st) {
-    case GOSYM_ERR_INVALID_ARG:
-    case GOSYM_ERR_MISMATCH:
-      C10_THROW_ERROR(ValueError, text);
-    case GOSYM_ERR_NOT_SUPPORTED:
-      C10_THROW_ERROR(NotImplementedError, text);
-    case GOSYM_ERR_TIMEOUT:
-    case GOSYM_ERR_PEER:
-    case GOSYM_ERR_CLOSED:
-      C10_THROW_ERROR(DistBackendError, text);
-    default:
-      C10_THROW_ERROR(Error, text);
-  }
+// The engine's error st as the Python package raises it: _lib.error builds it (its class and
+// text), here, on the failing thread, which holds the engine's last error.
+[[noreturn]] void raise(int32_t st) {
+  py::gil_scoped_acquire gil;
+  py::object e = py::module_::import("gosym._lib").attr("error")(st);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
+  throw py::error_already_set();
 }
 
 class Group;
@@ -279,7 +254,7 @@ class CudaWork : public ShortWork {
 class Group : public c10d::Backend {
  public:
   Group(py::object group, int rank, int size, uintptr_t shared, uintptr_t op_run,
-        uintptr_t device_error, uintptr_t last_error,
+        uintptr_t device_error,
         const std::vector<std::pair<py::object, int64_t>>& dtypes,
         const std::vector<std::pair<int64_t, int64_t>>& reds, double timeout_s)
       : c10d::Backend(rank, size),
@@ -288,7 +263,6 @@ class Group : public c10d::Backend {
         timeout_(static_cast<int64_t>(timeout_s * 1000)) {
     api_.op_run = reinterpret_cast<decltype(api_.op_run)>(op_run);
     api_.device_error = reinterpret_cast<decltype(api_.device_error)>(device_error);
-    api_.last_error = reinterpret_cast<decltype(api_.last_error)>(last_error);
     codes_.fill(-1);
     for (const auto& [dtype, code] : dtypes) {
       TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "gosym: dtypes takes (torch.dtype, code)");
@@ -327,7 +301,7 @@ class Group : public c10d::Backend {
     }
     int32_t st = api_.device_error(h);
     if (st) {
-      raise(api_, st);
+      raise(st);
     }
   }
 
@@ -557,7 +531,7 @@ class Group : public c10d::Backend {
       d.device = -1;
       int32_t st = api_.op_run(static_cast<uint64_t>(shared_[0]), &d);
       if (st) {
-        raise(api_, st);
+        raise(st);
       }
       return c10::make_intrusive<DoneWork>(std::move(out), std::nullopt);
     }
@@ -567,7 +541,7 @@ class Group : public c10d::Backend {
     d.device = idx;
     int32_t st = api_.op_run(static_cast<uint64_t>(shared_[0]), &d);
     if (st) {
-      raise(api_, st);
+      raise(st);
     }
     // As the Python path's record_stream: no buffer is reused before the op ran.
     for (auto& t : keep) {
@@ -691,7 +665,7 @@ class Group : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split_backend_;
 
  public:
-  // gosym.factory's wrap(child) for split()'s children: set once at module import.
+  // gosym.c10d.wrap, for split()'s children: set once, when gosym.c10d loads this module.
   static py::object& wrapper() {
     static py::object* w = new py::object();  // never destroyed: outlives the interpreter
     return *w;
@@ -751,11 +725,11 @@ PYBIND11_MODULE(_c10d, m) {
   m.doc() = "gosym's c10d::Backend: the short path in C++, the rest in the Python group";
   py::module_::import("torch.distributed");
   py::class_<gosym::Group, c10d::Backend, c10::intrusive_ptr<gosym::Group>>(m, "Group")
-      .def(py::init<py::object, int, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+      .def(py::init<py::object, int, int, uintptr_t, uintptr_t, uintptr_t,
                     const std::vector<std::pair<py::object, int64_t>>&,
                     const std::vector<std::pair<int64_t, int64_t>>&, double>(),
            py::arg("group"), py::arg("rank"), py::arg("size"), py::arg("shared"),
-           py::arg("op_run"), py::arg("device_error"), py::arg("last_error"),
+           py::arg("op_run"), py::arg("device_error"),
            py::arg("dtypes"), py::arg("reds"), py::arg("timeout_s"))
       .def_property_readonly("group", &gosym::Group::group,
                              "the ProcessGroupGosym this backend runs")

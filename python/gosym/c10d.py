@@ -78,8 +78,8 @@ def wrap(pg):
         return pg
     reds = [(key, code) for key, code in _REDS.items() if code != _PREMUL]
     return m.Group(pg, pg.rank(), pg.size(), ctypes.addressof(pg._shared), _fn(_lib.op_run),
-                   _fn(_lib.endpoint_device_error), _fn(_lib.last_error), list(DTYPES.items()),
-                   reds, pg._timeout.total_seconds())
+                   _fn(_lib.endpoint_device_error), list(DTYPES.items()), reds,
+                   pg._timeout.total_seconds())
 
 
 def unwrap(pg):
