@@ -86,7 +86,7 @@ func (s *p2pRank) sync(t *testing.T) {
 // p2pGroup connects a group whose rank r runs on fake device devices[r],
 // destroyed at the end of t by every rank at once (as processes would: a
 // rank's teardown waits for its peers to leave their channels).
-func p2pGroup(t *testing.T, devices []int, timeout time.Duration) []*p2pRank {
+func p2pGroup(t testing.TB, devices []int, timeout time.Duration) []*p2pRank {
 	withProcessDevice(t, -1) // no responder takes another simulated rank's device
 	eps := group(t, len(devices), timeout)
 	t.Cleanup(func() {

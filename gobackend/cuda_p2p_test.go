@@ -154,7 +154,7 @@ func TestCUDAP2PDestroyStopsTheResponder(t *testing.T) {
 // 1, 0 none, -1 several) for the test, as PostCUDA records it. Simulated
 // ranks share one process, so tests in which a responder must not take a
 // peer's device set -1.
-func withProcessDevice(t *testing.T, v int32) {
+func withProcessDevice(t testing.TB, v int32) {
 	saved := gpu.SetProcessDevice(v)
 	t.Cleanup(func() { gpu.SetProcessDevice(saved) })
 }

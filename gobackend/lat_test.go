@@ -1,10 +1,14 @@
 package gobackend
 
 import (
+	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dtype"
 	"github.com/gosym/gosym/gobackend/internal/ops"
 )
@@ -73,4 +77,62 @@ func BenchmarkPostWait1(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkPostCUDA is the engine's host path of one small eager CUDA
+// all_reduce (1 KiB, the LL kernel) per rank and iteration, on two ranks of
+// this process over the fake libcuda: what the engine adds to the driver's
+// calls (the fake's are a queue push each). Run it in the fake's process,
+// its kernels skipped (the LL ops have no host round that waits for them):
+// FAKECUDA_SKIP_KERNELS=1 GOSYM_TEST_FAKE_CUDA=1
+// GOSYM_LIBCUDA=<cudatest.FakeLibrary> go test -run '^$' -bench PostCUDA
+// ./gobackend (post-ns/op is rank 0's time in PostCUDA).
+func BenchmarkPostCUDA(b *testing.B) {
+	if os.Getenv("GOSYM_TEST_FAKE_CUDA") == "" {
+		b.Skip("needs the fake libcuda in this process: GOSYM_TEST_FAKE_CUDA=1 GOSYM_LIBCUDA=...")
+	}
+	const n = 256
+	ranks := p2pGroup(b, []int{0, 1}, 10*time.Second)
+	type rank struct {
+		buf uintptr
+		s   cuda.Stream
+	}
+	rs := make([]rank, len(ranks))
+	for r, rk := range ranks {
+		d, ctx := rk.g.Driver(), rk.g.Context()
+		p, err := d.MemAlloc(ctx, 4*n)
+		require.NoError(b, err)
+		s, err := d.StreamCreate(ctx, cuda.StreamNonBlocking)
+		require.NoError(b, err)
+		b.Cleanup(func() { d.StreamDestroy(ctx, s); d.MemFree(ctx, p) })
+		rs[r] = rank{p, s}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	spent := make([]time.Duration, len(ranks))
+	for r, rk := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			op := &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: n, In: rs[r].buf, Out: rs[r].buf}
+			for i := 0; i < b.N; i++ {
+				if i%64 == 0 {
+					if err := rk.g.Driver().StreamSynchronize(rk.g.Context(), rs[r].s); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+				t0 := time.Now()
+				_, err := rk.ep.PostCUDA(op, rk.device, uintptr(rs[r].s), false)
+				spent[r] += time.Since(t0)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.ReportMetric(float64(spent[0].Nanoseconds())/float64(b.N), "post-ns/op")
 }

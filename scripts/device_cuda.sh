@@ -12,7 +12,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -302,6 +302,13 @@ for s in "${steps[@]}"; do
 				--json "$out/callcost-cuda-w$w.json" 2>&1 | tail -40 | tee /tmp/gosym-callcost.tail
 			summary+=("callcost w$w: $(grep -E "all_reduce: gosym dist" /tmp/gosym-callcost.tail)")
 		done ;;
+	drivercost)
+		# the floor under the native call: what each driver call of a small eager op costs
+		# alone and in gosym's sequence, on torch's default (legacy) stream and a non-blocking one
+		echo "== driver calls of one small op (scripts/driver_cost.cu)"
+		nvcc -O2 -arch=sm_90 -o /tmp/driver_cost scripts/driver_cost.cu -lcuda &&
+			timeout 120 /tmp/driver_cost "$out/driver-cost.json" | tee /tmp/gosym-drivercost.tail
+		summary+=("drivercost: $(grep -E "^query \+ launch \+ record" /tmp/gosym-drivercost.tail)") ;;
 	nvswitch)
 		# what SM push/pull and the copy engines move per pair, all-to-all and from one root
 		echo "== NVSwitch copy probe (scripts/nvswitch_probe.cu)"

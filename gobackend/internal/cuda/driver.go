@@ -2,6 +2,11 @@ package cuda
 
 /*
 #cgo LDFLAGS: -ldl
+// The calls of every op neither keep the Go pointers they get nor call back
+// into Go, so their out-parameters stay on the caller's stack (no heap
+// allocation per op).
+#cgo noescape gscu_in_cuStreamGetCaptureInfo
+#cgo nocallback gscu_in_cuStreamGetCaptureInfo
 #include <stdlib.h>
 #include <string.h>
 #include "dispatch.h"

@@ -151,6 +151,40 @@ func KernelsIn(source string) []*Kernel {
 // and scale the sum in its accumulator's precision (Scale = world size for
 // AVG, the factor for PREMUL_SUM). Unsupported pairs wrap ErrNotSupported.
 func ReduceKernel(a Algo, dt dtype.DType, op dtype.RedOp) (*Kernel, int32, error) {
+	if p, ok := reducePicks[reduceKey{a, dt, op}]; ok {
+		return p.k, p.post, p.err
+	}
+	return pickReduceKernel(a, dt, op)
+}
+
+// reduceKey and reducePick memoize ReduceKernel for every valid (algo,
+// type, operator): each CUDA op asks, and the pick builds a kernel name.
+type reduceKey struct {
+	a  Algo
+	dt dtype.DType
+	op dtype.RedOp
+}
+
+type reducePick struct {
+	k    *Kernel
+	post int32
+	err  error
+}
+
+var reducePicks = func() map[reduceKey]reducePick {
+	m := map[reduceKey]reducePick{}
+	for _, a := range []Algo{OneShot, TwoShot, Pull, LL, ArPush} {
+		for dt := dtype.DType(0); dt.Valid(); dt++ {
+			for op := dtype.RedOp(0); op.Valid(); op++ {
+				k, post, err := pickReduceKernel(a, dt, op)
+				m[reduceKey{a, dt, op}] = reducePick{k, post, err}
+			}
+		}
+	}
+	return m
+}()
+
+func pickReduceKernel(a Algo, dt dtype.DType, op dtype.RedOp) (*Kernel, int32, error) {
 	if err := dtype.Supports(dt, op); err != nil {
 		return nil, 0, fmt.Errorf("%w: %v", ErrNotSupported, err)
 	}

@@ -1,6 +1,10 @@
 package cuda
 
 /*
+// gscu_launch copies what its pointers point at before it returns, and
+// never calls back into Go: its offsets and parameters stay on the Go stack.
+#cgo noescape gscu_launch
+#cgo nocallback gscu_launch
 #include <stdlib.h>
 #include <string.h>
 #include "dispatch.h"

@@ -383,10 +383,24 @@ func (t *Team) lowLatency(n int) bool {
 // staging copy and no host round; the peers' LL areas lie after their
 // staging.
 func (t *Team) llReduce(op *ops.Op, in uintptr, inStride uint64, s cuda.Stream) error {
-	p := t.reduceParams(op)
+	p := &t.llParams().ar
+	*p = t.reduceParams(op)
 	p.Peers = t.llAreas()
 	p.In, p.InStride, p.Out, p.Numel = in, inStride, op.Out, uint64(op.Count)
-	return t.reduceKernel(op, cuda.LL, &p, s)
+	return t.reduceKernel(op, cuda.LL, p, s)
+}
+
+// llParams holds the parameters of the team's LL launches (Team.ll).
+type llParams struct {
+	ar   cuda.ARParams
+	move cuda.LLMoveParams
+}
+
+func (t *Team) llParams() *llParams {
+	if t.ll == nil {
+		t.ll = new(llParams)
+	}
+	return t.ll
 }
 
 // llAreas are the ranks' LL areas, as mapped here: after their staging.
@@ -415,8 +429,8 @@ func (t *Team) llOp(op *ops.Op, s cuda.Stream) (bool, error) {
 		t.algos.Add(algoLL, t.rank, op)
 		return true, t.llReduce(op, op.InPieces[0].Addr, uint64(op.Count), s)
 	}
-	p, ok := t.llMoveParams(op)
-	if !ok {
+	p, ok := &t.llParams().move, false
+	if *p, ok = t.llMoveParams(op); !ok {
 		return false, nil
 	}
 	f, err := t.function(cuda.LLMoveKernel)
@@ -426,7 +440,7 @@ func (t *Team) llOp(op *ops.Op, s cuda.Stream) (bool, error) {
 	t.used = true
 	t.counters.llMoves.Add(1)
 	grid, block := cuda.LLGrid(p.Bytes, 1)
-	return true, t.g.d.Launch(f, grid, block, 0, s, &p)
+	return true, t.g.d.Launch(f, grid, block, 0, s, p)
 }
 
 // llMoveParams is gs_llmove's parameter for op on this rank, if op is a

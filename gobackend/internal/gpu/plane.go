@@ -158,11 +158,17 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 		err = status.Wrap(status.System, oerr, "gosym: %s on cuda:%d: recording the op's end for the group's next op", op.Kind, a.Device)
 	}
 	g.joins.Store(int64(t.order.joins))
-	var coded *status.Error
-	if err != nil && !errors.As(err, &coded) {
+	if err != nil && !isCoded(err) {
 		return status.Wrap(status.System, err, "gosym: %s on cuda:%d", op.Who(), a.Device)
 	}
 	return err
+}
+
+// isCoded says whether err carries a status code already. Apart from Run so
+// that its target is allocated on an error alone, not with every op.
+func isCoded(err error) bool {
+	var coded *status.Error
+	return errors.As(err, &coded)
 }
 
 // start sets up the group's CUDA data plane on every rank together.

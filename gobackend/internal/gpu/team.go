@@ -31,17 +31,22 @@ type Team struct {
 	pads        [cuda.MaxRanks]uintptr
 	stages      [cuda.MaxRanks]uintptr
 	fns         map[*cuda.Kernel]*cuda.Function // this team's lookups, unlocked
-	used        bool                            // kernels were enqueued: close must wait for them
-	reg         *registry                       // bindings and peer mappings (reg.go, direct.go)
-	counters    *Counters
-	algos       *algoStats
-	capturing   bool            // the current op's stream is being captured (a CUDA graph)
-	deadline    time.Time       // the current op's
-	swapFD      swapFunc        // the fd exchange over the links, by deadline (direct.go)
-	nvls        *cuda.McBinding // a multicast object over every rank's buffer, or nil (nvls.go)
-	order       streamOrder     // the last op's stream and end event (order.go)
-	ce          ceSide          // the second copy stream (overlap.go)
-	df          deferral        // the internal stream and flag of deferred ops (defer.go)
+	// The LL launches' parameters, kept: a parameter handed to Launch
+	// escapes (an interface), and the small ops would allocate one each.
+	// An allocation of its own (cgo's check refuses a pointer into memory
+	// that holds Go pointers); the team runs one op at a time.
+	ll        *llParams
+	used      bool      // kernels were enqueued: close must wait for them
+	reg       *registry // bindings and peer mappings (reg.go, direct.go)
+	counters  *Counters
+	algos     *algoStats
+	capturing bool            // the current op's stream is being captured (a CUDA graph)
+	deadline  time.Time       // the current op's
+	swapFD    swapFunc        // the fd exchange over the links, by deadline (direct.go)
+	nvls      *cuda.McBinding // a multicast object over every rank's buffer, or nil (nvls.go)
+	order     streamOrder     // the last op's stream and end event (order.go)
+	ce        ceSide          // the second copy stream (overlap.go)
+	df        deferral        // the internal stream and flag of deferred ops (defer.go)
 
 	errw *cuda.ErrorWords // where this rank's kernels copy their errors (deverr.go)
 }

@@ -30,14 +30,15 @@ func (l *Layout) sigOff(seq uint64) int { return l.offSigs + int(seq%SigRing)*si
 // compares it with the peers that already published seq. It returns the
 // first peer whose signature differs (-1 if none) with that signature, and
 // every peer that already published seq (those whose kernels may wait for
-// this rank).
+// this rank), in a slice that the next Sign reuses. Its caller runs the
+// team's collectives one at a time.
 func (t *Team) Sign(seq, sig uint64) (peer int, theirs uint64, posted []int) {
 	own := t.ctrl[t.Rank]
 	off := t.L.sigOff(seq)
 	atomic.StoreUint64(own.Word64(off+8), 0) // the entry is being written
 	atomic.StoreUint64(own.Word64(off), sig)
 	atomic.StoreUint64(own.Word64(off+8), seq)
-	peer = -1
+	peer, posted = -1, t.posted[:0]
 	for r := range t.ctrl {
 		if r == t.Rank {
 			continue
@@ -51,6 +52,7 @@ func (t *Team) Sign(seq, sig uint64) (peer int, theirs uint64, posted []int) {
 			peer, theirs = r, s
 		}
 	}
+	t.posted = posted
 	return peer, theirs, posted
 }
 

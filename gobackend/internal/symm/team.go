@@ -25,6 +25,7 @@ type Team struct {
 	step       uint32        // barriers this rank has entered
 	pub        uint32        // publications this rank has made (slot sequence number)
 	stalls     atomic.Int64  // publications that waited for a peer to copy out a slot
+	posted     []int         // Sign's answer, reused: no allocation per collective
 }
 
 // Who names the operation a wait belongs to, for error messages.
