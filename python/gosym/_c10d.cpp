@@ -495,7 +495,7 @@ class Group : public c10d::Backend {
         .cast<at::Tensor>();
   }
 
- private:
+ protected:
   // GOSYM_RED_* of a reduce op without a factor, else -1 (the Python path takes it).
   int plainRed(const c10d::ReduceOp& op) const {
     auto k = static_cast<size_t>(op.op_);
@@ -672,6 +672,191 @@ class Group : public c10d::Backend {
   }
 };
 
+// A group across hosts (gosym.hier.HierGroup). The ops its Python group would run flat (the
+// inter-host engine's own op on the flat group of every rank: HierAlgorithms._flat_now) on
+// CUDA tensors go to the flat NCCL group's backend from here, without Python, where the
+// Python group's choice (gosym.hier.schedule.choose) would send them there; everything else
+// goes to the Python group. The Python group shares its cells (HierBase._cells): whether
+// the flat path is open (not broken, no news from the watch, not shut down, not
+// TORCH_DISTRIBUTED_DEBUG=DETAIL), its worker's pending ops, its op sequence number, its
+// CUDA device, and what took the flat path here, per op.
+class Hier : public Group {
+ public:
+  enum Cell { kOpen, kPending, kSeq, kDevice, kCounts };
+  enum Op { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kOps };
+
+  Hier(py::object group, int rank, int size, uintptr_t shared, uintptr_t op_run,
+       uintptr_t device_error, const std::vector<std::pair<py::object, int64_t>>& dtypes,
+       const std::vector<std::pair<int64_t, int64_t>>& reds, double timeout_s, uintptr_t cells,
+       const std::vector<py::object>& wire, std::vector<std::vector<std::pair<int64_t, bool>>> steps)
+      : Group(std::move(group), rank, size, shared, op_run, device_error, dtypes, reds, timeout_s),
+        cells_(reinterpret_cast<int64_t*>(cells)),
+        steps_(std::move(steps)) {
+    TORCH_CHECK(steps_.size() == kOps, "gosym: Hier takes the choice's steps of ", kOps, " ops");
+    wire_.fill(false);
+    for (const auto& d : wire) {
+      TORCH_CHECK_TYPE(THPDtype_Check(d.ptr()), "gosym: wire takes torch.dtype");
+      auto k = static_cast<size_t>(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type);
+      if (k < wire_.size()) {
+        wire_[k] = true;
+      }
+    }
+  }
+
+  // The choice for op of nbytes, as schedule.choose makes it from the same points: the
+  // point at the largest size <= nbytes (the first one below them all); no points: flat.
+  bool flatChoice(int op, int64_t nbytes) const {
+    const auto& pts = steps_.at(op);
+    if (pts.empty()) {
+      return true;
+    }
+    bool flat = pts.front().second;
+    for (const auto& [at, f] : pts) {
+      if (at <= nbytes) {
+        flat = f;
+      }
+    }
+    return flat;
+  }
+
+  WorkPtr allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
+    if (ts.size() == 1 && plainFlat(o.reduceOp) && usable(ts[0]) &&
+        flatChoice(kAllReduce, bytes(ts[0]))) {
+      return flat(kAllReduce, "all_reduce", ts[0], [&](Backend& b) { return b.allreduce(ts, o); });
+    }
+    return Group::allreduce(ts, o);
+  }
+
+  WorkPtr broadcast(std::vector<at::Tensor>& ts, const c10d::BroadcastOptions& o) override {
+    if (ts.size() == 1 && o.rootRank >= 0 && o.rootRank < size_ && usable(ts[0]) &&
+        flatChoice(kBroadcast, bytes(ts[0]))) {
+      return flat(kBroadcast, "broadcast", ts[0], [&](Backend& b) { return b.broadcast(ts, o); });
+    }
+    return Group::broadcast(ts, o);
+  }
+
+  WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in,
+                          const c10d::AllgatherOptions& o) override {
+    if (out.numel() == in.numel() * size_ && same(out, in) &&
+        flatChoice(kAllGather, bytes(in))) {
+      return flat(kAllGather, "all_gather_into_tensor", out,
+                  [&](Backend& b) { return b._allgather_base(out, in, o); });
+    }
+    return Group::_allgather_base(out, in, o);
+  }
+
+  WorkPtr _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                               const c10d::ReduceScatterOptions& o) override {
+    if (in.numel() == out.numel() * size_ && plainFlat(o.reduceOp) && same(out, in) &&
+        flatChoice(kReduceScatter, bytes(in))) {
+      return flat(kReduceScatter, "reduce_scatter_tensor", out,
+                  [&](Backend& b) { return b._reduce_scatter_base(out, in, o); });
+    }
+    return Group::_reduce_scatter_base(out, in, o);
+  }
+
+  // On CUDA tensors all_to_all_single has no schedule across hosts: it always runs flat.
+  WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outSplits,
+                        std::vector<int64_t>& inSplits,
+                        const c10d::AllToAllOptions& o) override {
+    if (same(out, in) && splits(in, inSplits) && splits(out, outSplits) &&
+        flatChoice(kAllToAll, bytes(in))) {
+      return flat(kAllToAll, "all_to_all_single", out, [&](Backend& b) {
+        return b.alltoall_base(out, in, outSplits, inSplits, o);
+      });
+    }
+    return Group::alltoall_base(out, in, outSplits, inSplits, o);
+  }
+
+ private:
+  using Backend = c10d::Backend;
+
+  static int64_t bytes(const at::Tensor& t) {
+    return t.numel() * static_cast<int64_t>(t.element_size());
+  }
+
+  // A reduction NCCL runs as the caller gave it (no factor, no bitwise op: those take the
+  // Python path, which refuses the bitwise ones on CUDA tensors).
+  static bool plainFlat(const c10d::ReduceOp& op) {
+    return op.op_ <= c10d::ReduceOp::MAX;
+  }
+
+  // What the Python flat path takes of a tensor, with nothing pending before it: a dense,
+  // contiguous, non-empty CUDA tensor of a dtype the inter-host engines move as themselves,
+  // on the group's CUDA device, while the flat path is open and no profiler runs.
+  bool usable(const at::Tensor& t) const {
+    if (__atomic_load_n(&cells_[kOpen], __ATOMIC_ACQUIRE) != 1 ||
+        __atomic_load_n(&cells_[kPending], __ATOMIC_ACQUIRE) != 0 ||
+        torch::profiler::impl::profilerEnabled()) {
+      return false;
+    }
+    auto k = static_cast<size_t>(t.scalar_type());
+    return t.layout() == c10::kStrided && t.is_cuda() && t.numel() > 0 && t.is_contiguous() &&
+           k < wire_.size() && wire_[k] && t.get_device() == cells_[kDevice];
+  }
+
+  bool same(const at::Tensor& out, const at::Tensor& in) const {
+    return out.scalar_type() == in.scalar_type() && usable(out) && usable(in);
+  }
+
+  // splits that split t's dim 0 among the ranks (empty: evenly), as the Python group checks
+  bool splits(const at::Tensor& t, const std::vector<int64_t>& s) const {
+    int64_t rows = t.dim() ? t.size(0) : 1;
+    if (s.empty()) {
+      return rows % size_ == 0;
+    }
+    if (static_cast<int64_t>(s.size()) != size_) {
+      return false;
+    }
+    int64_t sum = 0;
+    for (int64_t r : s) {
+      if (r < 0) {
+        return false;
+      }
+      sum += r;
+    }
+    return sum == rows;
+  }
+
+  // The flat CUDA group's backend (NCCL), asked of the Python group once.
+  Backend& flatGroup() {
+    std::call_once(flat_once_, [this] {
+      py::gil_scoped_acquire gil;
+      flat_ = group_.attr("_group")("flat", "cuda").cast<c10::intrusive_ptr<Backend>>();
+    });
+    return *flat_;
+  }
+
+  // The op issued on the flat group, counted and numbered as the Python flat path does; a
+  // failure is the group's (HierGroup._failed names lost ranks), raised by the Python group.
+  template <typename F>
+  WorkPtr flat(int op, const char* what, const at::Tensor& keep, F&& issue) {
+    int64_t seq = __atomic_add_fetch(&cells_[kSeq], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&cells_[kCounts + op], 1, __ATOMIC_RELAXED);
+    std::string why, kind;
+    try {
+      return issue(flatGroup());
+    } catch (const py::error_already_set&) {
+      throw;
+    } catch (const c10::Error& e) {
+      why = e.what_without_backtrace();
+      kind = "DistBackendError";
+    } catch (const std::exception& e) {
+      why = e.what();
+      kind = "RuntimeError";
+    }
+    py::gil_scoped_acquire gil;
+    group_.attr("_flat_failed")(what, seq, keep, kind, why);  // raises
+    throw std::logic_error("gosym: _flat_failed returned");
+  }
+
+  int64_t* cells_;
+  std::vector<std::vector<std::pair<int64_t, bool>>> steps_;
+  std::array<bool, 64> wire_{};
+  std::once_flag flat_once_;
+  c10::intrusive_ptr<Backend> flat_;
+};
+
 CudaWork::CudaWork(std::vector<at::Tensor> out, c10::Stream stream, bool end,
                    c10::intrusive_ptr<Group> group)
     : ShortWork(std::move(out), stream), group_(std::move(group)) {
@@ -740,5 +925,17 @@ PYBIND11_MODULE(_c10d, m) {
       // new_group on a bound default group asks its backend this on ranks left out (NCCL's
       // ncclCommSplit needs every rank): a gosym rank outside a new group takes no part
       .def("perform_nocolor_split", [](const gosym::Group&, py::object) {});
+  py::class_<gosym::Hier, gosym::Group, c10::intrusive_ptr<gosym::Hier>>(m, "Hier")
+      .def(py::init<py::object, int, int, uintptr_t, uintptr_t, uintptr_t,
+                    const std::vector<std::pair<py::object, int64_t>>&,
+                    const std::vector<std::pair<int64_t, int64_t>>&, double, uintptr_t,
+                    const std::vector<py::object>&,
+                    std::vector<std::vector<std::pair<int64_t, bool>>>>(),
+           py::arg("group"), py::arg("rank"), py::arg("size"), py::arg("shared"),
+           py::arg("op_run"), py::arg("device_error"), py::arg("dtypes"), py::arg("reds"),
+           py::arg("timeout_s"), py::arg("cells"), py::arg("wire"), py::arg("steps"))
+      .def("flat_choice", &gosym::Hier::flatChoice, py::arg("op"), py::arg("nbytes"),
+           "the choice this backend makes for op (its index in gosym.c10d.HIER_OPS) of nbytes: "
+           "True where it runs flat");
   m.def("set_wrapper", [](py::object f) { gosym::Group::wrapper() = std::move(f); });
 }

@@ -67,19 +67,33 @@ def why() -> str:
 
 
 def wrap(pg):
-    """What torch gets for pg: a gosym._c10d.Group around a ProcessGroupGosym where the module
-    loads and GOSYM_C10D is not 0, else pg itself (a HierGroup always)."""
+    """What torch gets for pg where the module loads and GOSYM_C10D is not 0: a
+    gosym._c10d.Group around a ProcessGroupGosym; a gosym._c10d.Hier around a HierGroup
+    (its flat ops on CUDA tensors in C++), except under TORCH_DISTRIBUTED_DEBUG=DETAIL,
+    where the HierGroup compares every op's arguments itself and torch gets it as it is;
+    else pg itself."""
     from .backend import ProcessGroupGosym  # backend never imports this module
+    from .hier.lifetime import HierBase
 
-    if type(pg) is not ProcessGroupGosym or not _settings.c10d():  # a HierGroup is a subclass
+    hier = isinstance(pg, HierBase)
+    if not (hier or type(pg) is ProcessGroupGosym) or not _settings.c10d():
+        return pg
+    if hier and pg._check_args:
         return pg
     m = module()
     if m is None:
         return pg
     reds = [(key, code) for key, code in _REDS.items() if code != _PREMUL]
-    return m.Group(pg, pg.rank(), pg.size(), ctypes.addressof(pg._shared), _fn(_lib.op_run),
-                   _fn(_lib.endpoint_device_error), list(DTYPES.items()), reds,
-                   pg._timeout.total_seconds())
+    args = (pg, pg.rank(), pg.size(), ctypes.addressof(pg._shared), _fn(_lib.op_run),
+            _fn(_lib.endpoint_device_error), list(DTYPES.items()), reds,
+            pg._timeout.total_seconds())
+    if not hier:
+        return m.Group(*args)
+    from .hier import schedule
+    from .hier.tensors import _WIRE
+
+    steps = [schedule.steps("cuda", op, pg._shape, pg._choice) for op in schedule.FLAT_OPS]
+    return m.Hier(*args, ctypes.addressof(pg._cells), sorted(_WIRE, key=str), steps)
 
 
 def unwrap(pg):

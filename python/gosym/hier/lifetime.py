@@ -5,6 +5,8 @@ as lost."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -37,6 +39,11 @@ class HierBase(ProcessGroupGosym):
     _watch = None  # the ranks' watch on each other (gosym.hier.watch), made with the group
     _news = None  # what the watch heard (a failure elsewhere, a rank gone), until an op reports it
     _dead = frozenset()  # ranks the watch saw exit without leaving (a set once one did)
+    # The cells gosym._c10d.Hier reads and counts in (its flat path in C++: c10d.wrap), by
+    # index: whether its flat path is open (1: not broken, no news, not shut down, not
+    # DETAIL; closed for good), this group's worker's pending ops, the op sequence number,
+    # the CUDA device (-1 before the first CUDA op), then its flat ops per schedule.FLAT_OPS.
+    OPEN, PENDING, SEQ, DEVICE, COUNTS = range(5)
 
     def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid, settings,
                  new_group):
@@ -79,6 +86,8 @@ class HierBase(ProcessGroupGosym):
         # TORCH_DISTRIBUTED_DEBUG=DETAIL: every op's arguments compared across the ranks
         # first (_agree), as torch's wrapper does for Gloo and NCCL (it skips Python groups)
         self._check_args = dist.get_debug_level() == dist.DebugLevel.DETAIL
+        if self._check_args:
+            self._close_flat()
         self._paths = {}  # "op/hier" or "op/flat" -> ops that took it (stats)
         self._seq = 0
         self._split_count = 0
@@ -96,7 +105,7 @@ class HierBase(ProcessGroupGosym):
         self._local = linked(local_store, self._lidx, self._n, timeout, f"{name}/host{self._host}",
                              [self._global_ranks[r] for r in mine], mine, hid)
         self._local._gosym_inner = True  # its ops are steps of this group's: no ranges of their own
-        self._runner = Runner(name)
+        self._runner = Runner(name, self._cells, self.PENDING)
         try:
             self._group("rail", "cpu")
             self._watch = Watch(self._group("flat", "cpu"), rank, size, self._watched, name,
@@ -104,6 +113,49 @@ class HierBase(ProcessGroupGosym):
         except BaseException:
             self._local.shutdown()
             raise
+
+    # ---- what the C++ backend shares --------------------------------------------
+
+    @functools.cached_property
+    def _cells(self):
+        c = (ctypes.c_int64 * (self.COUNTS + len(schedule.FLAT_OPS)))()
+        c[self.OPEN], c[self.DEVICE] = 1, -1
+        return c
+
+    @functools.cached_property
+    def _shared(self):
+        """gosym._c10d.Group's cells: no endpoint, so its own short path never runs."""
+        return (ctypes.c_int64 * 2)(0, -1)
+
+    @property
+    def _seq(self):
+        """The collective sequence number (ops across hosts, the flat ones the C++ backend
+        runs included): what failures name."""
+        return self._cells[self.SEQ]
+
+    @_seq.setter
+    def _seq(self, v):
+        self._cells[self.SEQ] = v
+
+    @property
+    def _cuda(self):
+        d = self._cells[self.DEVICE]
+        return None if d < 0 else d
+
+    @_cuda.setter
+    def _cuda(self, d):
+        self._cells[self.DEVICE] = -1 if d is None else d
+
+    def _close_flat(self):
+        """Closes the C++ backend's flat path for good: every op takes the Python path,
+        which raises what broke the group."""
+        self._cells[self.OPEN] = 0
+
+    def _flat_failed(self, what, seq, keep, kind, why):
+        """Raises the error of a flat op the C++ backend issued (seq) that failed with
+        kind: why, as the Python flat path's: the group's failure (_failed)."""
+        e = (DistBackendError if kind == "DistBackendError" else RuntimeError)(why)
+        raise self._failed(what, seq, e, keep) from e
 
     # ---- identity, lifetime ---------------------------------------------------
 
@@ -119,18 +171,29 @@ class HierBase(ProcessGroupGosym):
         s = json.loads(self._local._stats_json())
         s["hier"] = {"hosts": self._hosts, "host": self._host, "local_rank": self._lidx,
                      "inner_groups": sorted(f"{k}/{d}" for k, d in self._inner),
-                     "shape": self._shape, "choice": self._choice, "paths": dict(self._paths)}
+                     "shape": self._shape, "choice": self._choice, "paths": self._all_paths()}
         return json.dumps(s)
+
+    def _all_paths(self):
+        """The ops by the path they took, the flat ones the C++ backend ran included."""
+        paths = dict(self._paths)
+        for i, op in enumerate(schedule.FLAT_OPS):
+            n = self._cells[self.COUNTS + i]
+            if n:
+                paths[f"{op}/flat"] = paths.get(f"{op}/flat", 0) + n
+        return paths
 
     def shutdown(self):
         """Drains the worker, tells the ring this rank leaves (the watch), then shuts the
         inner groups down. Idempotent."""
+        self._close_flat()
         self._runner.close()
         self._watch.close()
         self._close_inner(abort=False)
         self._local.shutdown()
 
     def abort(self):
+        self._close_flat()
         self._runner.close()
         self._watch.close()
         self._close_inner(abort=True)
@@ -208,6 +271,7 @@ class HierBase(ProcessGroupGosym):
                 pass
         if self._broken is not None or self._runner.closed:
             return  # this rank's own failure, come around the ring, or the group is going
+        self._close_flat()  # the next op, in Python, reports the news
         if dead is not None:
             how = f": {error}" if error is not None else f" (told by rank {pred})"
             self._news = RankLost(f"rank {dead} closed its connections without leaving the "
@@ -305,6 +369,7 @@ class HierBase(ProcessGroupGosym):
         collective sequence number and whose peers post other ops by nature, or an op that
         met the watch's news (_usable): not compared."""
         label = what if seq is None else f"{what} (seq {seq})"
+        self._close_flat()
         if self._broken is not None:
             return DistBackendError(f"gosym: {label}: {self._broken}")
         self._broken = "aborting"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import threading
 
@@ -15,14 +16,25 @@ class Runner:
     pending runs on its caller's thread instead (inline()): the same order, without two
     thread hand-offs per op, which cost more than a small op on a busy host."""
 
-    def __init__(self, name):
+    def __init__(self, name, cells=None, at=0):
+        """cells[at] holds pending (HierBase's cells: the C++ backend's flat path reads it)."""
         self._name = name
         self._q = queue.SimpleQueue()
         self._thread = None
         self._lock = threading.Lock()  # guards pending
-        self.pending = 0  # ops posted and not yet run (queued, running, or inline); read unlocked by _flat_now
+        self._cells, self._at = (cells, at) if cells is not None else ((ctypes.c_int64 * 1)(), 0)
         self._slot = threading.Lock()  # held while an op runs: one at a time, in post order
         self.closed = False  # close() was called: the group is going away
+
+    @property
+    def pending(self):
+        """Ops posted and not yet run (queued, running, or inline); read unlocked by
+        _flat_now and by the C++ backend's flat path."""
+        return self._cells[self._at]
+
+    @pending.setter
+    def pending(self, n):
+        self._cells[self._at] = n
 
     def submit(self, fn, work):
         with self._lock:

@@ -31,6 +31,10 @@ OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadca
 # build's OPS as "hier_ops" since session 30, when all_to_all_single got its schedule: before,
 # a hierarchical backend's all_to_all_single ran flat, and its points say nothing).
 _OPS_BEFORE_RECORDED = OPS[:5]
+# The ops a HierGroup may run flat from C++ (gosym._c10d.Hier), in its order: its cells count
+# each one's flat ops, and its steps come in this order.
+FLAT_OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+            "all_to_all_single")
 # ops whose schedule runs on some device types only (elsewhere they always run flat)
 _ONLY_ON = {"all_to_all_single": ("cpu",)}
 
@@ -74,6 +78,27 @@ def choose(device: str, op: str, nbytes: int, shape_key: str, mode: str = "table
             pick = p
     _, hier_us, flat_us = pick
     return HIER if hier_us < flat_us else FLAT
+
+
+def steps(device: str, op: str, shape_key: str, mode: str = "table",
+          table=None) -> list[tuple[int, bool]]:
+    """choose() for op on device as a step function, for gosym._c10d.Hier, which makes the
+    choice in C++: [(bytes, flat), ...] by size, where an op of nbytes takes the step at the
+    largest bytes <= nbytes (the first step below them all); [] for flat at every size.
+    all_to_all_single asks the choice only where its host-blocks layout applies (on host
+    tensors: _ONLY_ON), so where the choice could be hierarchical it is left to Python: a
+    single step (0, False), which the C++ side takes as "not flat here"."""
+    if mode not in MODES:
+        raise ValueError(f"gosym: GOSYM_HIER_CHOICE={mode!r}: accepts one of {', '.join(MODES)}")
+    if mode != "table":
+        return [(0, mode == FLAT)]
+    got = (TABLE if table is None else table).get((device, shape_key))
+    points = got["ops"].get(op) if got else None
+    if not points:
+        return []
+    if op == "all_to_all_single":
+        return [(0, False)]
+    return [(p[0], not p[1] < p[2]) for p in points]
 
 
 def digest(table=None) -> str:

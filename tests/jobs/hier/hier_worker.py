@@ -274,6 +274,32 @@ class Ops:
 
 def run_ops(ck, rank, world, gloo, counts):
     Ops(ck, rank, world, gloo, DEVICE).run()
+    check_cpp_flat(ck)
+
+
+def check_cpp_flat(ck):
+    """Where gosym._c10d is built and on, torch's world group runs on its Hier backend, whose
+    C++ flat path took the CUDA ops the choice ran flat (none on the host: those stay in
+    Python), counted in the Python group's cells and in its stats."""
+    import gosym
+    from gosym import c10d
+    from gosym.hier import schedule
+
+    if c10d.module() is None or os.environ.get("GOSYM_C10D") == "0":
+        return
+    pg = dist.group.WORLD
+    hier = gosym.group(pg)
+    if not hasattr(hier, "_cells"):  # one host: not a HierGroup
+        return
+    backend = type(pg._get_backend(DEVICE)).__name__
+    ran = {op: hier._cells[hier.COUNTS + i] for i, op in enumerate(schedule.FLAT_OPS)}
+    paths = gosym.stats(pg)["hier"]["paths"]
+    if DEVICE.type == "cuda":
+        ok = backend == "Hier" and sum(ran.values()) > 0 and all(
+            paths.get(f"{op}/flat", 0) >= n for op, n in ran.items())
+    else:
+        ok = backend == "Hier" and not any(ran.values())
+    ck.check("the C++ backend's flat path", ok, f"{backend} {ran} {paths}")
 
 
 # check_choice's table: every op flat below 64 KiB of one rank's input, hierarchical from it;
@@ -392,7 +418,7 @@ def check_layout(ck, rank, world, gloo, counts):
     from gosym.hier import HierGroup
 
     pg = dist.distributed_c10d._get_default_group()
-    ck.check("layout: a HierGroup", isinstance(pg, HierGroup), f"got {pg!r}")
+    ck.check("layout: a HierGroup", isinstance(gosym.group(pg), HierGroup), f"got {pg!r}")
     hosts = host_ranks(counts)
     got = gosym.stats()["hier"]["hosts"]
     ck.check("layout: hosts", got == hosts, f"hosts {got}, want {hosts}")
@@ -570,7 +596,8 @@ def check_groups(ck, rank, world, gloo, counts):
     host0 = dist.new_group(list(range(counts[0])))
     if rank in (0, world - 1):
         pg = dist.distributed_c10d._get_default_group() if across is None else across
-        ck.check("new_group across hosts is hierarchical", isinstance(pg, HierGroup), repr(pg))
+        ck.check("new_group across hosts is hierarchical", isinstance(gosym.group(pg), HierGroup),
+                 repr(pg))
         t = torch.full((5000,), float(rank))
         dist.all_reduce(t, group=across)
         ck.check("new_group across hosts: all_reduce", bool((t == world - 1).all()), f"{t[:3]}")
@@ -590,6 +617,7 @@ def check_split(ck, rank, world, gloo, counts):
     group, every other rank, the first and last alone (the others get None), each host's
     ranks. A split spanning hosts is a HierGroup of its own inner groups, one within a host a
     plain ProcessGroupGosym; each all_reduces, is split again, and is destroyed."""
+    import gosym
     from gosym import ProcessGroupGosym
     from gosym.hier import HierGroup
 
@@ -612,7 +640,7 @@ def check_split(ck, rank, world, gloo, counts):
                 continue
             across = len({host_of[r] for r in mine}) > 1
             want = HierGroup if across else ProcessGroupGosym
-            ck.check(f"{case}: a {want.__name__}", type(sub) is want, repr(sub))
+            ck.check(f"{case}: a {want.__name__}", type(gosym.group(sub)) is want, repr(sub))
             ck.check(f"{case}: ranks", dist.get_process_group_ranks(sub) == mine,
                      f"{dist.get_process_group_ranks(sub)}")
             t = torch.full((5000,), float(rank + 1))
