@@ -203,6 +203,29 @@ def test_odd_tensors_pending_host_ops_or_checked_arguments_take_the_general_path
 
 
 @pytest.mark.usefixtures("_on_cuda")
+def test_premul_sum_on_cuda_takes_the_general_path(monkeypatch):
+    """NCCL 2.28 through torch 2.11 returns zeros for bf16 PREMUL_SUM with a host factor: on
+    CUDA tensors all_reduce and reduce_scatter_tensor with it take the general path (whose
+    local step applies the factor) whatever the choice; SUM and AVG stay NCCL's own."""
+    g = _group()
+    general = []
+    monkeypatch.setattr(g, "_in_place", lambda what, *a: general.append(what) or "general",
+                        raising=False)
+    monkeypatch.setattr(g, "_post", lambda what, *a: general.append(what) or "general",
+                        raising=False)
+    t, out = torch.zeros(16, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.bfloat16)
+    for op, flat in ((dist._make_nccl_premul_sum(0.5), False), (dist.ReduceOp.SUM, True),
+                     (dist.ReduceOp.AVG, True)):
+        general.clear()
+        w = g.allreduce([t], _opts(_c10d.AllreduceOptions, reduceOp=op))
+        assert (w == ("work", "allreduce"), general) == (flat, [] if flat else ["all_reduce"])
+        general.clear()
+        w = g._reduce_scatter_base(out, t, _opts(_c10d.ReduceScatterOptions, reduceOp=op))
+        assert (w == ("work", "_reduce_scatter_base"), general) == (
+            flat, [] if flat else ["reduce_scatter_tensor"])
+
+
+@pytest.mark.usefixtures("_on_cuda")
 def test_dtypes_nccl_does_not_move_as_themselves_take_the_general_path():
     g = _group()
     for dt in (torch.uint16, torch.uint32, torch.complex64, torch.float8_e4m3fn):

@@ -53,7 +53,7 @@ class HierAlgorithms(HierBase):
         return path == schedule.HIER
 
     def _flat_now(self, what, nbytes, keep, issue, out=None, async_op=True, gloo_red=True,
-                  choice=True):
+                  choice=True, nccl_red=True):
         """The flat group's own op `what` (its schedule name, asked of the choice unless
         choice is False: an op whose hierarchical schedule does not apply to these
         arguments; nbytes of one rank's input; keep its tensor, or its (output, input)),
@@ -63,7 +63,10 @@ class HierAlgorithms(HierBase):
         (the general path moves it as bytes), arguments compared across ranks (DETAIL
         debug), host ops still pending (they go first), the choice is hierarchical, or
         (host tensors) a reduction that is not Gloo's own (gloo_red False: AVG, PREMUL_SUM,
-        from the caller's _split_op, made once per call). Flat then
+        from the caller's _split_op, made once per call), or (CUDA tensors) one NCCL would
+        get wrong (nccl_red False: PREMUL_SUM, whose bf16 NCCL 2.28 through torch 2.11 returns
+        as zeros with a host factor; the general path applies the factor in its local step
+        and sums across hosts; gosym._c10d.Hier leaves it to Python). Flat then
         costs what the inner engine's own op does: no byte views, copies or hand-off to the
         worker over it (session 26: 12-37 µs an op on CUDA; an asynchronous host op's two
         hand-offs, session 27).
@@ -87,7 +90,7 @@ class HierAlgorithms(HierBase):
         if not t.numel() or not t.is_contiguous() or t.dtype not in _WIRE:
             return GENERAL  # the general path moves other dtypes as bytes
         where = "cpu" if dev < 0 else "cuda"
-        if where == "cpu" and not gloo_red:
+        if not (gloo_red if where == "cpu" else nccl_red):
             return GENERAL
         chosen = choice and what in schedule.OPS
         if chosen and schedule.choose(where, what, nbytes, self._shape,

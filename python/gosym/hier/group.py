@@ -107,10 +107,10 @@ class HierGroup(HierAlgorithms):
         if t.layout is not torch.strided:
             raise ValueError(f"gosym: all_reduce of {t.layout} tensors is not supported")
         op = opts.reduceOp
-        gloo_red = _split_op(op, t)[1] is op  # bad input raises here, not on the worker
+        _, iop, _, scale = _split_op(op, t)  # bad input raises here, not on the worker
         w = self._flat_now("all_reduce", t.numel() * t.element_size(), t,
                            lambda pg, v: pg.allreduce([t], opts), tensors, opts.asyncOp,
-                           gloo_red)
+                           iop is op, nccl_red=scale is None)
         if w is not GENERAL:
             return w
         return self._in_place("all_reduce", tensors,
@@ -224,11 +224,11 @@ class HierGroup(HierAlgorithms):
                              f"elements, expected world size {self._size} x output "
                              f"{output.numel()}")
         op = opts.reduceOp
-        gloo_red = _split_op(op, output)[1] is op
+        _, iop, _, scale = _split_op(op, output)
         w = self._flat_now("reduce_scatter_tensor", input.numel() * input.element_size(),
                            (output, input),
                            lambda pg, v: pg._reduce_scatter_base(v(output), v(input), opts),
-                           [output], opts.asyncOp, gloo_red)
+                           [output], opts.asyncOp, iop is op, nccl_red=scale is None)
         if w is not GENERAL:
             return w
 

@@ -248,6 +248,20 @@ def test_cuda_across_hosts(outdir):
 
 
 @pytest.mark.gpu
+def test_cuda_flat_across_hosts(outdir):
+    """The same ops with GOSYM_HIER_CHOICE=flat: every op the flat NCCL group's, which the
+    C++ backend (gosym._c10d.Hier) issues where it takes the op, against flat NCCL on the
+    same ranks; the C++ flat path ran (hier_worker's check_cpp_flat)."""
+    per = gpus_per_host()
+    res = run_hosts((per, per), "hier_worker", ["--hosts", f"{per},{per}", "--device", "cuda",
+                                                "--parts", "ops", "--timeout", 120],
+                    outdir, timeout=600, gpus=True, kind=ANY_HOSTS,
+                    env={"GOSYM_HIER_CHOICE": "flat"})
+    res.assert_ok()
+    assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("scenario,timeout", [("die", 60), ("die-p2p", 60), ("late", 10)],
                          ids=["die", "die-p2p", "late"])
 def test_cuda_rank_lost(scenario, timeout, outdir):
