@@ -9,6 +9,9 @@
 // group's short path makes; everything else goes to the wrapped ProcessGroupGosym's method
 // of the same name, with the GIL taken, so there is one implementation of every op.
 //
+// A group across hosts gets Hier, a Group whose short path is the flat NCCL group's own op
+// for the ops its Python group's choice runs flat on CUDA tensors.
+//
 // The engine's entry points come as addresses from the ctypes library the Python package
 // loaded (this module links torch, never libgosym). The Python group shares two int64 cells
 // with this one: its endpoint handle (0 once shut down) and its CUDA device (-1 before its

@@ -12,7 +12,10 @@ of the same name. Where the module is absent, or built for another torch, torch 
 ProcessGroupGosym itself, as before (said once where it was built but does not load).
 
 The two share the Python group's two int64 cells (`_shared`): its endpoint (0 once shut
-down) and its CUDA device (-1 before its first CUDA op, which takes the Python path).
+down) and its CUDA device (-1 before its first CUDA op, which takes the Python path). A
+group across hosts (a HierGroup) gets gosym._c10d.Hier, whose short path is the flat NCCL
+group's own op where the HierGroup's choice runs an op on CUDA tensors flat; it shares the
+HierGroup's cells (HierBase._cells: open, pending, sequence number, CUDA device, counts).
 """
 
 from __future__ import annotations
