@@ -130,6 +130,13 @@ struct Api {
 
 class Group;
 
+// The ScalarType index of a torch.dtype handed in from Python (what the dtype tables are
+// indexed by).
+size_t scalarIndex(const py::object& dtype, const char* what) {
+  TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "gosym: ", what, " takes torch.dtype");
+  return static_cast<size_t>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type);
+}
+
 // Lets go of a Python object from C++: with the GIL, or, once the interpreter is going away,
 // by leaving it to the exit (taking the GIL then would hang or crash).
 void dropPython(py::object& o) {
@@ -268,8 +275,7 @@ class Group : public c10d::Backend {
     api_.device_error = reinterpret_cast<decltype(api_.device_error)>(device_error);
     codes_.fill(-1);
     for (const auto& [dtype, code] : dtypes) {
-      TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "gosym: dtypes takes (torch.dtype, code)");
-      auto k = static_cast<size_t>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type);
+      auto k = scalarIndex(dtype, "dtypes");
       if (k < codes_.size()) {
         codes_[k] = static_cast<int8_t>(code);
       }
@@ -698,8 +704,7 @@ class Hier : public Group {
     TORCH_CHECK(steps_.size() == kOps, "gosym: Hier takes the choice's steps of ", kOps, " ops");
     wire_.fill(false);
     for (const auto& d : wire) {
-      TORCH_CHECK_TYPE(THPDtype_Check(d.ptr()), "gosym: wire takes torch.dtype");
-      auto k = static_cast<size_t>(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type);
+      auto k = scalarIndex(d, "wire");
       if (k < wire_.size()) {
         wire_[k] = true;
       }
@@ -723,7 +728,7 @@ class Hier : public Group {
   }
 
   WorkPtr allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
-    if (ts.size() == 1 && plainFlat(o.reduceOp) && usable(ts[0]) &&
+    if (ts.size() == 1 && plainFlat(o.reduceOp) && open() && fits(ts[0]) &&
         flatChoice(kAllReduce, bytes(ts[0]))) {
       return flat(kAllReduce, "all_reduce", ts[0], [&](Backend& b) { return b.allreduce(ts, o); });
     }
@@ -731,7 +736,7 @@ class Hier : public Group {
   }
 
   WorkPtr broadcast(std::vector<at::Tensor>& ts, const c10d::BroadcastOptions& o) override {
-    if (ts.size() == 1 && o.rootRank >= 0 && o.rootRank < size_ && usable(ts[0]) &&
+    if (ts.size() == 1 && o.rootRank >= 0 && o.rootRank < size_ && open() && fits(ts[0]) &&
         flatChoice(kBroadcast, bytes(ts[0]))) {
       return flat(kBroadcast, "broadcast", ts[0], [&](Backend& b) { return b.broadcast(ts, o); });
     }
@@ -784,22 +789,24 @@ class Hier : public Group {
     return op.op_ <= c10d::ReduceOp::MAX;
   }
 
-  // What the Python flat path takes of a tensor, with nothing pending before it: a dense,
-  // contiguous, non-empty CUDA tensor of a dtype the inter-host engines move as themselves,
-  // on the group's CUDA device, while the flat path is open and no profiler runs.
-  bool usable(const at::Tensor& t) const {
-    if (__atomic_load_n(&cells_[kOpen], __ATOMIC_ACQUIRE) != 1 ||
-        __atomic_load_n(&cells_[kPending], __ATOMIC_ACQUIRE) != 0 ||
-        torch::profiler::impl::profilerEnabled()) {
-      return false;
-    }
+  // Whether an op may take the flat path here: it is open, nothing is pending before the op,
+  // and no profiler runs (the Python path records the op's range).
+  bool open() const {
+    return __atomic_load_n(&cells_[kOpen], __ATOMIC_ACQUIRE) == 1 &&
+           __atomic_load_n(&cells_[kPending], __ATOMIC_ACQUIRE) == 0 &&
+           !torch::profiler::impl::profilerEnabled();
+  }
+
+  // What the Python flat path takes of a tensor: a dense, contiguous, non-empty CUDA tensor
+  // of a dtype the inter-host engines move as themselves, on the group's CUDA device.
+  bool fits(const at::Tensor& t) const {
     auto k = static_cast<size_t>(t.scalar_type());
     return t.layout() == c10::kStrided && t.is_cuda() && t.numel() > 0 && t.is_contiguous() &&
            k < wire_.size() && wire_[k] && t.get_device() == cells_[kDevice];
   }
 
   bool same(const at::Tensor& out, const at::Tensor& in) const {
-    return out.scalar_type() == in.scalar_type() && usable(out) && usable(in);
+    return out.scalar_type() == in.scalar_type() && open() && fits(out) && fits(in);
   }
 
   // splits that split t's dim 0 among the ranks (empty: evenly), as the Python group checks

@@ -383,7 +383,7 @@ func (t *Team) lowLatency(n int) bool {
 // staging copy and no host round; the peers' LL areas lie after their
 // staging.
 func (t *Team) llReduce(op *ops.Op, in uintptr, inStride uint64, s cuda.Stream) error {
-	p := &t.llParams().ar
+	p := &t.ll.ar
 	*p = t.reduceParams(op)
 	p.Peers = t.llAreas()
 	p.In, p.InStride, p.Out, p.Numel = in, inStride, op.Out, uint64(op.Count)
@@ -394,13 +394,6 @@ func (t *Team) llReduce(op *ops.Op, in uintptr, inStride uint64, s cuda.Stream) 
 type llParams struct {
 	ar   cuda.ARParams
 	move cuda.LLMoveParams
-}
-
-func (t *Team) llParams() *llParams {
-	if t.ll == nil {
-		t.ll = new(llParams)
-	}
-	return t.ll
 }
 
 // llAreas are the ranks' LL areas, as mapped here: after their staging.
@@ -429,7 +422,8 @@ func (t *Team) llOp(op *ops.Op, s cuda.Stream) (bool, error) {
 		t.algos.Add(algoLL, t.rank, op)
 		return true, t.llReduce(op, op.InPieces[0].Addr, uint64(op.Count), s)
 	}
-	p, ok := &t.llParams().move, false
+	p := &t.ll.move
+	var ok bool
 	if *p, ok = t.llMoveParams(op); !ok {
 		return false, nil
 	}

@@ -77,7 +77,7 @@ func newTeam(device, rank, world int, cfg Config, timeout time.Duration) (*Team,
 	t := &Team{cfg: cfg, rank: rank, world: world, timeoutNs: uint64(timeout.Nanoseconds()),
 		ctrl: symmBuf{name: "control", bufs: make([]bufMapping, world)},
 		data: symmBuf{name: "data", bufs: make([]bufMapping, world)},
-		fns:  map[*cuda.Kernel]*cuda.Function{}}
+		fns:  map[*cuda.Kernel]*cuda.Function{}, ll: new(llParams)}
 	g, err := Open(device)
 	if err != nil {
 		return t, err

@@ -62,14 +62,11 @@ def choose(device: str, op: str, nbytes: int, shape_key: str, mode: str = "table
     the op's entry at the largest measured size <= nbytes (the smallest one below it), HIER
     where the hierarchical schedule's time was below the flat op's there; FLAT where
     the table has no entry for (device, shape_key) or no points for op."""
-    if mode not in MODES:
-        raise ValueError(f"gosym: GOSYM_HIER_CHOICE={mode!r}: accepts one of {', '.join(MODES)}")
     if op not in OPS:
         raise ValueError(f"gosym: no hierarchical schedule to choose for op {op!r}")
-    if mode != "table":
+    if _mode(mode) != "table":
         return mode
-    got = (TABLE if table is None else table).get((device, shape_key))
-    points = got["ops"].get(op) if got else None
+    points = _points(device, op, shape_key, table)
     if not points:
         return FLAT
     pick = points[0]
@@ -88,17 +85,26 @@ def steps(device: str, op: str, shape_key: str, mode: str = "table",
     all_to_all_single asks the choice only where its host-blocks layout applies (on host
     tensors: _ONLY_ON), so where the choice could be hierarchical it is left to Python: a
     single step (0, False), which the C++ side takes as "not flat here"."""
-    if mode not in MODES:
-        raise ValueError(f"gosym: GOSYM_HIER_CHOICE={mode!r}: accepts one of {', '.join(MODES)}")
-    if mode != "table":
+    if _mode(mode) != "table":
         return [(0, mode == FLAT)]
-    got = (TABLE if table is None else table).get((device, shape_key))
-    points = got["ops"].get(op) if got else None
+    points = _points(device, op, shape_key, table)
     if not points:
         return []
     if op == "all_to_all_single":
         return [(0, False)]
     return [(p[0], not p[1] < p[2]) for p in points]
+
+
+def _mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"gosym: GOSYM_HIER_CHOICE={mode!r}: accepts one of {', '.join(MODES)}")
+    return mode
+
+
+def _points(device, op, shape_key, table):
+    """The table's points for op on (device, shape_key), None where it has none."""
+    got = (TABLE if table is None else table).get((device, shape_key))
+    return got["ops"].get(op) if got else None
 
 
 def digest(table=None) -> str:
