@@ -566,9 +566,14 @@ func (t *Team) reduceScatter(op *ops.Op, s cuda.Stream) error {
 func (t *Team) fuses(n uintptr) bool { return int(n) <= t.cfg.fuseMax && !t.capturing }
 
 // pieceStride reports whether pieces lie evenly spaced, stride bytes apart
-// (a positive multiple of es), as reduce_scatter_tensor's do.
+// (a positive multiple of es), as reduce_scatter_tensor's do. One piece (a
+// world of one) is even at stride 0: the kernel reads piece 0 alone, so the
+// op needs no staging copy.
 func pieceStride(pieces []ops.Piece, es uintptr) (stride uintptr, even bool) {
-	if len(pieces) < 2 || pieces[1].Addr <= pieces[0].Addr {
+	if len(pieces) == 1 {
+		return 0, true
+	}
+	if len(pieces) == 0 || pieces[1].Addr <= pieces[0].Addr {
 		return 0, false
 	}
 	stride = pieces[1].Addr - pieces[0].Addr
