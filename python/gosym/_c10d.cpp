@@ -9,8 +9,9 @@
 // group's short path makes; everything else goes to the wrapped ProcessGroupGosym's method
 // of the same name, with the GIL taken, so there is one implementation of every op.
 //
-// A group across hosts gets Hier, a Group whose short path is the flat NCCL group's own op
-// for the ops its Python group's choice runs flat on CUDA tensors.
+// A group across hosts gets Hier, a Group whose short path is the flat group's own op (NCCL's
+// on CUDA tensors, Gloo's on host tensors of a synchronous op) for the ops its Python group's
+// choice runs flat.
 //
 // The engine's entry points come as addresses from the ctypes library the Python package
 // loaded (this module links torch, never libgosym). The Python group shares two int64 cells
@@ -682,17 +683,20 @@ class Group : public c10d::Backend {
 };
 
 // A group across hosts (gosym.hier.HierGroup). The ops its Python group would run flat (the
-// inter-host engine's own op on the flat group of every rank: HierAlgorithms._flat_now) on
-// CUDA tensors go to the flat NCCL group's backend from here, without Python, where the
-// Python group's choice (gosym.hier.schedule.choose) would send them there; everything else
-// goes to the Python group. The Python group shares its cells (HierBase._cells): whether
-// the flat path is open (not broken, no news from the watch, not shut down, not
-// TORCH_DISTRIBUTED_DEBUG=DETAIL), its worker's pending ops, its op sequence number, its
-// CUDA device, and what took the flat path here, per op.
+// inter-host engine's own op on the flat group of every rank: HierAlgorithms._flat_now) go
+// to the flat group's backend from here, without Python, where the Python group's choice
+// (gosym.hier.schedule.choose) would send them there: CUDA tensors to the flat NCCL group,
+// host tensors of a synchronous op to the flat Gloo group (waited for here, as the Python
+// path waits); everything else goes to the Python group. The Python group shares its cells
+// (HierBase._cells): whether the flat path is open (not broken, no news from the watch, not
+// shut down, not TORCH_DISTRIBUTED_DEBUG=DETAIL), its worker's pending ops, its op sequence
+// number, its CUDA device, and what took the flat path here, per op.
 class Hier : public Group {
  public:
   enum Cell { kOpen, kPending, kSeq, kDevice, kCounts };
   enum Op { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kOps };
+  // where an op's tensors are, as the choice's steps are indexed: the flat group of that kind
+  enum Place { kCuda, kHost, kPlaces };
 
   Hier(py::object group, int rank, int size, uintptr_t shared, uintptr_t op_run,
        uintptr_t device_error, const std::vector<std::pair<py::object, int64_t>>& dtypes,
@@ -701,7 +705,8 @@ class Hier : public Group {
       : Group(std::move(group), rank, size, shared, op_run, device_error, dtypes, reds, timeout_s),
         cells_(reinterpret_cast<int64_t*>(cells)),
         steps_(std::move(steps)) {
-    TORCH_CHECK(steps_.size() == kOps, "gosym: Hier takes the choice's steps of ", kOps, " ops");
+    TORCH_CHECK(steps_.size() == kPlaces * kOps, "gosym: Hier takes the choice's steps of ",
+                kOps, " ops on CUDA, then on the host");
     wire_.fill(false);
     for (const auto& d : wire) {
       auto k = scalarIndex(d, "wire");
@@ -711,10 +716,11 @@ class Hier : public Group {
     }
   }
 
-  // The choice for op of nbytes, as schedule.choose makes it from the same points: the
-  // point at the largest size <= nbytes (the first one below them all); no points: flat.
-  bool flatChoice(int op, int64_t nbytes) const {
-    const auto& pts = steps_.at(op);
+  // The choice for op of nbytes on place's tensors, as schedule.choose makes it from the same
+  // points: the point at the largest size <= nbytes (the first one below them all); no
+  // points: flat.
+  bool flatChoice(int place, int op, int64_t nbytes) const {
+    const auto& pts = steps_.at(place * kOps + op);
     if (pts.empty()) {
       return true;
     }
@@ -728,50 +734,74 @@ class Hier : public Group {
   }
 
   WorkPtr allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
-    if (ts.size() == 1 && plainFlat(o.reduceOp) && open() && fits(ts[0]) &&
-        flatChoice(kAllReduce, bytes(ts[0]))) {
-      return flat(kAllReduce, "all_reduce", ts[0], [&](Backend& b) { return b.allreduce(ts, o); });
+    int p = ts.size() == 1 ? placeOf(ts[0], o.asyncOp) : -1;
+    if (p >= 0 && plainFlat(p, o.reduceOp) && flatChoice(p, kAllReduce, bytes(ts[0]))) {
+      return flat(p, kAllReduce, true, "all_reduce", ts[0], ts,
+                  [&](Backend& b) { return b.allreduce(ts, o); });
     }
     return Group::allreduce(ts, o);
   }
 
   WorkPtr broadcast(std::vector<at::Tensor>& ts, const c10d::BroadcastOptions& o) override {
-    if (ts.size() == 1 && o.rootRank >= 0 && o.rootRank < size_ && open() && fits(ts[0]) &&
-        flatChoice(kBroadcast, bytes(ts[0]))) {
-      return flat(kBroadcast, "broadcast", ts[0], [&](Backend& b) { return b.broadcast(ts, o); });
+    int p = ts.size() == 1 && o.rootRank >= 0 && o.rootRank < size_ ? placeOf(ts[0], o.asyncOp)
+                                                                     : -1;
+    if (p >= 0 && flatChoice(p, kBroadcast, bytes(ts[0]))) {
+      return flat(p, kBroadcast, true, "broadcast", ts[0], ts,
+                  [&](Backend& b) { return b.broadcast(ts, o); });
     }
     return Group::broadcast(ts, o);
   }
 
+  // Gloo's two-buffer ops split their output along dim 0 (as torch.chunk): they get 1-D views,
+  // as the Python flat path hands them (NCCL: the tensors themselves).
   WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in,
                           const c10d::AllgatherOptions& o) override {
-    if (out.numel() == in.numel() * size_ && same(out, in) &&
-        flatChoice(kAllGather, bytes(in))) {
-      return flat(kAllGather, "all_gather_into_tensor", out,
-                  [&](Backend& b) { return b._allgather_base(out, in, o); });
+    int p = out.numel() == in.numel() * size_ ? pairPlace(out, in, o.asyncOp) : -1;
+    if (p >= 0 && flatChoice(p, kAllGather, bytes(in))) {
+      std::vector<at::Tensor> keep{out};
+      return flat(p, kAllGather, true, "all_gather_into_tensor", out, keep, [&](Backend& b) {
+        if (p == kCuda) {
+          return b._allgather_base(out, in, o);
+        }
+        at::Tensor vo = out.view(-1), vi = in.view(-1);
+        return b._allgather_base(vo, vi, o);
+      });
     }
     return Group::_allgather_base(out, in, o);
   }
 
   WorkPtr _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
                                const c10d::ReduceScatterOptions& o) override {
-    if (in.numel() == out.numel() * size_ && plainFlat(o.reduceOp) && same(out, in) &&
-        flatChoice(kReduceScatter, bytes(in))) {
-      return flat(kReduceScatter, "reduce_scatter_tensor", out,
-                  [&](Backend& b) { return b._reduce_scatter_base(out, in, o); });
+    int p = in.numel() == out.numel() * size_ ? pairPlace(out, in, o.asyncOp) : -1;
+    if (p >= 0 && plainFlat(p, o.reduceOp) && flatChoice(p, kReduceScatter, bytes(in))) {
+      std::vector<at::Tensor> keep{out};
+      return flat(p, kReduceScatter, true, "reduce_scatter_tensor", out, keep, [&](Backend& b) {
+        if (p == kCuda) {
+          return b._reduce_scatter_base(out, in, o);
+        }
+        at::Tensor vo = out.view(-1), vi = in.view(-1);
+        return b._reduce_scatter_base(vo, vi, o);
+      });
     }
     return Group::_reduce_scatter_base(out, in, o);
   }
 
-  // On CUDA tensors all_to_all_single has no schedule across hosts: it always runs flat.
+  // all_to_all_single asks the choice only where its host-blocks schedule applies (host
+  // tensors, no split sizes on any rank: HierAlgorithms._a2a_applies); elsewhere it runs
+  // flat, not counted as chosen. The blocks' layout check stays in Python: a host op of
+  // equal splits goes there unless its choice is flat at every size.
   WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outSplits,
                         std::vector<int64_t>& inSplits,
                         const c10d::AllToAllOptions& o) override {
-    if (same(out, in) && splits(in, inSplits) && splits(out, outSplits) &&
-        flatChoice(kAllToAll, bytes(in))) {
-      return flat(kAllToAll, "all_to_all_single", out, [&](Backend& b) {
-        return b.alltoall_base(out, in, outSplits, inSplits, o);
-      });
+    int p = splits(in, inSplits) && splits(out, outSplits) ? pairPlace(out, in, o.asyncOp) : -1;
+    if (p >= 0) {
+      bool blocks = p == kHost && !given(inSplits) && !given(outSplits);
+      if (!blocks || flatChoice(p, kAllToAll, bytes(in))) {
+        std::vector<at::Tensor> keep{out};
+        return flat(p, kAllToAll, blocks, "all_to_all_single", out, keep, [&](Backend& b) {
+          return b.alltoall_base(out, in, outSplits, inSplits, o);
+        });
+      }
     }
     return Group::alltoall_base(out, in, outSplits, inSplits, o);
   }
@@ -783,10 +813,19 @@ class Hier : public Group {
     return t.numel() * static_cast<int64_t>(t.element_size());
   }
 
-  // A reduction NCCL runs as the caller gave it (no factor, no bitwise op: those take the
-  // Python path, which refuses the bitwise ones on CUDA tensors).
-  static bool plainFlat(const c10d::ReduceOp& op) {
-    return op.op_ <= c10d::ReduceOp::MAX;
+  static bool given(const std::vector<int64_t>& s) {
+    for (int64_t r : s) {
+      if (r) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // A reduction the flat group runs as the caller gave it: no factor, no bitwise op (those
+  // take the Python path, which refuses the bitwise ones on CUDA tensors); Gloo has no AVG.
+  static bool plainFlat(int place, const c10d::ReduceOp& op) {
+    return op.op_ <= c10d::ReduceOp::MAX && (place == kCuda || op.op_ != c10d::ReduceOp::AVG);
   }
 
   // Whether an op may take the flat path here: it is open, nothing is pending before the op,
@@ -797,16 +836,27 @@ class Hier : public Group {
            !torch::profiler::impl::profilerEnabled();
   }
 
-  // What the Python flat path takes of a tensor: a dense, contiguous, non-empty CUDA tensor
-  // of a dtype the inter-host engines move as themselves, on the group's CUDA device.
-  bool fits(const at::Tensor& t) const {
+  // Where a tensor the Python flat path takes is (-1: not one): dense, contiguous, non-empty,
+  // of a dtype the inter-host engines move as themselves, on the group's CUDA device, or on
+  // the host for a synchronous op (an asynchronous one's Work is the Python group's).
+  int placeOf(const at::Tensor& t, bool asyncOp) const {
     auto k = static_cast<size_t>(t.scalar_type());
-    return t.layout() == c10::kStrided && t.is_cuda() && t.numel() > 0 && t.is_contiguous() &&
-           k < wire_.size() && wire_[k] && t.get_device() == cells_[kDevice];
+    if (t.layout() != c10::kStrided || t.numel() == 0 || !t.is_contiguous() ||
+        k >= wire_.size() || !wire_[k] || !open()) {
+      return -1;
+    }
+    if (t.is_cuda()) {
+      return t.get_device() == cells_[kDevice] ? kCuda : -1;
+    }
+    return t.is_cpu() && !asyncOp ? kHost : -1;
   }
 
-  bool same(const at::Tensor& out, const at::Tensor& in) const {
-    return out.scalar_type() == in.scalar_type() && open() && fits(out) && fits(in);
+  int pairPlace(const at::Tensor& out, const at::Tensor& in, bool asyncOp) const {
+    if (out.scalar_type() != in.scalar_type()) {
+      return -1;
+    }
+    int p = placeOf(out, asyncOp);
+    return p >= 0 && placeOf(in, asyncOp) == p ? p : -1;
   }
 
   // splits that split t's dim 0 among the ranks (empty: evenly), as the Python group checks
@@ -828,24 +878,35 @@ class Hier : public Group {
     return sum == rows;
   }
 
-  // The flat CUDA group's backend (NCCL), asked of the Python group once.
-  Backend& flatGroup() {
-    std::call_once(flat_once_, [this] {
+  // The flat group's backend for place (NCCL, Gloo), asked of the Python group once.
+  Backend& flatGroup(int place) {
+    std::call_once(flat_once_[place], [this, place] {
       py::gil_scoped_acquire gil;
-      flat_ = group_.attr("_group")("flat", "cuda").cast<c10::intrusive_ptr<Backend>>();
+      flat_[place] = group_.attr("_group")("flat", place == kCuda ? "cuda" : "cpu")
+                         .cast<c10::intrusive_ptr<Backend>>();
     });
-    return *flat_;
+    return *flat_[place];
   }
 
-  // The op issued on the flat group, counted and numbered as the Python flat path does; a
-  // failure is the group's (HierGroup._failed names lost ranks), raised by the Python group.
+  // The op issued on the flat group, numbered as the Python flat path does and counted
+  // where the choice made it (chosen); a host op is waited for (its Work done, as the
+  // Python path's None). A failure is the group's (HierGroup._failed names lost ranks),
+  // raised by the Python group.
   template <typename F>
-  WorkPtr flat(int op, const char* what, const at::Tensor& keep, F&& issue) {
+  WorkPtr flat(int place, int op, bool chosen, const char* what, const at::Tensor& keep,
+               std::vector<at::Tensor>& out, F&& issue) {
     int64_t seq = __atomic_add_fetch(&cells_[kSeq], 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&cells_[kCounts + op], 1, __ATOMIC_RELAXED);
+    if (chosen) {
+      __atomic_add_fetch(&cells_[kCounts + op], 1, __ATOMIC_RELAXED);
+    }
     std::string why, kind;
     try {
-      return issue(flatGroup());
+      WorkPtr w = issue(flatGroup(place));
+      if (place == kCuda) {
+        return w;
+      }
+      waitHost(*w, what, seq, keep);
+      return c10::make_intrusive<DoneWork>(out, std::nullopt);
     } catch (const py::error_already_set&) {
       throw;
     } catch (const c10::Error& e) {
@@ -860,11 +921,36 @@ class Hier : public Group {
     throw std::logic_error("gosym: _flat_failed returned");
   }
 
+  // A synchronous host op's Gloo Work waited for in slices (HierAlgorithms._wait_flat): a
+  // peer that gave up leaves Gloo's op waiting until its own timeout, and no abort of Gloo's
+  // ends it, so where the flat path closes meanwhile the Python group raises its failure if
+  // the watch's news or an earlier failure closed it (_flat_news). The op's own failure
+  // propagates to flat().
+  void waitHost(Work& w, const char* what, int64_t seq, const at::Tensor& keep) {
+    for (;;) {
+      try {
+        w.wait(kHostSlice);
+        return;
+      } catch (const std::exception&) {  // the slice's end ("Operation timed out!") or the op's failure
+        if (w.isCompleted()) {
+          w.wait();
+          return;
+        }
+      }
+      if (__atomic_load_n(&cells_[kOpen], __ATOMIC_ACQUIRE) == 0) {
+        py::gil_scoped_acquire gil;
+        group_.attr("_flat_news")(what, seq, keep);  // raises where the group failed
+      }
+    }
+  }
+
+  static constexpr std::chrono::milliseconds kHostSlice{100};
+
   int64_t* cells_;
   std::vector<std::vector<std::pair<int64_t, bool>>> steps_;
   std::array<bool, 64> wire_{};
-  std::once_flag flat_once_;
-  c10::intrusive_ptr<Backend> flat_;
+  std::array<std::once_flag, kPlaces> flat_once_;
+  std::array<c10::intrusive_ptr<Backend>, kPlaces> flat_;
 };
 
 CudaWork::CudaWork(std::vector<at::Tensor> out, c10::Stream stream, bool end,
@@ -944,8 +1030,9 @@ PYBIND11_MODULE(_c10d, m) {
            py::arg("group"), py::arg("rank"), py::arg("size"), py::arg("shared"),
            py::arg("op_run"), py::arg("device_error"), py::arg("dtypes"), py::arg("reds"),
            py::arg("timeout_s"), py::arg("cells"), py::arg("wire"), py::arg("steps"))
-      .def("flat_choice", &gosym::Hier::flatChoice, py::arg("op"), py::arg("nbytes"),
-           "the choice this backend makes for op (its index in gosym.c10d.HIER_OPS) of nbytes: "
-           "True where it runs flat");
+      .def("flat_choice", &gosym::Hier::flatChoice, py::arg("place"), py::arg("op"),
+           py::arg("nbytes"),
+           "the choice this backend makes for op (its index in gosym.hier.schedule.FLAT_OPS) "
+           "of nbytes on place's tensors (0: CUDA, 1: host): True where it runs flat");
   m.def("set_wrapper", [](py::object f) { gosym::Group::wrapper() = std::move(f); });
 }

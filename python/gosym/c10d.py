@@ -13,9 +13,10 @@ ProcessGroupGosym itself, as before (said once where it was built but does not l
 
 The two share the Python group's two int64 cells (`_shared`): its endpoint (0 once shut
 down) and its CUDA device (-1 before its first CUDA op, which takes the Python path). A
-group across hosts (a HierGroup) gets gosym._c10d.Hier, whose short path is the flat NCCL
-group's own op where the HierGroup's choice runs an op on CUDA tensors flat; it shares the
-HierGroup's cells (HierBase._cells: open, pending, sequence number, CUDA device, counts).
+group across hosts (a HierGroup) gets gosym._c10d.Hier, whose short path is the flat group's
+own op (NCCL's for CUDA tensors, Gloo's for host tensors of a synchronous op) where the
+HierGroup's choice runs the op flat; it shares the HierGroup's cells (HierBase._cells:
+open, pending, sequence number, CUDA device, counts).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def why() -> str:
 def wrap(pg):
     """What torch gets for pg where the module loads and GOSYM_C10D is not 0: a
     gosym._c10d.Group around a ProcessGroupGosym; a gosym._c10d.Hier around a HierGroup
-    (its flat ops on CUDA tensors in C++), except under TORCH_DISTRIBUTED_DEBUG=DETAIL,
+    (its flat ops on CUDA tensors and synchronous ones on host tensors in C++), except under TORCH_DISTRIBUTED_DEBUG=DETAIL,
     where the HierGroup compares every op's arguments itself and torch gets it as it is;
     else pg itself."""
     from .backend import ProcessGroupGosym  # backend never imports this module
@@ -95,7 +96,8 @@ def wrap(pg):
     from .hier import schedule
     from .hier.tensors import _WIRE
 
-    steps = [schedule.steps("cuda", op, pg._shape, pg._choice) for op in schedule.FLAT_OPS]
+    steps = [schedule.steps(dev, op, pg._shape, pg._choice)
+             for dev in ("cuda", "cpu") for op in schedule.FLAT_OPS]  # Hier's places' order
     return m.Hier(*args, ctypes.addressof(pg._cells), sorted(_WIRE, key=str), steps)
 
 

@@ -123,10 +123,11 @@ def test_debug_detail_wrapper_is_seen_through():
 
 def test_hier_choice_matches_the_schedule():
     """gosym._c10d.Hier makes a group across hosts' choice between its flat group and the
-    hierarchical schedule in C++, from schedule.steps: at every size, the answer of
-    schedule.choose, for a table with points, a shape the table lacks and each
-    GOSYM_HIER_CHOICE mode (all_to_all_single: flat in C++ only where Python's is, which
-    asks the choice only where its host-blocks layout applies)."""
+    hierarchical schedule in C++, from schedule.steps of each place (CUDA, then the host):
+    at every size, the answer of schedule.choose for that device, for a table with points,
+    a shape the table lacks and each GOSYM_HIER_CHOICE mode (all_to_all_single: flat in
+    C++ only where Python's is, which asks the choice only where its host-blocks layout
+    applies)."""
     import ctypes
     import random
 
@@ -139,24 +140,34 @@ def test_hier_choice_matches_the_schedule():
     table = {("cuda", "2x2"): {"ops": {
         "all_reduce": ((1024, 5.0, 3.0), (65536, 2.0, 9.0), (1 << 20, 9.0, 4.0)),
         "broadcast": ((4096, 1.0, 2.0),),
-        "all_to_all_single": ((1024, 1.0, 2.0),)}}}
+        "all_to_all_single": ((1024, 1.0, 2.0),)}},
+        ("cpu", "2x2"): {"ops": {
+            "all_reduce": ((1024, 2.0, 3.0), (65536, 9.0, 2.0)),
+            "reduce_scatter_tensor": ((4096, 3.0, 2.0), (1 << 22, 1.0, 5.0)),
+            "all_to_all_single": ((1024, 1.0, 2.0),)}}}
     cells, shared = (ctypes.c_int64 * 9)(), (ctypes.c_int64 * 2)(0, -1)
     rng = random.Random(7)
     sizes = [0, 1, 1023, 1024, 1025, 4095, 4096, 65535, 65536, 1 << 20, (1 << 20) + 1, 1 << 34]
     sizes += [rng.randrange(1, 1 << 28) for _ in range(300)]
     seen = set()
+    devs = ("cuda", "cpu")  # Hier's places, in order
     for shape in ("2x2", "3x1"):
         for mode in schedule.MODES:
-            steps = [schedule.steps("cuda", op, shape, mode, table) for op in schedule.FLAT_OPS]
+            steps = [schedule.steps(dev, op, shape, mode, table)
+                     for dev in devs for op in schedule.FLAT_OPS]
             h = m.Hier(object(), 0, 4, ctypes.addressof(shared), 0, 0, [], [], 30.0,
                        ctypes.addressof(cells), [torch.float32], steps)
-            for i, op in enumerate(schedule.FLAT_OPS):
-                for n in sizes:
-                    want = schedule.choose("cuda", op, n, shape, mode, table) == schedule.FLAT
-                    got = h.flat_choice(i, n)
-                    seen.add(got)
-                    if op == "all_to_all_single":
-                        assert want or not got, (shape, mode, op, n)
-                    else:
-                        assert got == want, (shape, mode, op, n, steps[i])
-    assert seen == {True, False}
+            for place, dev in enumerate(devs):
+                for i, op in enumerate(schedule.FLAT_OPS):
+                    for n in sizes:
+                        want = schedule.choose(dev, op, n, shape, mode, table) == schedule.FLAT
+                        got = h.flat_choice(place, i, n)
+                        seen.add((dev, got))
+                        if op == "all_to_all_single":
+                            assert want or not got, (shape, mode, dev, op, n)
+                        else:
+                            assert got == want, (shape, mode, dev, op, n)
+    assert seen == {(d, f) for d in devs for f in (True, False)}
+    with pytest.raises(RuntimeError, match="steps of 5 ops"):
+        m.Hier(object(), 0, 4, ctypes.addressof(shared), 0, 0, [], [], 30.0,
+               ctypes.addressof(cells), [torch.float32], steps[:len(schedule.FLAT_OPS)])

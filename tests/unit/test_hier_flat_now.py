@@ -67,7 +67,7 @@ def _group(choice="flat", check_args=False, inner=None):
     g._hosts, g._where = [[0, 1], [2, 3]], {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1)}
     g._shape, g._choice, g._check_args = "2x2", choice, check_args
     g._n, g._balanced = 2, True
-    g._paths, g._seq, g._broken, g._cuda, g._flat_host = {}, 0, None, None, set()
+    g._paths, g._seq, g._broken, g._cuda, g._flat_host = {}, 0, None, None, {}
     g._runner = Runner("t")
     g._inner = {("flat", "cuda"): inner if inner is not None else _Inner()}
     return g
@@ -81,6 +81,7 @@ class _GlooWork:
     def __init__(self, name, later=False, error=None):
         self.name, self.waited, self._error = name, 0, error
         self._fut = torch.futures.Future()
+        self._done = threading.Event()
         self._has_future = name != "_reduce_scatter_base"
         if not later:
             self.finish()
@@ -90,8 +91,12 @@ class _GlooWork:
             self._fut.set_exception(self._error)
         else:
             self._fut.set_result([])
+        self._done.set()
 
-    def wait(self):
+    def wait(self, timeout=None):
+        """As Gloo's: with a timeout, RuntimeError while the op runs on (counted: waited)."""
+        if timeout is not None and not self._done.wait(timeout.total_seconds()):
+            raise RuntimeError("Operation timed out!")
         self.waited += 1
         self._fut.wait()
         return True
@@ -328,7 +333,7 @@ def test_barrier_waits_for_flat_host_ops_still_running():
     g = _host_group(gloo)
     x = torch.randn(8)
     w = g.allreduce([x], _c10d.AllreduceOptions())
-    assert g._flat_host == {w}
+    assert list(g._flat_host) == [w]
     waiter = threading.Thread(target=g._wait_flat_host)
     waiter.start()
     waiter.join(0.3)
@@ -357,6 +362,60 @@ def test_flat_host_op_failure_names_the_op_sync_and_async(monkeypatch):
     with pytest.raises(RuntimeError, match=r"all_reduce \(seq 2\) failed: ranks \[3\]"):
         w.wait(timeout=30)
     assert seen == [("all_reduce", 1, boom), ("all_reduce", 2, boom)]
+    g._runner.close()
+
+
+def _lost(g):
+    """What the watch does on hearing that rank 3 was lost (HierBase._watched, the parts a
+    flat host op sees): the news kept, the flat path closed, pending host ops failed."""
+    g._news = RuntimeError("rank 3 closed its connections without leaving the group")
+    g._close_flat()
+    g._fail_flat_host()
+
+
+def test_flat_host_op_waiting_for_a_peer_that_gave_up_ends_on_the_watchs_news(monkeypatch):
+    """Gloo's op waits for a peer until Gloo's timeout, and no abort of Gloo's ends it: at 2
+    hosts x 2 ranks a rank lost on one host left a live rank of the other waiting in the flat
+    all_reduce, and the others named it lost too. A synchronous flat host op waits in slices
+    and raises the group's failure once the watch's news closes the flat path; an
+    asynchronous one is failed with the news on the worker, and Gloo's late failure does not
+    finish it again."""
+    seen = []
+
+    def failed(what, seq, e, keep=None):
+        seen.append((what, seq, str(e)))
+        return RuntimeError(f"gosym: {what} (seq {seq}) failed: ranks [3] were lost; {e}")
+
+    gloo = _Gloo(later=True, error=RuntimeError("Connection closed by peer"))
+    g = _host_group(gloo)
+    g._news = None
+    monkeypatch.setattr(g, "_failed", failed)
+    sync = _c10d.AllreduceOptions()
+    sync.asyncOp = False
+    raised = []
+
+    def call():
+        try:
+            g.allreduce([torch.randn(8)], sync)
+        except RuntimeError as e:
+            raised.append(e)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    caller.join(0.35)
+    assert caller.is_alive() and not raised  # still waiting: Gloo's op has not ended
+    w = g.allreduce([torch.randn(8)], _c10d.AllreduceOptions())  # the caller's, on a thread
+    assert not w.is_completed() and len(g._flat_host) == 1
+    _lost(g)
+    caller.join(5)
+    assert not caller.is_alive() and len(raised) == 1
+    assert "all_reduce (seq 1) failed: ranks [3] were lost" in str(raised[0])
+    with pytest.raises(RuntimeError, match=r"all_reduce \(seq 2\) failed: ranks \[3\]"):
+        w.wait(timeout=10)
+    assert not g._flat_host
+    for work in gloo.works:  # Gloo's ops end at last (its timeout, the peers' exit)
+        work.finish()
+    assert sorted(seen) == [("all_reduce", 1, str(g._news)), ("all_reduce", 2, str(g._news))]
     g._runner.close()
 
 

@@ -11,6 +11,8 @@ GOSYM_HIER_CHUNK bytes.
 
 from __future__ import annotations
 
+import datetime
+
 import torch
 from torch._C import _distributed_c10d as _c10d
 
@@ -24,6 +26,9 @@ from .tensors import (_WIRE, _bytes, _divide, _fold, _fold_hosts, _opts, _red_wi
 
 
 GENERAL = object()  # _flat_now's answer where the op takes the general path
+# how long a synchronous flat host op waits before it looks for the watch's news (_wait_flat;
+# gosym._c10d.Hier's kHostSlice)
+_SLICE = datetime.timedelta(milliseconds=100)
 
 
 def _same(t):
@@ -111,11 +116,11 @@ class HierAlgorithms(HierBase):
                 raise self._failed(what, seq, e, keep) from e
         try:
             w = issue(self._group("flat", "cpu"), _flat)
-            if not async_op:
-                w.wait()
-                return None  # torch's wrapper has nothing left to wait for
         except Exception as e:
             raise self._failed(what, seq, e, keep) from e
+        if not async_op:
+            self._wait_flat(w, what, seq, keep)
+            return None  # torch's wrapper has nothing left to wait for
         done = EventWork(out)
         try:
             fut = w.get_future()
@@ -130,10 +135,11 @@ class HierAlgorithms(HierBase):
                     raise self._failed(what, seq, e, keep) from e
             self._runner.submit(finish, done)
             return done
-        self._flat_host.add(done)
+        self._flat_host[done] = (what, seq, keep)
 
         def settle(fut):
-            self._flat_host.discard(done)
+            if self._flat_host.pop(done, None) is None:
+                return  # the watch's news failed it first (_fail_flat_host)
             try:
                 fut.value()
             except Exception as e:  # noqa: BLE001 - named on the worker, which may wait
@@ -153,6 +159,25 @@ class HierAlgorithms(HierBase):
         """Waits for the asynchronous host ops issued flat so far (a barrier's first step)."""
         for w in list(self._flat_host):
             w.wait()
+
+    def _wait_flat(self, w, what, seq, keep):
+        """Waits for the Gloo Work w of a synchronous host op issued flat (what, seq), in
+        slices: a peer that gave up leaves Gloo's op waiting until its own timeout, and no
+        abort of Gloo's ends it, so where the watch's news (a rank lost, the group failed
+        elsewhere) closes the flat path meanwhile, the wait ends in the group's failure
+        (_flat_news). A failure of the op itself is the group's (_failed)."""
+        while True:
+            try:
+                w.wait(_SLICE)
+                return
+            except Exception:  # noqa: BLE001 - the slice's end, or the op's failure
+                if w.is_completed():
+                    try:
+                        w.wait()
+                        return
+                    except Exception as e:
+                        raise self._failed(what, seq, e, keep) from e
+            self._flat_news(what, seq, keep)
 
     # ---- reductions -------------------------------------------------------------
 

@@ -97,7 +97,7 @@ class HierBase(ProcessGroupGosym):
         self._p2p_peers = set()  # ranks whose CUDA send/recv communicators are made (_p2p_connect)
         # asynchronous host ops issued flat at the call (_flat_now) and not yet finished: a
         # barrier waits for them first, as Gloo's barrier waits for the work before it
-        self._flat_host = set()
+        self._flat_host = {}  # EventWork -> (what, seq, keep)
         gen = store.add(f"gosym/hiergen/{rank}", 1)
         self._store = dist.PrefixStore(f"gosym/hier/{gen}/", store)
         mine = hosts[self._host]
@@ -150,6 +150,26 @@ class HierBase(ProcessGroupGosym):
         """Closes the C++ backend's flat path for good: every op takes the Python path,
         which raises what broke the group."""
         self._cells[self.OPEN] = 0
+
+    def _flat_news(self, what, seq, keep):
+        """For a flat host op (what, seq) still waiting once the flat path closed (the C++
+        backend's and the Python path's slices): raises the group's failure where the
+        watch's news or an earlier failure closed it; else returns (open, or closed by a
+        shutdown: the op waits on)."""
+        if self._cells[self.OPEN] or (self._news is None and self._broken is None):
+            return
+        raise self._failed(what, seq, self._news, keep)
+
+    def _fail_flat_host(self):
+        """Fails the asynchronous host ops issued flat and not finished with the watch's
+        news, on the worker (their Gloo ops wait for peers that gave up until Gloo's
+        timeout; nothing ends them sooner)."""
+        for done in list(self._flat_host):
+            op = self._flat_host.pop(done, None)
+            if op is not None:
+                def fail(what=op[0], seq=op[1], keep=op[2]):
+                    raise self._failed(what, seq, self._news, keep)
+                self._runner.submit(fail, done)
 
     def _flat_failed(self, what, seq, keep, kind, why):
         """Raises the error of a flat op the C++ backend issued (seq) that failed with
@@ -280,6 +300,7 @@ class HierBase(ProcessGroupGosym):
         else:
             self._news = GroupFailed(f"the group failed on rank {origin} (told by rank {pred})")
             self._watch.tell_failed(origin)
+        self._fail_flat_host()
         nccl = [pg for (_, dev), pg in list(self._inner.items()) if dev == "cuda"]
         _abort_all(nccl)
         _park(nccl)

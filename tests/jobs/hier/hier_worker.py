@@ -279,8 +279,9 @@ def run_ops(ck, rank, world, gloo, counts):
 
 def check_cpp_flat(ck):
     """Where gosym._c10d is built and on, torch's world group runs on its Hier backend, whose
-    C++ flat path took the CUDA ops the choice ran flat (none on the host: those stay in
-    Python), counted in the Python group's cells and in its stats."""
+    C++ flat path took ops the choice ran flat (the CUDA ops after the first, which takes the
+    Python path and sets the device; the synchronous host ops), counted in the Python group's
+    cells and in its stats."""
     import gosym
     from gosym import c10d
     from gosym.hier import schedule
@@ -294,12 +295,9 @@ def check_cpp_flat(ck):
     backend = type(pg._get_backend(DEVICE)).__name__
     ran = {op: hier._cells[hier.COUNTS + i] for i, op in enumerate(schedule.FLAT_OPS)}
     paths = gosym.stats(pg)["hier"]["paths"]
-    if DEVICE.type == "cuda":  # the first CUDA op takes the Python path, which sets the device
-        flat = sum(paths.get(f"{op}/flat", 0) for op in schedule.FLAT_OPS)
-        ok = backend == "Hier" and (flat == 0 or sum(ran.values()) > 0) and all(
-            paths.get(f"{op}/flat", 0) >= n for op, n in ran.items())
-    else:
-        ok = backend == "Hier" and not any(ran.values())
+    flat = sum(paths.get(f"{op}/flat", 0) for op in schedule.FLAT_OPS)
+    ok = backend == "Hier" and (flat == 0 or sum(ran.values()) > 0) and all(
+        paths.get(f"{op}/flat", 0) >= n for op, n in ran.items())
     ck.check("the C++ backend's flat path", ok, f"{backend} {ran} {paths}")
 
 
@@ -750,12 +748,14 @@ def ring_step(t, rank, world):
 
 
 def scenario(args, ck, rank, world):
-    """A rank lost (SIGKILL: die, die-p2p) or late (it sleeps past the timeout: late, or
-    stall, which sleeps 20 timeouts, longer than the job waits) in the
-    middle of a loop of all_reduces, or of sends and receives around a ring (die-p2p):
-    every other rank must raise a gosym error naming the op and it."""
+    """A rank lost (SIGKILL: die, die-p2p, die-async) or late (it sleeps past the timeout:
+    late, or stall, which sleeps 20 timeouts, longer than the job waits) in the
+    middle of a loop of all_reduces (die-async: asynchronous ones, waited for), or of sends
+    and receives around a ring (die-p2p): every other rank must raise a gosym error naming
+    the op and it."""
     victim = args.victim
     p2p = args.scenario.endswith("-p2p")
+    asyn = args.scenario.endswith("-async")
     t = torch.ones(args.elems, device=DEVICE)
     err = None
     t0 = time.monotonic()
@@ -767,7 +767,12 @@ def scenario(args, ck, rank, world):
             time.sleep(args.timeout * (20 if args.scenario == "stall" else 3))
             break
         try:
-            ring_step(t, rank, world) if p2p else dist.all_reduce(t)
+            if p2p:
+                ring_step(t, rank, world)
+            elif asyn:
+                dist.all_reduce(t, async_op=True).wait()
+            else:
+                dist.all_reduce(t)
             if DEVICE.type == "cuda":
                 torch.cuda.synchronize()  # a CUDA op's failure shows at the host from here on
         except Exception as e:  # noqa: BLE001 - the error under test

@@ -81,6 +81,18 @@ def test_ops_across_three_hosts(outdir):
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
 
 
+def test_flat_across_hosts(outdir):
+    """GOSYM_HIER_CHOICE=flat on host tensors: every op Gloo's own on the flat group, the
+    synchronous ones issued and waited for by the C++ backend (gosym._c10d.Hier) where it is
+    built, the asynchronous ones by the Python group; every op x dtype and async Work
+    against gloo on the same ranks; the C++ flat path ran (hier_worker's check_cpp_flat)."""
+    res = run_hosts((2, 2), "hier_worker", ["--hosts", "2,2", "--parts", "ops,async,coalesced",
+                                            "--timeout", 60], outdir, timeout=600,
+                    kind=ANY_HOSTS, env={"GOSYM_HIER_CHOICE": "flat"})
+    res.assert_ok()
+    assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
+
+
 @pytest.mark.parametrize("counts", [(2, 2), (1, 2)], ids=["2x2", "1+2"])
 def test_choice_across_hosts(counts, outdir):
     """GOSYM_HIER_CHOICE=table with a table (patched in the workers) that runs every op flat
@@ -95,18 +107,23 @@ def test_choice_across_hosts(counts, outdir):
 
 
 @needs_netns
-@pytest.mark.parametrize("scenario,victim,timeout", [("die", 3, 3), ("die", 1, 3), ("late", 2, 3),
-                                                     ("die-p2p", 2, 3), ("die", 2, 60)],
+@pytest.mark.parametrize("scenario,victim,timeout,choice",
+                         [("die", 3, 3, "hier"), ("die", 1, 3, "hier"), ("late", 2, 3, "hier"),
+                          ("die-p2p", 2, 3, "hier"), ("die", 2, 60, "hier"),
+                          ("die", 3, 60, "flat"), ("die-async", 3, 60, "flat")],
                          ids=["die-host1", "die-host0", "late-host1", "die-p2p-host1",
-                              "die-host1-long-timeout"])
-def test_rank_lost(scenario, victim, timeout, outdir):
+                              "die-host1-long-timeout", "die-host1-flat", "die-async-host1-flat"])
+def test_rank_lost(scenario, victim, timeout, choice, outdir):
     """A rank killed (or late past the timeout) on either host, in a loop of all_reduces or
     (die-p2p) of sends and receives around the ring: every other rank raises a gosym error
     naming the op and the lost rank; a killed one within 10 s where the group's timeout is
-    60 s (the ranks' watch, gosym.hier.watch)."""
+    60 s (the ranks' watch, gosym.hier.watch). With GOSYM_HIER_CHOICE=flat the all_reduces
+    are Gloo's, whose wait for a peer that gave up no abort ends: synchronous ones issued
+    and waited for by the C++ backend (gosym._c10d.Hier) where it is built, asynchronous
+    ones (die-async) by the Python group; the watch's news ends either wait."""
     res = run_hosts((2, 2), "hier_worker", ["--hosts", "2,2", "--scenario", scenario,
                                             "--victim", victim, "--timeout", timeout], outdir,
-                    timeout=180)
+                    timeout=180, env={"GOSYM_HIER_CHOICE": choice})
     fails = [f for f in res.failures() if not f.startswith(f"[rank {victim}]")]
     assert not fails, "\n".join(fails) + f"\n{res.tail(6000)}"
 
