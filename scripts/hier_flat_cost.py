@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """What gosym adds to an op across hosts that runs flat (Gloo's own op on gosym's flat
-inter-host group): host tensors, 256 x world float32 a rank, the HierGroup's flat Gloo group
-replaced by one whose ops do nothing and return a done Work, timed beside torch's wrapper
-over a registered do-nothing group (the floor of any Python backend). The difference is
-gosym's own Python on that path (checks, the choice, the hand-off), without Gloo's time,
+inter-host group): host tensors, 256 x world float32 a rank, synchronous, the HierGroup's
+flat Gloo group replaced by torch's FakeProcessGroup (a C++ group whose ops do nothing and
+return a done Work), timed beside dist.<op> on a FakeProcessGroup of its own (the floor of
+any backend torch calls). Two gosym groups: the default one (gosym._c10d.Hier where that is
+built: the flat op issued and waited for in C++) and one made with GOSYM_C10D=0 (the Python
+group's _flat_now). The difference to the floor is gosym's own path, without Gloo's time,
 which is far larger and noisier. Run on every rank of (simulated) hosts of one rank each:
 
     python tests/jobs/hier/simhosts.py --hosts 1,1 -- python scripts/hier_flat_cost.py \\
@@ -15,54 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+from torch.testing._internal.distributed import fake_pg  # noqa: F401 - registers "fake"
 
-import gosym  # noqa: F401 - registers the backend
-
-
-class _Done:
-    """A Work that is done: what the stand-in's ops return."""
-
-    def wait(self, timeout=None):
-        return True
-
-    def get_future(self):
-        f = torch.futures.Future()
-        f.set_result(None)
-        return f
-
-
-_DONE = _Done()
-
-
-class _Null(dist.ProcessGroup):
-    """A group whose ops do nothing."""
-
-    def __init__(self, rank, size):
-        super().__init__(rank, size)
-
-    def allreduce(self, tensors, opts=None):
-        return _DONE
-
-    def broadcast(self, tensors, opts=None):
-        return _DONE
-
-    def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's names
-        return _DONE
-
-    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
-        return _DONE
-
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
-                      opts=None):
-        return _DONE
-
-    def getBackendName(self):
-        return "gosym-null"
+import gosym
 
 
 def _per_call_us(fn, calls=300, bursts=15):
@@ -81,16 +45,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", default=None, help="rank 0 writes its rows here")
     a = p.parse_args()
-    dist.Backend.register_backend("gosymnull", lambda store, r, s, timeout: _Null(r, s),
-                                  devices=["cpu"])
     dist.init_process_group("gosym")
-    pg = dist.distributed_c10d._get_default_group()
     rank, world = dist.get_rank(), dist.get_world_size()
-    if not hasattr(pg, "_flat_now"):
+    hier = gosym.group()
+    if not hasattr(hier, "_flat_now"):
         raise SystemExit("hier_flat_cost: the group spans one host; run it across hosts")
-    null = dist.new_group(backend="gosymnull")
-    real = pg._group("flat", "cpu")
-    pg._inner[("flat", "cpu")] = _Null(rank, world)
+    os.environ["GOSYM_C10D"] = "0"  # read at creation: this group is the Python one itself
+    python_group = dist.new_group(backend="gosym")
+    del os.environ["GOSYM_C10D"]
+    floor_group = dist.new_group(backend="fake")
+    groups = {"default": dist.distributed_c10d._get_default_group(), "python": python_group}
+    backend = {k: type(g._get_backend(torch.device("cpu"))).__name__ for k, g in groups.items()}
+    for g in groups.values():  # before any flat host op: gosym._c10d.Hier asks for it once
+        gosym.group(g)._inner[("flat", "cpu")] = _c10d.FakeProcessGroup._create_internal(rank,
+                                                                                          world)
     n = 256 * world
     x, o, part = torch.zeros(n), torch.zeros(n * world), torch.zeros(n // world)
     ops = {
@@ -101,21 +69,23 @@ def main() -> int:
         "all_to_all_single": lambda g: dist.all_to_all_single(o[:n], x, group=g),
     }
     rows = {}
-    try:
-        for name, f in ops.items():
-            # in turn, twice, the better of each: the host's noise only ever adds
-            mine = min(_per_call_us(lambda: f(pg)) for _ in range(2))
-            floor = min(_per_call_us(lambda: f(null)) for _ in range(2))
-            rows[name] = {"gosym_flat_us": mine, "null_group_us": floor, "added_us": mine - floor}
-            print(f"rank {rank} {name:24} gosym flat {mine:6.2f}  do-nothing group {floor:6.2f}  "
-                  f"added {mine - floor:6.2f} us", flush=True)
-    finally:
-        pg._inner[("flat", "cpu")] = real
-    print(f"rank {rank} paths {pg._paths}", flush=True)
+    for name, f in ops.items():
+        # in turn, twice, the better of each: the host's noise only ever adds
+        floor = min(_per_call_us(lambda: f(floor_group)) for _ in range(2))
+        rows[name] = {"floor_us": floor}
+        for k, g in groups.items():
+            us = min(_per_call_us(lambda g=g: f(g)) for _ in range(2))
+            rows[name][f"{k}_us"] = us
+        print(f"rank {rank} {name:24} default ({backend['default']}) "
+              f"{rows[name]['default_us']:6.2f}  Python group {rows[name]['python_us']:6.2f}  "
+              f"do-nothing C++ group {floor:6.2f}  added {rows[name]['default_us'] - floor:6.2f} "
+              f"/ {rows[name]['python_us'] - floor:6.2f} us", flush=True)
+    paths = {k: gosym.stats(g)["hier"]["paths"] for k, g in groups.items()}
+    print(f"rank {rank} paths {paths}", flush=True)
     if rank == 0 and a.json:
         with open(a.json, "w") as f:
-            json.dump({"world": world, "numel": n, "us": rows, "paths": pg._paths}, f, indent=1)
-    dist.barrier()
+            json.dump({"world": world, "numel": n, "backends": backend, "us": rows,
+                       "paths": paths}, f, indent=1)
     dist.destroy_process_group()
     return 0
 

@@ -98,7 +98,8 @@ def wrap(pg):
 
     steps = [schedule.steps(dev, op, pg._shape, pg._choice)
              for dev in ("cuda", "cpu") for op in schedule.FLAT_OPS]  # Hier's places' order
-    return m.Hier(*args, ctypes.addressof(pg._cells), sorted(_WIRE, key=str), steps)
+    return m.Hier(*args, ctypes.addressof(pg._cells), sorted(_WIRE, key=str), steps,
+                  pg._blocks("cpu"))
 
 
 def unwrap(pg):
