@@ -125,9 +125,7 @@ def test_hier_choice_matches_the_schedule():
     """gosym._c10d.Hier makes a group across hosts' choice between its flat group and the
     hierarchical schedule in C++, from schedule.steps of each place (CUDA, then the host):
     at every size, the answer of schedule.choose for that device, for a table with points,
-    a shape the table lacks and each GOSYM_HIER_CHOICE mode (all_to_all_single: flat in
-    C++ only where Python's is, which asks the choice only where its host-blocks layout
-    applies)."""
+    a shape the table lacks and each GOSYM_HIER_CHOICE mode."""
     import ctypes
     import random
 
@@ -163,10 +161,7 @@ def test_hier_choice_matches_the_schedule():
                         want = schedule.choose(dev, op, n, shape, mode, table) == schedule.FLAT
                         got = h.flat_choice(place, i, n)
                         seen.add((dev, got))
-                        if op == "all_to_all_single":
-                            assert want or not got, (shape, mode, dev, op, n)
-                        else:
-                            assert got == want, (shape, mode, dev, op, n)
+                        assert got == want, (shape, mode, dev, op, n)
     assert seen == {(d, f) for d in devs for f in (True, False)}
     with pytest.raises(RuntimeError, match="steps of 5 ops"):
         m.Hier(object(), 0, 4, ctypes.addressof(shared), 0, 0, [], [], 30.0,

@@ -82,16 +82,13 @@ def steps(device: str, op: str, shape_key: str, mode: str = "table",
     """choose() for op on device as a step function, for gosym._c10d.Hier, which makes the
     choice in C++: [(bytes, flat), ...] by size, where an op of nbytes takes the step at the
     largest bytes <= nbytes (the first step below them all); [] for flat at every size.
-    all_to_all_single asks the choice only where its host-blocks layout applies (on host
-    tensors: _ONLY_ON), so where the choice could be hierarchical it is left to Python: a
-    single step (0, False), which the C++ side takes as "not flat here"."""
+    (all_to_all_single asks the choice only where its host-blocks layout applies; Hier
+    knows where, as HierAlgorithms._a2a_applies.)"""
     if _mode(mode) != "table":
         return [(0, mode == FLAT)]
     points = _points(device, op, shape_key, table)
     if not points:
         return []
-    if op == "all_to_all_single":
-        return [(0, False)]
     return [(p[0], not p[1] < p[2]) for p in points]
 
 
