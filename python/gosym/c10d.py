@@ -26,10 +26,10 @@ import pathlib
 import warnings
 
 import torch
-import torch.distributed as dist
 
 from . import _lib, _settings
 from ._dtypes import _PREMUL, _REDS, DTYPES
+from ._unwrap import unwrap  # noqa: F401 - gosym.c10d.unwrap, as before
 
 _state: dict = {}  # "module": gosym._c10d once loaded; "why": why it is not
 
@@ -100,19 +100,3 @@ def wrap(pg):
              for dev in ("cuda", "cpu") for op in schedule.FLAT_OPS]  # Hier's places' order
     return m.Hier(*args, ctypes.addressof(pg._cells), sorted(_WIRE, key=str), steps,
                   pg._blocks("cpu"))
-
-
-def unwrap(pg):
-    """The Python group behind pg: the ProcessGroupGosym a gosym._c10d.Group of torch's pg runs,
-    else pg itself (a Python group, or a group that is not gosym's)."""
-    m = _state.get("module")
-    if m is None or type(pg) is not dist.ProcessGroup:
-        return pg
-    try:
-        b = pg._get_backend(torch.device("cpu"))
-    except Exception:  # noqa: BLE001 - no backend for the CPU: not gosym's
-        return pg
-    # under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps the backend in a checking wrapper
-    while not isinstance(b, m.Group) and hasattr(b, "wrapped_pg"):
-        b = b.wrapped_pg
-    return b.group if isinstance(b, m.Group) else pg

@@ -345,9 +345,9 @@ def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
 def _gosym_group(group):
     from torch import distributed as dist
 
-    from . import c10d
+    from ._unwrap import unwrap
 
-    pg = c10d.unwrap(dist.distributed_c10d._get_default_group() if group is None else group)
+    pg = unwrap(dist.distributed_c10d._get_default_group() if group is None else group)
     if not getattr(type(pg), "_gosym_endpoint_group", False):  # a ProcessGroupGosym
         raise ValueError(f"gosym: contiguous_view needs a gosym process group, got {pg!r}")
     return pg

@@ -62,7 +62,7 @@ def _group(rank=0, size=3, meet=None):
     g = HierGroup.__new__(HierGroup)
     g._rank, g._size, g._name, g._report_s = rank, size, "g", 5
     g._hosts, g._host, g._global_ranks = [[r] for r in range(size)], rank, list(range(size))
-    g._broken, g._news, g._dead = None, None, set()
+    g._broken, g._news, g._dead, g._flat_host = None, None, set(), {}
     g._store, g._watch, g._runner, g._local = DictStore(), _Watch(), _Runner(), _Local()
     g._inner = {("flat", "cuda"): _Inner(meet), ("down", "cuda"): _Inner(meet),
                 ("flat", "cpu"): _Inner(), ("rail", "cpu"): _Inner()}
