@@ -6,10 +6,12 @@ return a done Work), timed beside dist.<op> on a FakeProcessGroup of its own (th
 any backend torch calls). Two gosym groups: the default one (gosym._c10d.Hier where that is
 built: the flat op issued and waited for in C++) and one made with GOSYM_C10D=0 (the Python
 group's _flat_now). The difference to the floor is gosym's own path, without Gloo's time,
-which is far larger and noisier. Run on every rank of (simulated) hosts of one rank each:
+which is far larger and noisier. With --gloo the flat group stays Gloo's and the floor is a
+plain Gloo group of the same ranks, each timed in turn over six rounds (medians): what a
+user sees of the op, Gloo's noise included. Run on every rank of (simulated) hosts:
 
-    python tests/jobs/hier/simhosts.py --hosts 1,1 -- python scripts/hier_flat_cost.py \\
-        [--json F]
+    GOSYM_HIER_CHOICE=flat python tests/jobs/hier/simhosts.py --hosts 1,1 -- \\
+        python scripts/hier_flat_cost.py [--gloo] [--json F]
 
 Diagnostic: gosym.bench measures the ops themselves."""
 
@@ -44,6 +46,8 @@ def _per_call_us(fn, calls=300, bursts=15):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", default=None, help="rank 0 writes its rows here")
+    p.add_argument("--gloo", action="store_true",
+                   help="the real flat Gloo group against a plain Gloo group")
     a = p.parse_args()
     dist.init_process_group("gosym")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -53,12 +57,14 @@ def main() -> int:
     os.environ["GOSYM_C10D"] = "0"  # read at creation: this group is the Python one itself
     python_group = dist.new_group(backend="gosym")
     del os.environ["GOSYM_C10D"]
-    floor_group = dist.new_group(backend="fake")
+    floor_group = dist.new_group(backend="gloo" if a.gloo else "fake")
+    floor_name = "plain Gloo group" if a.gloo else "do-nothing C++ group"
     groups = {"default": dist.distributed_c10d._get_default_group(), "python": python_group}
     backend = {k: type(g._get_backend(torch.device("cpu"))).__name__ for k, g in groups.items()}
     for g in groups.values():  # before any flat host op: gosym._c10d.Hier asks for it once
-        gosym.group(g)._inner[("flat", "cpu")] = _c10d.FakeProcessGroup._create_internal(rank,
-                                                                                          world)
+        if not a.gloo:
+            gosym.group(g)._inner[("flat", "cpu")] = _c10d.FakeProcessGroup._create_internal(
+                rank, world)
     n = 256 * world
     x, o, part = torch.zeros(n), torch.zeros(n * world), torch.zeros(n // world)
     ops = {
@@ -69,22 +75,28 @@ def main() -> int:
         "all_to_all_single": lambda g: dist.all_to_all_single(o[:n], x, group=g),
     }
     rows = {}
+    every = [("floor", floor_group), *groups.items()]
     for name, f in ops.items():
-        # in turn, twice, the better of each: the host's noise only ever adds
-        floor = min(_per_call_us(lambda: f(floor_group)) for _ in range(2))
-        rows[name] = {"floor_us": floor}
-        for k, g in groups.items():
-            us = min(_per_call_us(lambda g=g: f(g)) for _ in range(2))
-            rows[name][f"{k}_us"] = us
+        if a.gloo:  # in turn, each first in some rounds: real ops drift; medians
+            got = {k: [] for k, _ in every}
+            for r in range(6):
+                for k, g in every[r % 3:] + every[:r % 3]:
+                    got[k].append(_per_call_us(lambda g=g: f(g), calls=100, bursts=5))
+            rows[name] = {f"{k}_us": statistics.median(v) for k, v in got.items()}
+        else:  # in turn, twice, the better of each: the host's noise only ever adds
+            rows[name] = {f"{k}_us": min(_per_call_us(lambda g=g: f(g)) for _ in range(2))
+                          for k, g in every}
+        floor = rows[name]["floor_us"]
         print(f"rank {rank} {name:24} default ({backend['default']}) "
-              f"{rows[name]['default_us']:6.2f}  Python group {rows[name]['python_us']:6.2f}  "
-              f"do-nothing C++ group {floor:6.2f}  added {rows[name]['default_us'] - floor:6.2f} "
+              f"{rows[name]['default_us']:7.2f}  Python group {rows[name]['python_us']:7.2f}  "
+              f"{floor_name} {floor:7.2f}  added {rows[name]['default_us'] - floor:6.2f} "
               f"/ {rows[name]['python_us'] - floor:6.2f} us", flush=True)
     paths = {k: gosym.stats(g)["hier"]["paths"] for k, g in groups.items()}
     print(f"rank {rank} paths {paths}", flush=True)
     if rank == 0 and a.json:
         with open(a.json, "w") as f:
-            json.dump({"world": world, "numel": n, "backends": backend, "us": rows,
+            json.dump({"world": world, "numel": n, "floor": floor_name, "backends": backend,
+                       "us": rows,
                        "paths": paths}, f, indent=1)
     dist.destroy_process_group()
     return 0
