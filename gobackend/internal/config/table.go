@@ -117,7 +117,7 @@ var (
 	_ = textRow("GOSYM_LIBRARY", "libgosym.so in the package", Python,
 		"Path of the libgosym.so that python/gosym loads.")
 	_ = enumRow("GOSYM_C10D", "1", []string{"0", "1"}, false, Python,
-		"1: a group on one host is handed to torch as gosym._c10d's C++ backend where that module is built for the running torch (`make lib`), so dist.<op> reaches its short path without Python, and a group across hosts as its Hier backend (the ops it runs flat on CUDA tensors issued from C++; not under TORCH_DISTRIBUTED_DEBUG=DETAIL); 0: torch gets the Python group itself.")
+		"1: a group on one host is handed to torch as gosym._c10d's C++ backend where that module is built for the running torch (`make lib`), so dist.<op> reaches its short path without Python, and a group across hosts as its Hier backend (the ops it runs flat issued from C++: on CUDA tensors, and synchronous ones on host tensors; not under TORCH_DISTRIBUTED_DEBUG=DETAIL); 0: torch gets the Python group itself.")
 	_ = enumRow("GOSYM_PROFILER_RANGES", "1", []string{"0", "1"}, false, Python,
 		"1: every op records a gosym:<op> range while torch's profiler runs (python/gosym/profiling.py); 0: the op methods are not wrapped (no ranges, not the wrapper's cost).")
 	_ = textRow("GOSYM_VENV", "~/.cache/gosym/venv-<hash of the requirements>", Build,
