@@ -791,6 +791,20 @@ def print_program(args):
             print(p.draw(step)[0])
 
 
+def _cpp_flat_ops(dev):
+    """The ops the world group's C++ backend (gosym._c10d.Hier) ran flat, where the world
+    spans hosts and torch calls it through that backend; else None."""
+    import gosym
+    from gosym import c10d
+    from gosym.hier import schedule
+
+    m, g = c10d.module(), gosym.group()
+    if m is None or not hasattr(g, "_cells") or \
+            not isinstance(dist.group.WORLD._get_backend(dev), m.Hier):
+        return None
+    return sum(g._cells[g.COUNTS + i] for i in range(len(schedule.FLAT_OPS)))
+
+
 def main():
     if "--print-program" in sys.argv:  # no process, group or result file to set up
         parser = argparse.ArgumentParser()
@@ -832,6 +846,9 @@ def main():
         ck.info.setdefault("ops_run", {})[p.seed] = p.counts
     if turns:  # the order the turns were granted in: the same on every rank
         ck.info["turns"] = {"taken": len(turns.log), "order": turns.digest()}
+    cpp = _cpp_flat_ops(dev) if args.backend == "gosym" else None
+    if cpp is not None:
+        ck.info["cpp_flat_ops"] = cpp
     wc.write_result(ck.result(digests={f"{p.seed}/{k}": v for p in progs for k, v in p.digests.items()}))
     wc.print_summary(ck, f"fuzz seed {args.seed}" + (f" x{args.threads} threads" if args.threads > 1 else ""))
     dist.destroy_process_group()

@@ -309,13 +309,21 @@ def test_host_id_override(outdir):
     res.assert_ok()
 
 
-@pytest.mark.parametrize("counts", [(2, 2), (1, 2)], ids=["2x2", "1+2"])
-def test_fuzz_across_hosts(counts, outdir):
+@pytest.mark.parametrize("counts,choice", [((2, 2), "hier"), ((1, 2), "hier"), ((2, 2), "table")],
+                         ids=["2x2", "1+2", "2x2-table"])
+def test_fuzz_across_hosts(counts, choice, outdir):
     """tests/jobs/fuzz/fuzz_worker.py's random programs on a group across two hosts (network
     namespaces where they can be made, else host ids): subgroups within and across the
-    hosts, async, strided, uneven (_v) forms, against float64 references."""
-    check_fuzz(run_hosts(counts, "fuzz_worker", fuzz_args(303, "--timeout", 60), outdir, timeout=600,
-                         kind=ANY_HOSTS))
+    hosts, async, strided, uneven (_v) forms, against float64 references. With the choice's
+    table (users' default) small ops run flat, the synchronous host ones issued from C++
+    (gosym._c10d.Hier), interleaved with the hierarchical ones and the asynchronous flat
+    ones of the Python group."""
+    res = run_hosts(counts, "fuzz_worker", fuzz_args(303, "--timeout", 60), outdir, timeout=600,
+                    kind=ANY_HOSTS, env={"GOSYM_HIER_CHOICE": choice})
+    check_fuzz(res)
+    if choice == "table":  # where gosym._c10d is built, its flat path took some of the ops
+        ran = [r["info"].get("cpp_flat_ops") for r in res.results]
+        assert all(n is None or n > 0 for n in ran), ran
 
 
 @pytest.mark.gpu
