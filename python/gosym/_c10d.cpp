@@ -754,19 +754,15 @@ class Hier : public Group {
     return Group::broadcast(ts, o);
   }
 
-  // Gloo's two-buffer ops split their output along dim 0 (as torch.chunk): they get 1-D views,
-  // as the Python flat path hands them (NCCL: the tensors themselves).
   WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in,
                           const c10d::AllgatherOptions& o) override {
     int p = out.numel() == in.numel() * size_ ? pairPlace(out, in, o.asyncOp) : -1;
     if (p >= 0 && flatChoice(p, kAllGather, bytes(in))) {
       std::vector<at::Tensor> keep{out};
       return flat(p, kAllGather, true, "all_gather_into_tensor", out, keep, [&](Backend& b) {
-        if (p == kCuda) {
-          return b._allgather_base(out, in, o);
-        }
-        at::Tensor vo = out.view(-1), vi = in.view(-1);
-        return b._allgather_base(vo, vi, o);
+        return asFlat(p, out, in, [&](at::Tensor& fo, at::Tensor& fi) {
+          return b._allgather_base(fo, fi, o);
+        });
       });
     }
     return Group::_allgather_base(out, in, o);
@@ -778,11 +774,9 @@ class Hier : public Group {
     if (p >= 0 && plainFlat(p, o.reduceOp) && flatChoice(p, kReduceScatter, bytes(in))) {
       std::vector<at::Tensor> keep{out};
       return flat(p, kReduceScatter, true, "reduce_scatter_tensor", out, keep, [&](Backend& b) {
-        if (p == kCuda) {
-          return b._reduce_scatter_base(out, in, o);
-        }
-        at::Tensor vo = out.view(-1), vi = in.view(-1);
-        return b._reduce_scatter_base(vo, vi, o);
+        return asFlat(p, out, in, [&](at::Tensor& fo, at::Tensor& fi) {
+          return b._reduce_scatter_base(fo, fi, o);
+        });
       });
     }
     return Group::_reduce_scatter_base(out, in, o);
@@ -812,6 +806,18 @@ class Hier : public Group {
 
   static int64_t bytes(const at::Tensor& t) {
     return t.numel() * static_cast<int64_t>(t.element_size());
+  }
+
+  // A two-buffer op's pair as the flat group takes it: NCCL the tensors themselves; Gloo, whose
+  // two-buffer ops split the output along dim 0 (as torch.chunk), 1-D views, as the Python
+  // flat path hands them.
+  template <typename F>
+  static WorkPtr asFlat(int place, at::Tensor& out, at::Tensor& in, F&& call) {
+    if (place == kCuda) {
+      return call(out, in);
+    }
+    at::Tensor fo = out.view(-1), fi = in.view(-1);
+    return call(fo, fi);
   }
 
   static bool given(const std::vector<int64_t>& s) {
