@@ -63,8 +63,8 @@ lib: $(LIB) $(C10D)
 
 # The group's C++ backend (python/gosym/_c10d.cpp, gosym.c10d), built against the venv's torch
 # and Python; _c10d.torch records the torch it was built for (gosym loads it only under that).
-$(C10D): python/gosym/_c10d.cpp cabi/gosym.h scripts/build_c10d.py $(wildcard $(VENV_STAMP)) | venv
-	$(PY) scripts/build_c10d.py
+$(C10D): python/gosym/_c10d.cpp cabi/gosym.h python/gosym/build_c10d.py $(wildcard $(VENV_STAMP)) | venv
+	$(PY) -P python/gosym/build_c10d.py
 
 # Every kernel compiled ahead of time (gobackend/cmd/kernelgen), with the
 # venv's NVRTC when there is one; the library embeds the images. Without

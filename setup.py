@@ -89,6 +89,13 @@ class build_go(build_ext):
         if os.path.exists(header) and not self.inplace:
             os.makedirs(self.build_temp, exist_ok=True)
             os.replace(header, os.path.join(self.build_temp, os.path.basename(header)))
+        # The C ABI's header, for `python -m gosym.build_c10d` after pip install: the C++
+        # backend (python/gosym/_c10d.cpp, package data) is built against the user's torch,
+        # whose C++ ABI a wheel cannot match in advance.
+        if not self.inplace:
+            include = os.path.join(os.path.dirname(out), "include")
+            os.makedirs(include, exist_ok=True)
+            shutil.copyfile(os.path.join(ROOT, "cabi", "gosym.h"), os.path.join(include, "gosym.h"))
 
 
 cmdclass = {"build_ext": build_go}

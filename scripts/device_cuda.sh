@@ -271,8 +271,8 @@ for s in "${steps[@]}"; do
 		# the group's C++ backend (gosym._c10d) for this machine's torch and Python: the device
 		# has no venv of ours, so it is built here (g++, ~20 s); without it gosym runs its
 		# Python group and says why
-		echo "== scripts/build_c10d.py"
-		timeout 200 python3 scripts/build_c10d.py 2>&1 | tail -5
+		echo "== python/gosym/build_c10d.py"
+		timeout 200 python3 -P python/gosym/build_c10d.py 2>&1 | tail -5
 		got=$(python3 -c "import gosym.c10d as c; print(c.module() is not None, c.why())" 2>&1 | tail -1)
 		echo "gosym._c10d: $got"
 		summary+=("c10d: $got") ;;

@@ -2,8 +2,9 @@
 
 torch hands a Python ProcessGroup's ops to its Python methods, so an eager op on a Python
 group pays torch's trampoline into Python and gosym's Python before the one native call.
-Where the module is built for the running torch (scripts/build_c10d.py, run by `make lib`:
-python/gosym/_c10d<EXT_SUFFIX> and _c10d.torch, the torch version it was built for) and
+Where the module is built for the running torch (gosym.build_c10d, run by `make lib`, or by
+`python -m gosym.build_c10d` after pip install: gosym/_c10d<EXT_SUFFIX> and _c10d.torch, the
+torch version it was built for) and
 GOSYM_C10D is not 0, the creator hands torch a gosym._c10d.Group instead: torch builds its
 own C++ ProcessGroup around it, and the Group runs the short path (one dense tensor or pair
 on the group's CUDA device, or a synchronous dense host op: the Python short path's checks,
@@ -46,7 +47,7 @@ def module():
     try:
         built = stamp.read_text().strip()
     except OSError:
-        _state["why"] = "not built (make lib builds it)"
+        _state["why"] = "not built (python -m gosym.build_c10d, or make lib, builds it)"
         return None
     if built != torch.__version__:
         _state["why"] = f"built for torch {built}, running {torch.__version__}"
@@ -60,7 +61,8 @@ def module():
             _state["module"] = m
             return m
     warnings.warn(f"gosym: the C++ backend (gosym._c10d) is {_state['why']}; groups run on "
-                  f"the Python backend (rebuild with `make lib`)", RuntimeWarning, stacklevel=2)
+                  f"the Python backend (build it with `python -m gosym.build_c10d`, or `make "
+                  f"lib` in a checkout)", RuntimeWarning, stacklevel=2)
     return None
 
 

@@ -1,8 +1,10 @@
-"""Builds gosym._c10d (python/gosym/_c10d.cpp), the group's C++ backend, against the torch and
-Python that run this script: python/gosym/_c10d<EXT_SUFFIX> and, beside it, _c10d.torch, the
-torch version it was built for (gosym.c10d loads the module only under that torch).
+"""Builds gosym._c10d (_c10d.cpp beside this file), the group's C++ backend, against the torch
+and Python that run it: _c10d<EXT_SUFFIX> and, beside it, _c10d.torch, the torch version it was
+built for (gosym.c10d loads the module only under that torch).
 
-Usage: python scripts/build_c10d.py [--out DIR]
+Usage: python -m gosym.build_c10d [--out DIR]    (`make lib` runs it in a checkout; after
+`pip install gosym`, run it once, and again after changing torch: the wheel carries the
+source and the engine's header, not a module tied to one torch's C++ ABI)
 Needs a C++17 compiler (CXX, default g++), torch's headers (every torch wheel has them) and
 the CUDA runtime library torch's CUDA wheels bring (no CUDA headers: CUDA is reached through
 c10's device interface). Without them it says so and exits 1; gosym then runs its Python group.
@@ -20,8 +22,14 @@ import sys
 import sysconfig
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-SRC = ROOT / "python" / "gosym" / "_c10d.cpp"
+HERE = pathlib.Path(__file__).resolve().parent
+SRC = HERE / "_c10d.cpp"
+
+
+def _header_dir() -> pathlib.Path:
+    """Where gosym.h is: the checkout's cabi/, else the copy the wheel carries (include/)."""
+    cabi = HERE.parent.parent / "cabi"
+    return cabi if (cabi / "gosym.h").is_file() else HERE / "include"
 
 
 def main() -> int:
@@ -49,7 +57,7 @@ def main() -> int:
            "-DTORCH_EXTENSION_NAME=_c10d", "-DTORCH_API_INCLUDE_EXTENSION_H",
            "-DUSE_C10D_GLOO", "-DUSE_DISTRIBUTED", "-DUSE_RPC",
            *[f"-I{p}" for p in ext.include_paths()],
-           f"-I{sysconfig.get_paths()['include']}", f"-I{ROOT / 'cabi'}",
+           f"-I{sysconfig.get_paths()['include']}", f"-I{_header_dir()}",
            str(SRC), "-o", str(out) + ".tmp",
            f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-ltorch_python",
            cudart[0], f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{pathlib.Path(cudart[0]).parent}"]
