@@ -59,11 +59,18 @@ SOURCES = [
     # the folds became the engine's and all_to_all_single got its host blocks: those ops'
     # points are the medians over both sessions' runs (all_to_all_single: session 31's
     # alone, the first build that had its schedule), the other ops' session 29's.
+    # Session 42 added a run of broadcast and all_to_all_single at 2x2 and 2x4 (the same step,
+    # GOSYM_CPUHOST_OPS narrowed to them) once the synchronous flat host ops were issued from
+    # C++ (gosym._c10d.Hier), which made choosing flat cheaper by 4-17 µs an op; its runs of
+    # every op to 4 MiB (2026-12-01-s42-cpu-hier-*) stay out: a size one run lacks leaves the
+    # op's point out.
     ([f"docs/results/2026-11-29-s29-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)]
-     + [f"docs/results/2026-11-29-s31-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2)],
+     + [f"docs/results/2026-11-29-s31-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2)]
+     + ["docs/results/2026-12-01-s42-hier-cpu-2x2-bcast-a2a-16core.json"],
      "gosym-hier", "gosym-flat", None),
     (["docs/results/2026-11-29-s29-hier-cpu-2x4-idhosts-16core-run1.json",
-      "docs/results/2026-11-29-s31-hier-cpu-2x4-idhosts-16core-run1.json"],
+      "docs/results/2026-11-29-s31-hier-cpu-2x4-idhosts-16core-run1.json",
+      "docs/results/2026-12-01-s42-hier-cpu-2x4-bcast-a2a-16core.json"],
      "gosym-hier", "gosym-flat", None),
     (["docs/results/2026-11-29-s29-hier-cpu-3x2-idhosts-16core-run1.json",
       "docs/results/2026-11-29-s31-hier-cpu-3x2-idhosts-16core-run1.json"],
