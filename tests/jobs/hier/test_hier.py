@@ -344,14 +344,17 @@ def test_cuda_fuzz_across_hosts(outdir):
 _CONFORM_ACROSS_SKIP = "timeout"
 
 
-def test_conformance_across_hosts(outdir):
+@pytest.mark.parametrize("choice", ["hier", "table"])
+def test_conformance_across_hosts(choice, outdir):
     """torch's forms and gosym's one-host conformance checks on a group across 2 hosts x 2
     ranks: all_gather_coalesced's layout against gloo, monitored_barrier naming the ranks
     that stay away, one gosym:<op> range per op in both profilers (none for the inner
     groups' steps), torch's short call forms,
     all_gather and reduce_scatter of unequal sizes, send/recv to the rank itself, DDP under
-    join() with uneven inputs."""
+    join() with uneven inputs. With the choice's table (users' default) the small ops run
+    flat: gosym._c10d.Hier's from C++ where no profiler runs, the Python group's (which
+    records the ranges) where one does."""
     res = run_hosts((2, 2), "conformance_worker", ["--timeout", 60, "--skip", _CONFORM_ACROSS_SKIP], outdir,
-                    timeout=240, kind=ANY_HOSTS)
+                    timeout=240, kind=ANY_HOSTS, env={"GOSYM_HIER_CHOICE": choice})
     res.assert_ok()
     assert all(r["passed"] >= 50 for r in res.results), [r["passed"] for r in res.results]
