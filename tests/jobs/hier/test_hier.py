@@ -128,7 +128,7 @@ def test_rank_lost(scenario, victim, timeout, choice, outdir):
     assert not fails, "\n".join(fails) + f"\n{res.tail(6000)}"
 
 
-def _clients_across_hosts(device, counts, names, outdir):
+def _clients_across_hosts(device, counts, names, outdir, env=None):
     """The client scenarios `names` on simulated hosts of `counts` ranks each (one GPU a rank
     on CUDA) against the reference backend (Gloo, NCCL) flat on the same ranks: per-step
     losses within the scenarios' tolerance (tests/jobs/clients)."""
@@ -142,7 +142,7 @@ def _clients_across_hosts(device, counts, names, outdir):
                                                "--scratch", scratch, "--timeout", 60,
                                                "--scenario-timeout", 150],
                     outdir / "gosym", timeout=600, gpus=device == "cuda",
-                    kind=ANY_HOSTS if len(counts) <= 2 else IdHosts)
+                    kind=ANY_HOSTS if len(counts) <= 2 else IdHosts, env=env)
     got = h.JobRun("gosym", res.results, None if res.returncode == 0 else res.tail(4000),
                    0.0)
     outcomes = [h.compare(n, device, world, ref, got) for n in names]
@@ -150,11 +150,14 @@ def _clients_across_hosts(device, counts, names, outdir):
     assert all(r is not None and r["backend"] == "gosym" for r in res.results)
 
 
-def test_clients_across_hosts(outdir):
+@pytest.mark.parametrize("choice", ["hier", "table"])
+def test_clients_across_hosts(choice, outdir):
     """Real clients across 2 hosts x 2 ranks on CPU: DDP, FSDP2, a 2-D FSDP x TP mesh (TP
     inside each host, FSDP across them) and 1F1B pipelining (a stage per rank: its sends and
-    receives within a host and across) give the per-step losses of Gloo on the same four ranks."""
-    _clients_across_hosts("cpu", (2, 2), ["ddp", "fsdp2_fp32", "fsdp_tp", "pipe_1f1b"], outdir)
+    receives within a host and across) give the per-step losses of Gloo on the same four ranks,
+    every op hierarchical, or as the choice's table (users' default) has it."""
+    _clients_across_hosts("cpu", (2, 2), ["ddp", "fsdp2_fp32", "fsdp_tp", "pipe_1f1b"], outdir,
+                          env={"GOSYM_HIER_CHOICE": choice})
 
 
 def test_clients_across_uneven_hosts(outdir):
