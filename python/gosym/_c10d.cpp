@@ -938,7 +938,7 @@ class Hier : public Group {
       try {
         w.wait(kHostSlice);
         return;
-      } catch (const std::exception&) {  // the slice's end ("Operation timed out!") or the op's failure
+      } catch (const std::exception&) {  // the slice's end ("Operation timed out!"), or a failure
         if (w.isCompleted()) {
           w.wait();
           return;

@@ -75,9 +75,9 @@ def why() -> str:
 def wrap(pg):
     """What torch gets for pg where the module loads and GOSYM_C10D is not 0: a
     gosym._c10d.Group around a ProcessGroupGosym; a gosym._c10d.Hier around a HierGroup
-    (its flat ops on CUDA tensors and synchronous ones on host tensors in C++), except under TORCH_DISTRIBUTED_DEBUG=DETAIL,
-    where the HierGroup compares every op's arguments itself and torch gets it as it is;
-    else pg itself."""
+    (its flat ops on CUDA tensors and synchronous ones on host tensors in C++), except
+    under TORCH_DISTRIBUTED_DEBUG=DETAIL, where the HierGroup compares every op's arguments
+    itself and torch gets it as it is; else pg itself."""
     from .backend import ProcessGroupGosym  # backend never imports this module
     from .hier.lifetime import HierBase
 
