@@ -12,7 +12,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [flatcost] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -212,6 +212,19 @@ for s in "${steps[@]}"; do
 				timeout 120 python3 scripts/fold_bench.py --procs 4 --hosts $h --sizes 64K,512K,4M,16M,64M \
 					--torch-threads $tt --json "$out/foldbench-h$h-t$tt.json" 2>&1 | tail -6
 			done
+		done ;;
+	flatcost)
+		# what gosym adds to a host op across hosts that the choice runs flat (Gloo's own op:
+		# scripts/hier_flat_cost.py): against a do-nothing C++ group at 1+1 hosts, and the real
+		# op against a plain Gloo group at the shapes of GOSYM_FLATCOST_HOSTS (space-separated),
+		# both the C++ backend's (gosym._c10d.Hier) and the Python group's
+		echo "== gosym's flat path over a do-nothing C++ group, 1+1 hosts"
+		GOSYM_HIER_CHOICE=flat timeout 150 python3 tests/jobs/hier/simhosts.py --hosts 1,1 -- python3 scripts/hier_flat_cost.py \
+			--json "$out/hier-flat-cost-1x1.json" 2>&1 | grep "^rank 0" | grep -v paths
+		for h in ${GOSYM_FLATCOST_HOSTS:-2,2 4,4}; do
+			echo "== gosym's flat op over a plain Gloo group, hosts of $h ranks"
+			GOSYM_HIER_CHOICE=flat timeout 200 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 scripts/hier_flat_cost.py \
+				--gloo --json "$out/hier-flat-cost-gloo-${h//,/x}.json" 2>&1 | grep "^rank 0" | grep -v paths
 		done ;;
 	cpuhostprofile)
 		# where an op across two hosts of 2 ranks spends its time, in place (scripts/hier_profile.py,
