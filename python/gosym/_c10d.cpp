@@ -738,7 +738,7 @@ class Hier : public Group {
   WorkPtr allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
     int p = ts.size() == 1 ? placeOf(ts[0], o.asyncOp) : -1;
     if (p >= 0 && plainFlat(p, o.reduceOp) && flatChoice(p, kAllReduce, bytes(ts[0]))) {
-      return flat(p, kAllReduce, true, "all_reduce", ts[0], ts,
+      return flat(p, kAllReduce, true, "all_reduce", ts[0],
                   [&](Backend& b) { return b.allreduce(ts, o); });
     }
     return Group::allreduce(ts, o);
@@ -748,7 +748,7 @@ class Hier : public Group {
     int p = ts.size() == 1 && o.rootRank >= 0 && o.rootRank < size_ ? placeOf(ts[0], o.asyncOp)
                                                                      : -1;
     if (p >= 0 && flatChoice(p, kBroadcast, bytes(ts[0]))) {
-      return flat(p, kBroadcast, true, "broadcast", ts[0], ts,
+      return flat(p, kBroadcast, true, "broadcast", ts[0],
                   [&](Backend& b) { return b.broadcast(ts, o); });
     }
     return Group::broadcast(ts, o);
@@ -758,8 +758,7 @@ class Hier : public Group {
                           const c10d::AllgatherOptions& o) override {
     int p = out.numel() == in.numel() * size_ ? pairPlace(out, in, o.asyncOp) : -1;
     if (p >= 0 && flatChoice(p, kAllGather, bytes(in))) {
-      std::vector<at::Tensor> keep{out};
-      return flat(p, kAllGather, true, "all_gather_into_tensor", out, keep, [&](Backend& b) {
+      return flat(p, kAllGather, true, "all_gather_into_tensor", out, [&](Backend& b) {
         return asFlat(p, out, in, [&](at::Tensor& fo, at::Tensor& fi) {
           return b._allgather_base(fo, fi, o);
         });
@@ -772,8 +771,7 @@ class Hier : public Group {
                                const c10d::ReduceScatterOptions& o) override {
     int p = in.numel() == out.numel() * size_ ? pairPlace(out, in, o.asyncOp) : -1;
     if (p >= 0 && plainFlat(p, o.reduceOp) && flatChoice(p, kReduceScatter, bytes(in))) {
-      std::vector<at::Tensor> keep{out};
-      return flat(p, kReduceScatter, true, "reduce_scatter_tensor", out, keep, [&](Backend& b) {
+      return flat(p, kReduceScatter, true, "reduce_scatter_tensor", out, [&](Backend& b) {
         return asFlat(p, out, in, [&](at::Tensor& fo, at::Tensor& fi) {
           return b._reduce_scatter_base(fo, fi, o);
         });
@@ -792,8 +790,7 @@ class Hier : public Group {
     if (p >= 0) {
       bool blocks = p == kHost && host_blocks_ && !given(inSplits) && !given(outSplits);
       if (!blocks || flatChoice(p, kAllToAll, bytes(in))) {
-        std::vector<at::Tensor> keep{out};
-        return flat(p, kAllToAll, blocks, "all_to_all_single", out, keep, [&](Backend& b) {
+        return flat(p, kAllToAll, blocks, "all_to_all_single", out, [&](Backend& b) {
           return b.alltoall_base(out, in, outSplits, inSplits, o);
         });
       }
@@ -846,10 +843,10 @@ class Hier : public Group {
   // Where a tensor the Python flat path takes is (-1: not one): dense, contiguous, non-empty,
   // of a dtype the inter-host engines move as themselves, on the group's CUDA device, or on
   // the host for a synchronous op (an asynchronous one's Work is the Python group's).
-  int placeOf(const at::Tensor& t, bool asyncOp) const {
+  int where(const at::Tensor& t, bool asyncOp) const {
     auto k = static_cast<size_t>(t.scalar_type());
     if (t.layout() != c10::kStrided || t.numel() == 0 || !t.is_contiguous() ||
-        k >= wire_.size() || !wire_[k] || !open()) {
+        k >= wire_.size() || !wire_[k]) {
       return -1;
     }
     if (t.is_cuda()) {
@@ -858,12 +855,18 @@ class Hier : public Group {
     return t.is_cpu() && !asyncOp ? kHost : -1;
   }
 
+  // An op's place on the flat path, -1 where it does not take it; open() asked once an op.
+  int placeOf(const at::Tensor& t, bool asyncOp) const {
+    int p = where(t, asyncOp);
+    return p >= 0 && open() ? p : -1;
+  }
+
   int pairPlace(const at::Tensor& out, const at::Tensor& in, bool asyncOp) const {
     if (out.scalar_type() != in.scalar_type()) {
       return -1;
     }
-    int p = placeOf(out, asyncOp);
-    return p >= 0 && placeOf(in, asyncOp) == p ? p : -1;
+    int p = where(out, asyncOp);
+    return p >= 0 && where(in, asyncOp) == p && open() ? p : -1;
   }
 
   // splits that split t's dim 0 among the ranks (empty: evenly), as the Python group checks
@@ -896,12 +899,12 @@ class Hier : public Group {
   }
 
   // The op issued on the flat group, numbered as the Python flat path does and counted
-  // where the choice made it (chosen); a host op is waited for (its Work done, as the
-  // Python path's None). A failure is the group's (HierGroup._failed names lost ranks),
-  // raised by the Python group.
+  // where the choice made it (chosen); a host op is waited for (its Work done, holding its
+  // output keep, as the Python path's None). A failure is the group's (HierGroup._failed
+  // names lost ranks), raised by the Python group.
   template <typename F>
   WorkPtr flat(int place, int op, bool chosen, const char* what, const at::Tensor& keep,
-               std::vector<at::Tensor>& out, F&& issue) {
+               F&& issue) {
     int64_t seq = __atomic_add_fetch(&cells_[kSeq], 1, __ATOMIC_RELAXED);
     if (chosen) {
       __atomic_add_fetch(&cells_[kCounts + op], 1, __ATOMIC_RELAXED);
@@ -913,7 +916,7 @@ class Hier : public Group {
         return w;
       }
       waitHost(*w, what, seq, keep);
-      return c10::make_intrusive<DoneWork>(out, std::nullopt);
+      return c10::make_intrusive<DoneWork>(std::vector<at::Tensor>{keep}, std::nullopt);
     } catch (const py::error_already_set&) {
       throw;
     } catch (const c10::Error& e) {
