@@ -24,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import gosym  # noqa: F401 - registers the backend
+import gosym
 from gosym.bench import parse_size
 
 
@@ -53,7 +53,7 @@ class _Steps:
 
     def __init__(self, g):
         from gosym.hier import algorithms
-        self.total, self.undo = {}, []
+        self.total, self.undo, self.events = {}, [], []
         for name in ("_reduce_scatter_base", "_allgather_base", "broadcast", "reduce"):
             self._wrap(g._local, name, f"host {name.strip('_')}")
         self._wrap(g, "_rail_swap", "rail post", works="rail wait")
@@ -67,7 +67,9 @@ class _Steps:
         self._set(algorithms, "_fold", timed_fold)
 
     def _add(self, label, t):
-        self.total[label] = self.total.get(label, 0.0) + time.perf_counter() - t
+        now = time.perf_counter()
+        self.total[label] = self.total.get(label, 0.0) + now - t
+        self.events.append((label, t, now))
 
     def _timed(self, fn, label):
         def run(*a, **k):
@@ -127,6 +129,28 @@ def _per_op(fn, g, iters, ctrl):
     return float(ms)
 
 
+def _timeline(fn, g, ctrl, rank, world, ops):
+    """Prints, on rank 0, every rank's timed steps of the last `ops` of 20 ops back to back on
+    one clock (CLOCK_MONOTONIC: the ranks of simulated hosts share the machine's), µs from the
+    first step's start: which step waits on which."""
+    steps = _Steps(g)
+    for _ in range(20):
+        fn(None)
+        steps.events.append(("-- op end", time.perf_counter(), time.perf_counter()))
+    steps.restore()
+    ends = [i for i, e in enumerate(steps.events) if e[0] == "-- op end"]
+    mine = steps.events[ends[-ops - 1] + 1:]
+    got = [None] * world
+    dist.all_gather_object(got, mine, group=ctrl)
+    if rank:
+        return
+    t0 = min(e[1] for evs in got for e in evs)
+    rows = sorted((e[1] - t0, e[2] - t0, r, e[0]) for r, evs in enumerate(got) for e in evs)
+    print(f"timeline of the last {ops} ops (µs from the first step's start):")
+    for a, b, r, label in rows:
+        print(f"  rank {r} {a * 1e6:9.1f} {b * 1e6:9.1f} {(b - a) * 1e6:8.1f}  {label}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--op", default="all_reduce")
@@ -134,6 +158,7 @@ def main():
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", default=None, help="folder for each rank's profile text")
+    p.add_argument("--timeline", type=int, default=0, help="print every rank's steps of the last N ops")
     a = p.parse_args()
     torch.set_num_threads(1)  # as gosym.bench and torchrun's ranks
     dist.init_process_group("gosym")
@@ -143,7 +168,7 @@ def main():
         fn = _op(a.op, parse_size(s), world)
         plain = _per_op(fn, None, a.iters, gl)
         ref = _per_op(fn, gl, a.iters, gl)
-        steps = _Steps(dist.group.WORLD._get_backend(torch.device("cpu")))
+        steps = _Steps(gosym.group())  # the Python group under gosym._c10d's too
         stepped = _per_op(fn, None, a.iters, gl)
         steps.restore()
         lines = [f"rank {rank}: {a.op} {s} with its steps timed {stepped:.3f} ms/op"] + [
@@ -151,6 +176,8 @@ def main():
             for k, v in sorted(steps.total.items(), key=lambda kv: -kv[1])]
         got = [None] * world
         dist.all_gather_object(got, "\n".join(lines), group=gl)
+        if a.timeline:
+            _timeline(fn, g=gosym.group(), ctrl=gl, rank=rank, world=world, ops=a.timeline)
         prof = cProfile.Profile()
         prof.enable()
         profiled = _per_op(fn, None, a.iters, gl)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c
 
-import gosym  # noqa: F401 - registers the backend
+import gosym
 
 
 def main():
@@ -30,7 +30,7 @@ def main():
     p.add_argument("--json", default=None)
     a = p.parse_args()
     dist.init_process_group("gosym")
-    g = dist.group.WORLD._get_backend(torch.device("cpu"))
+    g = gosym.group()  # the Python HierGroup, under gosym._c10d's backend too
     gl = dist.new_group(backend="gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     hosts = len(g._hosts)
