@@ -361,3 +361,38 @@ def test_conformance_across_hosts(choice, outdir):
                     timeout=240, kind=ANY_HOSTS, env={"GOSYM_HIER_CHOICE": choice})
     res.assert_ok()
     assert all(r["passed"] >= 50 for r in res.results), [r["passed"] for r in res.results]
+
+
+def _script(counts, argv, env, timeout=240):
+    """A scripts/ diagnostic run on every rank of simulated hosts (simhosts.py's CLI): its
+    output, after asserting it exited 0."""
+    import subprocess
+
+    from conftest import REPO
+
+    cmd = [sys.executable, str(REPO / "tests/jobs/hier/simhosts.py"), "--hosts",
+           ",".join(map(str, counts)), "--", sys.executable, *map(str, argv)]
+    p = subprocess.run(cmd, env=base_env({**HIER_ENV, **env}), capture_output=True, text=True,
+                       timeout=timeout, cwd=REPO)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-6000:]
+    return out
+
+
+def test_diagnostic_scripts_across_hosts():
+    """The scripts that say where an op across hosts spends its time run on today's groups
+    (two of them looked for the Python group where torch's group holds gosym._c10d's
+    backend, sessions 40-42, and nothing noticed): hier_profile times the hierarchical
+    all_reduce's host and rail steps on every rank, hier_steps each step alone, and
+    hier_flat_cost gosym's flat op against torch's do-nothing group."""
+    from conftest import REPO
+
+    out = _script((2, 2), [REPO / "scripts/hier_profile.py", "--op", "all_reduce", "--sizes",
+                           "64K", "--iters", "3", "--top", "3", "--timeline", "1"], {})
+    for step in ("host reduce_scatter_base", "host allgather_base", "rail wait",
+                 "timeline of the last 1 ops", "-- op end"):
+        assert step in out, f"hier_profile printed no {step!r}:\n{out[-6000:]}"
+    out = _script((2, 2), [REPO / "scripts/hier_steps.py", "--sizes", "64K", "--iters", "2"], {})
+    assert "rail swap" in out and "gosym" in out, out[-6000:]
+    out = _script((1, 1), [REPO / "scripts/hier_flat_cost.py"], {"GOSYM_HIER_CHOICE": "flat"})
+    assert "rank 0 paths" in out and "all_reduce/flat" in out, out[-6000:]
