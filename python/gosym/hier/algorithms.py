@@ -17,6 +17,7 @@ import torch
 from torch._C import _distributed_c10d as _c10d
 
 from . import schedule
+from .. import memory
 from .lifetime import HierBase
 from .._errors import DistBackendError
 from .._tensors import _op_device
@@ -219,14 +220,14 @@ class HierAlgorithms(HierBase):
         n, total = self._n, buf.numel()
         step = max(n, self._chunk // buf.element_size() // n * n)
         swap, prev = self._swaps(buf), None
-        for a in range(0, total, step):
+        for i, a in enumerate(range(0, total, step)):
             seg = buf.narrow(0, a, min(step, total - a))
             pad = -seg.numel() % n
             segp = seg
             if pad:
                 segp = buf.new_zeros(seg.numel() + pad)
                 segp[:seg.numel()].copy_(seg)
-            shard = buf.new_empty(segp.numel() // n)
+            shard = self._shard(i % 2, segp.numel() // n, buf)
             _wait(self._local._reduce_scatter_base(
                 shard, segp, _opts(_c10d.ReduceScatterOptions, reduceOp=lop)))
             finish = self._rail_allreduce(shard, iop, dev, swap)
@@ -235,6 +236,25 @@ class HierAlgorithms(HierBase):
             prev = (seg, segp, shard, finish)
         if prev is not None:
             self._ar_gather(*prev)
+
+    def _shard(self, i, numel, like):
+        """A chunk's shard of numel elements like `like` for _ar_rails: on the CPU, buffer i
+        (0 or 1: the chunk whose rail step is in flight, and the next) of memory this host's
+        ranks map (gosym.empty), kept for the group's later ops, so that the host's
+        all_gather reads every rank's shard in place (the direct path, from GOSYM_DIRECT_MIN)
+        instead of staging it: 2/n of the op's bytes fewer through memory, where on hosts
+        simulated on one machine the op is bound by memory (BENCHMARKS.md, session 43). A
+        rank writes buffer i again only after the all_gather that read it returned, and that
+        returns on every rank once all have read (its release step)."""
+        if like.device.type != "cpu":
+            return like.new_empty(numel)
+        nbytes = numel * like.element_size()
+        buf = self._shards[i]
+        if buf is None or buf.numel() < nbytes:
+            # a whole chunk's shard at once (any dtype's), so the buffer is bound once
+            buf = self._shards[i] = memory.empty(max(nbytes, self._chunk // self._n + 64),
+                                                 dtype=torch.uint8)
+        return buf[:nbytes].view(like.dtype)
 
     def _ar_gather(self, seg, segp, shard, finish):
         finish()

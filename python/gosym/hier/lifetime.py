@@ -98,6 +98,7 @@ class HierBase(ProcessGroupGosym):
         # asynchronous host ops issued flat at the call (_flat_now) and not yet finished: a
         # barrier waits for them first, as Gloo's barrier waits for the work before it
         self._flat_host = {}  # EventWork -> (what, seq, keep)
+        self._shards = [None, None]  # the rails' all_reduce's shards on the CPU (_shard)
         gen = store.add(f"gosym/hiergen/{rank}", 1)
         self._store = dist.PrefixStore(f"gosym/hier/{gen}/", store)
         mine = hosts[self._host]
@@ -211,6 +212,7 @@ class HierBase(ProcessGroupGosym):
         self._watch.close()
         self._close_inner(abort=False)
         self._local.shutdown()
+        self._shards = [None, None]
 
     def abort(self):
         self._close_flat()
@@ -218,6 +220,7 @@ class HierBase(ProcessGroupGosym):
         self._watch.close()
         self._close_inner(abort=True)
         self._local.shutdown()
+        self._shards = [None, None]
 
     def _close_inner(self, abort):
         inner, self._inner = self._inner, {}

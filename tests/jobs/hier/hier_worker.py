@@ -889,6 +889,10 @@ def main():
         t0 = time.monotonic()
         part(name, parts[name])
         ck.info.setdefault("part_seconds", {})[name] = round(time.monotonic() - t0, 1)
+    if DEVICE.type == "cpu":  # the host group's bindings (the rails' shards, read in place)
+        import gosym
+        st = gosym.stats()
+        ck.info["binds"] = {k: st.get(k, 0) for k in ("bindings_created", "peer_map_hits")}
     dist.destroy_process_group(gloo)
     ck.run("teardown", check_teardown, ck, rank, shm_before)
     wc.write_result(ck.result())
