@@ -56,10 +56,17 @@ __device__ __forceinline__ bool gs_copy_run(const gs_copy_params &p) {
 		__threadfence_system();
 	if ((p.sync & GS_SYNC_START) && !gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns))
 		return false;
+	// A staged move: the start barrier is block b's of every rank, so block b
+	// may read of a peer's staging only the range the peer's block b staged,
+	// its share. A rank that stages nothing here (a broadcast's or a
+	// scatter's receivers) must take shares too (GS_SYNC_SHARES): a
+	// grid-wide stride read bytes that other blocks of the root had not
+	// staged yet (the fuzzer's broadcasts, two ranks on one GPU).
+	const bool shares = p.npre > 0 || (p.sync & GS_SYNC_SHARES);
 #pragma unroll
 	for (int s = 0; s < GS_MAX_SEGS; ++s)
 		if (s >= p.npre && s < p.nseg) {
-			if (p.npre > 0)
+			if (shares)
 				gs_copy_block_share((char *)p.dst[s], (const char *)p.src[s], p.bytes[s]);
 			else
 				gs_copy_seg((char *)p.dst[s], (const char *)p.src[s], p.bytes[s], gs_thread_index(),

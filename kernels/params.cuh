@@ -32,6 +32,7 @@
 #define GS_ERR_CONFIG 2
 #define GS_SYNC_START 1
 #define GS_SYNC_END 2
+#define GS_SYNC_SHARES 4
 #define GS_POST_NONE 0
 #define GS_POST_MUL 1
 #define GS_POST_DIV 2

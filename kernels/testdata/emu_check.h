@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -51,9 +52,11 @@ struct Buf {
 // One launch of k on each of n ranks at once (ps[0..n)): every block of
 // every rank at once, the threads of each block as OS threads of one
 // emulated block (a real __syncthreads), for kernels whose blocks wait on
-// other ranks' blocks mid-launch.
+// other ranks' blocks mid-launch. late(r, b): rank r's block b starts 50 ms
+// after the others (a GPU that runs it later: another process's turn).
 template <class P>
-static void emu_launch_threads(void (*k)(P), const P *ps, size_t n, unsigned grid, unsigned block) {
+static void emu_launch_threads(void (*k)(P), const P *ps, size_t n, unsigned grid, unsigned block,
+                               bool (*late)(size_t, unsigned) = nullptr) {
 	std::vector<std::unique_ptr<gs_emu_block>> blks;
 	std::vector<std::thread> th;
 	th.reserve(n * grid * block);
@@ -64,7 +67,9 @@ static void emu_launch_threads(void (*k)(P), const P *ps, size_t n, unsigned gri
 			blk->n = block;
 			const P *p = ps + r;
 			for (unsigned t = 0; t < block; ++t)
-				th.emplace_back([k, p, blk, grid, block, b, t] {
+				th.emplace_back([k, p, blk, grid, block, b, t, slow = late && late(r, b)] {
+					if (slow)
+						std::this_thread::sleep_for(std::chrono::milliseconds(50));
 					gridDim = {grid, 1, 1};
 					blockDim = {block, 1, 1};
 					blockIdx = {b, 0, 0};

@@ -947,6 +947,64 @@ static void copy_case(int world, size_t chunk, unsigned grid, unsigned block, Pa
 	passed++;
 }
 
+// A staged broadcast through gs_copy, as gpu.Team.broadcast launches it
+// below GOSYM_GPU_CE_MIN: the root stages its input into its staging (the
+// pre segment) and copies it to its output, every other rank pulls the
+// root's staging after the start barrier. That barrier pairs block b of
+// every rank, so a receiver's block b may read only share b: here the
+// root's blocks after the first start 50 ms late, and a receiver that
+// reads the whole range with a grid-wide stride (GS_SYNC_SHARES unset, as
+// before session 43, when the fuzzer found it with two ranks on one GPU)
+// copies bytes the root had not staged. shares false: that launch, which
+// must go wrong (else the case no longer shows the race).
+static int late_root_rank;
+static bool late_root_blocks(size_t r, unsigned b) { return (int)r == late_root_rank && b > 0; }
+
+static void staged_bcast_case(int world, int root, size_t bytes, unsigned grid, bool shares, Pads &pads) {
+	std::vector<Buf> stage, out;
+	Buf in(bytes, 0);
+	for (size_t i = 0; i < bytes; ++i)
+		in.data()[i] = (unsigned char)rng();
+	for (int r = 0; r < world; ++r) {
+		stage.emplace_back(bytes, 0);
+		out.emplace_back(bytes, 0);
+	}
+	std::vector<gs_copy_params> ps(world);
+	for (int r = 0; r < world; ++r) {
+		gs_copy_params &p = ps[r];
+		memset(&p, 0, sizeof p);
+		for (int q = 0; q < world; ++q)
+			p.pads[q] = pads.at(q);
+		if (r == root) {
+			p.dst[0] = stage[r].data(), p.src[0] = in.data(), p.bytes[0] = bytes;
+			p.dst[1] = out[r].data(), p.src[1] = in.data(), p.bytes[1] = bytes;
+			p.nseg = 2, p.npre = 1;
+		} else {
+			p.dst[0] = out[r].data(), p.src[0] = stage[root].data(), p.bytes[0] = bytes;
+			p.nseg = 1;
+		}
+		p.timeout_ns = 5000000000ull;
+		p.world = world;
+		p.rank = r;
+		p.sync = GS_SYNC_START | GS_SYNC_END | (shares ? GS_SYNC_SHARES : 0);
+	}
+	late_root_rank = root;
+	emu_launch_threads(gs_copy, ps.data(), ps.size(), grid, 32, late_root_blocks);
+	std::string name = "staged broadcast world=" + std::to_string(world) + " root=" + std::to_string(root) +
+	                   " bytes=" + std::to_string(bytes) + " grid=" + std::to_string(grid) +
+	                   (shares ? "" : " without shares");
+	std::string err = pads.errors();
+	if (!err.empty())
+		return fail(name + ": pad errors" + err);
+	bool right = true;
+	for (int r = 0; r < world; ++r)
+		right = right && out[r].guards_intact() && memcmp(out[r].data(), in.data(), bytes) == 0;
+	if (right != shares)
+		return fail(name + (shares ? ": a receiver read what the root had not staged"
+		                           : ": the grid-wide stride did not show the race (the case lost its teeth)"));
+	passed++;
+}
+
 // Broadcast by scatter and relay (gs_bcast_relay): a run of broadcasts on
 // one group, each from the root roots[i] (the counts of the pads carry over
 // from op to op, whoever is root), in place or not, at odd offsets; every
@@ -1400,6 +1458,12 @@ int main() {
 	for (int world : worlds)
 		for (size_t chunk : {0, 1, 7, 16, 33, 1000, 4097})
 			copy_case(world, chunk, grids[rng() % 3], blocks[rng() % 3], pads[world]);
+	for (int world = 2; world <= 4; ++world)
+		for (int root : {0, world - 1}) {
+			staged_bcast_case(world, root, 64 * 1024 + 48, 4, true, pads[world]);
+			staged_bcast_case(world, root, 4099, 3, true, pads[world]);
+		}
+	staged_bcast_case(2, 0, 64 * 1024, 4, false, pads[2]);
 	for (int world : worlds)
 		barrier_case(world, pads[world], 5);
 	for (int world = 2; world <= GS_MAX_RANKS; ++world) {

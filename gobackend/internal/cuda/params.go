@@ -117,8 +117,9 @@ const (
 	ErrTimeout = 1 // GS_ERR_TIMEOUT: a peer missed a barrier
 	ErrConfig  = 2 // GS_ERR_CONFIG: launch shape or parameters out of range
 
-	SyncStart = 1 // GS_SYNC_START: gs_copy waits for all ranks first
-	SyncEnd   = 2 // GS_SYNC_END: gs_copy waits for all ranks at the end
+	SyncStart  = 1 // GS_SYNC_START: gs_copy waits for all ranks first
+	SyncEnd    = 2 // GS_SYNC_END: gs_copy waits for all ranks at the end
+	SyncShares = 4 // GS_SYNC_SHARES: every segment by block shares (a staged move: see gs_copy_run)
 
 	PostNone = 0 // GS_POST_NONE
 	PostMul  = 1 // GS_POST_MUL: SUM result * scale (PREMUL_SUM)
@@ -240,6 +241,7 @@ var headerConsts = []struct {
 	{"GS_ERR_CONFIG", ErrConfig},
 	{"GS_SYNC_START", SyncStart},
 	{"GS_SYNC_END", SyncEnd},
+	{"GS_SYNC_SHARES", SyncShares},
 	{"GS_POST_NONE", PostNone},
 	{"GS_POST_MUL", PostMul},
 	{"GS_POST_DIV", PostDiv},
@@ -328,7 +330,7 @@ type CopyParams struct {
 	NPre      int32             `cuda:"npre,int"` // the first NPre segments stage before the start barrier
 	World     int32             `cuda:"world,int"`
 	Rank      int32             `cuda:"rank,int"`
-	Sync      int32             `cuda:"sync,int"` // SyncStart | SyncEnd
+	Sync      int32             `cuda:"sync,int"` // SyncStart | SyncEnd | SyncShares
 }
 
 // StepsParams is the parameter of gs_copy_steps: a gs_copy launched before

@@ -820,7 +820,7 @@ func (t *Team) allToAllDirect(sd *directSide, op *ops.Op, s cuda.Stream, all [][
 func (t *Team) moveDirect(segs []copySeg, own int, n uintptr, s cuda.Stream) error {
 	if int(n) < t.cfg.directCEMin {
 		g, _ := cuda.CopyGridLimit(uint64(n), t.cfg.bigBlocks)
-		return t.copyKernel(nil, segs, g, s)
+		return t.copyKernel(nil, segs, g, 0, s) // the peers' own buffers, ready before the launch
 	}
 	return t.moveCE(segs, own, n, s)
 }

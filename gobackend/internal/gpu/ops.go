@@ -205,7 +205,7 @@ func (t *Team) staged(off, src, n uintptr) copySeg { return copySeg{t.stages[t.r
 // than the few blocks gs_copy may use).
 func (t *Team) move(pre, segs []copySeg, n uintptr, s cuda.Stream) error {
 	if int(n) < t.cfg.ceMin {
-		return t.copyKernel(pre, segs, t.copyGrid(n), s)
+		return t.copyKernel(pre, segs, t.copyGrid(n), cuda.SyncShares, s)
 	}
 	for _, sg := range pre {
 		if sg.n > 0 {
@@ -218,15 +218,17 @@ func (t *Team) move(pre, segs []copySeg, n uintptr, s cuda.Stream) error {
 }
 
 // copyKernel launches gs_copy: pre, then a barrier of all ranks, segs and
-// a barrier, in grid (which must be the same on every rank).
-func (t *Team) copyKernel(pre, segs []copySeg, grid cuda.Dim3, s cuda.Stream) error {
+// a barrier, in grid (which must be the same on every rank). sync adds
+// cuda.SyncShares where segs read what the peers' pre staged in the same
+// launch (move): each block then reads only the share its barrier covers.
+func (t *Team) copyKernel(pre, segs []copySeg, grid cuda.Dim3, sync int32, s cuda.Stream) error {
 	f, err := t.function(cuda.CopyKernel)
 	if err != nil {
 		return err
 	}
 	t.used = true
 	p := cuda.CopyParams{Pads: t.pads, TimeoutNs: t.timeoutNs, World: int32(t.world), Rank: int32(t.rank),
-		Sync: cuda.SyncStart | cuda.SyncEnd}
+		Sync: cuda.SyncStart | cuda.SyncEnd | sync}
 	for i, part := range [][]copySeg{pre, segs} {
 		for _, sg := range part {
 			if sg.n == 0 {
@@ -340,7 +342,7 @@ func (t *Team) reduceParams(op *ops.Op) cuda.ARParams {
 func (t *Team) reduceKernel(op *ops.Op, algo cuda.Algo, p *cuda.ARParams, s cuda.Stream) error {
 	grid, block := t.reduceGrid(algo, p.Numel, op.DType.Size())
 	if p.Out == 0 && p.In == 0 && algo == cuda.OneShot { // nothing to stage or to reduce here
-		return t.copyKernel(nil, nil, grid, s)
+		return t.copyKernel(nil, nil, grid, 0, s)
 	}
 	k, post, err := cuda.ReduceKernel(algo, op.DType, op.RedOp)
 	if err != nil {
