@@ -330,7 +330,8 @@ for s in "${steps[@]}"; do
 			timeout 200 /tmp/nvswitch_probe "${GOSYM_PROBE_MIB:-256}" | tee "$out/nvswitch_probe.txt" ;;
 	fuzz-seeds)
 		# the CUDA fuzzer at every GPU over GOSYM_FUZZ_SEEDS (default: 20 seeds from 1000), with
-		# GOSYM_FUZZ_THREADS programs per rank (default 1), one
+		# GOSYM_FUZZ_THREADS programs per rank (default: 1 and 2 by turns, each program on its
+		# own streams: session 43's race in the staged broadcast showed only with two), one
 		# job at a time (four jobs sharing the GPUs ran past a 60 s limit where one alone takes
 		# about 10 s), then worlds 2 and 3 on the first GPUs over the CI seeds; with
 		# GOSYM_TEST_RANKS_PER_GPU=k, k ranks a GPU (every GPU visible: the worker picks its own);
@@ -341,17 +342,19 @@ for s in "${steps[@]}"; do
 		runs=() && for sd in "${seeds[@]}"; do runs+=("$ngpu $sd"); done
 		for w in 2 3; do ((w < ngpu)) && runs+=("$w 101" "$w 202"); done
 		echo "== fuzzer on CUDA: ${#seeds[@]} seeds at world $ngpu, then worlds 2 and 3"
+		i=0
 		for run in "${runs[@]}"; do
 			read -r w sd <<<"$run"
+			th=${GOSYM_FUZZ_THREADS:-$((1 + i++ % 2))}
 			mkdir -p $fz/w$w-$sd
 			vis=$(seq -s, 0 $((w - 1)))
 			((${GOSYM_TEST_RANKS_PER_GPU:-1} > 1)) && vis=$(seq -s, 0 $(($(nvidia-smi -L | wc -l) - 1)))
 			CUDA_VISIBLE_DEVICES=$vis GOSYM_TEST_OUT=$fz/w$w-$sd PYTHONPATH=python:tests/jobs/common:tests/jobs/fuzz \
 				timeout "${GOSYM_FUZZ_S:-90}" torchrun --nproc-per-node "$w" tests/jobs/fuzz/fuzz_worker.py --cuda --seed "$sd" \
-				--ops "${GOSYM_FUZZ_OPS:-300}" --threads "${GOSYM_FUZZ_THREADS:-1}" --groups "${GOSYM_FUZZ_GROUPS:-3}" \
+				--ops "${GOSYM_FUZZ_OPS:-300}" --threads "$th" --groups "${GOSYM_FUZZ_GROUPS:-3}" \
 				--timeout 60 >$fz/w$w-$sd.log 2>&1
 			rc=$?
-			echo "world $w seed $sd: exit $rc $(grep -h 'fuzz seed' $fz/w$w-$sd.log | head -1)"
+			echo "world $w seed $sd threads $th: exit $rc $(grep -h 'fuzz seed' $fz/w$w-$sd.log | head -1)"
 			((rc == 0)) || grep -h "FAIL" $fz/w$w-$sd.log | head -3
 		done | tee $out/fuzz-seeds.txt
 		summary+=("fuzz-seeds: $(grep -c 'exit 0' $out/fuzz-seeds.txt) of ${#runs[@]} passed") ;;
