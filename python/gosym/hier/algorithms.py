@@ -245,7 +245,7 @@ class HierAlgorithms(HierBase):
         instead of staging it: 2/n of the op's bytes fewer through memory, where on hosts
         simulated on one machine the op is bound by memory (BENCHMARKS.md, session 43). A
         rank writes buffer i again only after the all_gather that read it returned, and that
-        returns on every rank once all have read (its release step)."""
+        returns on every rank once all have read (the direct path's completion barrier)."""
         if like.device.type != "cpu":
             return like.new_empty(numel)
         nbytes = numel * like.element_size()
