@@ -4,10 +4,11 @@ Skips where the namespaces cannot be made (they need root)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
-from conftest import Job, base_env, cuda_ranks, run_python, run_torchrun, worker_script
+from conftest import REPO, Job, base_env, cuda_ranks, run_python, run_torchrun, worker_script
 from simhosts import IdHosts, SimHosts, unavailable
 from test_fuzz import check as check_fuzz
 from test_fuzz import fuzz_args
@@ -378,10 +379,6 @@ def test_conformance_across_hosts(choice, outdir):
 def _script(counts, argv, env, timeout=240):
     """A scripts/ diagnostic run on every rank of simulated hosts (simhosts.py's CLI): its
     output, after asserting it exited 0."""
-    import subprocess
-
-    from conftest import REPO
-
     cmd = [sys.executable, str(REPO / "tests/jobs/hier/simhosts.py"), "--hosts",
            ",".join(map(str, counts)), "--", sys.executable, *map(str, argv)]
     p = subprocess.run(cmd, env=base_env({**HIER_ENV, **env}), capture_output=True, text=True,
@@ -397,8 +394,6 @@ def test_diagnostic_scripts_across_hosts():
     backend, sessions 40-42, and nothing noticed): hier_profile times the hierarchical
     all_reduce's host and rail steps on every rank, hier_steps each step alone, and
     hier_flat_cost gosym's flat op against torch's do-nothing group."""
-    from conftest import REPO
-
     out = _script((2, 2), [REPO / "scripts/hier_profile.py", "--op", "all_reduce", "--sizes",
                            "64K", "--iters", "3", "--top", "3", "--timeline", "1"], {})
     for step in ("host reduce_scatter_base", "host allgather_base", "rail wait",
