@@ -368,19 +368,26 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 	const gs_u64 E = 8 / sizeof(S);
 	const int K = GS_LL_LINES / GS_LL_THREADS; // lines per thread
 	const gs_u64 lines = (p.numel + E - 1) / E;
-	GsLL ll;
-	if (!gs_ll_begin(p.pads, p.world, p.rank, lines, ll))
+	if (!gs_ll_shape_ok(p.pads, p.world, p.rank, lines))
 		return;
 	const S *in = (const S *)p.in;
 
+	// the own lines' loads go out before the launch number's: neither waits for the other
 	gs_u64 mine[K];
+#pragma unroll
+	for (int k = 0; k < K; ++k) {
+		const gs_u64 l = (gs_u64)blockIdx.x * GS_LL_LINES + threadIdx.x + (gs_u64)k * GS_LL_THREADS;
+		if (l < lines)
+			mine[k] = gs_ll_gather<S>(in + (gs_u64)p.rank * p.in_stride, p.numel, l);
+	}
+	GsLL ll;
+	gs_ll_begin(p.pads, p.world, p.rank, ll);
 #pragma unroll
 	for (int k = 0; k < K; ++k) {
 		const gs_u64 j = threadIdx.x + (gs_u64)k * GS_LL_THREADS;
 		const gs_u64 l = (gs_u64)blockIdx.x * GS_LL_LINES + j;
 		if (l >= lines)
 			break;
-		mine[k] = gs_ll_gather<S>(in + (gs_u64)p.rank * p.in_stride, p.numel, l);
 		for (int q = 0; q < p.world; ++q)
 			if (q != p.rank)
 				gs_ll_store((char *)p.peers[q] + ll.at(p.rank, j),

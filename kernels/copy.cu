@@ -156,9 +156,10 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy_steps(gs_
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_llmove(gs_llmove_params p) {
 	const int K = GS_LL_LINES / GS_LL_THREADS; // lines per thread
 	const gs_u64 lines = (p.bytes + 7u) / 8u;
-	GsLL ll;
-	if (!gs_ll_begin(p.pads, p.world, p.rank, lines, ll))
+	if (!gs_ll_shape_ok(p.pads, p.world, p.rank, lines))
 		return;
+	GsLL ll;
+	gs_ll_begin(p.pads, p.world, p.rank, ll);
 	const gs_u64 first = (gs_u64)blockIdx.x * GS_LL_LINES;
 	const char *self = (const char *)p.src[p.rank];
 	const bool copy_self = self && p.dst[p.rank] && p.dst[p.rank] != self;

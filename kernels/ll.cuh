@@ -22,7 +22,7 @@
 // at 3 µs a launch, 3.6 hours of nothing but smaller launches of that
 // block, and then a larger one landing on the exact count). The grid must
 // be LLGrid's for the size, with at least one line per block, for the next
-// rule to hold (gs_ll_begin refuses any other grid). A region is never overwritten while its reader needs it: in
+// rule to hold (gs_ll_shape_ok refuses any other grid). A region is never overwritten while its reader needs it: in
 // every launch, block b of every rank sends at least one line to every peer and
 // waits for at least one from every peer (a rank with no data for a peer
 // sends the handshake line 0 alone). So rank r writes parity p for seq + 2
@@ -111,14 +111,14 @@ struct GsLL {
 	}
 };
 
-// Starts an LL launch of `lines` lines per segment on this block: checks
-// the launch shape and reads the block's launch number. Every thread of
-// the block calls it. The grid must be exactly one block per GS_LL_LINES
-// lines (cuda.LLGrid) and fit the LL area: a block with no line would
-// exchange nothing with its peers, which the region-reuse rule above
-// forbids, and lines past the grid would be dropped. Anything else,
-// including an empty launch, is recorded as a config error.
-__device__ __forceinline__ bool gs_ll_begin(gs_u32 *const *pads, int world, int rank, gs_u64 lines, GsLL &ll) {
+// Whether this launch has the LL shape for `lines` lines per segment: the
+// grid must be exactly one block per GS_LL_LINES lines (cuda.LLGrid) and fit
+// the LL area: a block with no line would exchange nothing with its peers,
+// which the region-reuse rule above forbids, and lines past the grid would
+// be dropped. Anything else, including an empty launch, is recorded as a
+// config error. Reads no memory, so a kernel may check the shape, start
+// loading its input, and only then read its launch number (gs_ll_begin).
+__device__ __forceinline__ bool gs_ll_shape_ok(gs_u32 *const *pads, int world, int rank, gs_u64 lines) {
 	if (!gs_config_ok(pads, world, rank, GS_LL_BLOCKS))
 		return false;
 	const gs_u64 blocks = (lines + GS_LL_LINES - 1) / GS_LL_LINES;
@@ -127,16 +127,20 @@ __device__ __forceinline__ bool gs_ll_begin(gs_u32 *const *pads, int world, int 
 			gs_record_error(pads[rank], GS_ERR_CONFIG, (gridDim.x << 16) | blockDim.x, 2);
 		return false;
 	}
-	__shared__ gs_u32 seq_shared;
+	return true;
+}
+
+// Starts an LL launch whose shape gs_ll_shape_ok accepted: reads the
+// block's launch number. Every thread reads it itself, with no barrier of
+// the block between the kernel's start and its first store to a peer (the
+// word is only written by gs_ll_end, after a barrier that follows every
+// thread's read).
+__device__ __forceinline__ void gs_ll_begin(gs_u32 *const *pads, int world, int rank, GsLL &ll) {
 	ll.seqw = pads[rank] + GS_PAD_LL_SEQ + blockIdx.x;
-	if (threadIdx.x == 0)
-		seq_shared = *(volatile gs_u32 *)ll.seqw;
-	__syncthreads();
-	ll.seq = seq_shared;
+	ll.seq = *(volatile gs_u32 *)ll.seqw;
 	ll.flag = ll.seq + 1u;
 	ll.region = ((gs_u64)blockIdx.x * 2u + (ll.seq & 1u)) * (gs_u64)world;
 	ll.world = world;
-	return true;
 }
 
 // Waits for line (from rank q) to carry ll's flag and returns its data;
@@ -151,9 +155,11 @@ __device__ __forceinline__ bool gs_ll_wait(const GsLL &ll, const char *line, gs_
 
 // Ends the launch for this block once every thread is done: only then may
 // its next launch reuse the other parity's regions. Every thread calls it.
+// The block's last thread writes the count: the host emulation runs a
+// block's threads one after another, and the others must all have read it.
 __device__ __forceinline__ void gs_ll_end(const GsLL &ll) {
 	__syncthreads();
-	if (threadIdx.x == 0)
+	if (threadIdx.x == blockDim.x - 1)
 		*(volatile gs_u32 *)ll.seqw = ll.seq + 1u;
 }
 
