@@ -12,7 +12,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [flatcost] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [flatcost] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [pdl] [graphab] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -322,6 +322,26 @@ for s in "${steps[@]}"; do
 		nvcc -O2 -arch=sm_90 -o /tmp/driver_cost scripts/driver_cost.cu -lcuda &&
 			timeout 120 /tmp/driver_cost "$out/driver-cost.json" | tee /tmp/gosym-drivercost.tail
 		summary+=("drivercost: $(grep -E "^query \+ launch \+ record" /tmp/gosym-drivercost.tail)") ;;
+	pdl)
+		# what programmatic dependent launch saves a chain of small exchange kernels in a graph
+		echo "== PDL probe (scripts/pdl_probe.cu)"
+		nvcc -O2 -arch=sm_90 -o /tmp/pdl_probe scripts/pdl_probe.cu &&
+			timeout 120 /tmp/pdl_probe "$out/pdl-probe.json" | tee /tmp/gosym-pdl.tail
+		summary+=("pdl: $(tail -3 /tmp/gosym-pdl.tail | tr '\n' ';')") ;;
+	graphab)
+		# captured small ops of the libraries GOSYM_AB_LIBS (colon-separated), in turn, twice:
+		# a kernel variant beside main's (scripts/device_lib.sh builds each; carry them)
+		for run in 1 2; do
+			IFS=: read -ra libs <<<"${GOSYM_AB_LIBS:?graphab needs GOSYM_AB_LIBS}"
+			for lib in "${libs[@]}"; do
+				tag=$(basename "$(dirname "$lib")")
+				echo "== captured, GOSYM_LIBRARY=$lib, run $run"
+				GOSYM_LIBRARY=$lib timeout 120 python3 -m gosym.bench --device cuda --cuda-graph 10 \
+					--ops all_reduce,reduce_scatter_tensor,all_gather_into_tensor --backends gosym \
+					--sizes 1K,4K,16K,64K,256K --target-time 0.1 $([[ $run == 2 ]] && echo --no-check) \
+					--json "$out/graphab-$tag-$run.json" 2>&1 | rows
+			done
+		done ;;
 	nvswitch)
 		# what SM push/pull and the copy engines move per pair, all-to-all and from one root
 		echo "== NVSwitch copy probe (scripts/nvswitch_probe.cu)"
