@@ -202,6 +202,8 @@ var (
 		"Seconds: the group timeout inside the real-client test jobs (tests/jobs/clients).")
 	_ = textRow("GOSYM_CLIENTS_JOB_TIMEOUT", "400", Tests,
 		"Seconds: the launcher's deadline for one real-client test job (tests/jobs/clients).")
+	_ = textRow("GOSYM_AB_LIBS", "", Build,
+		"The libgosym.so files scripts/device_cuda.sh graphab compares, colon-joined, each timed in turn (captured small ops), twice.")
 	_ = textRow("GOSYM_CLIENTS_SHARDS", "", Tests,
 		"How many reference/gosym job pairs run a (device, world) pair's real-client scenarios at once (tests/jobs/clients/harness.py; empty: 3 on CUDA, 1 on CPU).")
 	_ = textRow("GOSYM_CLIENTS_WORLDS", "", Build,
