@@ -26,13 +26,22 @@ func TestCUDAStagedMovesReadByShares(t *testing.T) {
 		return
 	}
 	ranks := p2pGroup(t, []int{0, 1, 2}, 5*time.Second)
+	runCUDAOpCases(t, ranks, n, func(k ops.Kind) bool {
+		return k == ops.Broadcast || k == ops.Scatter || k == ops.Gather || k == ops.AllGather || k == ops.AllToAll
+	})
+}
+
+// runCUDAOpCases runs each of opCases whose kind keep accepts on the ranks'
+// fake devices, n elements a piece, fresh inputs, poisoned outputs, and
+// checks every element of every rank's output.
+func runCUDAOpCases(t *testing.T, ranks []*p2pRank, n int, keep func(ops.Kind) bool) {
+	world := len(ranks)
 	eps := make([]*Endpoint, world)
 	for r, rk := range ranks {
 		eps[r] = rk.ep
 	}
 	for _, c := range opCases {
-		if c.kind != ops.Broadcast && c.kind != ops.Scatter && c.kind != ops.Gather &&
-			c.kind != ops.AllGather && c.kind != ops.AllToAll {
+		if !keep(c.kind) {
 			continue
 		}
 		name := c.name
@@ -48,7 +57,7 @@ func TestCUDAStagedMovesReadByShares(t *testing.T) {
 				}
 			}
 			outs, wants := make([][][]float32, world), make([][][]float32, world)
-			errs := postCUDAAll(eps, func(r int) int { return r },
+			errs := postCUDAAll(eps, func(r int) int { return ranks[r].device },
 				func(r int) uintptr { return uintptr(ranks[r].stream(t, r, false)) },
 				func(r int) *Op {
 					op, out, want := c.build(world, r, n, in)

@@ -432,6 +432,7 @@ template <class T, class Op> __device__ __forceinline__ void gs_ll(const gs_ar_p
 #define GS_AR_KERNEL(algo, tname, T, oname, Op)                                               \
 	extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS)                         \
 	    gs_##algo##_##tname##_##oname(gs_ar_params p) {                                   \
+		gs_kernel_begin();                                                             \
 		gs_##algo<T, Op>(p);                                                           \
 	}
 

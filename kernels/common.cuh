@@ -250,6 +250,22 @@ __device__ __forceinline__ unsigned short gs_f2h(float f) {
 }
 #endif
 
+// Every kernel's first statement. The engine may launch any kernel with
+// programmatic stream serialization (cuda.Module.SetDependentLaunch): it can
+// then start while the previous kernel of its stream still runs, once that
+// kernel's blocks have all passed their gs_kernel_begin. The wait returns when
+// the previous grid has finished and its memory is visible, so nothing of
+// ours reads or writes before it; the trigger after it lets the next kernel
+// of the stream start early in turn (one parked grid per stream at most: a
+// kernel triggers only after its own wait). Without the launch attribute both
+// are no-ops; before sm_90, and in the host emulation, they are not emitted.
+__device__ __forceinline__ void gs_kernel_begin() {
+#if !defined(GS_EMULATION) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float gs_b2f(unsigned short b) {
 	return __uint_as_float(((gs_u32)b) << 16);
 }

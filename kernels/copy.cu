@@ -79,6 +79,7 @@ __device__ __forceinline__ bool gs_copy_run(const gs_copy_params &p) {
 
 // __grid_constant__: gs_copy_run reads the parameter in place, no per-thread copy.
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy(const __grid_constant__ gs_copy_params p) {
+	gs_kernel_begin();
 	gs_copy_run(p);
 }
 
@@ -120,6 +121,7 @@ __device__ __forceinline__ void gs_steps_read(const gs_steps_params &g, int s, g
 // reuse; a last, shorter chunk starts earlier instead and copies some bytes
 // again.
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy_steps(gs_steps_params g) {
+	gs_kernel_begin();
 #ifdef GS_EMULATION
 	// __shared__ is per OS thread here: every thread waits and reads for itself
 	const int n = gs_steps_wait(g);
@@ -154,6 +156,7 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_copy_steps(gs_
 // all of them before it writes any, so in-place ops (a dst that is a src)
 // are safe. Grid: the same on every rank, as LLGrid gives for p.bytes.
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_llmove(gs_llmove_params p) {
+	gs_kernel_begin();
 	const int K = GS_LL_LINES / GS_LL_THREADS; // lines per thread
 	const gs_u64 lines = (p.bytes + 7u) / 8u;
 	if (!gs_ll_shape_ok(p.pads, p.world, p.rank, lines))
@@ -214,6 +217,7 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_llmove(gs_llmo
 }
 
 extern "C" __global__ void __launch_bounds__(32) gs_barrier(gs_barrier_params p) {
+	gs_kernel_begin();
 	if (!gs_config_ok(p.pads, p.world, p.rank))
 		return;
 	gs_block_barrier(p.pads, p.world, p.rank, p.timeout_ns);
@@ -232,6 +236,7 @@ struct GsIsSet {
 // the pad's error words (detail: word << 8 | rank) and its semaphore is left
 // alone. Thread r handles rank r.
 extern "C" __global__ void __launch_bounds__(32) gs_sema_wait(gs_sema_params p) {
+	gs_kernel_begin();
 	const int t = threadIdx.x;
 	if (!p.pad || (p.word != GS_PAD_SEMA_READY && p.word != GS_PAD_SEMA_DONE) || gridDim.x != 1 ||
 	    blockDim.x < GS_MAX_RANKS || (p.mask >> GS_MAX_RANKS) != 0) {
@@ -292,6 +297,7 @@ __device__ __forceinline__ void gs_bcast_push(const gs_relay_params &p, gs_u64 c
 // apart) and account for the slices it will not wait for (SEEN words), so
 // that every rank's counts stay in step whoever is root.
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_bcast_relay(gs_relay_params p) {
+	gs_kernel_begin();
 	if (!gs_config_ok(p.pads, p.world, p.rank))
 		return;
 	gs_u32 *own = p.pads[p.rank];

@@ -3,6 +3,7 @@ package kernels
 import (
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -27,6 +28,26 @@ func TestSourceIsSelfContained(t *testing.T) {
 		require.Contains(t, src, "struct gs_ar_params", name)
 		require.True(t, strings.HasPrefix(src, `#line 1 "`+name+`"`), name)
 	}
+}
+
+// Every kernel starts with gs_kernel_begin(): the engine may launch any of
+// them as a programmatic dependent of the kernel before it on the stream,
+// and one that touched memory before the wait would race that kernel.
+func TestEveryKernelBeginsWithTheDependencyWait(t *testing.T) {
+	kernel := regexp.MustCompile(`__global__[^{;]*\{`)
+	n := 0
+	for _, name := range Sources() {
+		text, err := FS.ReadFile(name)
+		require.NoError(t, err)
+		src := string(text)
+		for _, at := range kernel.FindAllStringIndex(src, -1) {
+			body := strings.TrimLeft(src[at[1]:], " \t\\\n")
+			line := strings.Count(src[:at[0]], "\n") + 1
+			require.True(t, strings.HasPrefix(body, "gs_kernel_begin();"), "%s:%d: a kernel whose first statement is not gs_kernel_begin()", name, line)
+			n++
+		}
+	}
+	require.GreaterOrEqual(t, n, 11, "the kernels found") // 9 plain ones and 2 macros
 }
 
 func TestSourceErrors(t *testing.T) {

@@ -210,6 +210,7 @@ template <class T, class Op> __device__ __forceinline__ void gs_nvls(const gs_nv
 #define GS_NVLS_KERNEL(tname, T, oname, Op)                                                   \
 	extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS)                         \
 	    gs_nvls_##tname##_##oname(gs_nvls_params p) {                                     \
+		gs_kernel_begin();                                                             \
 		gs_nvls<T, Op>(p);                                                             \
 	}
 

@@ -289,6 +289,7 @@ struct GsP2PLane {
 };
 
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_send(gs_p2p_params p) {
+	gs_kernel_begin();
 	if (!gs_p2p_config_ok(p))
 		return;
 	gs_u32 next;
@@ -297,6 +298,7 @@ extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_send(gs_p2
 }
 
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_p2p_recv(gs_p2p_params p) {
+	gs_kernel_begin();
 	if (!gs_p2p_config_ok(p))
 		return;
 	gs_lane_recv(GsP2PLane{p, blockIdx.x * GS_P2P_LINE}, (char *)p.buf, p.bytes, p.slot_bytes, gridDim.x,
@@ -444,6 +446,7 @@ __device__ __forceinline__ void gs_a2av_self(const gs_a2av_params &p, gs_u32 i, 
 }
 
 extern "C" __global__ void __launch_bounds__(GS_BLOCK_THREADS) gs_a2av(gs_a2av_params p) {
+	gs_kernel_begin();
 	if (!gs_a2av_config_ok(p))
 		return;
 	const gs_u32 nb = p.nb, per = (gs_u32)(p.world - 1) * nb;

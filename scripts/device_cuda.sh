@@ -329,17 +329,22 @@ for s in "${steps[@]}"; do
 			timeout 120 /tmp/pdl_probe "$out/pdl-probe.json" | tee /tmp/gosym-pdl.tail
 		summary+=("pdl: $(tail -3 /tmp/gosym-pdl.tail | tr '\n' ';')") ;;
 	graphab)
-		# captured small ops of the libraries GOSYM_AB_LIBS (colon-separated), in turn, twice:
-		# a kernel variant beside main's (scripts/device_lib.sh builds each; carry them)
+		# captured small ops of each library of GOSYM_AB_LIBS (colon-separated; default the one
+		# GOSYM_LIBRARY names) under each setting of GOSYM_AB_ENVS (space-separated, as
+		# GOSYM_CPUHOST_ENV: default, or NAME=VALUE joined by +), in turn, twice, at slots ranks:
+		# a kernel or launch variant beside main's (scripts/device_lib.sh builds each; carry them)
 		for run in 1 2; do
-			IFS=: read -ra libs <<<"${GOSYM_AB_LIBS:?graphab needs GOSYM_AB_LIBS}"
+			IFS=: read -ra libs <<<"${GOSYM_AB_LIBS:-${GOSYM_LIBRARY:?graphab needs GOSYM_AB_LIBS or GOSYM_LIBRARY}}"
 			for lib in "${libs[@]}"; do
-				tag=$(basename "$(dirname "$lib")")
-				echo "== captured, GOSYM_LIBRARY=$lib, run $run"
-				GOSYM_LIBRARY=$lib timeout 120 python3 -m gosym.bench --device cuda --cuda-graph 10 \
-					--ops all_reduce,reduce_scatter_tensor,all_gather_into_tensor --backends gosym \
-					--sizes 1K,4K,16K,64K,256K --target-time 0.1 $([[ $run == 2 ]] && echo --no-check) \
-					--json "$out/graphab-$tag-$run.json" 2>&1 | rows
+				for s in ${GOSYM_AB_ENVS:-default}; do
+					setting "$s"
+					name=$(basename "$(dirname "$lib")")$tag
+					echo "== captured, GOSYM_LIBRARY=$lib ${extra[*]}, run $run"
+					env "${extra[@]}" GOSYM_LIBRARY="$lib" timeout 120 python3 -m gosym.bench --device cuda \
+						--nproc "$(slots)" --cuda-graph 10 --ops all_reduce,reduce_scatter_tensor,all_gather_into_tensor \
+						--backends gosym --sizes 1K,4K,16K,64K,256K --target-time 0.1 \
+						$([[ $run == 2 ]] && echo --no-check) --json "$out/graphab-$name-$run.json" 2>&1 | rows
+				done
 			done
 		done ;;
 	nvswitch)

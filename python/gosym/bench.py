@@ -104,7 +104,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m gosym.bench", description=__doc__.split("\n")[0])
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks to launch (default: every GPU of the machine with --device cuda, "
-                        "else 2)")
+                        "else 2); more ranks than GPUs share them in turn")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--backends", default=None,
                    help="comma list (default gosym,gloo on cpu, gosym,nccl on cuda); on cuda "
@@ -404,8 +404,10 @@ class Bench:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.set_num_threads(args.threads)
         if args.device == "cuda":
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
+            # more ranks than GPUs share them in turn (gosym only: NCCL refuses a shared GPU)
+            gpu = self.local_rank % torch.cuda.device_count()
+            torch.cuda.set_device(gpu)
+            self.device = torch.device("cuda", gpu)
         else:
             self.device = torch.device("cpu")
         self.timer = Timer(torch, args.device)

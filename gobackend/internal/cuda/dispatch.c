@@ -318,6 +318,18 @@ static CUresult special_cuIpcCloseMemHandle(CUdeviceptr p) {
 	COUNT_ARG(cuIpcCloseMemHandle, p);
 	return GSCU_SUCCESS;
 }
+/* Logs the launch's grid and its one attribute as grid << 16 | id << 8 | value
+ * (a configuration with any other attribute count logs 0xffff). */
+static CUresult special_cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
+                                         void **extra) {
+	(void)f, (void)params, (void)extra;
+	unsigned long long arg = 0xffff;
+	if (c->numAttrs == 1)
+		arg = (unsigned long long)c->gridDimX << 16 | (unsigned long long)c->attrs[0].id << 8 |
+		      (unsigned)c->attrs[0].value.programmaticStreamSerializationAllowed;
+	COUNT_ARG(cuLaunchKernelEx, arg);
+	return GSCU_SUCCESS;
+}
 static CUresult special_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id,
                                                void **graph, const void **deps, size_t *ndeps) {
 	(void)s, (void)graph, (void)deps, (void)ndeps;
@@ -363,6 +375,7 @@ static const struct {
     {"cuIpcOpenMemHandle", (void *)special_cuIpcOpenMemHandle},
     {"cuIpcCloseMemHandle", (void *)special_cuIpcCloseMemHandle},
     {"cuStreamGetCaptureInfo", (void *)special_cuStreamGetCaptureInfo},
+    {"cuLaunchKernelEx", (void *)special_cuLaunchKernelEx},
 };
 
 static void *const fake_fns[] = {

@@ -87,6 +87,30 @@ typedef union {
 	cuuint64_t pad[6];
 } CUstreamBatchMemOpParams;
 
+/* cuLaunchKernelEx's configuration, with the one attribute gosym sets
+ * (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION). */
+typedef union {
+	char pad[64];
+	int programmaticStreamSerializationAllowed;
+} CUlaunchAttributeValue;
+
+typedef struct {
+	int id; /* CUlaunchAttributeID */
+	char pad[4];
+	CUlaunchAttributeValue value;
+} CUlaunchAttribute;
+
+typedef struct {
+	unsigned int gridDimX, gridDimY, gridDimZ;
+	unsigned int blockDimX, blockDimY, blockDimZ;
+	unsigned int sharedMemBytes;
+	CUstream hStream;
+	CUlaunchAttribute *attrs;
+	unsigned int numAttrs;
+} CUlaunchConfig;
+
+#define GSCU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
+
 typedef int CUdriverProcAddressQueryResult;
 
 /* Result codes the glue itself produces; the driver's are all >= 0. */
@@ -103,7 +127,8 @@ typedef int CUdriverProcAddressQueryResult;
 #define GSCU_TIER_VMM 2
 #define GSCU_TIER_MEMOPS 4
 #define GSCU_TIER_MC 8
-#define GSCU_TIER_ALL_BUT_MC (GSCU_TIER_REQ | GSCU_TIER_VMM | GSCU_TIER_MEMOPS)
+#define GSCU_TIER_LAUNCHEX 16 /* optional: launches fall back to cuLaunchKernel */
+#define GSCU_TIER_ALL_BUT_MC (GSCU_TIER_REQ | GSCU_TIER_VMM | GSCU_TIER_MEMOPS | GSCU_TIER_LAUNCHEX)
 
 #define GSCU_DRIVER_FUNCS(X)                                                                   \
 	X(REQ, cuInit, "cuInit", 12000, (unsigned int flags), (flags))                         \
@@ -135,6 +160,9 @@ typedef int CUdriverProcAddressQueryResult;
 	   unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,    \
 	   void **extra),                                                                      \
 	  (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra))                                \
+	X(LAUNCHEX, cuLaunchKernelEx, "cuLaunchKernelEx", 12000,                               \
+	  (const CUlaunchConfig *config, CUfunction f, void **params, void **extra),           \
+	  (config, f, params, extra))                                                          \
 	X(REQ, cuMemAlloc, "cuMemAlloc_v2", 12000, (CUdeviceptr * p, size_t n), (p, n))        \
 	X(REQ, cuMemFree, "cuMemFree_v2", 12000, (CUdeviceptr p), (p))                         \
 	X(REQ, cuMemHostAlloc, "cuMemHostAlloc", 12000,                                        \
@@ -306,6 +334,7 @@ enum {
 #define GSCU_GUARD_REQ(t)
 #define GSCU_GUARD_VMM(t)
 #define GSCU_GUARD_MEMOPS(t)
+#define GSCU_GUARD_LAUNCHEX(t)
 #define GSCU_GUARD_MC(t)                                                                     \
 	if (!(t)->mc_enabled)                                                                \
 		return GSCU_ERROR_REFUSED;

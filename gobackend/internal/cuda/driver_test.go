@@ -172,6 +172,53 @@ func TestLaunchChecksArguments(t *testing.T) {
 	})
 }
 
+// A module set to dependent launches goes through cuLaunchKernelEx with
+// one attribute, programmatic stream serialization on; where the driver
+// lacks the function, through cuLaunchKernel. DependentLaunch says yes only
+// for sm_90 and newer on CUDA 12.3 and newer with the function there.
+func TestDependentLaunch(t *testing.T) {
+	launch := func(d *Driver, dependent bool) {
+		m, err := d.LoadModule(0x3000, []byte{1, 2, 3})
+		require.NoError(t, err)
+		defer m.Unload()
+		m.SetDependentLaunch(dependent)
+		k, _, err := ReduceKernel(LL, 0, 0)
+		require.NoError(t, err)
+		f, err := m.Function(k)
+		require.NoError(t, err)
+		grid, block := LLGrid(4096, 4)
+		require.NoError(t, d.Launch(f, grid, block, 0, 0, &ARParams{World: 1}))
+	}
+	withFake(t, func(d *Driver) {
+		fakeSetAttr(AttrComputeCapabilityMajor, 9)
+		fakeSetAttr(AttrComputeCapabilityMinor, 0)
+		for _, v := range []struct {
+			version, major int
+			want           bool
+		}{{13000, 9, true}, {12030, 10, true}, {12020, 9, false}, {13000, 8, false}} {
+			fakeSetVersion(v.version)
+			fakeSetAttr(AttrComputeCapabilityMajor, v.major)
+			d.version = v.version
+			require.Equal(t, v.want, d.DependentLaunch(0), "CUDA %d, sm_%d0", v.version, v.major)
+		}
+
+		launch(d, true)
+		require.EqualValues(t, 0, fakeCalls("cuLaunchKernel"))
+		require.EqualValues(t, 1, fakeCalls("cuLaunchKernelEx"))
+		grid, _ := LLGrid(4096, 4)
+		require.Contains(t, fakeLog(), fakeCall{"cuLaunchKernelEx", uint64(grid.X)<<16 | 6<<8 | 1})
+		fakeSetResult("cuLaunchKernelEx", 701)
+		launch(d, false) // a plain module never calls it
+		require.EqualValues(t, 1, fakeCalls("cuLaunchKernel"))
+		require.EqualValues(t, 1, fakeCalls("cuLaunchKernelEx"))
+	})
+	withFake(t, func(d *Driver) {
+		require.False(t, d.DependentLaunch(0))
+		launch(d, true) // the setting cannot reach a function the driver lacks
+		require.EqualValues(t, 1, fakeCalls("cuLaunchKernel"))
+	}, "cuLaunchKernelEx")
+}
+
 func TestReduceKernelSelection(t *testing.T) {
 	for _, c := range []struct {
 		dt, op int32

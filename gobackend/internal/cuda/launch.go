@@ -14,12 +14,15 @@ package cuda
 
 // Launches f with its parameters copied out of blob into C storage: the
 // driver gets an array of pointers into this frame, never a Go pointer, and
-// copies the values before cuLaunchKernel returns.
+// copies the values before cuLaunchKernel returns. With dependent set, and
+// where the driver has cuLaunchKernelEx, the launch may overlap the previous
+// kernel of the stream (programmatic stream serialization; the kernel waits
+// for it in gs_kernel_begin).
 static inline CUresult gscu_launch(const gscu_driver *t, CUcontext ctx, CUfunction f,
                                    unsigned int gx, unsigned int gy, unsigned int gz,
                                    unsigned int bx, unsigned int by, unsigned int bz,
                                    unsigned int shmem, CUstream s, const void *blob,
-                                   size_t len, const size_t *offsets, int n) {
+                                   size_t len, const size_t *offsets, int n, int dependent) {
 	_Alignas(16) char buf[GSCU_MAX_PARAM_BYTES];
 	void *ptrs[GSCU_MAX_PARAMS];
 	if (n < 0 || n > GSCU_MAX_PARAMS || len > sizeof buf)
@@ -30,6 +33,14 @@ static inline CUresult gscu_launch(const gscu_driver *t, CUcontext ctx, CUfuncti
 		if (offsets[i] >= len)
 			return 1;
 		ptrs[i] = buf + offsets[i];
+	}
+	if (dependent && t->cuLaunchKernelEx) {
+		CUlaunchAttribute attr;
+		memset(&attr, 0, sizeof attr);
+		attr.id = GSCU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+		attr.value.programmaticStreamSerializationAllowed = 1;
+		CUlaunchConfig cfg = {gx, gy, gz, bx, by, bz, shmem, s, &attr, 1};
+		return gscu_in_cuLaunchKernelEx(t, ctx, &cfg, f, ptrs, NULL);
 	}
 	return gscu_in_cuLaunchKernel(t, ctx, f, gx, gy, gz, bx, by, bz, shmem, s, ptrs, NULL);
 }
@@ -85,6 +96,29 @@ type Module struct {
 	d   *Driver
 	ctx Context
 	h   C.CUmodule
+	// dependent: its kernels launch with programmatic stream serialization
+	// (SetDependentLaunch)
+	dependent bool
+}
+
+// SetDependentLaunch makes every later launch of the module's kernels a
+// programmatic dependent of the kernel before it on the stream: it may
+// start while that one runs, and waits for it on the device (every kernel
+// of package kernels begins with that wait, gs_kernel_begin). Only where
+// DependentLaunch says the driver and device support it; elsewhere the
+// launches stay plain.
+func (m *Module) SetDependentLaunch(on bool) { m.dependent = on }
+
+// DependentLaunch reports whether launches on dev may be programmatic
+// dependents: compute capability 9.0 or newer (griddepcontrol), a driver
+// with cuLaunchKernelEx, and CUDA 12.3 or newer, which captures such
+// launches into graphs as programmatic edges.
+func (d *Driver) DependentLaunch(dev Device) bool {
+	if d.version < 12030 || len(d.missing(C.GSCU_TIER_LAUNCHEX)) > 0 {
+		return false
+	}
+	arch, err := d.DeviceArch(dev)
+	return err == nil && arch >= 90
 }
 
 // Function is a kernel of a Module.
@@ -179,10 +213,18 @@ func (d *Driver) Launch(f *Function, grid, block Dim3, shmem uint32, stream Stre
 		}
 		blob, size = unsafe.Pointer(&packed[0]), n
 	}
+	dependent := C.int(0)
+	if f.m.dependent {
+		dependent = 1
+	}
 	r := C.gscu_launch(d.t, cCtx(f.m.ctx), f.h, C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z),
 		C.uint(block.X), C.uint(block.Y), C.uint(block.Z), C.uint(shmem), cStream(stream),
-		blob, C.size_t(size), &offsets[0], C.int(len(args)))
-	if err := d.check("cuLaunchKernel", r); err != nil {
+		blob, C.size_t(size), &offsets[0], C.int(len(args)), dependent)
+	call := "cuLaunchKernel"
+	if dependent != 0 && d.t.cuLaunchKernelEx != nil {
+		call = "cuLaunchKernelEx"
+	}
+	if err := d.check(call, r); err != nil {
 		return fmt.Errorf("%w (kernel %s)", err, f.k.Name)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/gobackend/internal/dlog"
 )
@@ -25,6 +26,9 @@ type Device struct {
 	arch    int
 	gran    uintptr
 	memops  bool // the driver has the stream memory operations (the semaphore protocol)
+	// dependent: kernels launch as programmatic dependents of the previous
+	// kernel of their stream (GOSYM_GPU_PDL, where the driver and GPU can)
+	dependent bool
 
 	mu   sync.Mutex
 	mods map[string]*kernelModule
@@ -126,8 +130,11 @@ func newDevice(ordinal int) (*Device, error) {
 		d.ReleasePrimaryContext(dev)
 		return nil, err
 	}
-	return &Device{d: d, ordinal: ordinal, dev: dev, ctx: ctx, arch: arch, gran: gran, memops: d.HasStreamMemOps(),
-		mods: map[string]*kernelModule{}}, nil
+	g := &Device{d: d, ordinal: ordinal, dev: dev, ctx: ctx, arch: arch, gran: gran, memops: d.HasStreamMemOps(),
+		dependent: config.GPUPDL.Get() == "1" && d.DependentLaunch(dev),
+		mods:      map[string]*kernelModule{}}
+	dlog.Printf("cuda:%d: sm_%d, CUDA %d, dependent launches %v", ordinal, arch, d.Version(), g.dependent)
+	return g, nil
 }
 
 // Module returns the loaded kernels of source, compiling them on first use.
@@ -141,6 +148,9 @@ func (g *Device) Module(source string) (*kernelModule, error) {
 	g.mu.Unlock()
 	m.once.Do(func() {
 		m.m, m.err = g.d.LoadKernels(g.ctx, cuda.DefaultCompiler(), g.arch, source)
+		if m.err == nil {
+			m.m.SetDependentLaunch(g.dependent)
+		}
 		// Every kernel is looked up now, not at its first launch. Under lazy
 		// loading (CUDA_MODULE_LOADING=LAZY, Linux's default since CUDA 12.2)
 		// cuModuleGetFunction is what puts a kernel on the device, and that

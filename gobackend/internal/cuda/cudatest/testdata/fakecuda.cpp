@@ -309,8 +309,47 @@ CUresult cuFuncGetAttribute(int *v, CUfunction_attribute, CUfunction) {
 	return OK;
 }
 
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                       unsigned bz, CUstream s, void **params);
+
+// FAKECUDA_LAUNCHES=dependent refuses plain launches, =plain refuses
+// programmatic dependents: a test shows which way every launch of the
+// engine went. A dependent's overlap with the kernel before it is not
+// emulated (a stream runs its launches one after another; the kernels'
+// griddepcontrol.wait is not compiled for the host).
+static bool refuse_launch(const char *kind) {
+	static const char *want = getenv("FAKECUDA_LAUNCHES");
+	return want && strcmp(want, kind) != 0;
+}
+
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                         unsigned by, unsigned bz, unsigned, CUstream s, void **params, void **) {
+	if (refuse_launch("plain"))
+		return INVALID_VALUE;
+	return launch(f, gx, gy, gz, bx, by, bz, s, params);
+}
+
+// The configuration must be what the driver takes: known attributes only,
+// programmatic stream serialization 0 or 1.
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+	if (!c || extra || (c->numAttrs && !c->attrs))
+		return INVALID_VALUE;
+	bool dependent = false;
+	for (unsigned i = 0; i < c->numAttrs; i++) {
+		const CUlaunchAttribute &a = c->attrs[i];
+		if (a.id != GSCU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION ||
+		    (unsigned)a.value.programmaticStreamSerializationAllowed > 1)
+			return INVALID_VALUE;
+		dependent = a.value.programmaticStreamSerializationAllowed;
+	}
+	if (refuse_launch(dependent ? "dependent" : "plain"))
+		return INVALID_VALUE;
+	return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+	              c->hStream, params);
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                       unsigned bz, CUstream s, void **params) {
 	if (!current)
 		return 201; // CUDA_ERROR_INVALID_CONTEXT: gosym must set one
 	if (gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024 || gx == 0)
@@ -696,7 +735,7 @@ static const Proc procs[] = {
     P("cuCtxGetCurrent", cuCtxGetCurrent) P("cuCtxSetCurrent", cuCtxSetCurrent)
     P("cuModuleLoadData", cuModuleLoadData) P("cuModuleUnload", cuModuleUnload)
     P("cuModuleGetFunction", cuModuleGetFunction) P("cuFuncGetAttribute", cuFuncGetAttribute)
-    P("cuLaunchKernel", cuLaunchKernel) P("cuMemAlloc", cuMemAlloc_v2) P("cuMemFree", cuMemFree_v2)
+    P("cuLaunchKernel", cuLaunchKernel) P("cuLaunchKernelEx", cuLaunchKernelEx) P("cuMemAlloc", cuMemAlloc_v2) P("cuMemFree", cuMemFree_v2)
     P("cuMemcpyHtoD", cuMemcpyHtoD_v2) P("cuMemcpyDtoH", cuMemcpyDtoH_v2)
     P("cuMemHostAlloc", cuMemHostAlloc) P("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2)
     P("cuMemFreeHost", cuMemFreeHost)
