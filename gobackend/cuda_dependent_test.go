@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gosym/gosym/gobackend/internal/ops"
+	"github.com/stretchr/testify/require"
 )
 
 // Every op's kernels launch as programmatic dependents where GOSYM_GPU_PDL
@@ -33,5 +34,8 @@ func testCUDALaunches(t *testing.T, pdl, kind string) {
 	every := func(ops.Kind) bool { return true }
 	for _, n := range []int{100, 3001} { // 400 B a piece: LL; 12 KB: staged
 		runCUDAOpCases(t, ranks, n, every)
+	}
+	for r, rk := range ranks {
+		require.Equal(t, pdl == "1", rk.ep.StatsMap()["gpu_dependent_launch"], "rank %d", r)
 	}
 }

@@ -356,7 +356,7 @@ def graph_op(torch, fn, n_ops):
 
 # gosym's counters of the CUDA paths (gosym.stats); the rest of an op's launches are staged.
 PATH_COUNTERS = ("gpu_ops", "gpu_direct_ops", "gpu_reg_direct_ops", "gpu_ll_moves", "gpu_paced_all_to_all",
-                 "gpu_ce_beside")
+                 "gpu_ce_beside", "gpu_dependent_launch")
 
 
 def path_of(before, after):
@@ -364,8 +364,8 @@ def path_of(before, after):
     LL launch), 'direct' (the peers' own buffers), 'relay' (a broadcast by scatter and relay on
     them), 'paced' (gs_a2av), else 'staged', with the
     reduction algorithms that ran (gpu_algo_*) and 'beside' where the copy engines moved this
-    rank's own piece on a second stream (GOSYM_GPU_CE_OVERLAP_MIN). Mixed paths are joined
-    with '+'."""
+    rank's own piece on a second stream (GOSYM_GPU_CE_OVERLAP_MIN), and 'pdl' where the kernels
+    launched as programmatic dependents (GOSYM_GPU_PDL). Mixed paths are joined with '+'."""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after if isinstance(after.get(k), int)}
     ops = d.get("gpu_ops", 0)
     if ops <= 0:
@@ -380,6 +380,8 @@ def path_of(before, after):
     algos = sorted(k[len("gpu_algo_"):] for k, v in d.items() if k.startswith("gpu_algo_") and v > 0)
     if d.get("gpu_ce_beside", 0) > 0:
         algos.append("beside")
+    if after.get("gpu_dependent_launch") is True:
+        algos.append("pdl")
     return "+".join(out) + (f" ({','.join(algos)})" if algos else "")
 
 

@@ -12,6 +12,10 @@ def test_path_of_names_the_paths_taken():
     assert path_of(before, dict(before, gpu_ops=14, gpu_direct_ops=4, gpu_algo_twoshot=5)) == "direct+staged (twoshot)"
     assert path_of(before, before) == "none"
     assert path_of(before, dict(before, gpu_ops=13, gpu_direct_ops=5, gpu_ce_beside=3)) == "direct (beside)"
+    pdl = dict(before, gpu_dependent_launch=True)
+    assert path_of(pdl, dict(pdl, gpu_ops=14, gpu_ll_moves=9)) == "ll (pdl)"
+    off = dict(before, gpu_dependent_launch=False)
+    assert path_of(off, dict(off, gpu_ops=14, gpu_ll_moves=9)) == "ll"
 
 
 def test_path_of_tells_relayed_broadcasts_from_other_direct_ops():

@@ -88,8 +88,8 @@ var (
 		"Outbox slot of one block of a CUDA send/recv channel (rounded down to a multiple of 16, at least 16).")
 	GPUSemaWait = enumRow("GOSYM_GPU_SEMA_WAIT", "kernel", []string{"kernel", "memop"}, false, Engine,
 		"How the semaphore protocol waits: kernel (gs_sema_wait, with the group's deadline) or memop (stream memory operations: one launch less, but no deadline).")
-	GPUPDL = enumRow("GOSYM_GPU_PDL", "1", []string{"0", "1"}, false, Engine,
-		"1: the engine's kernels launch with programmatic stream serialization (cuLaunchKernelEx) where the GPU is sm_90 or newer and the driver CUDA 12.3 or newer: a kernel may start while the previous kernel of its stream runs and waits for it on the device, which saves part of each small op's launch gap in a CUDA graph; 0: plain launches.")
+	GPUPDL = enumRow("GOSYM_GPU_PDL", "0", []string{"0", "1"}, false, Engine,
+		"1: the engine's kernels launch with programmatic stream serialization (cuLaunchKernelEx) where the GPU is sm_90 or newer and the driver CUDA 12.3 or newer: a kernel may start while the previous kernel of its stream runs and waits for it on the device, which saves part of each small op's launch gap in a CUDA graph; 0: plain launches. Off until measured across NVLink (scripts/device_cuda.sh graphab with GOSYM_AB_ENVS).")
 	NVLS = enumRow("GOSYM_NVLS", "0", []string{"0", "1"}, false, Engine,
 		"1 opts in to NVLink SHARP (multicast), used only where the device supports it and none of NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 is set; the ranks agree on the gate's answer.")
 	LibCUDA = textRow("GOSYM_LIBCUDA", "libcuda.so.1", Engine,
@@ -207,7 +207,7 @@ var (
 	_ = textRow("GOSYM_AB_LIBS", "GOSYM_LIBRARY", Build,
 		"The libgosym.so files scripts/device_cuda.sh graphab compares, colon-joined, each timed in turn (captured small ops), twice.")
 	_ = textRow("GOSYM_AB_ENVS", "default", Build,
-		"The settings scripts/device_cuda.sh graphab times each library under, space-separated: default, or NAME=VALUE joined by + (GOSYM_GPU_PDL=0).")
+		"The settings scripts/device_cuda.sh graphab times each library under, space-separated: default, or NAME=VALUE joined by + (\"default GOSYM_GPU_PDL=1\").")
 	_ = textRow("GOSYM_CLIENTS_SHARDS", "", Tests,
 		"How many reference/gosym job pairs run a (device, world) pair's real-client scenarios at once (tests/jobs/clients/harness.py; empty: 3 on CUDA, 1 on CPU).")
 	_ = textRow("GOSYM_CLIENTS_WORLDS", "", Build,

@@ -105,6 +105,7 @@ func (g *State) Run(grp Group, op *ops.Op, a Args, deadline time.Time) error {
 		g.live = t
 		g.mu.Unlock()
 		g.device.Store(int32(a.Device) + 1)
+		g.dependent.Store(t.g.dependent)
 		g.stage.Store(int64(t.stage))
 		g.setupNs.Store(int64(time.Since(t0))) // apart from the ops' host time
 		t0 = time.Now()

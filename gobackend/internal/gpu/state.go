@@ -67,7 +67,10 @@ type State struct {
 	counters Counters
 	algos    algoStats   // which reduction algorithm ran (sema.go)
 	nvls     atomic.Bool // a multicast object is bound over the group's buffers
-	reg      registry    // bindings of registered CUDA memory, peer mappings (reg.go)
+	// the device launches the group's kernels as programmatic dependents
+	// (GOSYM_GPU_PDL where the driver and GPU can: Device.dependent)
+	dependent atomic.Bool
+	reg       registry // bindings of registered CUDA memory, peer mappings (reg.go)
 	// host time of the ops (Run, this rank's thread; the first op's
 	// setup apart) and, of it, the host rounds with the peers (the direct
 	// path's agreement, the split agreement): what a program whose host
@@ -161,6 +164,7 @@ func (g *State) Stats(m map[string]any) {
 	m["gpu_ce_beside"] = g.counters.ceBeside.Load()
 	m["gpu_vote_skips"] = g.counters.voteSkips.Load()
 	m["gpu_nvls"] = g.nvls.Load()
+	m["gpu_dependent_launch"] = g.dependent.Load()
 	m["gpu_device_error"] = g.deviceErrorCode()
 	g.algos.stats(m)
 	g.reg.stats(m)
