@@ -28,6 +28,9 @@ func TestAgainstFakeDriver(t *testing.T) {
 		t.Setenv(kv[0], kv[1])
 	}
 	t.Setenv("GOSYM_NVLS", "1") // the safety variables must win over an opt-in
+	// every case's launches are programmatic dependents: the fake refuses plain ones
+	t.Setenv("GOSYM_GPU_PDL", "1")
+	t.Setenv("FAKECUDA_LAUNCHES", "dependent")
 	code := run(true)
 	for _, c := range rep.Cases {
 		if !c.Pass {
@@ -36,6 +39,7 @@ func TestAgainstFakeDriver(t *testing.T) {
 	}
 	require.Equal(t, 0, code, rep.Error)
 	require.Contains(t, rep.MulticastGate, "allowed=false")
+	require.True(t, rep.DependentLaunch)
 	require.Greater(t, len(rep.Cases), 60)
 }
 

@@ -44,7 +44,9 @@ type checker struct {
 	comp  *cuda.Compiler
 	arch  int
 	quick bool
-	gpus  []*gpu
+	// dependent: every module's kernels launch as programmatic dependents
+	dependent bool
+	gpus      []*gpu
 	// cleanups run in reverse order at close.
 	cleanups []func() error
 }
@@ -116,6 +118,7 @@ func (c *checker) openGPU(ordinal int) (*gpu, error) {
 			return nil, fmt.Errorf("load %s: %w", src, err)
 		}
 		c.onClose(m.Unload)
+		m.SetDependentLaunch(c.dependent)
 		g.mods = append(g.mods, m)
 		for _, k := range cuda.KernelsIn(src) {
 			f, err := m.Function(k)

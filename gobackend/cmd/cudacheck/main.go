@@ -38,6 +38,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gosym/gosym/gobackend/internal/config"
 	"github.com/gosym/gosym/gobackend/internal/cuda"
 	"github.com/gosym/gosym/kernels"
 )
@@ -101,12 +102,15 @@ type report struct {
 	HasVMM        bool              `json:"has_vmm_symbols"`
 	HasMemOps     bool              `json:"has_stream_memops_symbols"`
 	MulticastGate string            `json:"multicast_gate"`
-	Devices       []deviceInfo      `json:"devices"`
-	Compile       []compileInfo     `json:"compile"`
-	Kernels       []kernelInfo      `json:"kernels"`
-	Cases         []caseResult      `json:"cases"`
-	Timings       []timing          `json:"timings"`
-	ElapsedS      float64           `json:"elapsed_s"`
+	// DependentLaunch: the kernels launched as programmatic dependents
+	// (GOSYM_GPU_PDL=1 where the driver and GPU can, as in the engine)
+	DependentLaunch bool          `json:"dependent_launch"`
+	Devices         []deviceInfo  `json:"devices"`
+	Compile         []compileInfo `json:"compile"`
+	Kernels         []kernelInfo  `json:"kernels"`
+	Cases           []caseResult  `json:"cases"`
+	Timings         []timing      `json:"timings"`
+	ElapsedS        float64       `json:"elapsed_s"`
 }
 
 var (
@@ -211,7 +215,9 @@ func run(quick bool) int {
 	rep.NVRTCVersion, rep.NVRTCPath, rep.NVRTCArchs = fmt.Sprintf("%d.%d", maj, min), nv.Path(), nv.Archs()
 	fmt.Printf("nvrtc %d.%d (%s) archs=%v\n", maj, min, nv.Path(), nv.Archs())
 
-	c := &checker{d: d, nv: nv, arch: rep.Devices[0].Arch, quick: quick,
+	rep.DependentLaunch = config.GPUPDL.Get() == "1" && d.DependentLaunch(0)
+	fmt.Printf("dependent launches %v\n", rep.DependentLaunch)
+	c := &checker{d: d, nv: nv, arch: rep.Devices[0].Arch, quick: quick, dependent: rep.DependentLaunch,
 		comp: &cuda.Compiler{NV: nv, Dir: cuda.DefaultCacheDir()}}
 	defer c.close()
 	if code := c.setup(); code != 0 {
