@@ -30,6 +30,9 @@ GENERAL = object()  # _flat_now's answer where the op takes the general path
 # how long a synchronous flat host op waits before it looks for the watch's news (_wait_flat;
 # gosym._c10d.Hier's kHostSlice)
 _SLICE = datetime.timedelta(milliseconds=100)
+# the most bytes a rank keeps mapped for the rows its all_gather receives from the other
+# hosts (_gather_blocks): larger ops stage the received rows, as before session 45
+ROWS_MAPPED_MAX = 64 << 20
 
 
 def _same(t):
@@ -238,22 +241,29 @@ class HierAlgorithms(HierBase):
             self._ar_gather(*prev)
 
     def _shard(self, i, numel, like):
-        """A chunk's shard of numel elements like `like` for _ar_rails: on the CPU, buffer i
-        (0 or 1: the chunk whose rail step is in flight, and the next) of memory this host's
-        ranks map (gosym.empty), kept for the group's later ops, so that the host's
-        all_gather reads every rank's shard in place (the direct path, from GOSYM_DIRECT_MIN)
-        instead of staging it: 2/n of the op's bytes fewer through memory, where on hosts
-        simulated on one machine the op is bound by memory (BENCHMARKS.md, session 43). A
-        rank writes buffer i again only after the all_gather that read it returned, and that
-        returns on every rank once all have read (the direct path's completion barrier)."""
+        """A chunk's shard of numel elements like `like` for _ar_rails: on the CPU, mapped
+        buffer i (0 or 1: the chunk whose rail step is in flight, and the next; _mapped), so
+        that the host's all_gather reads every rank's shard in place (the direct path, from
+        GOSYM_DIRECT_MIN) instead of staging it: 2/n of the op's bytes fewer through memory,
+        where on hosts simulated on one machine the op is bound by memory (BENCHMARKS.md,
+        session 43). A whole chunk's shard is mapped at once (any dtype's), so the buffer
+        is bound once."""
+        return self._mapped(i, numel, like, self._chunk // self._n + 64)
+
+    def _mapped(self, key, numel, like, least=0):
+        """numel elements like `like` in buffer `key` of memory this host's ranks map
+        (gosym.empty), kept for the group's later ops and grown to the largest asked for
+        (at least `least` bytes): a host step's input there is read by the host's ranks in
+        place. A plain tensor for device tensors. The caller writes the buffer again only
+        after the host op that read it returned, and that returns on every rank once all
+        have read (the direct path's completion barrier); ops run one at a time (the op's
+        thread), so one key serves one step of one op."""
         if like.device.type != "cpu":
             return like.new_empty(numel)
         nbytes = numel * like.element_size()
-        buf = self._shards[i]
+        buf = self._maps.get(key)
         if buf is None or buf.numel() < nbytes:
-            # a whole chunk's shard at once (any dtype's), so the buffer is bound once
-            buf = self._shards[i] = memory.empty(max(nbytes, self._chunk // self._n + 64),
-                                                 dtype=torch.uint8)
+            buf = self._maps[key] = memory.empty(max(nbytes, least), dtype=torch.uint8)
         return buf[:nbytes].view(like.dtype)
 
     def _ar_gather(self, seg, segp, shard, finish):
@@ -451,10 +461,17 @@ class HierAlgorithms(HierBase):
         rail (point to point: Gloo's allgather moves bytes several times slower than its
         sends), gathers its own host's rows into that host's block of out while the rows
         travel, then each other host's rows into its block. No staging of the whole output,
-        no reordering copy: every byte of out is written once, by the local group."""
+        no reordering copy: every byte of out is written once, by the local group, and the
+        received rows are read where they arrived."""
         m, opts = inp.numel(), _opts(_c10d.AllgatherOptions)
         blocks = out.view(len(self._hosts), self._n * m)
-        got = inp.new_empty(len(self._hosts), m)
+        # the rows received from the other hosts, mapped up to ROWS_MAPPED_MAX: the host's
+        # all_gathers of them read them in place (_mapped) instead of staging them again
+        hosts = len(self._hosts)
+        if hosts * m * inp.element_size() <= ROWS_MAPPED_MAX:
+            got = self._mapped("rows", hosts * m, inp).view(hosts, m)
+        else:
+            got = inp.new_empty(hosts, m)
         works = self._rail_swap(dev, [inp] * len(self._hosts), got)
         _wait(self._local._allgather_base(blocks[self._host], inp, opts))
         for w in works:

@@ -98,7 +98,7 @@ class HierBase(ProcessGroupGosym):
         # asynchronous host ops issued flat at the call (_flat_now) and not yet finished: a
         # barrier waits for them first, as Gloo's barrier waits for the work before it
         self._flat_host = {}  # EventWork -> (what, seq, keep)
-        self._shards = [None, None]  # the rails' all_reduce's shards on the CPU (_shard)
+        self._maps = {}  # mapped host buffers by key (HierAlgorithms._mapped)
         gen = store.add(f"gosym/hiergen/{rank}", 1)
         self._store = dist.PrefixStore(f"gosym/hier/{gen}/", store)
         mine = hosts[self._host]
@@ -212,7 +212,7 @@ class HierBase(ProcessGroupGosym):
         self._watch.close()
         self._close_inner(abort=False)
         self._local.shutdown()
-        self._shards = [None, None]
+        self._maps = {}
 
     def abort(self):
         self._close_flat()
@@ -220,7 +220,7 @@ class HierBase(ProcessGroupGosym):
         self._watch.close()
         self._close_inner(abort=True)
         self._local.shutdown()
-        self._shards = [None, None]
+        self._maps = {}
 
     def _close_inner(self, abort):
         inner, self._inner = self._inner, {}

@@ -893,6 +893,7 @@ def main():
         import gosym
         st = gosym.stats()
         ck.info["binds"] = {k: st.get(k, 0) for k in ("bindings_created", "peer_map_hits")}
+        ck.info["maps"] = sorted(str(k) for k in getattr(gosym.group(), "_maps", {}))
     dist.destroy_process_group(gloo)
     ck.run("teardown", check_teardown, ck, rank, shm_before)
     wc.write_result(ck.result())
