@@ -30,8 +30,8 @@ GENERAL = object()  # _flat_now's answer where the op takes the general path
 # how long a synchronous flat host op waits before it looks for the watch's news (_wait_flat;
 # gosym._c10d.Hier's kHostSlice)
 _SLICE = datetime.timedelta(milliseconds=100)
-# the most bytes a rank keeps mapped for the rows its all_gather receives from the other
-# hosts (_gather_blocks): larger ops stage the received rows, as before session 45
+# the most bytes a rank keeps mapped for what its all_gather and all_to_all receive from the
+# other hosts (_received): larger ops stage it, as before session 45
 ROWS_MAPPED_MAX = 64 << 20
 
 
@@ -465,13 +465,7 @@ class HierAlgorithms(HierBase):
         received rows are read where they arrived."""
         m, opts = inp.numel(), _opts(_c10d.AllgatherOptions)
         blocks = out.view(len(self._hosts), self._n * m)
-        # the rows received from the other hosts, mapped up to ROWS_MAPPED_MAX: the host's
-        # all_gathers of them read them in place (_mapped) instead of staging them again
-        hosts = len(self._hosts)
-        if hosts * m * inp.element_size() <= ROWS_MAPPED_MAX:
-            got = self._mapped("rows", hosts * m, inp).view(hosts, m)
-        else:
-            got = inp.new_empty(hosts, m)
+        got = self._received(len(self._hosts), m, inp)
         works = self._rail_swap(dev, [inp] * len(self._hosts), got)
         _wait(self._local._allgather_base(blocks[self._host], inp, opts))
         for w in works:
@@ -479,6 +473,16 @@ class HierAlgorithms(HierBase):
         for h in range(len(self._hosts)):
             if h != self._host:
                 _wait(self._local._allgather_base(blocks[h], got[h], opts))
+
+    def _received(self, rows, cols, like):
+        """rows x cols elements like `like` for what the rails bring from the other hosts
+        and a host op then reads (_gather_blocks' rows, _a2a_blocks' blocks): mapped
+        (_mapped, one buffer for both: ops run one at a time) up to ROWS_MAPPED_MAX bytes,
+        so the host's ranks read it in place instead of staging it again; larger, a plain
+        tensor."""
+        if rows * cols * like.element_size() > ROWS_MAPPED_MAX:
+            return like.new_empty(rows, cols)
+        return self._mapped("recv", rows * cols, like).view(rows, cols)
 
     def _scatter_blocks(self, out, inp, lop, fold, dev):
         """reduce_scatter along the rails from host blocks: the host's reduce_scatter of each
@@ -525,7 +529,7 @@ class HierAlgorithms(HierBase):
         hosts, me = len(self._hosts), self._host
         ins, outs = inp.view(hosts, -1), out.view(hosts, -1)
         others = [h for h in range(hosts) if h != me]
-        got = dict(zip(others, inp.new_empty(len(others), ins.shape[1])))
+        got = dict(zip(others, self._received(len(others), ins.shape[1], inp)))
         works = iter(self._rail_swap(dev, ins, got))  # a receive and a send per other host
         opts = _opts(_c10d.AllToAllOptions)
         _wait(self._local.alltoall_base(outs[me], ins[me], [], [], opts))

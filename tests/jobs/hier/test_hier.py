@@ -72,17 +72,17 @@ def test_rail_allreduce_by_gloo(outdir):
 
 
 def test_rail_shards_read_in_place(outdir):
-    """GOSYM_DIRECT_MIN=1024: the rails' all_reduce's shards and the rows all_gather receives
-    from the other host (gosym.empty memory, algorithms._mapped) are read in place by the
-    host's all_gathers at the test's sizes, two shard buffers taking turns across several
-    chunks an op: every op x dtype still right, each rank mapped both shards and the rows,
+    """GOSYM_DIRECT_MIN=1024: the rails' all_reduce's shards, and what all_gather and
+    all_to_all receive from the other host (gosym.empty memory, algorithms._mapped), are read
+    in place by the host's ops at the test's sizes, two shard buffers taking turns across several
+    chunks an op: every op x dtype still right, each rank mapped both shards and the received rows,
     bound them, and its peers' were read through the bindings after."""
     res = run_hosts((2, 2), "hier_worker", ["--hosts", "2,2", "--parts", "ops", "--timeout", 60],
                     outdir, timeout=600, env={"GOSYM_DIRECT_MIN": "1024"}, kind=ANY_HOSTS)
     res.assert_ok()
     binds = [r["info"]["binds"] for r in res.results]
     assert all(b["bindings_created"] >= 3 and b["peer_map_hits"] > 0 for b in binds), binds
-    assert all(r["info"]["maps"] == ["0", "1", "rows"] for r in res.results), \
+    assert all(r["info"]["maps"] == ["0", "1", "recv"] for r in res.results), \
         [r["info"]["maps"] for r in res.results]
 
 
