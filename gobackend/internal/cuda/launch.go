@@ -220,11 +220,12 @@ func (d *Driver) Launch(f *Function, grid, block Dim3, shmem uint32, stream Stre
 	r := C.gscu_launch(d.t, cCtx(f.m.ctx), f.h, C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z),
 		C.uint(block.X), C.uint(block.Y), C.uint(block.Z), C.uint(shmem), cStream(stream),
 		blob, C.size_t(size), &offsets[0], C.int(len(args)), dependent)
-	call := "cuLaunchKernel"
-	if dependent != 0 && d.t.cuLaunchKernelEx != nil {
-		call = "cuLaunchKernelEx"
-	}
-	if err := d.check(call, r); err != nil {
+	if r != 0 {
+		call := "cuLaunchKernel"
+		if dependent != 0 && d.t.cuLaunchKernelEx != nil {
+			call = "cuLaunchKernelEx"
+		}
+		err := d.check(call, r)
 		return fmt.Errorf("%w (kernel %s)", err, f.k.Name)
 	}
 	return nil
