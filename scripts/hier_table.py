@@ -43,37 +43,19 @@ SOURCES = [
     # hierarchical, against NCCL's own group: 2026-11-27-s17-hier-cuda-2x2-hostid-4xH100.json).
     (["docs/results/2026-11-28-s26-hier-cuda-2x2-simhosts-4xH200.json"], "gosym-hier", "gosym-flat",
      None),
-    # Session 29, host tensors on the 16-core host of the GPU machine, quiet: two or three hosts
-    # told apart by id (simhosts.py's IdHosts; Gloo over loopback between them),
-    # `scripts/device_cuda.sh cpuhostbench` (GOSYM_CPUHOST_SHAPES="2,2:3 4,4:1 2,2,2:1"):
-    # gosym-hier against gosym-flat (Gloo over every rank through gosym), 2x2 three runs, 2x4
-    # and 3x2 one each, after broadcast went along the root's rail. They replaced session 28's
-    # 2x2 and 2x4 entries (the leaders' broadcast:
-    # 2026-11-29-s28-hier-cpu-2x{2,4}-idhosts-16core-run*.json), which had replaced session 20's
-    # 2x2 entry from network namespaces on the 2-core VM, whose four ranks on two cores
-    # measured the VM's scheduler more than the schedules. 3x2 is new (it ran flat before),
-    # measured after the rail's all_reduce became swaps on any number of hosts (another lease,
-    # a noisier host: its Gloo took 1.4x session 29's first 3x2 run's time at 1 KiB).
-    # Session 31 added runs of all_reduce, reduce_scatter_tensor and all_to_all_single (the
-    # same step, GOSYM_CPUHOST_OPS narrowed to them; 2x2 two runs, 2x4 and 3x2 one) after
-    # the folds became the engine's and all_to_all_single got its host blocks: those ops'
-    # points are the medians over both sessions' runs (all_to_all_single: session 31's
-    # alone, the first build that had its schedule), the other ops' session 29's.
-    # Session 42 added a run of broadcast and all_to_all_single at 2x2 and 2x4 (the same step,
-    # GOSYM_CPUHOST_OPS narrowed to them) once the synchronous flat host ops were issued from
-    # C++ (gosym._c10d.Hier), which made choosing flat cheaper by 4-17 µs an op; its runs of
-    # every op to 4 MiB (2026-12-01-s42-cpu-hier-*) stay out: a size one run lacks leaves the
-    # op's point out.
-    ([f"docs/results/2026-11-29-s29-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)]
-     + [f"docs/results/2026-11-29-s31-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2)]
-     + ["docs/results/2026-12-01-s42-hier-cpu-2x2-bcast-a2a-16core.json"],
+    # Host tensors on the 16-core host of the GPU machine, quiet: two or three hosts told apart
+    # by id (simhosts.py's IdHosts; Gloo over loopback between them), `GOSYM_HIER_STEPS=0
+    # GOSYM_CPUHOST_SHAPES="2,2:3 4,4:1 2,2,2:1" scripts/device_cuda.sh cpuhostbench` (2x4's
+    # second run another call of the same lease): gosym-hier against gosym-flat (Gloo over every
+    # rank through gosym's C++ group), every op at nine sizes, all runs of one build (session
+    # 46, after the rows all_gather and all_to_all receive from other hosts were read in
+    # place). They replaced sessions 29, 31 and 42's runs, whose all_gather and all_to_all
+    # points predate that change (docs/results/2026-11-29-s29-*, -s31-*, 2026-12-01-s42-*).
+    ([f"docs/results/2026-12-02-s46-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)],
      "gosym-hier", "gosym-flat", None),
-    (["docs/results/2026-11-29-s29-hier-cpu-2x4-idhosts-16core-run1.json",
-      "docs/results/2026-11-29-s31-hier-cpu-2x4-idhosts-16core-run1.json",
-      "docs/results/2026-12-01-s42-hier-cpu-2x4-bcast-a2a-16core.json"],
+    ([f"docs/results/2026-12-02-s46-hier-cpu-2x4-idhosts-16core-run{i}.json" for i in (1, 2)],
      "gosym-hier", "gosym-flat", None),
-    (["docs/results/2026-11-29-s29-hier-cpu-3x2-idhosts-16core-run1.json",
-      "docs/results/2026-11-29-s31-hier-cpu-3x2-idhosts-16core-run1.json"],
+    (["docs/results/2026-12-02-s46-hier-cpu-3x2-idhosts-16core-run1.json"],
      "gosym-hier", "gosym-flat", None),
 ]
 
