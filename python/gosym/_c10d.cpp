@@ -702,11 +702,11 @@ class Hier : public Group {
        uintptr_t device_error, const std::vector<std::pair<py::object, int64_t>>& dtypes,
        const std::vector<std::pair<int64_t, int64_t>>& reds, double timeout_s, uintptr_t cells,
        const std::vector<py::object>& wire, std::vector<std::vector<std::pair<int64_t, bool>>> steps,
-       bool host_blocks)
+       int64_t a2a_blocks_max)
       : Group(std::move(group), rank, size, shared, op_run, device_error, dtypes, reds, timeout_s),
         cells_(reinterpret_cast<int64_t*>(cells)),
         steps_(std::move(steps)),
-        host_blocks_(host_blocks) {
+        a2a_blocks_max_(a2a_blocks_max) {
     TORCH_CHECK(steps_.size() == kPlaces * kOps, "gosym: Hier takes the choice's steps of ",
                 kOps, " ops on CUDA, then on the host");
     wire_.fill(false);
@@ -781,14 +781,16 @@ class Hier : public Group {
   }
 
   // all_to_all_single asks the choice only where its host-blocks schedule applies (host
-  // tensors, no split sizes on any rank, the group's hosts laid out for it:
-  // HierAlgorithms._a2a_applies); elsewhere it runs flat, not counted as chosen.
+  // tensors, no split sizes on any rank, the group's hosts laid out for it, at most
+  // a2a_blocks_max_ bytes: HierAlgorithms._a2a_applies); elsewhere it runs flat, not counted
+  // as chosen.
   WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outSplits,
                         std::vector<int64_t>& inSplits,
                         const c10d::AllToAllOptions& o) override {
     int p = splits(in, inSplits) && splits(out, outSplits) ? pairPlace(out, in, o.asyncOp) : -1;
     if (p >= 0) {
-      bool blocks = p == kHost && host_blocks_ && !given(inSplits) && !given(outSplits);
+      bool blocks = p == kHost && bytes(in) <= a2a_blocks_max_ && !given(inSplits) &&
+                    !given(outSplits);
       if (!blocks || flatChoice(p, kAllToAll, bytes(in))) {
         return flat(p, kAllToAll, blocks, "all_to_all_single", out, [&](Backend& b) {
           return b.alltoall_base(out, in, outSplits, inSplits, o);
@@ -959,7 +961,9 @@ class Hier : public Group {
   int64_t* cells_;
   std::vector<std::vector<std::pair<int64_t, bool>>> steps_;
   std::array<bool, 64> wire_{};
-  bool host_blocks_;  // HierAlgorithms._blocks("cpu"): the hosts' layout takes host blocks
+  // HierAlgorithms._a2a_blocks_max: the most bytes of input for which all_to_all_single takes
+  // host blocks (0: the hosts' layout takes none)
+  int64_t a2a_blocks_max_;
   std::array<std::once_flag, kPlaces> flat_once_;
   std::array<c10::intrusive_ptr<Backend>, kPlaces> flat_;
 };
@@ -1037,11 +1041,11 @@ PYBIND11_MODULE(_c10d, m) {
                     const std::vector<std::pair<py::object, int64_t>>&,
                     const std::vector<std::pair<int64_t, int64_t>>&, double, uintptr_t,
                     const std::vector<py::object>&,
-                    std::vector<std::vector<std::pair<int64_t, bool>>>, bool>(),
+                    std::vector<std::vector<std::pair<int64_t, bool>>>, int64_t>(),
            py::arg("group"), py::arg("rank"), py::arg("size"), py::arg("shared"),
            py::arg("op_run"), py::arg("device_error"), py::arg("dtypes"), py::arg("reds"),
            py::arg("timeout_s"), py::arg("cells"), py::arg("wire"), py::arg("steps"),
-           py::arg("host_blocks"))
+           py::arg("a2a_blocks_max"))
       .def("flat_choice", &gosym::Hier::flatChoice, py::arg("place"), py::arg("op"),
            py::arg("nbytes"),
            "the choice this backend makes for op (its index in gosym.hier.schedule.FLAT_OPS) "

@@ -101,4 +101,4 @@ def wrap(pg):
     steps = [schedule.steps(dev, op, pg._shape, pg._choice)
              for dev in ("cuda", "cpu") for op in schedule.FLAT_OPS]  # Hier's places' order
     return m.Hier(*args, ctypes.addressof(pg._cells), sorted(_WIRE, key=str), steps,
-                  pg._blocks("cpu"))
+                  pg._a2a_blocks_max())

@@ -154,7 +154,7 @@ def test_hier_choice_matches_the_schedule():
             steps = [schedule.steps(dev, op, shape, mode, table)
                      for dev in devs for op in schedule.FLAT_OPS]
             h = m.Hier(object(), 0, 4, ctypes.addressof(shared), 0, 0, [], [], 30.0,
-                       ctypes.addressof(cells), [torch.float32], steps, True)
+                       ctypes.addressof(cells), [torch.float32], steps, 1 << 30)
             for place, dev in enumerate(devs):
                 for i, op in enumerate(schedule.FLAT_OPS):
                     for n in sizes:
@@ -165,4 +165,4 @@ def test_hier_choice_matches_the_schedule():
     assert seen == {(d, f) for d in devs for f in (True, False)}
     with pytest.raises(RuntimeError, match="steps of 5 ops"):
         m.Hier(object(), 0, 4, ctypes.addressof(shared), 0, 0, [], [], 30.0,
-               ctypes.addressof(cells), [torch.float32], steps[:len(schedule.FLAT_OPS)], True)
+               ctypes.addressof(cells), [torch.float32], steps[:len(schedule.FLAT_OPS)], 1 << 30)

@@ -460,7 +460,8 @@ def test_what_gloo_does_not_take_as_it_is_takes_the_general_path(monkeypatch):
 def test_host_all_to_all_single_of_equal_splits_may_take_host_blocks(monkeypatch):
     """all_to_all_single of host tensors without split sizes asks the choice (hierarchical:
     the general path, where _a2a_blocks runs); with split sizes (even equal ones: another
-    rank's may differ), an empty one, or a layout without host blocks it runs flat."""
+    rank's may differ), an empty one, one whose blocks from the other hosts outgrow the
+    mapped buffer, or a layout without host blocks it runs flat."""
     gloo = _Gloo()
     g = _host_group(gloo, choice="hier")
     posted = []
@@ -475,8 +476,17 @@ def test_host_all_to_all_single_of_equal_splits_may_take_host_blocks(monkeypatch
         g.alltoall_base(out, inp, outs, ins, aa)
         assert gloo.calls[-1][0] == "alltoall_base" and len(posted) == 1
     assert not g._a2a_applies(torch.empty(0, 3), ())
+    # blocks from the other hosts larger than the mapped buffer: flat (96 bytes a rank, half
+    # of them from the other host)
+    for most, applies in ((48, True), (47, False)):
+        monkeypatch.setattr(algorithms, "ROWS_MAPPED_MAX", most)
+        assert g._a2a_applies(inp, ()) is applies, most
+    g.alltoall_base(out, inp, [], [], aa)
+    assert gloo.calls[-1][0] == "alltoall_base" and len(posted) == 1
+    monkeypatch.undo()
     g._hosts = [[0, 2], [1, 3]]  # a host's ranks not consecutive: no host blocks
     assert not g._a2a_applies(inp, ())
+    assert g._a2a_blocks_max() == 0
 
 
 @pytest.mark.parametrize("op", ["all_gather_into_tensor", "reduce_scatter_tensor"])

@@ -194,6 +194,19 @@ class Ops:
                 self.both(f"reduce_scatter {d} n={n}", rsl, full[mine],
                           None if tol is None else tol[mine])
 
+    def all_to_all(self, dtype, n):
+        """all_to_all_single of n elements a pair, even splits."""
+        d, w, me = wc.dname(dtype), self.world, self.rank
+        case = f"all_to_all_single {d} n={n}"
+        xs = self.inputs(case, n * w, dtype)
+        exp = torch.cat([xs[r][me * n:(me + 1) * n] for r in range(w)])
+
+        def a2a(g):
+            out = poison_like(exp)
+            dist.all_to_all_single(out, xs[me], group=g)
+            return out
+        self.both(case, a2a, exp)
+
     def moves(self, dtype, n):
         d, w, me = wc.dname(dtype), self.world, self.rank
         case = f"broadcast {d} n={n}"
@@ -223,15 +236,7 @@ class Ops:
         self.both(f"all_gather {d} n={n}", agl, allx)
 
         # all_to_all_single, even and with splits that differ by pair (zeros included)
-        case = f"all_to_all_single {d} n={n}"
-        xs = self.inputs(case, n * w, dtype)
-        exp = torch.cat([xs[r][me * n:(me + 1) * n] for r in range(w)])
-
-        def a2a(g):
-            out = poison_like(exp)
-            dist.all_to_all_single(out, xs[me], group=g)
-            return out
-        self.both(case, a2a, exp)
+        self.all_to_all(dtype, n)
         split = [[(s * 7 + r * 3 + n) % 5 for r in range(w)] for s in range(w)]  # split[s][r]
         xs = [self.inputs(f"a2av {d} n={n}", sum(split[s]), dtype)[s] for s in range(w)]
         if n:
@@ -306,6 +311,11 @@ def check_cpp_flat(ck):
 # 40000 (hierarchical: at least 80000 bytes, int16).
 CHOICE_POINTS = ((1024, 2.0, 1.0), (65536, 1.0, 2.0))
 FLAT_N, HIER_N = 1000, 40000
+# check_choice's mapped buffer for the rows from other hosts (algorithms.ROWS_MAPPED_MAX):
+# all_to_all_single takes host blocks up to 2 MiB of input a rank at 2 hosts, 1.5 MiB at 3
+# (_a2a_blocks_max), so at HIER_N (float32: 160000 x world bytes) for worlds up to 13 at 2
+# hosts, and at A2A_BIG_N (4x) it runs flat at every world
+ROWS_MAPPED, A2A_BIG_N = 1 << 20, 4 * HIER_N
 
 
 def check_choice(ck, rank, world, gloo, counts):
@@ -314,7 +324,7 @@ def check_choice(ck, rank, world, gloo, counts):
     (float32, int16) against the float64 / exact references and the reference group, each op
     on the path chosen (the group's stats), and the same paths on every rank."""
     import gosym
-    from gosym.hier import schedule
+    from gosym.hier import algorithms, schedule
 
     # all_to_all_single's schedule takes host blocks: hosts of one rank count, more than one
     chosen = [op for op in schedule.OPS
@@ -325,6 +335,7 @@ def check_choice(ck, rank, world, gloo, counts):
         "sources": ["hier_worker"], "hier": "-", "flat": "-",
         "ops": {op: CHOICE_POINTS for op in schedule.OPS}}}
     os.environ["GOSYM_HIER_CHOICE"] = "table"
+    rows_mapped, algorithms.ROWS_MAPPED_MAX = algorithms.ROWS_MAPPED_MAX, ROWS_MAPPED
     try:
         g = dist.new_group()
     finally:
@@ -344,11 +355,17 @@ def check_choice(ck, rank, world, gloo, counts):
         ck.check("choice: every op hierarchical from 64 KiB",
                  hier == want["hier"] and all(paths[k] == n for k, n in flat.items()),
                  f"{paths}")
+        if "all_to_all_single" in chosen:
+            n = paths["all_to_all_single/hier"]
+            ops.all_to_all(torch.float32, A2A_BIG_N)
+            paths = gosym.stats(g)["hier"]["paths"]
+            ck.check("choice: all_to_all_single whose blocks from other hosts outgrow the "
+                     "mapped buffer runs flat", paths["all_to_all_single/hier"] == n, f"{paths}")
         seen = [None] * world
         dist.all_gather_object(seen, paths, group=gloo)
         ck.check("choice: the same paths on every rank", all(p == paths for p in seen), f"{seen}")
     finally:
-        schedule.TABLE = saved
+        schedule.TABLE, algorithms.ROWS_MAPPED_MAX = saved, rows_mapped
         dist.destroy_process_group(g)
 
 
