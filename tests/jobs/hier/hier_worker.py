@@ -339,7 +339,10 @@ def check_choice(ck, rank, world, gloo, counts):
     try:
         g = dist.new_group()
     finally:
-        os.environ["GOSYM_HIER_CHOICE"] = env
+        if env is None:
+            os.environ.pop("GOSYM_HIER_CHOICE")
+        else:
+            os.environ["GOSYM_HIER_CHOICE"] = env
     try:
         ops = Ops(ck, rank, world, gloo, DEVICE, g)
         for dtype in DTYPES:
