@@ -169,7 +169,7 @@ for s in "${steps[@]}"; do
 		# over every rank through gosym) and a plain Gloo group, for each shape of
 		# GOSYM_CPUHOST_SHAPES ("ranks per host, comma-joined:runs", space-separated): the CPU
 		# entries of the choice's table (scripts/hier_table.py), which the 2-core VM, its ranks
-		# fighting for two cores, cannot measure
+		# fighting for two cores, cannot measure; the backends take turns (GOSYM_CPUHOST_INTERLEAVE)
 		echo "== what each step of an op across two hosts of 2 ranks costs (scripts/hier_steps.py)"
 		((${GOSYM_HIER_STEPS:-1})) && GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts 2,2 -- python3 scripts/hier_steps.py \
 			--sizes 64K,1M,4M,16M --json "$out/hier-steps-cpu-2x2-idhosts.json" 2>&1 | grep -v socket.cpp | tail -70
@@ -182,9 +182,9 @@ for s in "${steps[@]}"; do
 				setting "$setting"
 				for i in $(seq 1 "$runs"); do
 					echo "== CPU bench across hosts of $h ranks ($name, told apart by id) $setting, run $i: gosym-hier, gosym-flat, gloo"
-					env "${extra[@]}" timeout 240 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 -m gosym.bench --device cpu \
+					env "${extra[@]}" timeout 480 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 -m gosym.bench --device cpu \
 						--backends gosym-hier,gosym-flat,gloo --ops "$cpu_ops" \
-						--sizes "$cpu_sizes" --target-time 0.3 --min-iters 5 \
+						--sizes "$cpu_sizes" --target-time 0.3 --min-iters 5 --interleave "${GOSYM_CPUHOST_INTERLEAVE:-5}" \
 						--json "$out/bench-hier-cpu-$name-idhosts$tag-run$i.json" 2>&1 | tail -48
 				done
 			done

@@ -13,6 +13,9 @@ Method (see docs/BENCHMARKS.md):
 - The iteration count is chosen from the warmup so a case takes about --target-time seconds
   (times --iters-scale), clamped to [--min-iters, --max-iters]; ranks agree on it through the
   control group.
+- A case's backends run one after another, each warmed up and timed in one block, or with
+  --interleave K in alternating turns of about K samples after every backend's warmup, so that
+  the machine's drift over a case falls on each backend alike (a turn starts at a barrier).
 - Bus bandwidth follows nccl-tests; all_to_all uses bytes that leave the rank (equal to the
   nccl-tests formula for equal splits, and honest for the skewed variant).
 - Correctness: once per (op, size), each measured backend other than the reference is checked
@@ -121,6 +124,9 @@ def parse_args(argv):
     p.add_argument("--min-iters", type=int, default=5)
     p.add_argument("--max-iters", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=5, help="warmup iterations per case")
+    p.add_argument("--interleave", type=int, default=0, metavar="K",
+                   help="time the backends of a case in alternating turns of about K samples "
+                        "each (0: each backend's samples in one block, one backend after another)")
     p.add_argument("--barrier-every", type=int, default=0,
                    help="barrier on the measured group every K timed iterations (0: never; "
                         "back-to-back collectives keep ranks in step; the barrier is untimed)")
@@ -159,6 +165,8 @@ def parse_args(argv):
         args.backends = "gosym,nccl,gosym-sema,symm-1shot,symm-2shot" if args.device == "cuda" else \
             "gosym,gosym-bound,gloo"
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if args.interleave < 0:
+        p.error(f"--interleave must be 0 or more, got {args.interleave}")
     if args.cuda_graph and args.device != "cuda":
         p.error("--cuda-graph needs --device cuda")
     if args.batch < 1 or (args.batch > 1 and (args.device != "cuda" or args.cuda_graph)):
@@ -396,6 +404,29 @@ def stats_us(ns):
 
 # --------------------------------------------------------------------------- rank side
 
+class Plan:
+    """One backend's timed samples of one case: what runs them, how many, and what they took."""
+
+    def __init__(self, backend, case, per_sample):
+        self.backend, self.case, self.per_sample = backend, case, per_sample
+        self.error = None  # the warmup failed (on some rank): nothing timed
+        self.fn, self.iters, self.between = None, 0, None
+        self.times = []  # ns per sample, this rank's, over the turns so far
+        self.err = None  # this rank's failure in a timed turn
+        self.failed = False  # some rank's, as the ranks agreed before a turn
+        self.counters = None  # the path counters' growth over the timed turns (gosym on CUDA)
+
+    def count(self, before, after):
+        if self.counters is None:
+            self.counters = {}
+        for k, v in after.items():
+            if isinstance(v, bool):  # a setting the run reports, not a count
+                self.counters[k] = v
+            elif isinstance(v, int):
+                self.counters[k] = self.counters.get(k, 0) + v - before.get(k, 0)
+
+
+
 class Bench:
     def __init__(self, args):
         import torch
@@ -521,12 +552,13 @@ class Bench:
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.ctrl)
         return t.tolist()
 
-    def measure(self, backend, case):
-        """Warm up, pick the count, time; every rank runs the same control collectives."""
+    def _plan(self, backend, case):
+        """Warm up and pick the count of timed samples: a Plan, with its error where the warmup
+        failed on any rank; every rank runs the same control collectives."""
         args, group = self.args, self.groups[backend]
         fn = lambda: case.run(group)  # noqa: E731
         graph_ops = args.cuda_graph
-        per_sample = graph_ops or args.batch  # ops in one timed sample
+        plan = Plan(backend, case, graph_ops or args.batch)  # ops in one timed sample
         if args.batch > 1:
             def fn(one=fn, k=args.batch):
                 for _ in range(k):
@@ -543,37 +575,81 @@ class Bench:
             err = e
         est, failed = self._agree_max([est, 1.0 if err else 0.0])
         if failed:
-            return {"error": str(err) if err else "failed on another rank"}
+            plan.error = str(err) if err else "failed on another rank"
+            return plan
         target_ns = args.target_time * args.iters_scale * 1e9
-        iters = int(min(args.max_iters, max(args.min_iters, target_ns // max(est, 1.0))))
-
-        between = None
+        plan.iters = int(min(args.max_iters, max(args.min_iters, target_ns // max(est, 1.0))))
+        plan.fn = fn
         if args.barrier_every > 0:
             def between(i, k=args.barrier_every):
                 if i and i % k == 0:
                     self.dist.barrier(group=group)
-        self.dist.barrier(group=self.ctrl)
-        times = [0] * iters
-        err = None
+            plan.between = between
+        return plan
+
+    def _turn(self, plan, n):
+        """n more timed samples of plan, after every rank agreed that none failed before (the
+        agreement is the turn's barrier); the path counters' growth over them is added up."""
+        plan.failed = plan.failed or bool(self._agree_max([1.0 if plan.err else 0.0])[0])
+        if plan.failed:
+            return
+        before = self._path_counters(plan.backend)
         try:
-            times = self.timer.series(fn, iters, between)
+            plan.times += self.timer.series(plan.fn, n, plan.between)
         except Exception as e:
-            self._err(f"timed {case.op} {case.bytes}", backend, e)
-            err = e
-        t = self.torch.tensor([1 if err else 0] + times, dtype=self.torch.int64)
+            self._err(f"timed {plan.case.op} {plan.case.bytes}", plan.backend, e)
+            plan.err = e
+        if before is not None:
+            plan.count(before, self._path_counters(plan.backend))
+
+    def measure(self, cases):
+        """Time each backend's case (cases: backend -> case) and return backend -> record.
+
+        Without --interleave a backend is warmed up and timed in one turn, then the next. With
+        --interleave K every backend is warmed up first, then its samples are spread over the
+        same number of turns (about K samples each for the backend with the most), the
+        backends' turns alternating: a drift of the machine over the case (another tenant, a
+        clock, the page cache) then falls on every backend alike, where back to back it fell
+        on whichever ran at the time."""
+        k = self.args.interleave
+        if not k:
+            plans = []
+            for b, case in cases.items():
+                plans.append(self._plan(b, case))
+                if plans[-1].error is None:
+                    self._turn(plans[-1], plans[-1].iters)
+            return {p.backend: self._record(p) for p in plans}
+        plans = [self._plan(b, case) for b, case in cases.items()]
+        live = [p for p in plans if p.error is None]
+        turns = max([-(-p.iters // k) for p in live] or [1])
+        for t in range(turns):
+            for p in live:
+                n = p.iters * (t + 1) // turns - p.iters * t // turns  # the same on every rank
+                if n:
+                    self._turn(p, n)
+        return {p.backend: self._record(p) for p in plans}
+
+    def _record(self, plan):
+        """A plan's record from every rank's samples (the max over ranks per sample)."""
+        if plan.error is not None:
+            return {"error": plan.error}
+        times = plan.times + [0] * (plan.iters - len(plan.times))  # the same length everywhere
+        t = self.torch.tensor([1 if plan.err or plan.failed else 0] + times, dtype=self.torch.int64)
         allt = [self.torch.empty_like(t) for _ in range(self.world)]
         self.dist.all_gather(allt, t, group=self.ctrl)
         if any(int(x[0]) for x in allt):
-            return {"error": str(err) if err else "failed on another rank"}
+            return {"error": str(plan.err) if plan.err else "failed on another rank"}
         per_iter = self.torch.stack(allt)[:, 1:].max(dim=0).values.tolist()
-        if per_sample > 1:  # one timed replay or batch holds per_sample collectives
-            per_iter = [v / per_sample for v in per_iter]
-            times = [v / per_sample for v in times]
-        rec = {"iters": iters, "warmup": args.warmup, **stats_us(per_iter),
+        if plan.per_sample > 1:  # one timed replay or batch holds per_sample collectives
+            per_iter = [v / plan.per_sample for v in per_iter]
+            times = [v / plan.per_sample for v in times]
+        rec = {"iters": plan.iters, "warmup": self.args.warmup, **stats_us(per_iter),
                "rank0_median_us": stats_us(times)["median_us"]}
         t_s = rec["median_us"] / 1e6
-        rec["algbw_GBps"] = case.bytes / t_s / 1e9
-        rec["busbw_GBps"] = case.bus_bytes / t_s / 1e9
+        rec["algbw_GBps"] = plan.case.bytes / t_s / 1e9
+        rec["busbw_GBps"] = plan.case.bus_bytes / t_s / 1e9
+        if plan.counters is not None:
+            rec["path"] = path_of({}, plan.counters)
         return rec
 
     def check(self, backend, case):
@@ -634,28 +710,28 @@ class Bench:
             for size in args.sizes:
                 case = Case(self.torch, op, size, self.rank, self.world, self.device)
                 row = {"op": op, "size": size, "bytes": case.bytes}
-                for b in measured:
-                    if self.failures.get(b, 0) >= args.max_errors:
-                        continue
-                    if b.startswith(("symm-", "gosym-sema")) and op != "all_reduce":
-                        continue  # all-reduce algorithms only
-                    bc = case.bound(self.gosym) if b == "gosym-bound" else case
-                    if b.startswith("symm-"):
-                        bc = case.symmetric(b, self.groups[b])
-                    if not args.no_check and self.groups[b] is not self.ctrl:
-                        c = {"backend": b, "op": op, "size": size, **self.check(b, bc)}
-                        checks.append(c)
-                        row[b + "_ok"] = c["ok"]
-                    before = self._path_counters(b)
-                    r = {"backend": b, "op": op, "size": size, "bytes": case.bytes,
-                         "bus_bytes": case.bus_bytes, **self.measure(b, bc)}
-                    if before is not None:
-                        r["path"] = path_of(before, self._path_counters(b))
-                    del bc
-                    if "error" in r:
-                        self.failures[b] = self.failures.get(b, 0) + 1
-                    results.append(r)
-                    row[b] = r
+                backends = [b for b in measured if self.failures.get(b, 0) < args.max_errors and
+                            (op == "all_reduce" or not b.startswith(("symm-", "gosym-sema")))]
+                # measured together: every backend where they take turns, else one at a time
+                for together in [backends] if args.interleave else [[b] for b in backends]:
+                    cases = {}
+                    for b in together:
+                        bc = case.bound(self.gosym) if b == "gosym-bound" else case
+                        if b.startswith("symm-"):  # all-reduce algorithms only (above)
+                            bc = case.symmetric(b, self.groups[b])
+                        if not args.no_check and self.groups[b] is not self.ctrl:
+                            c = {"backend": b, "op": op, "size": size, **self.check(b, bc)}
+                            checks.append(c)
+                            row[b + "_ok"] = c["ok"]
+                        cases[b] = bc
+                    for b, rec in self.measure(cases).items():
+                        r = {"backend": b, "op": op, "size": size, "bytes": case.bytes,
+                             "bus_bytes": case.bus_bytes, **rec}
+                        if "error" in r:
+                            self.failures[b] = self.failures.get(b, 0) + 1
+                        results.append(r)
+                        row[b] = r
+                    del cases
                 if self.rank == 0:
                     table.row(row, memcpy.get(size))
                 del case
@@ -679,6 +755,8 @@ class Bench:
                     "busbw": "nccl-tests conventions; all_to_all: bytes leaving the rank / t",
                     "memcpy": "rank 0 alone, dst.copy_(src), bytes/t (one direction)",
                     "check": "gloo on CPU copies of the same inputs is the reference",
+                    "order": f"backends in alternating turns of about {args.interleave} samples"
+                             if args.interleave else "one backend's samples after another's",
                 },
                 "memcpy": [{"size": s, **m} for s, m in memcpy.items()],
                 "results": results,

@@ -148,6 +148,8 @@ var (
 		"The ops of scripts/device_cuda.sh cpuhostbench and cpubench (gosym.bench's --ops).")
 	_ = textRow("GOSYM_CPUHOST_SIZES", "1K,4K,16K,64K,256K,1M,4M,16M,64M", Build,
 		"The sizes of scripts/device_cuda.sh cpuhostbench and cpubench (gosym.bench's --sizes).")
+	_ = textRow("GOSYM_CPUHOST_INTERLEAVE", "5", Build,
+		"The turns of scripts/device_cuda.sh cpuhostbench (gosym.bench's --interleave): its backends take alternating turns of about this many samples of a case (0: one backend's samples after another's).")
 	_ = textRow("GOSYM_CPUHOST_ENV", "default", Build,
 		"Settings scripts/device_cuda.sh cpuhostbench and cpubench sweep: space-separated jobs, each NAME=VALUE joined by + (default: none), its file named by them.")
 	_ = textRow("GOSYM_FLATCOST_HOSTS", "2,2 4,4", Build,

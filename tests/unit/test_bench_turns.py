@@ -1,0 +1,96 @@
+"""gosym.bench's turns: with --interleave K a case's backends take alternating turns of their
+timed samples, each backend's samples spread over the same number of turns; without it each
+backend runs all of its samples in one turn, one backend after another. Every backend is timed
+exactly the count its warmup chose, in either order."""
+
+import json
+import subprocess
+import sys
+import types
+
+from conftest import base_env
+
+from gosym.bench import Bench, Plan
+
+
+def _stub(interleave, iters):
+    """A Bench whose warmups choose iters[b] samples and whose turns are only recorded."""
+    b = Bench.__new__(Bench)
+    b.args = types.SimpleNamespace(interleave=interleave)
+    log = []
+
+    def plan(backend, case):
+        p = Plan(backend, case, 1)
+        if iters[backend] is None:
+            p.error = "failed"
+        else:
+            p.iters = iters[backend]
+            log.append(("warm", backend))
+        return p
+
+    def turn(p, n):
+        log.append((p.backend, n))
+        p.times += [n] * n
+
+    b._plan, b._turn = plan, turn
+    b._record = lambda p: {"error": p.error} if p.error else {"samples": len(p.times)}
+    return b, log
+
+
+def test_interleaved_turns_alternate_and_time_every_sample():
+    b, log = _stub(3, {"gosym": 7, "gloo": 2, "gosym-flat": 5})
+    recs = b.measure({"gosym": None, "gloo": None, "gosym-flat": None})
+    assert recs == {"gosym": {"samples": 7}, "gloo": {"samples": 2}, "gosym-flat": {"samples": 5}}
+    # every warmup first, then ceil(7 / 3) = 3 turns, each backend's count split evenly
+    assert log == [("warm", "gosym"), ("warm", "gloo"), ("warm", "gosym-flat"),
+                   ("gosym", 2), ("gosym-flat", 1),
+                   ("gosym", 2), ("gloo", 1), ("gosym-flat", 2),
+                   ("gosym", 3), ("gloo", 1), ("gosym-flat", 2)]
+
+
+def test_sequential_turns_run_each_backend_in_one_block():
+    b, log = _stub(0, {"gosym": 7, "gloo": 2})
+    assert b.measure({"gosym": None, "gloo": None}) == {"gosym": {"samples": 7},
+                                                       "gloo": {"samples": 2}}
+    assert log == [("warm", "gosym"), ("gosym", 7), ("warm", "gloo"), ("gloo", 2)]
+
+
+def test_a_failed_warmup_takes_no_turn_and_leaves_the_others_theirs():
+    b, log = _stub(4, {"gosym": None, "gloo": 8})
+    assert b.measure({"gosym": None, "gloo": None}) == {"gosym": {"error": "failed"},
+                                                       "gloo": {"samples": 8}}
+    assert log == [("warm", "gloo"), ("gloo", 4), ("gloo", 4)]
+
+
+def test_path_counters_add_up_over_turns():
+    p = Plan("gosym", None, 1)
+    p.count({"gpu_ops": 10, "gpu_direct_ops": 4}, {"gpu_ops": 13, "gpu_direct_ops": 6,
+                                                    "gpu_dependent_launch": True})
+    p.count({"gpu_ops": 20, "gpu_direct_ops": 9}, {"gpu_ops": 22, "gpu_direct_ops": 9,
+                                                    "gpu_dependent_launch": True})
+    assert p.counters == {"gpu_ops": 5, "gpu_direct_ops": 2, "gpu_dependent_launch": True}
+
+
+def test_interleaved_job_measures_and_checks_every_backend(tmp_path):
+    """A real job of 2 ranks on the CPU: every (op, size, backend) timed with the count its
+    warmup chose, gosym checked against gloo, the order recorded in the JSON."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "gosym.bench", "--device", "cpu", "--nproc", "2",
+           "--backends", "gosym,gosym-bound,gloo", "--ops", "all_reduce,broadcast",
+           "--sizes", "1K,64K", "--interleave", "3", "--target-time", "0.01",
+           "--min-iters", "7", "--timeout", "240", "--json", str(out)]
+    res = subprocess.run(cmd, env=base_env(), capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    rep = json.loads(out.read_text())
+    assert rep["config"]["interleave"] == 3
+    assert "turns" in rep["method"]["order"]
+    got = {(r["op"], r["size"], r["backend"]): r for r in rep["results"]}
+    assert set(got) == {(op, size, b) for op in ("all_reduce", "broadcast")
+                        for size in (1024, 65536) for b in ("gosym", "gosym-bound", "gloo")}
+    for key, r in got.items():
+        assert "error" not in r, (key, r)
+        assert r["iters"] >= 7 and 0 < r["min_us"] <= r["median_us"] <= r["p90_us"], (key, r)
+    checked = {(c["op"], c["size"], c["backend"]) for c in rep["checks"] if c["ok"]}
+    assert checked == {k for k in got if k[2] != "gloo"}
+    assert rep["errors"] == []
