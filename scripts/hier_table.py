@@ -45,17 +45,18 @@ SOURCES = [
      None),
     # Host tensors on the 16-core host of the GPU machine, quiet: two or three hosts told apart
     # by id (simhosts.py's IdHosts; Gloo over loopback between them), `GOSYM_HIER_STEPS=0
-    # GOSYM_CPUHOST_SHAPES="2,2:3 4,4:1 2,2,2:1" scripts/device_cuda.sh cpuhostbench` (2x4's
-    # second run another call of the same lease): gosym-hier against gosym-flat (Gloo over every
-    # rank through gosym's C++ group), every op at nine sizes, all runs of one build (session
-    # 46, after the rows all_gather and all_to_all receive from other hosts were read in
-    # place). They replaced sessions 29, 31 and 42's runs, whose all_gather and all_to_all
-    # points predate that change (docs/results/2026-11-29-s29-*, -s31-*, 2026-12-01-s42-*).
-    ([f"docs/results/2026-12-02-s46-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)],
+    # GOSYM_CPUHOST_SIZES=1K,4K,16K,64K,256K,1M,4M,16M,64M,256M scripts/device_cuda.sh
+    # cpuhostbench` with the shapes 2,2 (three runs), 4,4 (two) and 2,2,2 (one), in three calls
+    # of one lease: gosym-hier against gosym-flat (Gloo over every rank through gosym's C++
+    # group), every op at ten sizes, the backends of a case in turns of 5 samples
+    # (--interleave 5), all of one build (session 47). They replaced session 46's runs of the
+    # same step (docs/results/2026-12-02-s46-*), each backend then timed in one block after the
+    # other's, to 64 MiB.
+    ([f"docs/results/2026-12-02-s47-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)],
      "gosym-hier", "gosym-flat", None),
-    ([f"docs/results/2026-12-02-s46-hier-cpu-2x4-idhosts-16core-run{i}.json" for i in (1, 2)],
+    ([f"docs/results/2026-12-02-s47-hier-cpu-2x4-idhosts-16core-run{i}.json" for i in (1, 2)],
      "gosym-hier", "gosym-flat", None),
-    (["docs/results/2026-12-02-s46-hier-cpu-3x2-idhosts-16core-run1.json"],
+    (["docs/results/2026-12-02-s47-hier-cpu-3x2-idhosts-16core-run1.json"],
      "gosym-hier", "gosym-flat", None),
 ]
 
