@@ -94,3 +94,30 @@ def test_interleaved_job_measures_and_checks_every_backend(tmp_path):
     checked = {(c["op"], c["size"], c["backend"]) for c in rep["checks"] if c["ok"]}
     assert checked == {k for k in got if k[2] != "gloo"}
     assert rep["errors"] == []
+
+
+def test_a_record_takes_the_slowest_rank_per_sample_and_reads_the_path():
+    """_record: per sample the max over ranks, divided by the ops in a sample (a batch or a
+    graph replay); the path from the counters the turns added up; a short series padded."""
+    import torch
+
+    b = Bench.__new__(Bench)
+    b.args = types.SimpleNamespace(warmup=3)
+    b.torch, b.world, b.ctrl = torch, 2, None
+    other = torch.tensor([0, 4000, 8000, 2000], dtype=torch.int64)  # the other rank's samples
+
+    def all_gather(out, t, group=None):
+        out[0].copy_(t)
+        out[1].copy_(other)
+    b.dist = types.SimpleNamespace(all_gather=all_gather)
+    case = types.SimpleNamespace(bytes=1 << 20, bus_bytes=1 << 20)
+    p = Plan("gosym", case, 2)
+    p.iters, p.times = 3, [6000, 2000, 6000]
+    p.count({"gpu_ops": 0, "gpu_direct_ops": 0}, {"gpu_ops": 6, "gpu_direct_ops": 6})
+    rec = b._record(p)
+    # max over ranks: 6000, 8000, 6000 ns a sample of 2 ops -> 3, 4, 3 us an op
+    assert rec["median_us"] == 3.0 and rec["min_us"] == 3.0 and rec["p90_us"] == 4.0
+    assert rec["rank0_median_us"] == 3.0 and rec["iters"] == 3 and rec["warmup"] == 3
+    assert rec["path"] == "direct"
+    other[0] = 1  # the other rank failed a turn
+    assert "error" in b._record(p)
