@@ -8,7 +8,11 @@ built: the flat op issued and waited for in C++) and one made with GOSYM_C10D=0 
 group's _flat_now). The difference to the floor is gosym's own path, without Gloo's time,
 which is far larger and noisier. With --gloo the flat group stays Gloo's and the floor is a
 plain Gloo group of the same ranks, each timed in turn over six rounds (medians): what a
-user sees of the op, Gloo's noise included. Run on every rank of (simulated) hosts:
+user sees of the op, Gloo's noise included; two more rows then call the two Gloo groups'
+backends themselves from Python (no torch.distributed function, no dispatcher), which splits
+the difference between the paths to Gloo from a difference between the Gloo groups (session
+47: the flat path 20-40 µs over a plain Gloo group, unexplained). Run on every rank of
+(simulated) hosts:
 
     GOSYM_HIER_CHOICE=flat python tests/jobs/hier/simhosts.py --hosts 1,1 -- \\
         python scripts/hier_flat_cost.py [--gloo] [--json F]
@@ -76,12 +80,29 @@ def main() -> int:
     }
     rows = {}
     every = [("floor", floor_group), *groups.items()]
+    if a.gloo:  # the Gloo groups' backends called by themselves
+        direct = {"floor_direct": floor_group._get_backend(torch.device("cpu")),
+                  "flat_direct": gosym.group(groups["default"])._group("flat", "cpu")}
+        every += list(direct.items())
+        bo = _c10d.BroadcastOptions()
+        bo.rootRank, bo.rootTensor = 0, 0
+        backend_ops = {
+            "all_reduce": lambda b: b.allreduce([x], _c10d.AllreduceOptions()).wait(),
+            "broadcast": lambda b: b.broadcast([x], bo).wait(),
+            "all_gather_into_tensor": lambda b: b._allgather_base(o, x, _c10d.AllgatherOptions()).wait(),
+            "reduce_scatter_tensor": lambda b: b._reduce_scatter_base(
+                part, x, _c10d.ReduceScatterOptions()).wait(),
+            "all_to_all_single": lambda b: b.alltoall_base(o[:n], x, [], [],
+                                                           _c10d.AllToAllOptions()).wait(),
+        }
     for name, f in ops.items():
         if a.gloo:  # in turn, each first in some rounds: real ops drift; medians
             got = {k: [] for k, _ in every}
             for r in range(6):
-                for k, g in every[r % 3:] + every[:r % 3]:
-                    got[k].append(_per_call_us(lambda g=g: f(g), calls=100, bursts=5))
+                turn = r % len(every)
+                for k, g in every[turn:] + every[:turn]:
+                    call = (lambda g=g: backend_ops[name](g)) if k in direct else (lambda g=g: f(g))
+                    got[k].append(_per_call_us(call, calls=100, bursts=5))
             rows[name] = {f"{k}_us": statistics.median(v) for k, v in got.items()}
         else:  # in turn, twice, the better of each: the host's noise only ever adds
             rows[name] = {f"{k}_us": min(_per_call_us(lambda g=g: f(g)) for _ in range(2))
@@ -90,7 +111,9 @@ def main() -> int:
         print(f"rank {rank} {name:24} default ({backend['default']}) "
               f"{rows[name]['default_us']:7.2f}  Python group {rows[name]['python_us']:7.2f}  "
               f"{floor_name} {floor:7.2f}  added {rows[name]['default_us'] - floor:6.2f} "
-              f"/ {rows[name]['python_us'] - floor:6.2f} us", flush=True)
+              f"/ {rows[name]['python_us'] - floor:6.2f} us" + (
+                  f"; the backends called directly: plain {rows[name]['floor_direct_us']:7.2f}"
+                  f"  flat {rows[name]['flat_direct_us']:7.2f}" if a.gloo else ""), flush=True)
     paths = {k: gosym.stats(g)["hier"]["paths"] for k, g in groups.items()}
     print(f"rank {rank} paths {paths}", flush=True)
     if rank == 0 and a.json:
