@@ -427,7 +427,6 @@ class Plan:
                 self.counters[k] = self.counters.get(k, 0) + v - before.get(k, 0)
 
 
-
 class Bench:
     def __init__(self, args):
         import torch
