@@ -12,7 +12,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [flatcost] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [pdl] [graphab] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [flatcost] [switchcost] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [pdl] [graphab] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -225,6 +225,14 @@ for s in "${steps[@]}"; do
 			echo "== gosym's flat op over a plain Gloo group, hosts of $h ranks"
 			GOSYM_HIER_CHOICE=flat timeout 200 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 scripts/hier_flat_cost.py \
 				--gloo --json "$out/hier-flat-cost-gloo-${h//,/x}.json" 2>&1 | grep "^rank 0" | grep -v paths
+		done ;;
+	switchcost)
+		# what a small host op across hosts pays for the ops before it on other groups
+		# (scripts/switch_cost.py), at the shapes of GOSYM_FLATCOST_HOSTS
+		for h in ${GOSYM_FLATCOST_HOSTS:-2,2 4,4}; do
+			echo "== a Gloo broadcast of 1 KiB after other groups' ops, hosts of $h ranks"
+			GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 scripts/switch_cost.py \
+				--trials 500 --json "$out/switch-cost-${h//,/x}.json" 2>&1 | grep -E " us$"
 		done ;;
 	cpuhostprofile)
 		# where an op across two hosts of 2 ranks spends its time, in place (scripts/hier_profile.py,

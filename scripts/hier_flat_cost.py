@@ -11,7 +11,11 @@ plain Gloo group of the same ranks, each timed in turn over six rounds (medians)
 user sees of the op, Gloo's noise included; two more rows then call the two Gloo groups'
 backends themselves from Python (no torch.distributed function, no dispatcher), which splits
 the difference between the paths to Gloo from a difference between the Gloo groups (session
-47: the flat path 20-40 µs over a plain Gloo group, unexplained). Run on every rank of
+47 saw the flat path 20-40 µs over a plain Gloo group in gosym.bench; session 48 found that
+the bench's order of turns: scripts/switch_cost.py), and a third the default
+gosym group's backend (gosym._c10d.Hier) the same way: its flat path without torch.distributed's
+function and the dispatcher. Every direct call is synchronous (asyncOp False), as
+torch.distributed's functions ask. Run on every rank of
 (simulated) hosts:
 
     GOSYM_HIER_CHOICE=flat python tests/jobs/hier/simhosts.py --hosts 1,1 -- \\
@@ -82,18 +86,30 @@ def main() -> int:
     every = [("floor", floor_group), *groups.items()]
     if a.gloo:  # the Gloo groups' backends called by themselves
         direct = {"floor_direct": floor_group._get_backend(torch.device("cpu")),
-                  "flat_direct": gosym.group(groups["default"])._group("flat", "cpu")}
+                  "flat_direct": gosym.group(groups["default"])._group("flat", "cpu"),
+                  "default_direct": groups["default"]._get_backend(torch.device("cpu"))}
         every += list(direct.items())
-        bo = _c10d.BroadcastOptions()
-        bo.rootRank, bo.rootTensor = 0, 0
+
+        def sync(options, **fields):  # as torch.distributed's functions fill them
+            opts = options()
+            opts.asyncOp = False
+            for k, v in fields.items():
+                setattr(opts, k, v)
+            return opts
+
+        def waited(work):  # a synchronous op of a Python backend returns None
+            return work is None or work.wait()
+
         backend_ops = {
-            "all_reduce": lambda b: b.allreduce([x], _c10d.AllreduceOptions()).wait(),
-            "broadcast": lambda b: b.broadcast([x], bo).wait(),
-            "all_gather_into_tensor": lambda b: b._allgather_base(o, x, _c10d.AllgatherOptions()).wait(),
-            "reduce_scatter_tensor": lambda b: b._reduce_scatter_base(
-                part, x, _c10d.ReduceScatterOptions()).wait(),
-            "all_to_all_single": lambda b: b.alltoall_base(o[:n], x, [], [],
-                                                           _c10d.AllToAllOptions()).wait(),
+            "all_reduce": lambda b: waited(b.allreduce([x], sync(_c10d.AllreduceOptions))),
+            "broadcast": lambda b: waited(b.broadcast([x], sync(_c10d.BroadcastOptions, rootRank=0,
+                                                                 rootTensor=0))),
+            "all_gather_into_tensor": lambda b: waited(b._allgather_base(
+                o, x, sync(_c10d.AllgatherOptions))),
+            "reduce_scatter_tensor": lambda b: waited(b._reduce_scatter_base(
+                part, x, sync(_c10d.ReduceScatterOptions))),
+            "all_to_all_single": lambda b: waited(b.alltoall_base(
+                o[:n], x, [], [], sync(_c10d.AllToAllOptions))),
         }
     for name, f in ops.items():
         if a.gloo:  # in turn, each first in some rounds: real ops drift; medians
@@ -113,7 +129,8 @@ def main() -> int:
               f"{floor_name} {floor:7.2f}  added {rows[name]['default_us'] - floor:6.2f} "
               f"/ {rows[name]['python_us'] - floor:6.2f} us" + (
                   f"; the backends called directly: plain {rows[name]['floor_direct_us']:7.2f}"
-                  f"  flat {rows[name]['flat_direct_us']:7.2f}" if a.gloo else ""), flush=True)
+                  f"  flat {rows[name]['flat_direct_us']:7.2f}"
+                  f"  gosym {rows[name]['default_direct_us']:7.2f}" if a.gloo else ""), flush=True)
     paths = {k: gosym.stats(g)["hier"]["paths"] for k, g in groups.items()}
     print(f"rank {rank} paths {paths}", flush=True)
     if rank == 0 and a.json:

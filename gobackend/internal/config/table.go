@@ -153,7 +153,7 @@ var (
 	_ = textRow("GOSYM_CPUHOST_ENV", "default", Build,
 		"Settings scripts/device_cuda.sh cpuhostbench and cpubench sweep: space-separated jobs, each NAME=VALUE joined by + (default: none), its file named by them.")
 	_ = textRow("GOSYM_FLATCOST_HOSTS", "2,2 4,4", Build,
-		"The shapes of scripts/device_cuda.sh flatcost's runs against a plain Gloo group (scripts/hier_flat_cost.py --gloo): ranks per host comma-joined, space-separated.")
+		"The shapes of scripts/device_cuda.sh flatcost's runs against a plain Gloo group (scripts/hier_flat_cost.py --gloo) and of its switchcost's (scripts/switch_cost.py): ranks per host comma-joined, space-separated.")
 	_ = textRow("GOSYM_PROFILE_OPS", "all_reduce:1M,4M broadcast:4K", Build,
 		"What scripts/device_cuda.sh cpuhostprofile profiles (scripts/hier_profile.py): op:sizes, space-separated.")
 	_ = textRow("GOSYM_HIER_STEPS", "1", Build,

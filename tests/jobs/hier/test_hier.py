@@ -395,8 +395,9 @@ def test_diagnostic_scripts_across_hosts():
     """The scripts that say where an op across hosts spends its time run on today's groups
     (two of them looked for the Python group where torch's group holds gosym._c10d's
     backend, sessions 40-42, and nothing noticed): hier_profile times the hierarchical
-    all_reduce's host and rail steps on every rank, hier_steps each step alone, and
-    hier_flat_cost gosym's flat op against torch's do-nothing group."""
+    all_reduce's host and rail steps on every rank, hier_steps each step alone,
+    hier_flat_cost gosym's flat op against torch's do-nothing group, and switch_cost a Gloo
+    op after other groups' ops."""
     out = _script((2, 2), [REPO / "scripts/hier_profile.py", "--op", "all_reduce", "--sizes",
                            "64K", "--iters", "3", "--top", "3", "--timeline", "1"], {})
     for step in ("host reduce_scatter_base", "host allgather_base", "rail wait",
@@ -406,3 +407,8 @@ def test_diagnostic_scripts_across_hosts():
     assert "rail swap" in out and "gosym" in out, out[-6000:]
     out = _script((1, 1), [REPO / "scripts/hier_flat_cost.py"], {"GOSYM_HIER_CHOICE": "flat"})
     assert "rank 0 paths" in out and "all_reduce/flat" in out, out[-6000:]
+    out = _script((1, 1), [REPO / "scripts/switch_cost.py", "--trials", "2", "--gaps", "500"],
+                  {"GOSYM_HIER_CHOICE": "hier"})
+    rows = {line.split()[0]: line for line in out.splitlines() if line.endswith(" us")}
+    for kind in ("same", "gloo", "hier", "local", "hier+500us"):
+        assert kind in rows and "mean of 5" in rows[kind], out[-6000:]
