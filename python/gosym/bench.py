@@ -15,8 +15,9 @@ Method (see docs/BENCHMARKS.md):
   (times --iters-scale), clamped to [--min-iters, --max-iters]; ranks agree on it through the
   control group.
 - A case's backends run one after another, each warmed up and timed in one block, or with
-  --interleave K in alternating turns of about K samples after every backend's warmup, so that
-  the machine's drift over a case falls on each backend alike (a turn starts at a barrier).
+  --interleave K in alternating turns of about K samples after every backend's warmup, each
+  backend after each one alike (turn_order), so that the machine's drift over a case and what
+  a turn leaves to the next fall on each backend alike (a turn starts at a barrier).
 - Bus bandwidth follows nccl-tests; all_to_all uses bytes that leave the rank (equal to the
   nccl-tests formula for equal splits, and honest for the skewed variant).
 - Correctness: once per (op, size), each measured backend other than the reference is checked
@@ -405,6 +406,28 @@ def stats_us(ns):
 
 # --------------------------------------------------------------------------- rank side
 
+def turn_order(n):
+    """The order in which n backends take their turns (indices, n * n of them, n each): every
+    backend follows every backend, itself included, exactly once as the order repeats. A
+    turn pays for the one before it (its threads idled, another's woke), and not alike: after
+    gosym-hier's turn the next backend's op of 1 KiB was up to 10% slower than after its own
+    (session 48; docs/BENCHMARKS.md), where a fixed or rotating order left gosym-flat after
+    gosym-hier in most turns. The order is an Euler circuit of the complete directed graph
+    with a loop at each vertex (Hierholzer), so every ordered pair is an edge once."""
+    if n <= 1:
+        return [0] * n
+    left = {u: list(range(n - 1, -1, -1)) for u in range(n)}  # edges not yet walked, popped
+    stack, circuit = [0], []
+    while stack:
+        u = stack[-1]
+        if left[u]:
+            stack.append(left[u].pop())
+        else:
+            circuit.append(stack.pop())
+    circuit.reverse()  # closed: it ends where it starts
+    return circuit[:-1]
+
+
 class Plan:
     """One backend's timed samples of one case: what runs them, how many, and what they took."""
 
@@ -608,10 +631,10 @@ class Bench:
 
         Without --interleave a backend is warmed up and timed in one turn, then the next. With
         --interleave K every backend is warmed up first, then its samples are spread over the
-        same number of turns (about K samples each for the backend with the most), the
-        backends' turns alternating: a drift of the machine over the case (another tenant, a
-        clock, the page cache) then falls on every backend alike, where back to back it fell
-        on whichever ran at the time."""
+        same number of turns (about K samples each for the backend with the most) in the order
+        of turn_order: a drift of the machine over the case (another tenant, a clock, the page
+        cache) then falls on every backend alike, where back to back it fell on whichever ran
+        at the time, and so does what a turn leaves to the next."""
         k = self.args.interleave
         if not k:
             plans = []
@@ -622,12 +645,20 @@ class Bench:
             return {p.backend: self._record(p) for p in plans}
         plans = [self._plan(b, case) for b, case in cases.items()]
         live = [p for p in plans if p.error is None]
-        turns = max([-(-p.iters // k) for p in live] or [1])
-        for t in range(turns):
-            for p in live:
-                n = p.iters * (t + 1) // turns - p.iters * t // turns  # the same on every rank
-                if n:
-                    self._turn(p, n)
+        if not live:
+            return {p.backend: self._record(p) for p in plans}
+        order = turn_order(len(live))
+        need = max([-(-p.iters // k) for p in live] or [1])  # turns of the one with the most
+        each = len(order) // len(live)  # a backend's turns in one pass of the order
+        turns = -(-need // each) * each
+        done = dict.fromkeys(range(len(live)), 0)
+        for j in range(turns // each * len(order)):
+            i = order[j % len(order)]
+            p, t = live[i], done[i]
+            done[i] += 1
+            n = p.iters * (t + 1) // turns - p.iters * t // turns  # the same on every rank
+            if n:
+                self._turn(p, n)
         return {p.backend: self._record(p) for p in plans}
 
     def _record(self, plan):

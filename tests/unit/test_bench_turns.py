@@ -1,7 +1,8 @@
 """gosym.bench's turns: with --interleave K a case's backends take alternating turns of their
-timed samples, each backend's samples spread over the same number of turns; without it each
-backend runs all of its samples in one turn, one backend after another. Every backend is timed
-exactly the count its warmup chose, in either order."""
+timed samples, in an order where each backend follows each one alike, each backend's samples
+spread over the same number of turns; without it each backend runs all of its samples in one
+turn, one backend after another. Every backend is timed exactly the count its warmup chose, in
+either order."""
 
 import json
 import subprocess
@@ -10,7 +11,7 @@ import types
 
 from conftest import base_env
 
-from gosym.bench import Bench, Plan
+from gosym.bench import Bench, Plan, turn_order
 
 
 def _stub(interleave, iters):
@@ -41,11 +42,29 @@ def test_interleaved_turns_alternate_and_time_every_sample():
     b, log = _stub(3, {"gosym": 7, "gloo": 2, "gosym-flat": 5})
     recs = b.measure({"gosym": None, "gloo": None, "gosym-flat": None})
     assert recs == {"gosym": {"samples": 7}, "gloo": {"samples": 2}, "gosym-flat": {"samples": 5}}
-    # every warmup first, then ceil(7 / 3) = 3 turns, each backend's count split evenly
+    # every warmup first, then ceil(7 / 3) = 3 turns each, each backend's count split evenly,
+    # in turn_order(3) (gloo has no sample in its first turn)
+    assert turn_order(3) == [0, 0, 1, 0, 2, 1, 1, 2, 2]
     assert log == [("warm", "gosym"), ("warm", "gloo"), ("warm", "gosym-flat"),
-                   ("gosym", 2), ("gosym-flat", 1),
-                   ("gosym", 2), ("gloo", 1), ("gosym-flat", 2),
-                   ("gosym", 3), ("gloo", 1), ("gosym-flat", 2)]
+                   ("gosym", 2), ("gosym", 2), ("gosym", 3), ("gosym-flat", 1),
+                   ("gloo", 1), ("gloo", 1), ("gosym-flat", 2), ("gosym-flat", 2)]
+
+
+def test_turn_order_puts_every_backend_after_every_backend_once():
+    assert turn_order(0) == [] and turn_order(1) == [0]
+    for n in range(2, 7):
+        order = turn_order(n)
+        assert sorted(order) == sorted(list(range(n)) * n)
+        pairs = list(zip(order, order[1:] + order[:1]))  # the order repeats
+        assert sorted(pairs) == [(a, b) for a in range(n) for b in range(n)]
+
+
+def test_turns_round_up_to_whole_passes_of_the_order():
+    b, log = _stub(5, {"gosym": 11, "gloo": 4})  # ceil(11 / 5) = 3 turns: two passes of 2
+    b.measure({"gosym": None, "gloo": None})
+    assert [n for who, n in log if who == "gosym"] == [2, 3, 3, 3]
+    assert [n for who, n in log if who == "gloo"] == [1, 1, 1, 1]
+    assert [who for who, _ in log[2:]] == ["gosym", "gosym", "gloo", "gloo"] * 2
 
 
 def test_sequential_turns_run_each_backend_in_one_block():
