@@ -52,25 +52,26 @@ def main() -> int:
             local = g
     ctrl, target, other = (dist.new_group(backend="gloo") for _ in range(3))
     x = torch.zeros(a.numel)
-    before = {
-        "same": lambda: dist.broadcast(x, 0, group=target),
-        "gloo": lambda: dist.broadcast(x, 0, group=other),
-        "hier": lambda: dist.broadcast(x, 0),
-        "local": lambda: dist.all_reduce(x, group=local),
+    hier = lambda: dist.broadcast(x, 0)  # noqa: E731
+    before = {  # kind: (its op, µs of idle after it)
+        "same": (lambda: dist.broadcast(x, 0, group=target), 0),
+        "gloo": (lambda: dist.broadcast(x, 0, group=other), 0),
+        "hier": (hier, 0),
+        "local": (lambda: dist.all_reduce(x, group=local), 0),
+        **{f"hier+{g}us": (hier, int(g)) for g in a.gaps.split(",") if g},
     }
-    kinds = list(before) + [f"hier+{g}us" for g in a.gaps.split(",") if g]
+    kinds = list(before)
     clock = time.perf_counter_ns
     times = {k: [] for k in kinds}  # per trial: the five target ops' ns on this rank
 
     def trial(kind):
-        fn = before[kind.split("+")[0]]
-        gap = int(kind.split("+")[1][:-2]) * 1000 if "+" in kind else 0
+        fn, gap = before[kind]
         dist.barrier(group=ctrl)
         for _ in range(5):
             fn()
         dist.barrier(group=ctrl)
         if gap:
-            time.sleep(gap / 1e9)
+            time.sleep(gap / 1e6)
         row = []
         for _ in range(5):
             t0 = clock()

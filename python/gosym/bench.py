@@ -647,13 +647,11 @@ class Bench:
         live = [p for p in plans if p.error is None]
         if not live:
             return {p.backend: self._record(p) for p in plans}
-        order = turn_order(len(live))
-        need = max([-(-p.iters // k) for p in live] or [1])  # turns of the one with the most
-        each = len(order) // len(live)  # a backend's turns in one pass of the order
-        turns = -(-need // each) * each
-        done = dict.fromkeys(range(len(live)), 0)
-        for j in range(turns // each * len(order)):
-            i = order[j % len(order)]
+        need = max(-(-p.iters // k) for p in live)  # turns of the one with the most
+        passes = -(-need // len(live))  # a pass of turn_order gives each backend n turns
+        turns = passes * len(live)
+        done = [0] * len(live)
+        for i in turn_order(len(live)) * passes:
             p, t = live[i], done[i]
             done[i] += 1
             n = p.iters * (t + 1) // turns - p.iters * t // turns  # the same on every rank
