@@ -46,18 +46,20 @@ SOURCES = [
     # Host tensors on the 16-core host of the GPU machine, quiet: two or three hosts told apart
     # by id (simhosts.py's IdHosts; Gloo over loopback between them), `GOSYM_HIER_STEPS=0
     # GOSYM_CPUHOST_SIZES=1K,4K,16K,64K,256K,1M,4M,16M,64M,256M scripts/device_cuda.sh
-    # cpuhostbench` with the shapes 2,2 (two runs) and 2,2,2 (one) in one call and 4,4 (one)
-    # in the next of one lease: gosym-hier against gosym-flat (Gloo over every rank through
-    # gosym's C++ group), every op at ten sizes, the backends of a case in turns of 5 samples
-    # (--interleave 5) whose order rotates turn by turn, all of one build (session 48). They
-    # replaced session 47's runs of the same step (docs/results/2026-12-02-s47-*), whose turns
-    # ran in one order: gosym-flat always after gosym-hier, which left it about 10% slower
-    # at 1-64 KiB than in a turn of its own (docs/BENCHMARKS.md, session 48).
-    ([f"docs/results/2026-12-03-s48-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2)],
+    # cpuhostbench` with the shapes 2,2 (two runs) and 2,2,2 (one) in one call, 4,4 (two) in
+    # the next and 2,2,2 and 2,2 (one each) in a third of one lease: gosym-hier against
+    # gosym-flat (Gloo over every rank through gosym's C++ group), every op at ten sizes, the
+    # backends of a case in turns of 5 samples (--interleave 5) in gosym.bench.turn_order,
+    # where every backend follows every backend equally often, all of one build (session 49).
+    # They replaced session 48's runs (docs/results/2026-12-03-s48-hier-cpu-*), whose turns
+    # rotated, so gosym-flat still followed gosym-hier in two turns of three, and session
+    # 47's, where it always did; whatever follows gosym-hier pays for its idle threads
+    # (docs/BENCHMARKS.md, session 48).
+    ([f"docs/results/2026-12-03-s49-hier-cpu-2x2-idhosts-16core-run{i}.json" for i in (1, 2, 3)],
      "gosym-hier", "gosym-flat", None),
-    (["docs/results/2026-12-03-s48-hier-cpu-2x4-idhosts-16core-run1.json"],
+    ([f"docs/results/2026-12-03-s49-hier-cpu-2x4-idhosts-16core-run{i}.json" for i in (1, 2)],
      "gosym-hier", "gosym-flat", None),
-    (["docs/results/2026-12-03-s48-hier-cpu-3x2-idhosts-16core-run1.json"],
+    ([f"docs/results/2026-12-03-s49-hier-cpu-3x2-idhosts-16core-run{i}.json" for i in (1, 2)],
      "gosym-hier", "gosym-flat", None),
 ]
 
