@@ -61,12 +61,16 @@ class SimHosts:
 
     MAX_HOSTS = 2  # one veth pair joins the namespaces
 
-    def __init__(self, counts, gpus=False):
+    def __init__(self, counts, gpus=False, link_mbit=0):
         if not 2 <= len(counts) <= self.MAX_HOSTS or min(counts) < 1:
             raise ValueError(f"{type(self).__name__}: 2 to {self.MAX_HOSTS} hosts with at least "
                              f"one rank each, got {counts}")
         self.counts = list(counts)
         self.gpus = gpus  # host h sees its own GPUs: one per rank, after the previous host's
+        # each host's veth sends at most this many Mbit/s (0: unshaped): a NIC that the host's
+        # ranks share, slower than the memory its host steps copy through, as between real
+        # hosts; traffic inside a host stays on the namespace's own addresses, unshaped
+        self.link_mbit = link_mbit
         tag = f"{os.getpid() % 100000}"
         hosts = range(len(counts))
         self.ns = [f"gosym{tag}h{h}" for h in hosts]
@@ -105,6 +109,14 @@ class SimHosts:
             _ip("link", "set", self.ifname[h], "netns", self.ns[h])
             _ip("addr", "add", f"{self.addr[h]}/24", "dev", self.ifname[h], ns=self.ns[h])
             _ip("link", "set", self.ifname[h], "up", ns=self.ns[h])
+            if self.link_mbit:
+                # a token bucket holding 10 ms of the rate (at least 64 KiB: above one
+                # timer tick's worth at any HZ), queueing up to 200 ms
+                burst = max(64 << 10, self.link_mbit * 1_000_000 // 8 // 100)
+                subprocess.run(["ip", "netns", "exec", self.ns[h], "tc", "qdisc", "add", "dev",
+                                self.ifname[h], "root", "tbf", "rate", f"{self.link_mbit}mbit",
+                                "burst", str(burst), "latency", "200ms"],
+                               check=True, capture_output=True, timeout=30)
 
     def down(self):
         """Deletes the namespaces (their veth ends go with them) and the hosts file."""
@@ -153,7 +165,9 @@ class IdHosts(SimHosts):
 
     MAX_HOSTS = 8
 
-    def __init__(self, counts, gpus=False):
+    def __init__(self, counts, gpus=False, link_mbit=0):
+        if link_mbit:
+            raise ValueError("IdHosts: hosts told apart by id share loopback; no link to shape")
         super().__init__(counts, gpus)
         self.addr = ["127.0.0.1"] * len(counts)
         self.port = str(29500 + os.getpid() % 20000)
@@ -180,6 +194,8 @@ def main(argv=None):
     p.add_argument("--per-host", action="store_true", help="run the command once per host")
     p.add_argument("--gpus", action="store_true", help="give each host one GPU per rank "
                                                        "(CUDA_VISIBLE_DEVICES)")
+    p.add_argument("--link-mbit", type=int, default=0,
+                   help="shape each host's link to this many Mbit/s (tc tbf; 0: unshaped)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
@@ -188,10 +204,12 @@ def main(argv=None):
         p.error("no command")
     counts = [int(x) for x in a.hosts.split(",")]
     why = unavailable() if len(counts) <= SimHosts.MAX_HOSTS else "more than two hosts"
+    if why and a.link_mbit:
+        p.error(f"--link-mbit needs namespaced hosts, and here {why}")
     if why:
         print(f"simhosts: {why}; the hosts are told apart by GOSYM_HOST_ID and NCCL_HOSTID",
               file=sys.stderr)
-    with (IdHosts if why else SimHosts)(counts, a.gpus) as hosts:
+    with (IdHosts(counts, a.gpus) if why else SimHosts(counts, a.gpus, a.link_mbit)) as hosts:
         procs = []
         if a.per_host:
             for h in range(len(counts)):

@@ -412,3 +412,50 @@ def test_diagnostic_scripts_across_hosts():
     rows = {line.split()[0]: line for line in out.splitlines() if line.endswith(" us")}
     for kind in ("same", "gloo", "hier", "local", "hier+500us"):
         assert kind in rows and "mean of 5" in rows[kind], out[-6000:]
+
+
+_SEND = """
+import socket, sys, time
+host, n = sys.argv[1], int(sys.argv[2])
+if host == "listen":
+    s = socket.create_server(("0.0.0.0", 29611))
+    c, _ = s.accept()
+    got = 0
+    while got < n:
+        got += len(c.recv(1 << 20))
+    c.sendall(b"k")
+else:
+    for _ in range(200):
+        try:
+            c = socket.create_connection((host, 29611))
+            break
+        except OSError:
+            time.sleep(0.05)
+    t0 = time.perf_counter()
+    c.sendall(bytes(n))
+    c.recv(1)
+    print(time.perf_counter() - t0)
+"""
+
+
+@needs_netns
+def test_shaped_link():
+    """--link-mbit shapes the link between the namespaced hosts (what a NIC slower than
+    memory looks like, for the benches): 1 MiB from host 0 to host 1 takes at least what 80
+    Mbit/s allow with it, and far less without; hosts told apart by id have no link to shape."""
+    n = 1 << 20
+
+    def seconds(mbit):
+        with SimHosts([1, 1], link_mbit=mbit) as hosts:
+            rx = subprocess.Popen(hosts.wrap(1, [sys.executable, "-c", _SEND, "listen", str(n)]))
+            tx = subprocess.run(hosts.wrap(0, [sys.executable, "-c", _SEND, hosts.addr[1], str(n)]),
+                                capture_output=True, text=True, timeout=60)
+            assert rx.wait(timeout=60) == 0 and tx.returncode == 0, tx.stderr
+            return float(tx.stdout)
+
+    bound = n * 8 / 80e6  # 0.105 s
+    shaped, free = seconds(80), seconds(0)
+    assert shaped >= 0.8 * bound, (shaped, bound)
+    assert free < 0.5 * bound, (free, bound)
+    with pytest.raises(ValueError, match="no link to shape"):
+        IdHosts([1, 1], link_mbit=80)
