@@ -15,6 +15,7 @@ WHOLE = {
 WORDS = {
     "GOSYM_DEBUG": ('0', ('0', '1')),
     "GOSYM_HIER_CHOICE": ('table', ('table', 'hier', 'flat')),
+    "GOSYM_HIER_LINK": ('auto', ('auto', 'loopback', 'network')),
     "GOSYM_HIER_CPU_P2P": ('gloo', ('gloo', 'local')),
     "GOSYM_C10D": ('1', ('0', '1')),
     "GOSYM_PROFILER_RANGES": ('1', ('0', '1')),

@@ -98,7 +98,7 @@ def wrap(pg):
     from .hier import schedule
     from .hier.tensors import _WIRE
 
-    steps = [schedule.steps(dev, op, pg._shape, pg._choice)
+    steps = [schedule.steps(dev, op, pg._shape, pg._choice, link_key=pg._link)
              for dev in ("cuda", "cpu") for op in schedule.FLAT_OPS]  # Hier's places' order
     return m.Hier(*args, ctypes.addressof(pg._cells), sorted(_WIRE, key=str), steps,
                   pg._a2a_blocks_max())

@@ -26,7 +26,7 @@ def new_group(store, rank, size, timeout, name, global_ranks):
                               global_ranks[rank] if global_ranks else rank)
     hosts = {}
     try:
-        for r, (h, theirs) in enumerate(seen):
+        for r, (h, theirs, _) in enumerate(seen):
             _settings.agree(r, theirs, settings)
             hosts.setdefault(h, []).append(r)
     except ValueError:
@@ -37,8 +37,9 @@ def new_group(store, rank, size, timeout, name, global_ranks):
     if len(hosts) == 1:
         pg = hier.linked(store, rank, size, timeout, name, global_ranks, hosts[0], hid)
     else:
+        link = hier.schedule.link([boot for _, _, boot in seen], settings["GOSYM_HIER_LINK"])
         pg = hier.HierGroup(store, rank, size, timeout, name, global_ranks, hosts, hid, settings,
-                            new_group)
+                            new_group, link)
     try:
         store.delete_key(key)  # every rank read it: the connects above needed them all
     except Exception:  # noqa: BLE001 - a store without delete_key just keeps it

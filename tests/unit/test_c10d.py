@@ -135,11 +135,11 @@ def test_hier_choice_matches_the_schedule():
 
     m = c10d.module()
     assert m is not None, c10d.why()
-    table = {("cuda", "2x2"): {"ops": {
+    table = {("cuda", "2x2", "loopback"): {"ops": {
         "all_reduce": ((1024, 5.0, 3.0), (65536, 2.0, 9.0), (1 << 20, 9.0, 4.0)),
         "broadcast": ((4096, 1.0, 2.0),),
         "all_to_all_single": ((1024, 1.0, 2.0),)}},
-        ("cpu", "2x2"): {"ops": {
+        ("cpu", "2x2", "network"): {"ops": {
             "all_reduce": ((1024, 2.0, 3.0), (65536, 9.0, 2.0)),
             "reduce_scatter_tensor": ((4096, 3.0, 2.0), (1 << 22, 1.0, 5.0)),
             "all_to_all_single": ((1024, 1.0, 2.0),)}}}
@@ -151,14 +151,15 @@ def test_hier_choice_matches_the_schedule():
     devs = ("cuda", "cpu")  # Hier's places, in order
     for shape in ("2x2", "3x1"):
         for mode in schedule.MODES:
-            steps = [schedule.steps(dev, op, shape, mode, table)
+            steps = [schedule.steps(dev, op, shape, mode, table, link_key="network")
                      for dev in devs for op in schedule.FLAT_OPS]
             h = m.Hier(object(), 0, 4, ctypes.addressof(shared), 0, 0, [], [], 30.0,
                        ctypes.addressof(cells), [torch.float32], steps, 1 << 30)
             for place, dev in enumerate(devs):
                 for i, op in enumerate(schedule.FLAT_OPS):
                     for n in sizes:
-                        want = schedule.choose(dev, op, n, shape, mode, table) == schedule.FLAT
+                        want = schedule.choose(dev, op, n, shape, mode, table,
+                                               link_key="network") == schedule.FLAT
                         got = h.flat_choice(place, i, n)
                         seen.add((dev, got))
                         assert got == want, (shape, mode, dev, op, n)

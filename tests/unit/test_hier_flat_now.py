@@ -65,7 +65,7 @@ def _group(choice="flat", check_args=False, inner=None):
     g = HierGroup.__new__(HierGroup)
     g._rank, g._size, g._name = 0, 4, "t"
     g._hosts, g._where = [[0, 1], [2, 3]], {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1)}
-    g._shape, g._choice, g._check_args = "2x2", choice, check_args
+    g._shape, g._choice, g._link, g._check_args = "2x2", choice, "loopback", check_args
     g._n, g._balanced = 2, True
     g._paths, g._seq, g._broken, g._cuda, g._flat_host = {}, 0, None, None, {}
     g._runner = Runner("t")

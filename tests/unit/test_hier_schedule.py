@@ -1,7 +1,8 @@
 """The choice between the hierarchical schedule and the flat group across hosts
 (gosym.hier.schedule) and its table of measurements (gosym.hier.measured): the table says what
 its results files say and cites files that exist, the rule between measured sizes, the
-default for what was not measured, and GOSYM_HIER_CHOICE's words."""
+default for what was not measured, the link between hosts (GOSYM_HIER_LINK) and
+GOSYM_HIER_CHOICE's words."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from gosym.hier.measured import TABLE
 
 # flat below 64 KiB, hierarchical from 64 KiB to 16 MiB (exclusive), flat again from 16 MiB
 POINTS = ((1024, 9.0, 5.0), (65536, 3.0, 5.0), (1 << 20, 7.0, 8.0), (16 << 20, 9.0, 8.0))
-FAKE = {("cpu", "2x2"): {"sources": ["-"], "hier": "h", "flat": "f",
-                         "ops": {"all_reduce": POINTS}}}
+FAKE = {("cpu", "2x2", "loopback"): {"sources": ["-"], "hier": "h", "flat": "f",
+                                     "ops": {"all_reduce": POINTS}}}
+LB = "loopback"
 
 
 def test_table_is_what_its_files_say():
@@ -47,12 +49,12 @@ def test_entries_cite_existing_files():
     ((16 << 20) - 1, "hier"), (16 << 20, "flat"), (1 << 30, "flat"),  # the last point onwards
 ])
 def test_a_size_takes_the_largest_measured_point_at_or_below_it(nbytes, want):
-    assert schedule.choose("cpu", "all_reduce", nbytes, "2x2", table=FAKE) == want
+    assert schedule.choose("cpu", "all_reduce", nbytes, "2x2", table=FAKE, link_key=LB) == want
 
 
 def test_below_the_smallest_point_its_choice():
-    table = {("cpu", "2x2"): {**FAKE[("cpu", "2x2")], "ops": {"all_reduce": POINTS[1:]}}}
-    assert schedule.choose("cpu", "all_reduce", 1, "2x2", table=table) == "hier"
+    table = {("cpu", "2x2", LB): {**FAKE[("cpu", "2x2", LB)], "ops": {"all_reduce": POINTS[1:]}}}
+    assert schedule.choose("cpu", "all_reduce", 1, "2x2", table=table, link_key=LB) == "hier"
 
 
 @pytest.mark.parametrize("device,op,shape", [
@@ -63,22 +65,68 @@ def test_below_the_smallest_point_its_choice():
 ])
 def test_unmeasured_runs_flat(device, op, shape):
     for nbytes in (1, 65536, 1 << 26):
-        assert schedule.choose(device, op, nbytes, shape, table=FAKE) == "flat"
+        for link in schedule.LINKS:
+            assert schedule.choose(device, op, nbytes, shape, table=FAKE, link_key=link) == "flat"
 
 
 def test_modes_override_the_table():
     for mode in ("hier", "flat"):
         for nbytes in (1, 65536, 1 << 26):
-            assert schedule.choose("cpu", "all_reduce", nbytes, "2x2", mode, FAKE) == mode
-            assert schedule.choose("cuda", "reduce", nbytes, "9x9", mode, FAKE) == mode
+            assert schedule.choose("cpu", "all_reduce", nbytes, "2x2", mode, FAKE,
+                                   link_key=LB) == mode
+            assert schedule.choose("cuda", "reduce", nbytes, "9x9", mode, FAKE,
+                                   link_key="network") == mode
 
 
 def test_bad_mode_and_op_are_clear_errors():
     with pytest.raises(ValueError, match="GOSYM_HIER_CHOICE='fast': accepts one of table, "
                                          "hier, flat"):
-        schedule.choose("cpu", "all_reduce", 1, "2x2", "fast")
+        schedule.choose("cpu", "all_reduce", 1, "2x2", "fast", link_key=LB)
     with pytest.raises(ValueError, match="no hierarchical schedule to choose for op 'all_to_all'"):
-        schedule.choose("cpu", "all_to_all", 1, "2x2")
+        schedule.choose("cpu", "all_to_all", 1, "2x2", link_key=LB)
+
+
+def test_the_link_takes_its_own_entry_else_the_others():
+    """An op takes the points measured over the group's link; where that link's entry lacks
+    the shape or the op, the other link's points (a measured shape says more than none)."""
+    net = ((1024, 1.0, 5.0), (1 << 20, 9.0, 5.0))  # hierarchical below 1 MiB, flat from it
+    table = {**FAKE, ("cpu", "2x2", "network"): {"sources": ["-"], "hier": "h", "flat": "f",
+                                                 "ops": {"all_reduce": net}},
+             ("cpu", "2x4", "network"): {"sources": ["-"], "hier": "h", "flat": "f",
+                                         "ops": {"broadcast": net}}}
+    for nbytes, lb, nw in ((1024, "flat", "hier"), (65536, "hier", "hier"),
+                           (1 << 20, "hier", "flat"), (16 << 20, "flat", "flat")):
+        assert schedule.choose("cpu", "all_reduce", nbytes, "2x2", table=table, link_key=LB) == lb
+        assert schedule.choose("cpu", "all_reduce", nbytes, "2x2", table=table,
+                               link_key="network") == nw
+    # 2x4: only the network entry, only broadcast: loopback takes it, all_reduce runs flat
+    assert schedule.choose("cpu", "broadcast", 4096, "2x4", table=table, link_key=LB) == "hier"
+    assert schedule.choose("cpu", "all_reduce", 4096, "2x4", table=table, link_key=LB) == "flat"
+    # 2x2's network entry has no broadcast, and neither has loopback's
+    assert schedule.choose("cpu", "broadcast", 4096, "2x2", table=table,
+                           link_key="network") == "flat"
+
+
+@pytest.mark.parametrize("boots,setting,want", [
+    (["a", "a", "a"], "auto", "loopback"),      # one kernel: hosts simulated on one machine
+    (["a", "b", "a"], "auto", "network"),       # two machines
+    (["", ""], "auto", "network"),              # unknown: not claimed to be one machine
+    (["a", None], "auto", "network"),           # a rank that did not say
+    (["a", "b"], "loopback", "loopback"),       # the setting decides where it names a link
+    (["a", "a"], "network", "network"),         # shaped namespaces (simhosts.py --link-mbit)
+])
+def test_link_from_boot_ids(boots, setting, want):
+    assert schedule.link(boots, setting) == want
+
+
+def test_bad_link_is_a_clear_error():
+    with pytest.raises(ValueError, match="GOSYM_HIER_LINK='fast': accepts one of auto, "
+                                         "loopback, network"):
+        schedule.link(["a"], "fast")
+    with pytest.raises(ValueError, match="an entry's link is one of"):
+        schedule.entry([("f", _report([2, 2], [("g", "all_reduce", 4096, 1.0, {}),
+                                               ("x", "all_reduce", 4096, 2.0, {})]))],
+                       "g", "x", link_key="lan")
 
 
 def test_shapes():
@@ -98,10 +146,11 @@ def test_committed_cuda_2x2_choices():
     want = {"all_reduce": 256 << 10, "all_gather_into_tensor": 1 << 20,
             "reduce_scatter_tensor": 4 << 20, "broadcast": 16 << 20}
     for op, first in want.items():
-        assert schedule.choose("cuda", op, first - 1, "2x2") == "flat", op
-        assert schedule.choose("cuda", op, first, "2x2") == "hier", op
-        assert schedule.choose("cuda", op, 1 << 30, "2x2") == "hier", op
-    assert schedule.choose("cuda", "reduce", 1 << 26, "2x2") == "flat"
+        for link in schedule.LINKS:  # measured over loopback: real hosts take it too
+            assert schedule.choose("cuda", op, first - 1, "2x2", link_key=link) == "flat", op
+            assert schedule.choose("cuda", op, first, "2x2", link_key=link) == "hier", op
+            assert schedule.choose("cuda", op, 1 << 30, "2x2", link_key=link) == "hier", op
+    assert schedule.choose("cuda", "reduce", 1 << 26, "2x2", link_key=LB) == "flat"
 
 
 def _report(hosts, results, device="cpu"):
@@ -122,11 +171,13 @@ def test_entry_from_a_report():
         ("g", "broadcast", 1024, 1.0, {"error": "boom"}), ("x", "broadcast", 1024, 1.0, {}),
         ("g", "all_to_all_single", 1024, 1.0, {}), ("x", "all_to_all_single", 1024, 1.0, {})])
     key, e = schedule.entry([("docs/results/x.json", report)], "g", "x")
-    assert key == ("cpu", "2x2")
+    assert key == ("cpu", "2x2", "loopback")
+    assert schedule.entry([("f", report)], "g", "x", link_key="network")[0] == ("cpu", "2x2",
+                                                                                "network")
     assert e == {"sources": ["docs/results/x.json"], "hier": "g", "flat": "x",
                  "ops": {"all_reduce": ((1024, 5.0, 4.0), (4096, 10.0, 12.0))}}
     del report["hosts"]
-    assert schedule.entry([("f", report)], "g", "x", [1, 2])[0] == ("cpu", "1+2")
+    assert schedule.entry([("f", report)], "g", "x", [1, 2])[0] == ("cpu", "1+2", "loopback")
     with pytest.raises(ValueError, match="names no hosts"):
         schedule.entry([("f", report)], "g", "x")
     report["hosts"] = [2, 2]
@@ -188,3 +239,25 @@ def test_points_only_from_reports_whose_build_had_the_schedule():
     _, new = schedule.entry([("new.json", report(schedule.ops_for("cpu")))], "gosym-hier",
                             "gosym-flat")
     assert sorted(new["ops"]) == ["all_reduce", "all_to_all_single"]
+
+
+def test_entry_over_several_link_rates_takes_the_worst_for_the_hierarchy():
+    """worst(): entries of one shape at several link rates make one whose point at each size
+    is the rate's where hier / flat was largest, so the choice is hierarchical only where it
+    won at every rate; sizes or ops a rate lacks are left out; other backends are refused."""
+    slow = {"sources": ["s1", "s2"], "hier": "g", "flat": "x", "ops": {
+        "all_reduce": ((1024, 1.0, 4.0), (4096, 2.0, 4.0), (8192, 5.0, 4.0)),
+        "broadcast": ((1024, 1.0, 2.0),)}}
+    fast = {"sources": ["f1"], "hier": "g", "flat": "x", "ops": {
+        "all_reduce": ((1024, 3.0, 4.0), (4096, 6.0, 4.0))}}
+    e = schedule.worst([slow, fast])
+    assert e == {"sources": ["s1", "s2", "f1"], "hier": "g", "flat": "x",
+                 "ops": {"all_reduce": ((1024, 3.0, 4.0), (4096, 6.0, 4.0))}}
+    table = {("cpu", "2x2", "network"): e}
+    assert schedule.choose("cpu", "all_reduce", 1024, "2x2", table=table,
+                           link_key="network") == "hier"  # won at both rates
+    assert schedule.choose("cpu", "all_reduce", 4096, "2x2", table=table,
+                           link_key="network") == "flat"  # lost at the fast one
+    assert schedule.worst([slow]) == slow
+    with pytest.raises(ValueError, match="same backends"):
+        schedule.worst([slow, dict(fast, flat="gloo")])

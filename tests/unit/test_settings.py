@@ -94,7 +94,7 @@ def test_hier_defaults_and_limits_come_from_the_table():
     for name, least in [("GOSYM_HIER_RAIL_MIN", 1), ("GOSYM_HIER_CHUNK", 4096),
                         ("GOSYM_HIER_REPORT_S", 0), ("GOSYM_HIER_SWAP_MAX", 0)]:
         assert f"{name}='{least - 1}': accepts a whole number from {least}" in p.stdout, p.stdout
-    assert ("['GOSYM_HIER_CHOICE', 'GOSYM_HIER_CHUNK', 'GOSYM_HIER_CPU_P2P', "
+    assert ("['GOSYM_HIER_CHOICE', 'GOSYM_HIER_CHUNK', 'GOSYM_HIER_CPU_P2P', 'GOSYM_HIER_LINK', "
             "'GOSYM_HIER_RAIL_MIN', 'GOSYM_HIER_REPORT_S', 'GOSYM_HIER_SWAP_MAX']") in p.stdout
 
 

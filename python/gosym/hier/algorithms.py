@@ -56,7 +56,7 @@ class HierAlgorithms(HierBase):
     def _hier(self, op, nbytes, dev):
         """Whether op (gosym.hier.schedule.OPS) of nbytes (one rank's input) on dev takes the
         hierarchical schedule, else the flat group's op; counted by path for stats."""
-        path = schedule.choose(dev, op, nbytes, self._shape, self._choice)
+        path = schedule.choose(dev, op, nbytes, self._shape, self._choice, link_key=self._link)
         key = f"{op}/{path}"
         self._paths[key] = self._paths.get(key, 0) + 1
         return path == schedule.HIER
@@ -102,8 +102,8 @@ class HierAlgorithms(HierBase):
         if not (gloo_red if where == "cpu" else nccl_red):
             return GENERAL
         chosen = choice and what in schedule.OPS
-        if chosen and schedule.choose(where, what, nbytes, self._shape,
-                                      self._choice) != schedule.FLAT:
+        if chosen and schedule.choose(where, what, nbytes, self._shape, self._choice,
+                                      link_key=self._link) != schedule.FLAT:
             return GENERAL
         if self._broken is not None or self._news is not None:
             self._usable(what)

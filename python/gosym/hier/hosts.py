@@ -32,12 +32,7 @@ def host_id(global_rank=None) -> str:
         return f"{HOST_ENV}=host{global_rank // int(k)}"
     if env:
         return f"{HOST_ENV}={env}"
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "no-boot-id"
-    parts = [socket.gethostname(), boot]
+    parts = [socket.gethostname(), boot_id() or "no-boot-id"]
     for ns in ("net", "pid"):
         try:
             parts.append(f"{ns}:{os.stat(f'/proc/self/ns/{ns}').st_ino}")
@@ -46,13 +41,24 @@ def host_id(global_rank=None) -> str:
     return "/".join(parts)
 
 
+def boot_id() -> str:
+    """The running kernel's boot id ("" where it cannot be read): ranks that share it share a
+    machine, whatever their hostnames and namespaces (gosym.hier.schedule.link)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def exchange(store, rank, size, timeout, name, settings, global_rank=None):
-    """Every rank's (host_id(), settings), through the store, and this rank's key (deleted
-    once every rank has read it). settings (name -> value, JSON) are what every rank must
-    share: the caller compares them."""
+    """Every rank's (host_id(), settings, boot_id()), through the store, and this rank's key
+    (deleted once every rank has read it). settings (name -> value, JSON) are what every
+    rank must share: the caller compares them."""
     gen = store.add(f"gosym/hostgen/{rank}", 1)  # fresh keys per creation, as _endpoint's
     keys = [f"gosym/host/{gen}/{r}" for r in range(size)]
-    store.set(keys[rank], json.dumps({"host": host_id(global_rank), "settings": settings}))
+    store.set(keys[rank], json.dumps({"host": host_id(global_rank), "settings": settings,
+                                      "boot": boot_id()}))
     try:
         store.wait(keys, timeout)
     except Exception as e:  # noqa: BLE001 - re-raised naming the ranks that are missing
@@ -60,7 +66,7 @@ def exchange(store, rank, size, timeout, name, settings, global_rank=None):
         raise DistBackendError(f"gosym: group {name!r} (rank {rank} of {size}): ranks {late} did "
                                f"not publish their host id within {timeout} ({e})") from e
     seen = [json.loads(v) for v in store.multi_get(keys)]
-    return [(s["host"], s["settings"]) for s in seen], keys[rank]
+    return [(s["host"], s["settings"], s.get("boot")) for s in seen], keys[rank]
 
 
 def linked(store, rank, size, timeout, name, global_ranks, members, hid):

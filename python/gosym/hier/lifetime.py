@@ -46,7 +46,7 @@ class HierBase(ProcessGroupGosym):
     OPEN, PENDING, SEQ, DEVICE, COUNTS = range(5)
 
     def __init__(self, store, rank, size, timeout, name, global_ranks, hosts, hid, settings,
-                 new_group):
+                 new_group, link):
         """new_group: the factory that made this group (gosym.factory.new_group), which makes
         its splits too; hosts: the group ranks on each host, in order; hid: this rank's host
         id; settings:
@@ -62,7 +62,9 @@ class HierBase(ProcessGroupGosym):
         as every other pair's, through Gloo (gloo); after a failure, a rank
         waits GOSYM_HIER_REPORT_S seconds for every other rank to report it before naming
         those that did not as lost. The ranks watch each other around a ring on the flat
-        Gloo group (gosym.hier.watch, _watched)."""
+        Gloo group (gosym.hier.watch, _watched). link: what joins the hosts
+        (gosym.hier.schedule.link, from every rank's boot id and GOSYM_HIER_LINK), whose
+        measurements the choice takes."""
         dist.ProcessGroup.__init__(self, rank, size)
         self._rank, self._size, self._timeout, self._name = rank, size, timeout, name
         self._new_group = new_group
@@ -71,6 +73,7 @@ class HierBase(ProcessGroupGosym):
         self._swap_max = settings["GOSYM_HIER_SWAP_MAX"]
         self._report_s = settings["GOSYM_HIER_REPORT_S"]
         self._choice = settings["GOSYM_HIER_CHOICE"]
+        self._link = link
         self._cpu_p2p_local = settings["GOSYM_HIER_CPU_P2P"] == "local"
         self._desc = "undefined"
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
@@ -192,7 +195,8 @@ class HierBase(ProcessGroupGosym):
         s = json.loads(self._local._stats_json())
         s["hier"] = {"hosts": self._hosts, "host": self._host, "local_rank": self._lidx,
                      "inner_groups": sorted(f"{k}/{d}" for k, d in self._inner),
-                     "shape": self._shape, "choice": self._choice, "paths": self._all_paths()}
+                     "shape": self._shape, "choice": self._choice, "link": self._link,
+                     "paths": self._all_paths()}
         return json.dumps(s)
 
     def _all_paths(self):

@@ -3,10 +3,11 @@
 
 An op with a hierarchical schedule runs it, or the inter-host engine's own op (Gloo, NCCL) on
 the group's flat inner group over every rank, as choose() says for its device type, its size
-(the bytes of one rank's input, as gosym.bench counts them), the group's shape and
-GOSYM_HIER_CHOICE. With "table" (the default) the answer comes from the measurements in
-gosym.hier.measured; a (device type, shape) or an op they do not cover runs flat. Every
-input is the same on every rank, and so is the answer.
+(the bytes of one rank's input, as gosym.bench counts them), the group's shape, the link
+between its hosts (link()) and GOSYM_HIER_CHOICE. With "table" (the default) the answer comes
+from the measurements in gosym.hier.measured, the entry of the group's link or else the
+other link's; a (device type, shape) or an op they do not cover runs flat. Every input is
+the same on every rank, and so is the answer.
 
 entry() turns a gosym.bench report into a table entry (scripts/hier_table.py writes
 gosym.hier.measured with it).
@@ -22,6 +23,10 @@ from .measured import TABLE
 
 HIER, FLAT = "hier", "flat"
 MODES = ("table", HIER, FLAT)  # GOSYM_HIER_CHOICE's words
+# The links an entry is measured on (GOSYM_HIER_LINK's words but auto): hosts of one machine,
+# whose traffic between them is memory copies, and hosts joined by a link slower than memory.
+LOOPBACK, NETWORK = "loopback", "network"
+LINKS = (LOOPBACK, NETWORK)
 # The ops that have a hierarchical schedule, by their gosym.bench names; the list forms and
 # all_reduce_coalesced take their tensor form's points (all_to_all_single: of equal splits
 # on host tensors in the host-blocks layout only; every other all_to_all runs flat).
@@ -55,18 +60,33 @@ def shape(counts) -> str:
     return "+".join(map(str, counts))
 
 
+def link(boots, setting: str = "auto") -> str:
+    """The link between a group's hosts under GOSYM_HIER_LINK setting, from every rank's
+    boot id (gosym.hier.hosts.boot_id; "" or None where unknown): with "auto", LOOPBACK where
+    all are one known id (one kernel: hosts simulated by namespaces or host ids, whose
+    traffic between them is memory copies), else NETWORK."""
+    if setting in LINKS:
+        return setting
+    if setting != "auto":
+        raise ValueError(f"gosym: GOSYM_HIER_LINK={setting!r}: accepts one of auto, "
+                         f"{', '.join(LINKS)}")
+    boots = set(boots)
+    return LOOPBACK if len(boots) == 1 and all(boots) else NETWORK
+
+
 def choose(device: str, op: str, nbytes: int, shape_key: str, mode: str = "table",
-           table=None) -> str:
+           table=None, *, link_key: str) -> str:
     """HIER or FLAT for op (one of OPS) of nbytes on a group of shape_key whose tensors are
-    on device ("cpu" or "cuda"), under GOSYM_HIER_CHOICE mode. With "table": the point of
-    the op's entry at the largest measured size <= nbytes (the smallest one below it), HIER
-    where the hierarchical schedule's time was below the flat op's there; FLAT where
-    the table has no entry for (device, shape_key) or no points for op."""
+    on device ("cpu" or "cuda") and whose hosts are joined by link_key (LINKS), under
+    GOSYM_HIER_CHOICE mode. With "table": the point of the op's entry (of link_key, else of
+    the other link) at the largest measured size <= nbytes (the smallest one below it), HIER
+    where the hierarchical schedule's time was below the flat op's there; FLAT where the
+    table has no entry for (device, shape_key) or no points for op."""
     if op not in OPS:
         raise ValueError(f"gosym: no hierarchical schedule to choose for op {op!r}")
     if _mode(mode) != "table":
         return mode
-    points = _points(device, op, shape_key, table)
+    points = _points(device, op, shape_key, table, link_key)
     if not points:
         return FLAT
     pick = points[0]
@@ -78,7 +98,7 @@ def choose(device: str, op: str, nbytes: int, shape_key: str, mode: str = "table
 
 
 def steps(device: str, op: str, shape_key: str, mode: str = "table",
-          table=None) -> list[tuple[int, bool]]:
+          table=None, *, link_key: str) -> list[tuple[int, bool]]:
     """choose() for op on device as a step function, for gosym._c10d.Hier, which makes the
     choice in C++: [(bytes, flat), ...] by size, where an op of nbytes takes the step at the
     largest bytes <= nbytes (the first step below them all); [] for flat at every size.
@@ -86,7 +106,7 @@ def steps(device: str, op: str, shape_key: str, mode: str = "table",
     knows where, as HierAlgorithms._a2a_applies.)"""
     if _mode(mode) != "table":
         return [(0, mode == FLAT)]
-    points = _points(device, op, shape_key, table)
+    points = _points(device, op, shape_key, table, link_key)
     if not points:
         return []
     return [(p[0], not p[1] < p[2]) for p in points]
@@ -98,10 +118,15 @@ def _mode(mode: str) -> str:
     return mode
 
 
-def _points(device, op, shape_key, table):
-    """The table's points for op on (device, shape_key), None where it has none."""
-    got = (TABLE if table is None else table).get((device, shape_key))
-    return got["ops"].get(op) if got else None
+def _points(device, op, shape_key, table, link_key):
+    """The table's points for op on (device, shape_key) over link_key, else over the other
+    link (a measured shape says more than none), None where neither has them."""
+    t = TABLE if table is None else table
+    for lk in sorted(LINKS, key=lambda lk: lk != link_key):
+        got = t.get((device, shape_key, lk))
+        if got and op in got["ops"]:
+            return got["ops"][op]
+    return None
 
 
 def digest(table=None) -> str:
@@ -112,9 +137,11 @@ def digest(table=None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], dict]:
-    """((device, shape), entry) of the table from gosym.bench reports (JSON) of one device type
-    and shape, reports being (file, report) pairs, in which backend `hier` ran the
+def entry(reports, hier: str, flat: str, hosts=None,
+          link_key: str = LOOPBACK) -> tuple[tuple[str, str, str], dict]:
+    """((device, shape, link_key), entry) of the table from gosym.bench reports (JSON) of one
+    device type and shape, measured over link_key (LINKS), reports being (file, report) pairs,
+    in which backend `hier` ran the
     hierarchical schedule and `flat` the op flat over the same ranks (gosym-flat: gosym's
     flat path, what choosing flat costs; or, where that was not measured, the inter-host
     engine's own group). The entry:
@@ -127,6 +154,8 @@ def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], d
     lacks is left out. The shape comes from the
     reports' "hosts" (ranks per host: gosym.bench records them for a group across hosts),
     else from hosts (for reports from before it did)."""
+    if link_key not in LINKS:
+        raise ValueError(f"an entry's link is one of {LINKS}, got {link_key!r}")
     keys, runs = set(), []
     for source, report in reports:
         named = report.get("hosts")
@@ -135,7 +164,7 @@ def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], d
         if not (named or hosts):
             raise ValueError(f"{source}: the report names no hosts (gosym.bench records them "
                              "for a group across hosts): give them with the source")
-        keys.add((report["config"]["device"], shape(named or hosts)))
+        keys.add((report["config"]["device"], shape(named or hosts), link_key))
         scheduled = report.get("hier_ops") or _OPS_BEFORE_RECORDED
         runs.append({(r["backend"], r["op"], r["size"]): r["median_us"]
                      for r in report["results"]
@@ -156,6 +185,26 @@ def entry(reports, hier: str, flat: str, hosts=None) -> tuple[tuple[str, str], d
     if not ops:
         raise ValueError(f"{sources}: no op measured on both {hier!r} and {flat!r}")
     return keys.pop(), {"sources": sources, "hier": hier, "flat": flat, "ops": ops}
+
+
+def worst(entries) -> dict:
+    """One entry from entries (entry()'s dicts) of one device type, shape and link measured
+    at several link rates, one entry a rate: per op that all measured, at each size all
+    measured, the point of the rate where the hierarchical schedule fared worst against the
+    flat op (the largest hier / flat), so that the choice takes it only where it won at
+    every rate measured."""
+    first = entries[0]
+    if any((e["hier"], e["flat"]) != (first["hier"], first["flat"]) for e in entries):
+        raise ValueError("the rates' entries must compare the same backends")
+    ops = {}
+    for op in first["ops"]:
+        by_size = [{p[0]: p for p in e["ops"].get(op, ())} for e in entries]
+        sizes = sorted(set(by_size[0]).intersection(*by_size[1:]))
+        pts = tuple(max((m[s] for m in by_size), key=lambda p: p[1] / p[2]) for s in sizes)
+        if pts:
+            ops[op] = pts
+    return {"sources": [f for e in entries for f in e["sources"]], "hier": first["hier"],
+            "flat": first["flat"], "ops": ops}
 
 
 def _median(runs, key):

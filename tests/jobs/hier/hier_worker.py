@@ -331,7 +331,7 @@ def check_choice(ck, rank, world, gloo, counts):
               if op != "all_to_all_single" or (len(set(counts)) == 1 and counts[0] > 1)]
     want = {p: sorted(f"{op}/{p}" for op in chosen) for p in ("flat", "hier")}
     saved, env = schedule.TABLE, os.environ.get("GOSYM_HIER_CHOICE")
-    schedule.TABLE = {("cpu", schedule.shape(counts)): {
+    schedule.TABLE = {("cpu", schedule.shape(counts), schedule.LOOPBACK): {
         "sources": ["hier_worker"], "hier": "-", "flat": "-",
         "ops": {op: CHOICE_POINTS for op in schedule.OPS}}}
     os.environ["GOSYM_HIER_CHOICE"] = "table"
@@ -348,6 +348,10 @@ def check_choice(ck, rank, world, gloo, counts):
         for dtype in DTYPES:
             ops.reductions(dtype, FLAT_N)
             ops.moves(dtype, FLAT_N)
+        link = os.environ.get("GOSYM_HIER_LINK") or "auto"
+        ck.check("choice: simulated hosts share one machine's kernel: loopback, unless set",
+                 gosym.stats(g)["hier"]["link"] == ("loopback" if link == "auto" else link),
+                 f'{gosym.stats(g)["hier"]}')
         flat = gosym.stats(g)["hier"]["paths"]
         ck.check("choice: every op flat below 64 KiB", sorted(flat) == want["flat"], f"{flat}")
         for dtype in (torch.float32, torch.int16):

@@ -109,15 +109,19 @@ def test_flat_across_hosts(outdir):
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
 
 
-@pytest.mark.parametrize("counts", [(2, 2), (1, 2)], ids=["2x2", "1+2"])
-def test_choice_across_hosts(counts, outdir):
+@pytest.mark.parametrize("counts,link", [((2, 2), None), ((1, 2), None), ((2, 2), "network")],
+                         ids=["2x2", "1+2", "2x2-network"])
+def test_choice_across_hosts(counts, link, outdir):
     """GOSYM_HIER_CHOICE=table with a table (patched in the workers) that runs every op flat
     below 64 KiB and hierarchical from it: sizes of both, every dtype at the flat one, are
     right against float64 / exact references and the reference group, every op took the path
-    chosen, and every rank the same paths; recv from any source."""
+    chosen, and every rank the same paths; recv from any source. The hosts share this
+    machine, so the group's link is loopback; with GOSYM_HIER_LINK=network it is network and
+    takes the loopback entry, the only one of its shape."""
     hosts = ",".join(map(str, counts))
     res = run_hosts(counts, "hier_worker", ["--hosts", hosts, "--parts", "layout,choice,anysource",
-                                            "--timeout", 60], outdir, timeout=600, kind=ANY_HOSTS)
+                                            "--timeout", 60], outdir, timeout=600, kind=ANY_HOSTS,
+                    env={"GOSYM_HIER_LINK": link} if link else None)
     res.assert_ok()
     assert all(r["passed"] >= 300 for r in res.results), "suspiciously few checks"
 
