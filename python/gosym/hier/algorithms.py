@@ -53,10 +53,15 @@ class HierAlgorithms(HierBase):
 
     # ---- the choice -----------------------------------------------------------------
 
+    def _path(self, op, nbytes, dev):
+        """schedule.choose for op of nbytes on dev on this group (its shape, GOSYM_HIER_CHOICE
+        and link)."""
+        return schedule.choose(dev, op, nbytes, self._shape, self._choice, link_key=self._link)
+
     def _hier(self, op, nbytes, dev):
         """Whether op (gosym.hier.schedule.OPS) of nbytes (one rank's input) on dev takes the
         hierarchical schedule, else the flat group's op; counted by path for stats."""
-        path = schedule.choose(dev, op, nbytes, self._shape, self._choice, link_key=self._link)
+        path = self._path(op, nbytes, dev)
         key = f"{op}/{path}"
         self._paths[key] = self._paths.get(key, 0) + 1
         return path == schedule.HIER
@@ -102,8 +107,7 @@ class HierAlgorithms(HierBase):
         if not (gloo_red if where == "cpu" else nccl_red):
             return GENERAL
         chosen = choice and what in schedule.OPS
-        if chosen and schedule.choose(where, what, nbytes, self._shape, self._choice,
-                                      link_key=self._link) != schedule.FLAT:
+        if chosen and self._path(what, nbytes, where) != schedule.FLAT:
             return GENERAL
         if self._broken is not None or self._news is not None:
             self._usable(what)

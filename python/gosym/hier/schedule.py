@@ -122,7 +122,8 @@ def _points(device, op, shape_key, table, link_key):
     """The table's points for op on (device, shape_key) over link_key, else over the other
     link (a measured shape says more than none), None where neither has them."""
     t = TABLE if table is None else table
-    for lk in sorted(LINKS, key=lambda lk: lk != link_key):
+    other = NETWORK if link_key == LOOPBACK else LOOPBACK  # per op: no sort, no generator
+    for lk in (link_key, other):
         got = t.get((device, shape_key, lk))
         if got and op in got["ops"]:
             return got["ops"][op]
