@@ -474,6 +474,7 @@ class Bench:
         self.ctrl = None
         self.hosts = None  # ranks per host where the gosym group spans hosts
         self.hier_ops = None  # then, the ops that have a schedule across hosts
+        self.link = None  # and the link between its hosts (gosym.hier.schedule.link)
 
     # ---- setup
 
@@ -537,6 +538,7 @@ class Bench:
             from .hier import schedule
 
             self.hosts = [len(h) for h in st["hier"]["hosts"]]
+            self.link = st["hier"]["link"]
             self.hier_ops = schedule.ops_for(args.device)
         for b in args.backends:
             if b.startswith("gosym"):
@@ -775,6 +777,7 @@ class Bench:
                 "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("GOSYM_")},
                 "default_backend": self.default_backend,
                 "hosts": self.hosts,
+                "link": self.link,
                 # the ops with a schedule across hosts in this build: what a hierarchical
                 # backend (gosym-hier) measured as itself (scripts/hier_table.py)
                 "hier_ops": self.hier_ops,

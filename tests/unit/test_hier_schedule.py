@@ -164,7 +164,8 @@ def _report(hosts, results, device="cpu"):
 
 def test_entry_from_a_report():
     """entry(): the points of both backends, by size; a failed case is left out; the hosts
-    from the report, else from the caller; a report of other hosts than said is refused."""
+    from the report, else from the caller; a report of other hosts than said is refused, and
+    one that records another link than the entry's."""
     report = _report([2, 2], [
         ("g", "all_reduce", 4096, 10.04, {}), ("x", "all_reduce", 4096, 12.0, {}),
         ("g", "all_reduce", 1024, 5.0, {}), ("x", "all_reduce", 1024, 4.0, {}),
@@ -183,6 +184,10 @@ def test_entry_from_a_report():
     report["hosts"] = [2, 2]
     with pytest.raises(ValueError, match=r"hosts \[2, 2\] are not \[1, 2\]"):
         schedule.entry([("f", report)], "g", "x", [1, 2])
+    report["link"] = "network"  # what gosym.bench records of its group
+    assert schedule.entry([("f", report)], "g", "x", link_key="network")[0][2] == "network"
+    with pytest.raises(ValueError, match="over a network link, not loopback"):
+        schedule.entry([("f", report)], "g", "x")
 
 
 def test_entry_of_several_runs_takes_the_median():

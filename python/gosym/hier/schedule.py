@@ -154,7 +154,8 @@ def entry(reports, hier: str, flat: str, hosts=None,
     runs to theirs and leaves the others' points as they were); a size one of those reports
     lacks is left out. The shape comes from the
     reports' "hosts" (ranks per host: gosym.bench records them for a group across hosts),
-    else from hosts (for reports from before it did)."""
+    else from hosts (for reports from before it did); a report that records its group's
+    "link" must have been over link_key."""
     if link_key not in LINKS:
         raise ValueError(f"an entry's link is one of {LINKS}, got {link_key!r}")
     keys, runs = set(), []
@@ -165,6 +166,10 @@ def entry(reports, hier: str, flat: str, hosts=None,
         if not (named or hosts):
             raise ValueError(f"{source}: the report names no hosts (gosym.bench records them "
                              "for a group across hosts): give them with the source")
+        recorded = report.get("link")  # gosym.bench records the group's from session 50
+        if recorded and recorded != link_key:
+            raise ValueError(f"{source}: the report's group was over a {recorded} link, not "
+                             f"{link_key}")
         keys.add((report["config"]["device"], shape(named or hosts), link_key))
         scheduled = report.get("hier_ops") or _OPS_BEFORE_RECORDED
         runs.append({(r["backend"], r["op"], r["size"]): r["median_us"]

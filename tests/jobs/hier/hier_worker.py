@@ -5,7 +5,7 @@ hosts, recv from any source, the choice between the hierarchical schedule and th
 split_group across and within hosts, DDP and FSDP2 against gloo's losses, teardown; or
 (--scenario) a rank lost or late on either host.
 
-Run by test_hier.py under simhosts.py (two network namespaces) with
+Run by test_hier.py under simhosts.py (network namespaces on one switch) with
 --hosts giving the ranks per host, host-major. GOSYM_HIER_RAIL_MIN and GOSYM_HIER_CHUNK
 are set small by the test, so the sizes here take the rails, in several chunks, with
 ragged ends, as well as the leaders' path; GOSYM_HIER_CHOICE=hier, so that every op takes

@@ -1,14 +1,16 @@
-"""Two hosts simulated on one machine, for gosym's multi-host tests and benchmarks.
+"""Hosts simulated on one machine, for gosym's multi-host tests and benchmarks.
 
-Each host is a network namespace (its own loopback and one end of a veth pair, addresses
-10.231.0.1 and 10.231.0.2) entered with ``unshare --uts --mount``: its own hostname, bound
-into a private /etc/hosts that names both hosts. gosym's links (abstract Unix sockets) do
-not cross network namespaces, so a group over both is a real two-host group to gosym;
-Gloo and NCCL talk over the veth pair (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Needs root
-(ip netns, unshare); ``unavailable()`` says why not where it cannot be made.
+Each host is a network namespace (its own loopback and one end of a veth pair, address
+10.231.0.<h+1>) entered with ``unshare --uts --mount``: its own hostname, bound into a
+private /etc/hosts that names every host. The veth pairs' other ends are the ports of one
+bridge in a namespace of its own (the switch), so any number of hosts (up to MAX_HOSTS) reach
+each other as hosts on one switch do. gosym's links (abstract Unix sockets) do not cross
+network namespaces, so a group over them is a real multi-host group to gosym; Gloo and NCCL
+talk over the veths (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Needs root (ip netns,
+unshare); ``unavailable()`` says why not where it cannot be made.
 
 As a script it runs a command on every rank, or once per host (torchrun); where namespaces
-cannot be made, and for more than two hosts (--hosts 2,2,2), on IdHosts (below):
+cannot be made, on IdHosts (below):
 
     python tests/jobs/hier/simhosts.py --hosts 2,2 -- python -m gosym.bench --ops all_reduce
     python tests/jobs/hier/simhosts.py --hosts 2,2 --per-host -- python -m torch.distributed.run \\
@@ -57,9 +59,9 @@ def unavailable() -> str | None:
 
 
 class SimHosts:
-    """len(counts) == 2 hosts with counts[h] ranks each (host-major rank order)."""
+    """len(counts) hosts (2 to MAX_HOSTS) with counts[h] ranks each (host-major rank order)."""
 
-    MAX_HOSTS = 2  # one veth pair joins the namespaces
+    MAX_HOSTS = 8
 
     def __init__(self, counts, gpus=False, link_mbit=0):
         if not 2 <= len(counts) <= self.MAX_HOSTS or min(counts) < 1:
@@ -74,7 +76,9 @@ class SimHosts:
         tag = f"{os.getpid() % 100000}"
         hosts = range(len(counts))
         self.ns = [f"gosym{tag}h{h}" for h in hosts]
-        self.ifname = [f"gsv{tag}h{h}" for h in hosts]
+        self.ifname = [f"gsv{tag}h{h}" for h in hosts]  # the host's end of its veth
+        self.switch = f"gosym{tag}sw"  # the namespace of the bridge and the veths' other ends
+        self.port = [f"gsp{tag}h{h}" for h in hosts]
         self.hostname = [f"gosym-host{h}" for h in hosts]
         self.addr = [f"{SUBNET}.{h + 1}" for h in hosts]
         self._dir = None
@@ -100,26 +104,37 @@ class SimHosts:
         with open(os.path.join(self._dir, "hosts"), "w") as f:
             f.write("127.0.0.1 localhost\n")
             f.writelines(f"{a} {n}\n" for a, n in zip(self.addr, self.hostname))
-        for ns in self.ns:
+        for ns in (*self.ns, self.switch):
             subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True, timeout=30)
             self._made.append(ns)
             _ip("link", "set", "lo", "up", ns=ns)
-        _ip("link", "add", self.ifname[0], "type", "veth", "peer", "name", self.ifname[1])
-        for h in range(2):
+        _ip("link", "add", "br0", "type", "bridge", ns=self.switch)
+        _ip("link", "set", "br0", "up", ns=self.switch)
+        for h in range(len(self.counts)):
+            _ip("link", "add", self.ifname[h], "type", "veth", "peer", "name", self.port[h])
             _ip("link", "set", self.ifname[h], "netns", self.ns[h])
+            _ip("link", "set", self.port[h], "netns", self.switch)
+            _ip("link", "set", self.port[h], "master", "br0", ns=self.switch)
+            _ip("link", "set", self.port[h], "up", ns=self.switch)
             _ip("addr", "add", f"{self.addr[h]}/24", "dev", self.ifname[h], ns=self.ns[h])
             _ip("link", "set", self.ifname[h], "up", ns=self.ns[h])
             if self.link_mbit:
-                # a token bucket holding 10 ms of the rate (at least 64 KiB: above one
-                # timer tick's worth at any HZ), queueing up to 200 ms
-                burst = max(64 << 10, self.link_mbit * 1_000_000 // 8 // 100)
-                subprocess.run(["ip", "netns", "exec", self.ns[h], "tc", "qdisc", "add", "dev",
-                                self.ifname[h], "root", "tbf", "rate", f"{self.link_mbit}mbit",
-                                "burst", str(burst), "latency", "200ms"],
-                               check=True, capture_output=True, timeout=30)
+                # what the host sends leaves its own end, what it receives the switch's port:
+                # a full-duplex NIC of link_mbit each way, so two hosts sending to a third
+                # share its rate as they would a real NIC's
+                self._shape(self.ns[h], self.ifname[h])
+                self._shape(self.switch, self.port[h])
+
+    def _shape(self, ns, dev):
+        """A token bucket on dev's egress holding 10 ms of the rate (at least 64 KiB: above
+        one timer tick's worth at any HZ), queueing up to 200 ms."""
+        burst = max(64 << 10, self.link_mbit * 1_000_000 // 8 // 100)
+        subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root",
+                        "tbf", "rate", f"{self.link_mbit}mbit", "burst", str(burst),
+                        "latency", "200ms"], check=True, capture_output=True, timeout=30)
 
     def down(self):
-        """Deletes the namespaces (their veth ends go with them) and the hosts file."""
+        """Deletes the namespaces (the veths and the bridge go with them) and the hosts file."""
         for ns in self._made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
         self._made = []
@@ -135,6 +150,10 @@ class SimHosts:
     def host_env(self, host) -> dict:
         env = {"GLOO_SOCKET_IFNAME": self.ifname[host], "NCCL_SOCKET_IFNAME": self.ifname[host],
                "MASTER_ADDR": self.master, "MASTER_PORT": str(PORT)}
+        if self.link_mbit:
+            # the namespaces share this machine's kernel, whose boot id would make the link
+            # loopback to gosym (schedule.link); a shaped one stands for a network
+            env["GOSYM_HIER_LINK"] = "network"
         if self.gpus and int(os.environ.get("GOSYM_TEST_RANKS_PER_GPU", "1") or "1") <= 1:
             # (ranks that share GPUs see them all: wcommon.cuda_device picks one)
             first = sum(self.counts[:host])
@@ -161,9 +180,7 @@ class IdHosts(SimHosts):
     """SimHosts' interface without namespaces: every rank on this machine, told apart into
     hosts by GOSYM_HOST_ID and NCCL_HOSTID (gosym links a host's ranks, Gloo and NCCL the rest
     over loopback). Where namespaces cannot be made (the GPU machine has no `ip`), and for
-    more than two hosts."""
-
-    MAX_HOSTS = 8
+    tests of what a host id decides."""
 
     def __init__(self, counts, gpus=False, link_mbit=0):
         if link_mbit:
@@ -203,7 +220,8 @@ def main(argv=None):
     if not cmd:
         p.error("no command")
     counts = [int(x) for x in a.hosts.split(",")]
-    why = unavailable() if len(counts) <= SimHosts.MAX_HOSTS else "more than two hosts"
+    why = (unavailable() if len(counts) <= SimHosts.MAX_HOSTS
+           else f"more than {SimHosts.MAX_HOSTS} hosts")
     if why and a.link_mbit:
         p.error(f"--link-mbit needs namespaced hosts, and here {why}")
     if why:

@@ -87,12 +87,12 @@ def test_rail_shards_read_in_place(outdir):
 
 
 def test_ops_across_three_hosts(outdir):
-    """Three hosts of two ranks (told apart by host id: the namespaces join two hosts): every
-    op x dtype, async Work, p2p; the rails' steps and the host blocks with more than one
-    other host (the swap with each, the folds of two partials)."""
+    """Three hosts of two ranks (namespaces on one switch where they can be made, else host
+    ids): every op x dtype, async Work, p2p; the rails' steps and the host blocks with more
+    than one other host (the swap with each, the folds of two partials)."""
     res = run_hosts((2, 2, 2), "hier_worker", ["--hosts", "2,2,2", "--parts",
                                                "layout,ops,async,p2p", "--timeout", 60],
-                    outdir, timeout=600, kind=IdHosts)
+                    outdir, timeout=600, kind=ANY_HOSTS)
     res.assert_ok()
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
 
@@ -162,7 +162,7 @@ def _clients_across_hosts(device, counts, names, outdir, env=None):
                                                "--scratch", scratch, "--timeout", 60,
                                                "--scenario-timeout", 150],
                     outdir / "gosym", timeout=600, gpus=device == "cuda",
-                    kind=ANY_HOSTS if len(counts) <= 2 else IdHosts, env=env)
+                    kind=ANY_HOSTS, env=env)
     got = h.JobRun("gosym", res.results, None if res.returncode == 0 else res.tail(4000),
                    0.0)
     outcomes = [h.compare(n, device, world, ref, got) for n in names]
@@ -418,48 +418,64 @@ def test_diagnostic_scripts_across_hosts():
         assert kind in rows and "mean of 5" in rows[kind], out[-6000:]
 
 
+_RECV = """
+import selectors, socket, sys, time
+n, k = int(sys.argv[1]), int(sys.argv[2])
+s = socket.create_server(("0.0.0.0", 29611))
+conns = [s.accept()[0] for _ in range(k)]
+sel, left = selectors.DefaultSelector(), {}
+for c in conns:  # read every sender as its bytes come: none waits on a closed window
+    sel.register(c, selectors.EVENT_READ)
+    left[c] = n
+t0 = time.perf_counter()
+for c in conns:
+    c.sendall(b"g")
+while any(left.values()):
+    for key, _ in sel.select():
+        left[key.fileobj] -= len(key.fileobj.recv(1 << 20))
+print(time.perf_counter() - t0)
+"""
 _SEND = """
 import socket, sys, time
-host, n = sys.argv[1], int(sys.argv[2])
-if host == "listen":
-    s = socket.create_server(("0.0.0.0", 29611))
-    c, _ = s.accept()
-    got = 0
-    while got < n:
-        got += len(c.recv(1 << 20))
-    c.sendall(b"k")
-else:
-    for _ in range(200):
-        try:
-            c = socket.create_connection((host, 29611))
-            break
-        except OSError:
-            time.sleep(0.05)
-    t0 = time.perf_counter()
-    c.sendall(bytes(n))
-    c.recv(1)
-    print(time.perf_counter() - t0)
+for _ in range(200):
+    try:
+        c = socket.create_connection((sys.argv[1], 29611))
+        break
+    except OSError:
+        time.sleep(0.05)
+c.recv(1)
+c.sendall(bytes(int(sys.argv[2])))
 """
 
 
 @needs_netns
 def test_shaped_link():
-    """--link-mbit shapes the link between the namespaced hosts (what a NIC slower than
+    """--link-mbit shapes every host's link to the switch both ways (what a NIC slower than
     memory looks like, for the benches): 1 MiB from host 0 to host 1 takes at least what 80
-    Mbit/s allow with it, and far less without; hosts told apart by id have no link to shape."""
+    Mbit/s allow, and far less without; two hosts sending 1 MiB each to a third at once
+    share its link (twice the time), and gosym hears of a network; hosts told apart by id
+    have no link to shape."""
     n = 1 << 20
 
-    def seconds(mbit):
-        with SimHosts([1, 1], link_mbit=mbit) as hosts:
-            rx = subprocess.Popen(hosts.wrap(1, [sys.executable, "-c", _SEND, "listen", str(n)]))
-            tx = subprocess.run(hosts.wrap(0, [sys.executable, "-c", _SEND, hosts.addr[1], str(n)]),
-                                capture_output=True, text=True, timeout=60)
-            assert rx.wait(timeout=60) == 0 and tx.returncode == 0, tx.stderr
-            return float(tx.stdout)
+    def seconds(mbit, counts, senders):
+        """Host 1's time from its go to the last byte of every sender's n."""
+        with SimHosts(counts, link_mbit=mbit) as hosts:
+            # gosym is told the shaped link is a network (the namespaces share one boot id)
+            assert hosts.host_env(0).get("GOSYM_HIER_LINK") == ("network" if mbit else None)
+            rx = subprocess.Popen(hosts.wrap(1, [sys.executable, "-c", _RECV, str(n),
+                                                 str(len(senders))]),
+                                  stdout=subprocess.PIPE, text=True)
+            tx = [subprocess.Popen(hosts.wrap(h, [sys.executable, "-c", _SEND, hosts.addr[1],
+                                                  str(n)])) for h in senders]
+            out, _ = rx.communicate(timeout=60)
+            assert rx.returncode == 0 and all(p.wait(timeout=60) == 0 for p in tx), out
+            return float(out)
 
     bound = n * 8 / 80e6  # 0.105 s
-    shaped, free = seconds(80), seconds(0)
+    shaped, free = seconds(80, [1, 1], [0]), seconds(0, [1, 1], [0])
     assert shaped >= 0.8 * bound, (shaped, bound)
     assert free < 0.5 * bound, (free, bound)
+    shared = seconds(80, [1, 1, 1], [0, 2])
+    assert shared >= 0.8 * 2 * bound, (shared, bound)
     with pytest.raises(ValueError, match="no link to shape"):
         IdHosts([1, 1], link_mbit=80)
