@@ -109,8 +109,9 @@ def test_flat_across_hosts(outdir):
     assert all(r["passed"] >= 500 for r in res.results), "suspiciously few checks"
 
 
-@pytest.mark.parametrize("counts,link", [((2, 2), None), ((1, 2), None), ((2, 2), "network")],
-                         ids=["2x2", "1+2", "2x2-network"])
+@pytest.mark.parametrize("counts,link", [((2, 2), None), ((1, 2), None), ((2, 2), "network"),
+                                         ((2, 2, 2), "network")],
+                         ids=["2x2", "1+2", "2x2-network", "3x2-network"])
 def test_choice_across_hosts(counts, link, outdir):
     """GOSYM_HIER_CHOICE=table with a table (patched in the workers) that runs every op flat
     below 64 KiB and hierarchical from it: sizes of both, every dtype at the flat one, are
