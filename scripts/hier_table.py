@@ -65,25 +65,24 @@ SOURCES = [
      "gosym-hier", "gosym-flat", None, "loopback"),
     ([f"docs/results/2026-12-03-s49-hier-cpu-3x2-idhosts-16core-run{i}.json" for i in (1, 2)],
      "gosym-hier", "gosym-flat", None, "loopback"),
-    # Host tensors on this 2-core VM, two hosts in network namespaces whose veth pair is
-    # shaped each way (tests/jobs/hier/simhosts.py --link-mbit: the host's ranks share a link
-    # slower than their memory, as between real hosts), at 2 and at 10 Gbit/s, `simhosts.py
-    # --hosts 2,2 --link-mbit 2000 -- python -m gosym.bench --device cpu --backends
-    # gosym-hier,gosym-flat,gloo --ops all_reduce,all_gather_into_tensor,
+    # Host tensors on this 2-core VM, hosts in network namespaces on one switch
+    # (tests/jobs/hier/simhosts.py: a bridge in a namespace of its own), every host's link
+    # shaped each way (--link-mbit: a host's ranks share a link slower than their memory, as
+    # between real hosts, and two hosts sending to a third share its rate), at 2 and at 10
+    # Gbit/s, `simhosts.py --hosts 2,2 --link-mbit 2000 -- python -m gosym.bench --device cpu
+    # --backends gosym-hier,gosym-flat,gloo --ops all_reduce,all_gather_into_tensor,
     # reduce_scatter_tensor,broadcast,all_to_all_single --sizes 16K,256K,1M,4M,16M
-    # --target-time 0.3 --min-iters 5 --interleave 5`: 2x2 three runs at each rate, 2x4 two
-    # at 2 and one at 10 Gbit/s (session 49, main at 03ff34b and e8b184c, the same ops). Each
-    # point is the rate's where the hierarchical schedule fared worst (schedule.worst): where
-    # what crosses between hosts bounds the op it wins points the loopback entries above run
-    # flat (all_reduce at 1 MiB, 2x2), and at 10 Gbit/s, near this VM's loopback TCP, it
-    # loses some it wins at 2 (docs/BENCHMARKS.md, session 49).
-    ([[f"docs/results/2026-12-03-s49-hier-cpu-2x2-netns-{r}mbit-vm-run{i}.json" for i in (1, 2, 3)]
+    # --target-time 0.3 --min-iters 5 --interleave 5`: every shape three runs at each rate
+    # (session 50, main at 3f4140a and 27ca546, the same ops). Each point is the rate's where
+    # the hierarchical schedule fared worst (schedule.worst): where what crosses between
+    # hosts bounds the op it wins points the loopback entries above run flat (all_reduce at
+    # 1 MiB), and at 10 Gbit/s, near this VM's loopback TCP, it loses or ties some it wins
+    # at 2 (docs/BENCHMARKS.md, sessions 49 and 50). They replaced session 49's runs of two
+    # hosts joined by one veth pair (docs/results/2026-12-03-s49-hier-cpu-*-netns-*).
+    ([[f"docs/results/2026-12-03-s50-hier-cpu-2x2-netns-{r}mbit-vm-run{i}.json" for i in (1, 2, 3)]
       for r in (2000, 10000)], "gosym-hier", "gosym-flat", None, "network"),
-    ([[f"docs/results/2026-12-03-s49-hier-cpu-2x4-netns-2000mbit-vm-run{i}.json" for i in (1, 2)],
-      ["docs/results/2026-12-03-s49-hier-cpu-2x4-netns-10000mbit-vm-run1.json"]],
-     "gosym-hier", "gosym-flat", None, "network"),
-    # Three hosts of two ranks the same way, on one switch (simhosts.py's bridge, every
-    # host's link shaped each way), three runs at each rate (session 50, main at 3f4140a).
+    ([[f"docs/results/2026-12-03-s50-hier-cpu-2x4-netns-{r}mbit-vm-run{i}.json" for i in (1, 2, 3)]
+      for r in (2000, 10000)], "gosym-hier", "gosym-flat", None, "network"),
     ([[f"docs/results/2026-12-03-s50-hier-cpu-3x2-netns-{r}mbit-vm-run{i}.json" for i in (1, 2, 3)]
       for r in (2000, 10000)], "gosym-hier", "gosym-flat", None, "network"),
 ]
