@@ -235,12 +235,15 @@ for s in "${steps[@]}"; do
 				--trials 500 --json "$out/switch-cost-${h//,/x}.json" 2>&1 | grep -E " us$"
 		done ;;
 	cpuhostprofile)
-		# where an op across two hosts of 2 ranks spends its time, in place (scripts/hier_profile.py,
-		# GOSYM_PROFILE_OPS: op:sizes, space-separated), on the hierarchical schedule
-		for spec in ${GOSYM_PROFILE_OPS:-all_reduce:1M,4M broadcast:4K}; do
-			echo "== profile of ${spec%%:*} at ${spec##*:} across 2 hosts x 2 ranks (hierarchical)"
-			GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts 2,2 -- python3 scripts/hier_profile.py \
-				--op "${spec%%:*}" --sizes "${spec##*:}" --out "$out/profile" 2>&1 | grep -v socket.cpp | head -45
+		# where an op across hosts spends its time, in place (scripts/hier_profile.py,
+		# GOSYM_PROFILE_OPS: op:sizes, space-separated), on the hierarchical schedule, on hosts of
+		# GOSYM_PROFILE_HOSTS (ranks per host, space-separated shapes; default 2,2)
+		for h in ${GOSYM_PROFILE_HOSTS:-2,2}; do
+			for spec in ${GOSYM_PROFILE_OPS:-all_reduce:1M,4M broadcast:4K}; do
+				echo "== profile of ${spec%%:*} at ${spec##*:} across hosts of $h ranks (hierarchical)"
+				GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 scripts/hier_profile.py \
+					--op "${spec%%:*}" --sizes "${spec##*:}" --timeline 2 --out "$out/profile-${h//,/x}" 2>&1 | grep -v socket.cpp | head -70
+			done
 		done ;;
 	step)
 		# an FSDP2 step of a 1.07 B-parameter model (bf16), gosym against NCCL in one job
