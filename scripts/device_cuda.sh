@@ -12,7 +12,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [flatcost] [switchcost] [cpuhostprofile] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [pdl] [graphab] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [flatcost] [switchcost] [cpuhostprofile] [lost-probe] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [pdl] [graphab] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -233,6 +233,27 @@ for s in "${steps[@]}"; do
 			echo "== a Gloo broadcast of 1 KiB after other groups' ops, hosts of $h ranks"
 			GOSYM_HIER_CHOICE=hier timeout 200 python3 tests/jobs/hier/simhosts.py --hosts "$h" -- python3 scripts/switch_cost.py \
 				--trials 500 --json "$out/switch-cost-${h//,/x}.json" 2>&1 | grep -E " us$"
+		done ;;
+	lost-probe)
+		# a rank lost on CUDA across hosts (hier_worker's scenario die), one job per shape of
+		# GOSYM_LOST_HOSTS (default "2,2 1,1"), the victim the second host's first rank, the
+		# rails' chunks of GOSYM_LOST_CHUNK bytes (default 4096, test_hier's; "" the default
+		# chunk): what each survivor raised and when, and whether an inner group's abort hung
+		# (session 50, 4 ranks on one H200, GOSYM_TEST_RANKS_PER_GPU=4 as on any one GPU: at 2,2
+		# the first host's rank of the victim's peer's rail waited past the group's timeout,
+		# its rail's NCCL abort hung; 1,1 passed)
+		for h in ${GOSYM_LOST_HOSTS:-2,2 1,1}; do
+			victim=${h%%,*}
+			log=$out/lost-${h//,/x}.log
+			mkdir -p "$out/lost-${h//,/x}"
+			chunk=() && [[ -n ${GOSYM_LOST_CHUNK-4096} ]] && chunk=("GOSYM_HIER_CHUNK=${GOSYM_LOST_CHUNK-4096}")
+			echo "== hosts $h, victim $victim, die in a loop of all_reduces (${chunk[*]:-the default chunk})"
+			env "${chunk[@]}" GOSYM_HIER_RAIL_MIN=4096 GOSYM_HIER_CHOICE=hier GOSYM_HIER_REPORT_S=8 GOSYM_TEST_OUT="$out/lost-${h//,/x}" \
+				PYTHONPATH=python:tests/jobs/common:tests/jobs/hier:tests/jobs/collectives \
+				timeout 100 python3 tests/jobs/hier/simhosts.py --hosts "$h" --gpus --timeout 85 -- python3 tests/jobs/hier/hier_worker.py \
+				--backend gosym --hosts "$h" --device cuda --scenario die --victim "$victim" --timeout 60 >"$log" 2>&1
+			echo "exit $?"
+			grep -E "hier die:|named within|names the lost rank|scenario step 3|NCCL work across|abort timed out" "$log" | cut -c1-260 | head -14
 		done ;;
 	cpuhostprofile)
 		# where an op across hosts spends its time, in place (scripts/hier_profile.py,
