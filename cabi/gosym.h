@@ -172,6 +172,11 @@ int32_t gosym_endpoint_stats(uint64_t endpoint, char *buf, uint64_t cap,
  * (GOSYM_ERR_TIMEOUT: a peer did not arrive; the message names it). Reads
  * host memory only: call it after waiting on the GPU. */
 int32_t gosym_endpoint_device_error(uint64_t endpoint);
+/* Ends this rank's CUDA work on the group at once, as NCCL's abort does: the
+ * group breaks with an error that quotes why (every later op fails with it,
+ * GOSYM_ERR_PEER), and this rank's kernels, running and enqueued, give up,
+ * their outputs undefined. Destroy the endpoint after it. */
+int32_t gosym_endpoint_abort_cuda(uint64_t endpoint, const char *why);
 
 /* Work: one posted operation. */
 int32_t gosym_op_post(uint64_t endpoint, const gosym_op_desc *desc,

@@ -192,6 +192,16 @@ func gosym_endpoint_device_error(h C.uint64_t) (rc C.int32_t) {
 	return ret(ep.DeviceError())
 }
 
+//export gosym_endpoint_abort_cuda
+func gosym_endpoint_abort_cuda(h C.uint64_t, why *C.gosym_cchar) (rc C.int32_t) {
+	defer guard(&rc)
+	ep, err := getEndpoint(uint64(h))
+	if err != nil {
+		return ret(err)
+	}
+	return ret(ep.AbortCUDA(C.GoString((*C.char)(why))))
+}
+
 //export gosym_stats
 func gosym_stats(buf *C.char, capacity C.uint64_t, length *C.uint64_t) (rc C.int32_t) {
 	defer guard(&rc)

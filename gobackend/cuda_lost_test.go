@@ -33,19 +33,8 @@ func TestCUDARankLostMidOp(t *testing.T) {
 	}
 	const world, dead = 3, 2
 	ranks, eps, coll := lostGroup(t, world)
-	allReduce := func(r int) *Op {
-		buf := make([]float32, 1024) // an LL all_reduce: each rank's kernel waits for every peer's lines
-		return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: len(buf), In: addr(buf), Out: addr(buf)}
-	}
-	p2p := func(r int, k ops.Kind, peer, n int) error {
-		buf := make([]float32, n)
-		op := &Op{Kind: k, DType: dtype.Float32, Peer: peer, Count: n, In: addr(buf)}
-		if k == ops.Recv {
-			op.In, op.Out = 0, op.In
-		}
-		_, err := eps[r].PostCUDA(op, r, uintptr(ranks[r].stream(t, peer, k == ops.Recv)), false)
-		return err
-	}
+	allReduce := lostAllReduce
+	p2p := func(r int, k ops.Kind, peer, n int) error { return lostP2P(t, ranks, eps, r, k, peer, n) }
 	// The warm-up: the team, and the channels 0-2 and 1-2.
 	require.Equal(t, make([]error, world), postCUDAAll(eps, func(r int) int { return r }, coll, allReduce))
 	require.NoError(t, p2p(2, ops.Send, 0, 8))
@@ -106,6 +95,70 @@ func TestCUDARankLostMidOp(t *testing.T) {
 	for r := range survivors { // the dead rank writes nothing into the survivors' channels
 		eps[dead].mesh.MarkExited(r)
 	}
+}
+
+// lostAllReduce is an LL all_reduce of rank r: each rank's kernel waits for
+// every peer's lines.
+func lostAllReduce(r int) *Op {
+	buf := make([]float32, 1024)
+	return &Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: len(buf), In: addr(buf), Out: addr(buf)}
+}
+
+// lostP2P posts rank r's CUDA send or recv (k) of n floats with peer on the
+// stream the pair's direction has.
+func lostP2P(t *testing.T, ranks []*p2pRank, eps []*Endpoint, r int, k ops.Kind, peer, n int) error {
+	buf := make([]float32, n)
+	op := &Op{Kind: k, DType: dtype.Float32, Peer: peer, Count: n, In: addr(buf)}
+	if k == ops.Recv {
+		op.In, op.Out = 0, op.In
+	}
+	_, err := eps[r].PostCUDA(op, r, uintptr(ranks[r].stream(t, peer, k == ops.Recv)), false)
+	return err
+}
+
+// TestCUDAAbortEndsKernels: rank 0 of 2 has a CUDA all_reduce spinning for
+// rank 1's lines and a recv from it pending, rank 1 alive but elsewhere
+// (what a group across hosts sees when a rank of another host failed and
+// its host peer left the op). AbortCUDA ends them at once: the streams
+// drain, the device error gives the reason, every later op fails with it
+// and destroy returns, all well within the group's minute; rank 1, which
+// was not aborted, still tears down.
+func TestCUDAAbortEndsKernels(t *testing.T) {
+	if inP2PFakeCUDA(t) {
+		return
+	}
+	ranks, eps, coll := lostGroup(t, 2)
+	require.Equal(t, []error{nil, nil}, postCUDAAll(eps, func(r int) int { return r }, coll, lostAllReduce))
+	require.NoError(t, lostP2P(t, ranks, eps, 1, ops.Send, 0, 8))
+	require.NoError(t, lostP2P(t, ranks, eps, 0, ops.Recv, 1, 8))
+	for _, rk := range ranks {
+		rk.sync(t)
+	}
+
+	require.Equal(t, []error{nil}, postCUDAAll(eps[:1], func(r int) int { return r }, coll, lostAllReduce))
+	require.NoError(t, lostP2P(t, ranks, eps, 0, ops.Recv, 1, 8))
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	require.NoError(t, eps[0].AbortCUDA("a failure elsewhere"))
+	drain(t, simRanksOf(ranks[:1]), lostWithin)
+	err := eps[0].DeviceError()
+	require.Equal(t, status.Peer, status.CodeOf(err), "%v", err)
+	require.ErrorContains(t, err, "rank 0 aborted its CUDA work on the group: a failure elsewhere")
+	require.EqualValues(t, cuda.ErrPeerLost, eps[0].StatsMap()["gpu_device_error"], "the kernel gave up on the abort")
+
+	_, err = eps[0].PostCUDA(lostAllReduce(0), 0, coll(0), false)
+	require.ErrorContains(t, err, "a failure elsewhere")
+	require.ErrorContains(t, lostP2P(t, ranks, eps, 0, ops.Send, 1, 8), "a failure elsewhere")
+	host := []float32{1}
+	require.ErrorContains(t, eps[0].Run(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: addr(host), Out: addr(host)}),
+		"a failure elsewhere")
+	var wg sync.WaitGroup
+	for _, ep := range eps {
+		wg.Add(1)
+		go func() { defer wg.Done(); require.NoError(t, ep.Destroy()) }()
+	}
+	wg.Wait()
+	require.Less(t, time.Since(start), lostWithin, "aborted, drained, failed and destroyed")
 }
 
 // A peer that exits after destroying the group is no failure: the

@@ -86,7 +86,7 @@ func (e *Endpoint) watchCUDA() {
 // drainAfterAbort once the kernels were aborted, else the group's timeout
 // (every kernel wait has that deadline).
 func (e *Endpoint) lastCheck() time.Duration {
-	if e.dog.halt != nil && (e.dog.fired.Load() || e.checkPeers()) {
+	if e.dog.fired.Load() || (e.dog.halt != nil && e.checkPeers()) {
 		return drainAfterAbort
 	}
 	return e.Timeout
@@ -108,13 +108,33 @@ func (e *Endpoint) checkPeers() bool {
 		return len(lost) > 0
 	}
 	err := e.lostError(lost)
-	e.breakWith(err)
-	detail := uint32(lost[0])
-	if aerr := errors.Join(e.gpu.Abort(err, detail), e.p2p.Abort(err, detail)); aerr != nil {
+	if aerr := e.abortKernels(err, uint32(lost[0])); aerr != nil {
 		dlog.Warnf("rank %d of group %q could not abort its CUDA kernels (they may wait until the group's timeout): %v", e.Rank, e.Name, aerr)
 	}
 	dlog.Printf("%v", err)
 	return true
+}
+
+// abortKernels breaks the group with err and leaves an abort (detail) for
+// this rank's kernels, collectives and sends/receives, running and enqueued
+// later: they give up at their next wait, their outputs undefined.
+func (e *Endpoint) abortKernels(err error, detail uint32) error {
+	e.breakWith(err)
+	return errors.Join(e.gpu.Abort(err, detail), e.p2p.Abort(err, detail))
+}
+
+// AbortCUDA ends this rank's CUDA work on the group at once, as NCCL's
+// abort ends a communicator's: the group breaks with an error that gives
+// why, every later op fails with it, this rank's kernels give up (their
+// outputs undefined) and teardown waits for them no longer than an
+// aborted kernel takes. A group across hosts calls it with the news of a
+// failure elsewhere: a kernel of its host's group left waiting for a host
+// peer that has left the op would keep the device busy, and the abort of
+// its NCCL groups waits for the device (docs/BENCHMARKS.md, session 50).
+func (e *Endpoint) AbortCUDA(why string) error {
+	e.dog.fired.Store(true) // the group's failure is this one: no lost peer named after it
+	return e.abortKernels(status.Errorf(status.Peer, "gosym: group %q: rank %d aborted its CUDA work on the group: %s",
+		e.Name, e.Rank, why), uint32(e.Rank))
 }
 
 // lostError is the group's error for the lost ranks: who they were, and

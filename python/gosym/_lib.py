@@ -164,6 +164,7 @@ _SIGNATURES = {
     "gosym_endpoint_destroy": (c_int32, [c_uint64]),
     "gosym_endpoint_stats": (c_int32, [c_uint64, c_void_p, c_uint64, _u64p]),
     "gosym_endpoint_device_error": (c_int32, [c_uint64]),
+    "gosym_endpoint_abort_cuda": (c_int32, [c_uint64, c_char_p]),
     # desc is passed as packed bytes, out_work as the address of a uint64.
     "gosym_op_post": (c_int32, [c_uint64, c_char_p, c_void_p]),
     "gosym_work_wait": (c_int32, [c_uint64, c_int64]),
@@ -238,6 +239,7 @@ endpoint_connect = lib.gosym_endpoint_connect
 endpoint_destroy = lib.gosym_endpoint_destroy
 endpoint_stats = lib.gosym_endpoint_stats
 endpoint_device_error = lib.gosym_endpoint_device_error
+endpoint_abort_cuda = lib.gosym_endpoint_abort_cuda
 op_post = lib.gosym_op_post
 work_wait = lib.gosym_work_wait
 work_test = lib.gosym_work_test

@@ -188,6 +188,15 @@ class ProcessGroupGosym(dist.ProcessGroup):
     def abort(self):
         self.shutdown()
 
+    def abort_cuda(self, why: str) -> None:
+        """Ends this rank's CUDA work on the group at once, as NCCL's abort ends a
+        communicator's (gosym_endpoint_abort_cuda): the group breaks with an error quoting
+        why, and its kernels, running and enqueued, give up. A group across hosts calls it
+        with its NCCL groups' abort, which waits for the device a kernel of this group
+        could keep busy (gosym.hier.lifetime._abort_all). Nothing once shut down."""
+        if self._h:
+            _lib.check(_lib.endpoint_abort_cuda(self._h, why.encode()), "abort_cuda")
+
     def _endpoint(self) -> int:
         if not self._h:
             raise RuntimeError("gosym: the process group has been shut down")

@@ -167,3 +167,23 @@ def test_hier_choice_matches_the_schedule():
     with pytest.raises(RuntimeError, match="steps of 5 ops"):
         m.Hier(object(), 0, 4, ctypes.addressof(shared), 0, 0, [], [], 30.0,
                ctypes.addressof(cells), [torch.float32], steps[:len(schedule.FLAT_OPS)], 1 << 30)
+
+
+def test_abort_cuda_breaks_the_group_with_its_reason():
+    """ProcessGroupGosym.abort_cuda (what a group across hosts calls beside its NCCL groups'
+    aborts): every later op, on the C++ short path too, fails with the reason; shutdown
+    after it is clean."""
+    out = run("""
+t = torch.ones(4)
+dist.all_reduce(t)
+gosym.group().abort_cuda("a failure elsewhere")
+try:
+    dist.all_reduce(t)
+    out["after"] = None
+except Exception as e:
+    out["after"] = f"{type(e).__name__}: {e}"
+dist.destroy_process_group()
+out["destroyed"] = True
+""")
+    assert "aborted its CUDA work on the group: a failure elsewhere" in (out["after"] or ""), out
+    assert out["destroyed"], out

@@ -49,11 +49,19 @@ class _Runner:
 
 
 class _Local:
-    def __init__(self):
-        self.aborted = False
+    """The host group: its shutdown-abort, and its CUDA work's abort (with `meet`, as
+    _Inner's)."""
+
+    def __init__(self, meet=None):
+        self.aborted, self.cuda_aborted, self.meet = False, [], meet
 
     def abort(self):
         self.aborted = True
+
+    def abort_cuda(self, why):
+        if self.meet is not None:
+            self.meet.wait(timeout=5)
+        self.cuda_aborted.append(why)
 
 
 def _group(rank=0, size=3, meet=None):
@@ -63,7 +71,7 @@ def _group(rank=0, size=3, meet=None):
     g._rank, g._size, g._name, g._report_s = rank, size, "g", 5
     g._hosts, g._host, g._global_ranks = [[r] for r in range(size)], rank, list(range(size))
     g._broken, g._news, g._dead, g._flat_host = None, None, set(), {}
-    g._store, g._watch, g._runner, g._local = DictStore(), _Watch(), _Runner(), _Local()
+    g._store, g._watch, g._runner, g._local = DictStore(), _Watch(), _Runner(), _Local(meet)
     g._inner = {("flat", "cuda"): _Inner(meet), ("down", "cuda"): _Inner(meet),
                 ("flat", "cpu"): _Inner(), ("rail", "cpu"): _Inner()}
     return g
@@ -88,15 +96,32 @@ def test_a_failure_told_elsewhere_is_passed_on_with_its_origin():
     assert not g._store.keys
 
 
-def test_the_nccl_groups_are_aborted_together():
+@pytest.mark.parametrize("how", ["news", "failure"])
+def test_the_nccl_groups_and_the_host_groups_cuda_work_are_aborted_together(how):
     """One NCCL communicator's abort waits for the device while another's kernel still spins
-    there (session 34: 60 s): each abort here waits until the other one started too, which
-    one at a time never happens."""
-    meet = threading.Barrier(2)
+    there (session 34: 60 s), a kernel of the host group's too (session 50: the survivor
+    whose rail peer had failed, 2 x 2 ranks on one H200): each abort here waits until the
+    other two started too, which one at a time never happens; on the watch's news and on
+    this rank's own failure alike."""
+    meet = threading.Barrier(3)
     g = _group(meet=meet)
-    g._watched(2, None, 2, RuntimeError("closed"))
+    nccl = [pg for (_, dev), pg in g._inner.items() if dev == "cuda"]
+    if how == "news":
+        g._watched(2, None, 2, RuntimeError("closed"))
+    else:
+        g._failed("all_reduce", 3, RuntimeError("boom"))
     assert not meet.broken, "the aborts ran one after the other"
-    assert [g._inner[k].aborted for k in (("flat", "cuda"), ("down", "cuda"))] == [1, 1]
+    assert g._local.cuda_aborted == ["the group across hosts 'g' failed"]
+    assert [pg.aborted for pg in nccl] == [1, 1]
+
+
+def test_a_host_only_group_keeps_its_host_groups_work():
+    """Without NCCL groups (host tensors only) nothing waits for a device: the host group's
+    work is left to its own failure."""
+    g = _group()
+    g._inner = {k: pg for k, pg in g._inner.items() if k[1] == "cpu"}
+    g._watched(2, None, 2, RuntimeError("closed"))
+    assert g._local.cuda_aborted == []
 
 
 def test_the_next_op_raises_naming_the_dead_rank_without_waiting_for_its_report():

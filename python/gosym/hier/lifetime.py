@@ -229,8 +229,9 @@ class HierBase(ProcessGroupGosym):
     def _close_inner(self, abort):
         inner, self._inner = self._inner, {}
         if abort:
-            _abort_all(inner.values())
-            _park(pg for (_, dev), pg in inner.items() if dev == "cuda")
+            nccl = [pg for (_, dev), pg in inner.items() if dev == "cuda"]
+            _abort_all([pg.abort for pg in inner.values()] + self._local_cuda_abort(nccl))
+            _park(nccl)
             return
         for pg in inner.values():
             try:
@@ -309,7 +310,7 @@ class HierBase(ProcessGroupGosym):
             self._watch.tell_failed(origin)
         self._fail_flat_host()
         nccl = [pg for (_, dev), pg in list(self._inner.items()) if dev == "cuda"]
-        _abort_all(nccl)
+        _abort_all([pg.abort for pg in nccl] + self._local_cuda_abort(nccl))
         _park(nccl)
         if nccl:  # said now, as NCCL's watchdog does: the caller may be blocked on the GPU
             print(f"gosym: group {self._name!r}, rank {self._rank}: {self._news}; its NCCL "
@@ -385,6 +386,17 @@ class HierBase(ProcessGroupGosym):
         raise ArgumentsDiffer(f"gosym: {what} (seq {seq}): the ranks posted different arguments "
                               f"(TORCH_DISTRIBUTED_DEBUG=DETAIL): rank {self._rank} {mine}, "
                               f"rank {other} {theirs}")
+
+    def _local_cuda_abort(self, nccl):
+        """Where this rank has NCCL groups across hosts, the abort of its host group's CUDA
+        work, to run beside theirs: NCCL's abort waits for the device, which a kernel of
+        the host group left waiting for a host peer that has left the op keeps busy until
+        the group's timeout (session 50, 2 x 2 ranks on one H200: the survivor whose rail
+        peer had failed hung past it)."""
+        if not nccl:
+            return []
+        why = f"the group across hosts {self._name!r} failed"
+        return [lambda: self._local.abort_cuda(why)]
 
     def _failed(self, what, seq, e, keep=None):
         """The error of op what (seq) that failed with e: the inner groups are aborted (a
@@ -484,19 +496,20 @@ def _park(groups):
     _PARKED.extend(groups)
 
 
-def _abort_all(groups, limit_s=30):
-    """Aborts inner groups all at once, each on a thread of its own, waiting at most limit_s
-    in all. One at a time deadlocks: a NCCL communicator's abort waits for the device while
-    another's kernel still spins there, never to end until that one is aborted too (session
-    34: the flat group's abort hung 60 s behind the "down" group's receive)."""
-    def abort(pg):
+def _abort_all(aborts, limit_s=30):
+    """Runs the inner groups' aborts (callables) all at once, each on a thread of its own,
+    waiting at most limit_s in all. One at a time deadlocks: a NCCL communicator's abort
+    waits for the device while another's kernel still spins there, never to end until that
+    one is aborted too (session 34: the flat group's abort hung 60 s behind the "down"
+    group's receive)."""
+    def run(abort):
         try:
-            pg.abort()
+            abort()
         except Exception:  # noqa: BLE001 - best effort: the group goes either way
             pass
 
-    threads = [threading.Thread(target=abort, args=(pg,), daemon=True, name="gosym-abort")
-               for pg in groups]
+    threads = [threading.Thread(target=run, args=(a,), daemon=True, name="gosym-abort")
+               for a in aborts]
     for t in threads:
         t.start()
     deadline = time.monotonic() + limit_s
