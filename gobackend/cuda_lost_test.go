@@ -85,16 +85,22 @@ func TestCUDARankLostMidOp(t *testing.T) {
 	require.Less(t, time.Since(start), lostWithin, "the later ops failed at once")
 
 	// Teardown neither waits for the lost rank nor for the kernels.
-	var wg sync.WaitGroup
-	for _, ep := range survivors {
-		wg.Add(1)
-		go func() { defer wg.Done(); require.NoError(t, ep.Destroy()) }()
-	}
-	wg.Wait()
+	destroyAtOnce(t, survivors)
 	require.Less(t, time.Since(start), lostWithin, "destroy returned")
 	for r := range survivors { // the dead rank writes nothing into the survivors' channels
 		eps[dead].mesh.MarkExited(r)
 	}
+}
+
+// destroyAtOnce destroys the endpoints at once, each on a goroutine of its
+// own, and requires that each returned no error.
+func destroyAtOnce(t *testing.T, eps []*Endpoint) {
+	var wg sync.WaitGroup
+	for _, ep := range eps {
+		wg.Add(1)
+		go func() { defer wg.Done(); require.NoError(t, ep.Destroy()) }()
+	}
+	wg.Wait()
 }
 
 // lostAllReduce is an LL all_reduce of rank r: each rank's kernel waits for
@@ -152,12 +158,7 @@ func TestCUDAAbortEndsKernels(t *testing.T) {
 	host := []float32{1}
 	require.ErrorContains(t, eps[0].Run(&Op{Kind: ops.AllReduce, DType: dtype.Float32, Count: 1, In: addr(host), Out: addr(host)}),
 		"a failure elsewhere")
-	var wg sync.WaitGroup
-	for _, ep := range eps {
-		wg.Add(1)
-		go func() { defer wg.Done(); require.NoError(t, ep.Destroy()) }()
-	}
-	wg.Wait()
+	destroyAtOnce(t, eps)
 	require.Less(t, time.Since(start), lostWithin, "aborted, drained, failed and destroyed")
 }
 
