@@ -158,6 +158,12 @@ var (
 		"The shapes of scripts/device_cuda.sh flatcost's runs against a plain Gloo group (scripts/hier_flat_cost.py --gloo) and of its switchcost's (scripts/switch_cost.py): ranks per host comma-joined, space-separated.")
 	_ = textRow("GOSYM_PROFILE_OPS", "all_reduce:1M,4M broadcast:4K", Build,
 		"What scripts/device_cuda.sh cpuhostprofile profiles (scripts/hier_profile.py): op:sizes, space-separated.")
+	_ = textRow("GOSYM_PROFILE_HOSTS", "2,2", Build,
+		"The shapes scripts/device_cuda.sh cpuhostprofile profiles on: ranks per host comma-joined, space-separated.")
+	_ = textRow("GOSYM_LOST_HOSTS", "2,2 1,1", Build,
+		"The shapes of scripts/device_cuda.sh lost-probe (a rank lost on CUDA across hosts, the second host's first rank): ranks per host comma-joined, space-separated.")
+	_ = textRow("GOSYM_LOST_CHUNK", "4096", Build,
+		"The rails' chunk in bytes (GOSYM_HIER_CHUNK) of scripts/device_cuda.sh lost-probe's runs, test_hier's by default; empty: the setting's default.")
 	_ = textRow("GOSYM_HIER_STEPS", "1", Build,
 		"0: scripts/device_cuda.sh cpuhostbench skips scripts/hier_steps.py (what each step of an op across hosts costs).")
 	_ = textRow("GOSYM_A2AV_MODES", "host pull push push64", Build,
