@@ -229,9 +229,7 @@ class HierBase(ProcessGroupGosym):
     def _close_inner(self, abort):
         inner, self._inner = self._inner, {}
         if abort:
-            nccl = [pg for (_, dev), pg in inner.items() if dev == "cuda"]
-            _abort_all([pg.abort for pg in inner.values()] + self._local_cuda_abort(nccl))
-            _park(nccl)
+            self._abort_inner(inner)
             return
         for pg in inner.values():
             try:
@@ -309,9 +307,7 @@ class HierBase(ProcessGroupGosym):
             self._news = GroupFailed(f"the group failed on rank {origin} (told by rank {pred})")
             self._watch.tell_failed(origin)
         self._fail_flat_host()
-        nccl = [pg for (_, dev), pg in list(self._inner.items()) if dev == "cuda"]
-        _abort_all([pg.abort for pg in nccl] + self._local_cuda_abort(nccl))
-        _park(nccl)
+        nccl = self._abort_inner({k: pg for k, pg in list(self._inner.items()) if k[1] == "cuda"})
         if nccl:  # said now, as NCCL's watchdog does: the caller may be blocked on the GPU
             print(f"gosym: group {self._name!r}, rank {self._rank}: {self._news}; its NCCL "
                   f"work across hosts is aborted, its next op or wait raises", file=sys.stderr,
@@ -387,16 +383,21 @@ class HierBase(ProcessGroupGosym):
                               f"(TORCH_DISTRIBUTED_DEBUG=DETAIL): rank {self._rank} {mine}, "
                               f"rank {other} {theirs}")
 
-    def _local_cuda_abort(self, nccl):
-        """Where this rank has NCCL groups across hosts, the abort of its host group's CUDA
-        work, to run beside theirs: NCCL's abort waits for the device, which a kernel of
-        the host group left waiting for a host peer that has left the op keeps busy until
-        the group's timeout (session 50, 2 x 2 ranks on one H200: the survivor whose rail
-        peer had failed hung past it)."""
-        if not nccl:
-            return []
-        why = f"the group across hosts {self._name!r} failed"
-        return [lambda: self._local.abort_cuda(why)]
+    def _abort_inner(self, inner):
+        """Aborts the inner groups of inner ((name, device) -> group) all at once (_abort_all)
+        and parks the NCCL ones, which it returns. Where there are NCCL groups, the host
+        group's CUDA work is aborted beside them: NCCL's abort waits for the device, which a
+        kernel of the host group left waiting for a host peer that has left the op keeps
+        busy until the group's timeout (session 50, 2 x 2 ranks on one H200: the survivor
+        whose rail peer had failed hung past it)."""
+        nccl = [pg for (_, dev), pg in inner.items() if dev == "cuda"]
+        aborts = [pg.abort for pg in inner.values()]
+        if nccl:
+            why = f"the group across hosts {self._name!r} failed"
+            aborts.append(lambda: self._local.abort_cuda(why))
+        _abort_all(aborts)
+        _park(nccl)
+        return nccl
 
     def _failed(self, what, seq, e, keep=None):
         """The error of op what (seq) that failed with e: the inner groups are aborted (a
