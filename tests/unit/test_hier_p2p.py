@@ -132,3 +132,44 @@ def test_pairs_of_one_host_take_its_gosym_group():
     for g in groups:  # the local group logs by local index: leave those out of the pairing
         g.log = [e for e in g.log if e[0] != "local"]
     _check_matched(groups)
+
+
+class _Failing(_Inner):
+    """A host group whose op raises at post ("post") or at its Work's wait ("wait")."""
+
+    def __init__(self, log, when):
+        super().__init__("local", log)
+        self.when = when
+
+    def send(self, tensors, peer, tag):
+        super().send(tensors, peer, tag)
+        if self.when == "post":
+            raise RuntimeError("host group aborted")
+        work = _Work()
+        work.wait = lambda timeout=None: (_ for _ in ()).throw(RuntimeError("host group aborted"))
+        return work
+
+
+@pytest.mark.parametrize("when", ["post", "wait"])
+def test_a_host_pairs_failure_is_the_groups(when):
+    """A send to a rank of this host whose host group fails (its CUDA work aborted by the
+    watch's news, session 51: 2 x 2 ranks, die-p2p) raises the group's error (_failed: the
+    op, the peer and the lost ranks), not the host group's own words."""
+    g = _rank(0, 4, per_host=2)
+    g._local = _Failing(g.log, when)
+    g._failed = lambda what, seq, e, keep=None: RuntimeError(f"group: {what}: {e}")
+    t = torch.empty(4, device="meta")
+    with pytest.raises(RuntimeError, match=r"^group: send to rank 1: host group aborted$"):
+        g.send([t], 1, 0).wait()
+    assert g.log == [("local", "send", 1)]
+
+
+def test_news_stops_a_host_pairs_op_before_the_host_group():
+    """With the watch's news kept (a rank lost elsewhere), a send to a rank of this host
+    raises the group's failure naming it, without posting to the host group."""
+    g = _rank(0, 4, per_host=2)
+    g._news = RuntimeError("rank 2 closed its connections")
+    g._failed = lambda what, seq, e, keep=None: RuntimeError(f"group: {what}: {e}")
+    with pytest.raises(RuntimeError, match=r"^group: send: rank 2 closed"):
+        g.send([torch.empty(4, device="meta")], 1, 0)
+    assert g.log == []

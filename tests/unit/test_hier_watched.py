@@ -111,7 +111,9 @@ def test_the_nccl_groups_and_the_host_groups_cuda_work_are_aborted_together(how)
     else:
         g._failed("all_reduce", 3, RuntimeError("boom"))
     assert not meet.broken, "the aborts ran one after the other"
-    assert g._local.cuda_aborted == ["the group across hosts 'g' failed"]
+    # the reason names what the watch heard, where it heard it
+    why = "the group across hosts 'g' failed"
+    assert g._local.cuda_aborted == ([f"{why}: {g._news}"] if how == "news" else [why])
     assert [pg.aborted for pg in nccl] == [1, 1]
 
 

@@ -367,14 +367,21 @@ class HierGroup(HierAlgorithms):
     def _p2p(self, what, tensors, peer, tag, recv):
         """send/recv: straight through an inter-host group (Gloo, NCCL: _p2p_group), or
         through the local gosym group to a rank of this host (_local_pair). Each pair and
-        direction uses one of them, so its messages keep their order."""
+        direction uses one of them, so its messages keep their order. Either way a failure
+        is the group's (_p2p_failed), naming the lost ranks: a rank whose host peer waits
+        on another host's lost rank has its host group's CUDA work aborted by the watch's
+        news (_abort_inner), which the local op would otherwise report as its own cause."""
         peer = self._peer(peer, what)
         t = _one(tensors, what)
         hp, lp = self._where[peer]
-        if hp == self._host and self._local_pair(t, peer):
-            return (self._local.recv if recv else self._local.send)(tensors, lp, tag)
         self._usable(what)
         named = self._p2p_failed(f"{what} {'from' if recv else 'to'} rank {peer}")
+        if hp == self._host and self._local_pair(t, peer):
+            try:
+                w = (self._local.recv if recv else self._local.send)(tensors, lp, tag)
+            except Exception as e:
+                raise named(e) from e
+            return JoinedWork([w], tensors, named)
         try:
             pg = self._p2p_group(peer, recv, t)
             if not recv:

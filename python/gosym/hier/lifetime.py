@@ -393,7 +393,8 @@ class HierBase(ProcessGroupGosym):
         nccl = [pg for (_, dev), pg in inner.items() if dev == "cuda"]
         aborts = [pg.abort for pg in inner.values()]
         if nccl:
-            why = f"the group across hosts {self._name!r} failed"
+            why = f"the group across hosts {self._name!r} failed" + (
+                "" if self._news is None else f": {self._news}")
             aborts.append(lambda: self._local.abort_cuda(why))
         _abort_all(aborts)
         _park(nccl)
