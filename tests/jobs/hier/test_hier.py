@@ -303,9 +303,10 @@ def test_cuda_flat_across_hosts(outdir):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scenario,timeout", [("die", 60), ("die-p2p", 60), ("late", 10)],
-                         ids=["die", "die-p2p", "late"])
-def test_cuda_rank_lost(scenario, timeout, outdir):
+@pytest.mark.parametrize("scenario,timeout,host", [("die", 60, 1), ("die-p2p", 60, 1),
+                                                   ("late", 10, 1), ("die", 60, 0)],
+                         ids=["die", "die-p2p", "late", "die-host0"])
+def test_cuda_rank_lost(scenario, timeout, host, outdir):
     """A rank of the second host killed in a loop of CUDA all_reduces (die) or of CUDA sends
     and receives around the ring (die-p2p), the group's timeout 60 s: every other rank
     raises a gosym error naming the op and the lost rank within 10 s. NCCL's transports did
@@ -313,9 +314,12 @@ def test_cuda_rank_lost(scenario, timeout, outdir):
     s); the ranks' watch (gosym.hier.watch) aborts the NCCL groups at once. A rank late past
     the timeout (late: it sleeps 30 s at a 10 s timeout, then exits): the survivors raise,
     naming it, once it exits (session 35: they hung for good in the aborted NCCL groups'
-    destructor, lifetime._PARKED)."""
+    destructor, lifetime._PARKED). The victim is the second host's first rank, or (host0)
+    the first host's last, where that is not rank 0, whose store names the lost ranks."""
     per = gpus_per_host()
-    victim = per
+    victim = per if host else per - 1
+    if victim == 0:
+        pytest.skip("the first host's only rank holds the store")
     res = run_hosts((per, per), "hier_worker", ["--hosts", f"{per},{per}", "--device", "cuda",
                                                 "--scenario", scenario, "--victim", victim,
                                                 "--timeout", timeout], outdir, timeout=240,
