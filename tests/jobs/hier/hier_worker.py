@@ -853,9 +853,10 @@ def args_differ(args, ck, rank, world, counts):
     """TORCH_DISTRIBUTED_DEBUG=DETAIL: the second host's ranks all_reduce one element more than
     the first host's. Every rank raises a ValueError naming a rank whose arguments differ from
     its own and both, before any inter-host step (where Gloo would abort the process on the
-    longer message); no rank ran the op, so the group goes on: an all_reduce after it sums."""
+    longer message); no rank ran the op, so the group goes on: an all_reduce after it sums.
+    On CUDA (--device cuda) the same: torch's check applies to NCCL as to Gloo."""
     far = rank >= counts[0]
-    t = torch.ones(args.elems + int(far))
+    t = torch.ones(args.elems + int(far), device=DEVICE)
     err = None
     try:
         dist.all_reduce(t)
@@ -864,10 +865,11 @@ def args_differ(args, ck, rank, world, counts):
     msg = str(err) if err is not None else ""
     ck.check("a ValueError", isinstance(err, ValueError), repr(err)[:300])
     ck.check("names the difference", "the ranks posted different arguments" in msg, msg[:1500])
-    fps = [f"all_reduce of float32[{n}]@cpu" for n in (args.elems, args.elems + 1)]
+    fps = [f"all_reduce of float32[{n}]@{DEVICE.type}" for n in (args.elems, args.elems + 1)]
     ck.check("names both ranks' arguments", all(f in msg for f in fps), msg[:1500])
-    x = torch.full((args.elems,), float(rank + 1))
+    x = torch.full((args.elems,), float(rank + 1), device=DEVICE)
     dist.all_reduce(x)
+    x = x.cpu()
     ck.check("the group goes on", bool((x == world * (world + 1) / 2).all()), str(x[:4]))
     ck.info["error"] = msg[:1500]
 

@@ -226,6 +226,17 @@ def test_arguments_differ_across_hosts_under_debug_detail(outdir):
     res.assert_ok()
 
 
+@pytest.mark.gpu
+def test_cuda_arguments_differ_across_hosts_under_debug_detail(outdir):
+    """The same on GPUs: two simulated hosts of half the GPUs each, NCCL between them."""
+    per = gpus_per_host()
+    res = run_hosts((per, per), "hier_worker", ["--hosts", f"{per},{per}", "--device", "cuda",
+                                                "--scenario", "args_differ", "--elems", 1000,
+                                                "--timeout", 30], outdir, timeout=240,
+                    gpus=True, kind=ANY_HOSTS, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    res.assert_ok()
+
+
 @needs_netns
 def test_detection_and_connect_disagree(outdir):
     """GOSYM_HOST_ID naming one host for both: the connect fails, and says why."""
@@ -386,6 +397,30 @@ def test_conformance_across_hosts(choice, outdir):
                     timeout=240, kind=ANY_HOSTS, env={"GOSYM_HIER_CHOICE": choice})
     res.assert_ok()
     assert all(r["passed"] >= 50 for r in res.results), [r["passed"] for r in res.results]
+
+
+@pytest.mark.gpu
+def test_cuda_conformance_across_hosts(outdir, request):
+    """The one-host conformance checks of CUDA on two simulated hosts of half the GPUs each:
+    a receive from any source refused as NCCL refuses it, one gosym:<op> range per CUDA op,
+    torch's short call forms, unequal sizes, send/recv to the rank itself, DDP under join().
+    Known to hang at 2 x 2 ranks (session 51, 4 ranks on one H200, twice): in self_p2p's
+    batch (every rank receives from every rank, itself included, then sends), rank 0's
+    first NCCL send across hosts (_p2p_connect with rank 2) never returns while its
+    receive from rank 1 through the host's gosym group spins on the GPU; loading NCCL's
+    kernels first did not change it. Not yet run on 4 GPUs, so whether ranks sharing one
+    GPU cause it is open (docs/BENCHMARKS.md, session 51)."""
+    per = gpus_per_host()
+    if per >= 2:
+        request.applymarker(pytest.mark.xfail(reason="session 51: self_p2p's batch hangs at "
+                                              "2 x 2 (see the docstring)", strict=False))
+    res = run_hosts((per, per), "conformance_worker", ["--timeout", 60, "--cuda"], outdir,
+                    timeout=300, gpus=True, kind=ANY_HOSTS)
+    res.assert_ok()
+    # rank 0 also checks the refusal (2 checks), every rank the all_reduce and the ranges
+    want = [4] + [2] * (2 * per - 1)
+    assert [r["passed"] >= w for r, w in zip(res.results, want)] == [True] * (2 * per), \
+        [r["passed"] for r in res.results]
 
 
 def _script(counts, argv, env, timeout=240):
