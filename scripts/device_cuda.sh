@@ -12,7 +12,7 @@
 # and `timeout` signals the script alone, so a cut-off call returned nothing (session 29);
 # the device's own limit signals the whole process group, and each step has its own limit.
 # GOSYM_TEST_RANKS_PER_GPU=k (tests/README.md) runs the GPU jobs at k ranks per GPU.
-# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [flatcost] [switchcost] [cpuhostprofile] [lost-probe] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [pdl] [graphab] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
+# Usage: scripts/device_cuda.sh [c10d] [small] [warm] [check] [nvswitch] [fuzz-seeds] [fuzz-hosts] [fuzz-slow] [test] [clients] [hier] [fuzz] [conform] [hostbench] [cpuhostbench] [cpubench] [foldbench] [flatcost] [switchcost] [cpuhostprofile] [contact-probe] [lost-probe] [defer-probe] [sync-probe] [queue-probe] [callcost] [drivercost] [pdl] [graphab] [step] [variants] [bench] [batch] [graph] [tune] [ll] [moves] [overlap] [a2av] [vmm] [expandable] [sanitize] [sanitize-quick] [probe] [pinned] [host]
 # (default: check test bench graph sanitize)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -255,6 +255,17 @@ for s in "${steps[@]}"; do
 			echo "exit $?"
 			grep -E "hier die:|named within|names the lost rank|scenario step 3|NCCL work across|abort timed out" "$log" | cut -c1-260 | head -14
 		done ;;
+	contact-probe)
+		# does a pair's first CUDA send wait for a kernel of this process spinning on another
+		# peer? (scripts/first_contact_probe.py; session 51's hang of the conformance batch
+		# across 2 x 2 hosts): NCCL alone, then gosym across hosts; 4 ranks (GPUs times
+		# GOSYM_TEST_RANKS_PER_GPU); contact_s near delay_s on rank 0 means it waited
+		echo "== first contact while a receive spins: NCCL alone (torchrun, 4 ranks)"
+		timeout 90 torchrun --nproc-per-node 4 scripts/first_contact_probe.py --backend nccl --delay 8 2>&1 \
+			| grep -E '^\{|Error|error' | cut -c1-300 | head -12
+		echo "== the same on gosym across 2 x 2 simulated hosts"
+		PYTHONPATH=python:tests/jobs/common GOSYM_TEST_OUT="$out/contact" timeout 90 python3 tests/jobs/hier/simhosts.py --hosts 2,2 --gpus --timeout 80 -- \
+			python3 scripts/first_contact_probe.py --backend gosym --delay 8 2>&1 | grep -E '^\{|Error|error' | cut -c1-300 | head -12 ;;
 	cpuhostprofile)
 		# where an op across hosts spends its time, in place (scripts/hier_profile.py,
 		# GOSYM_PROFILE_OPS: op:sizes, space-separated), on the hierarchical schedule, on hosts of

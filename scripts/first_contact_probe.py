@@ -1,0 +1,103 @@
+"""Does a pair's first CUDA send wait for a kernel of this process that spins on another peer?
+
+Session 51: torch's conformance batch (every rank receives from every rank, then sends) on a
+group across 2 hosts x 2 ranks (4 ranks on one H200) hung: rank 0's first NCCL send across
+hosts (HierGroup._p2p_connect with rank 2, a new 2-rank communicator) never returned while its
+receive from rank 1 through the host's gosym group spun on the GPU, and rank 1 would send only
+after its own first contacts. If making a communicator waits for the device (NCCL's init calls
+into the CUDA runtime), any kernel that spins on a peer turns a first contact into a cycle.
+
+This probe asks it without a cycle, on 4 ranks (2 "hosts" of 2 under simhosts for gosym; one
+torchrun job for NCCL alone): ranks 0 and 1 exchange once (so their pair is set up), then rank 0
+posts a receive from rank 1, which spins, and rank 1 sends only after --delay seconds. Meanwhile
+rank 0 makes its first contact with rank 2 (a send; rank 2 receives). If rank 0's first contact
+returns only after about --delay seconds, it waited for the spinning kernel.
+
+  --backend nccl  (torchrun --nproc-per-node 4): torch's ProcessGroupNCCL, lazy 2-rank
+                  communicators; the spinning kernel is NCCL's own receive.
+  --backend gosym (simhosts.py --hosts 2,2 --gpus): a group across hosts; the spinning kernel is
+                  gosym's receive within host 0, the first contact HierGroup's NCCL connect.
+
+Each rank prints one JSON line: the seconds its first-contact call took and when its receives
+completed. Ranks sharing a GPU show NCCL a host each (NCCL_HOSTID), as the tests do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _device():
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    n = torch.cuda.device_count()
+    if int(os.environ.get("WORLD_SIZE", "1")) > n:  # ranks share GPUs: a host each to NCCL
+        base = os.environ.get("NCCL_HOSTID") or socket.gethostname()
+        os.environ["NCCL_HOSTID"] = f"{base}-rank{os.environ.get('RANK', local)}"
+    dev = torch.device("cuda", local % n)
+    torch.cuda.set_device(dev)
+    return dev
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--backend", choices=["nccl", "gosym"], default="gosym")
+    p.add_argument("--delay", type=float, default=8.0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    a = p.parse_args()
+    dev = _device()
+    if a.backend == "gosym":
+        import gosym  # noqa: F401 - registers the backend
+    dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=a.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != 4:
+        raise SystemExit(f"first_contact_probe: needs 4 ranks, got {world}")
+    t = torch.full((1024,), float(rank), device=dev)
+    got = torch.empty_like(t)
+    out = {"backend": a.backend, "rank": rank, "delay_s": a.delay}
+    # the pair 0-1 set up (NCCL: its communicator; gosym: its kernels loaded)
+    if rank in (0, 1):
+        peer = 1 - rank
+        ws = [dist.isend(t, peer), dist.irecv(got, peer)] if rank == 0 else \
+            [dist.irecv(got, peer), dist.isend(t, peer)]
+        for w in ws:
+            w.wait()
+    torch.cuda.synchronize(dev)
+    dist.barrier(device_ids=[dev.index]) if a.backend == "nccl" else dist.barrier()
+    t0 = time.monotonic()
+    if rank == 0:
+        spin = dist.irecv(got, 1)  # spins until rank 1 sends, --delay s from now
+        c0 = time.monotonic()
+        first = dist.isend(t, 2)  # the first contact with rank 2
+        out["contact_s"] = round(time.monotonic() - c0, 3)
+        first.wait()
+        spin.wait()
+        torch.cuda.synchronize(dev)
+        out["recv_done_s"] = round(time.monotonic() - t0, 3)
+        out["recv_ok"] = bool((got == 1).all())
+    elif rank == 1:
+        time.sleep(a.delay)
+        dist.isend(t, 0).wait()
+        torch.cuda.synchronize(dev)
+    elif rank == 2:
+        c0 = time.monotonic()
+        w = dist.irecv(got, 0)
+        out["contact_s"] = round(time.monotonic() - c0, 3)
+        w.wait()
+        torch.cuda.synchronize(dev)
+        out["recv_done_s"] = round(time.monotonic() - t0, 3)
+        out["recv_ok"] = bool((got == 0).all())
+    print(json.dumps(out), flush=True)
+    dist.barrier(device_ids=[dev.index]) if a.backend == "nccl" else dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
