@@ -19,7 +19,7 @@ returns only after about --delay seconds, it waited for the spinning kernel.
                   gosym's receive within host 0, the first contact HierGroup's NCCL connect.
 
 Each rank prints one JSON line: the seconds its first-contact call took and when its receives
-completed. Ranks sharing a GPU show NCCL a host each (NCCL_HOSTID), as the tests do.
+completed. Ranks sharing a GPU show NCCL a host each (wcommon.cuda_device, as the tests).
 """
 
 from __future__ import annotations
@@ -28,22 +28,14 @@ import argparse
 import datetime
 import json
 import os
-import socket
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-
-def _device():
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    n = torch.cuda.device_count()
-    if int(os.environ.get("WORLD_SIZE", "1")) > n:  # ranks share GPUs: a host each to NCCL
-        base = os.environ.get("NCCL_HOSTID") or socket.gethostname()
-        os.environ["NCCL_HOSTID"] = f"{base}-rank{os.environ.get('RANK', local)}"
-    dev = torch.device("cuda", local % n)
-    torch.cuda.set_device(dev)
-    return dev
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "jobs", "common"))
+import wcommon as wc  # noqa: E402 - the tests' device choice (cuda_device)
 
 
 def main():
@@ -52,7 +44,7 @@ def main():
     p.add_argument("--delay", type=float, default=8.0)
     p.add_argument("--timeout", type=float, default=60.0)
     a = p.parse_args()
-    dev = _device()
+    dev = wc.cuda_device()
     if a.backend == "gosym":
         import gosym  # noqa: F401 - registers the backend
     dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=a.timeout))

@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 
+from gosym._errors import DistBackendError
 from gosym.hier.group import HierGroup
 
 
@@ -144,7 +145,7 @@ class _Failing(_Inner):
     def send(self, tensors, peer, tag):
         super().send(tensors, peer, tag)
         if self.when == "post":
-            raise RuntimeError("host group aborted")
+            raise DistBackendError("host group aborted")
         work = _Work()
         work.wait = lambda timeout=None: (_ for _ in ()).throw(RuntimeError("host group aborted"))
         return work
@@ -173,3 +174,17 @@ def test_news_stops_a_host_pairs_op_before_the_host_group():
     with pytest.raises(RuntimeError, match=r"^group: send: rank 2 closed"):
         g.send([torch.empty(4, device="meta")], 1, 0)
     assert g.log == []
+
+
+def test_bad_arguments_to_a_host_pair_raise_as_they_are():
+    """A send to a rank of this host that its host group refuses for its arguments raises
+    that error unchanged, and the group is not failed for it (bad input is the caller's)."""
+    g = _rank(0, 4, per_host=2)
+
+    def refuse(tensors, peer, tag):
+        raise ValueError("gosym: a tensor on another device")
+
+    g._local.send = refuse
+    g._failed = lambda what, seq, e, keep=None: AssertionError("the group was failed")
+    with pytest.raises(ValueError, match="another device"):
+        g.send([torch.empty(4, device="meta")], 1, 0)

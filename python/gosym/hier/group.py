@@ -18,6 +18,7 @@ from .. import forms as _forms
 from .. import monitored as _monitored
 from .. import profiling as _profiling
 from .. import sparse as _sparse
+from .._errors import DistBackendError
 from .._tensors import _one, _op_device, _same_dtype
 from ..work import EventWork, JoinedWork
 from .algorithms import GENERAL, HierAlgorithms
@@ -379,7 +380,7 @@ class HierGroup(HierAlgorithms):
         if hp == self._host and self._local_pair(t, peer):
             try:
                 w = (self._local.recv if recv else self._local.send)(tensors, lp, tag)
-            except Exception as e:
+            except DistBackendError as e:  # the group's failure; bad arguments raise as they are
                 raise named(e) from e
             return JoinedWork([w], tensors, named)
         try:
