@@ -455,6 +455,27 @@ class Group : public c10d::Backend {
   WorkPtr barrier(const c10d::BarrierOptions& o) override {
     return call("barrier", o);
   }
+  // torch's batch_isend_irecv coalesces a batch only where the backend says it can; the
+  // Python group says whether it does (a group across hosts: gosym.hier.group.HierGroup's
+  // batches make their first contacts across hosts before posting any op).
+  bool supportsCoalescing() const override {
+    py::gil_scoped_acquire gil;
+    return group_.attr("supports_coalescing").cast<bool>();
+  }
+  // (a group that does not: torch's own refusal, naming the backend)
+  void startCoalescing() override {
+    if (!supportsCoalescing()) {
+      c10d::Backend::startCoalescing();
+    }
+    py::gil_scoped_acquire gil;
+    group_.attr("start_coalescing")();
+  }
+  WorkPtr endCoalescing() override {
+    if (!supportsCoalescing()) {
+      return c10d::Backend::endCoalescing();
+    }
+    return call("end_coalescing");
+  }
   void monitoredBarrier(const c10d::BarrierOptions& o, bool waitAll) override {
     py::gil_scoped_acquire gil;
     // torch's unset timeout (negative) is the group's, as the Python method's None

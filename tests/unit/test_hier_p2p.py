@@ -188,3 +188,97 @@ def test_bad_arguments_to_a_host_pair_raise_as_they_are():
     g._failed = lambda what, seq, e, keep=None: AssertionError("the group was failed")
     with pytest.raises(ValueError, match="another device"):
         g.send([torch.empty(4, device="meta")], 1, 0)
+
+
+def _run_batched(groups, batches):
+    """As _run, inside start_coalescing/end_coalescing (torch's batch_isend_irecv on a
+    group whose backend supports coalescing): the held Works, and each rank's batch Work."""
+    t = torch.empty(4, device="meta")
+    held, ends = [], []
+    for g, batch in zip(groups, batches):
+        g.start_coalescing()
+        held.append([(g.send if op == "send" else g.recv)([t], peer, 0) for op, peer in batch])
+        assert not [e for e in g.log if e[0] != "local"] or g._p2p_peers, g.log  # nothing posted yet
+        ends.append(g.end_coalescing())
+    return held, ends
+
+
+def _contacts(g):
+    """The peers of rank g's first contacts across hosts (its connect's first op with each
+    on an NCCL group), in the order made."""
+    return list(dict.fromkeys(p for k, _, p in g.log if k != "local"))
+
+
+def _contacts_finish(groups):
+    """Whether every rank's first contacts complete when a contact blocks until its peer
+    makes the same one (NCCL makes a pair's communicator with both ranks): False where
+    they wait on each other in a cycle."""
+    todo = [_contacts(g) for g in groups]
+    progress = True
+    while progress:
+        progress = False
+        for a, seq in enumerate(todo):
+            if seq and todo[seq[0]] and todo[seq[0]][0] == a:
+                b = seq[0]
+                todo[a].pop(0)
+                todo[b].pop(0)
+                progress = True
+    return not any(todo)
+
+
+def _rotated(size, r):
+    """Rank r's batch of a ring in its own order: receive from each rank r-1, r-2, ... then
+    send to r+1, r+2, ... (a pipeline's all-to-all, each rank starting at its neighbour)."""
+    return ([("recv", (r - k) % size) for k in range(1, size)]
+            + [("send", (r + k) % size) for k in range(1, size)])
+
+
+@pytest.mark.parametrize("hosts", [3, 4, 5])
+def test_a_batchs_first_contacts_come_first_in_one_order(hosts):
+    """Inside a batch, every first contact across hosts is made before any op of the batch
+    is posted, in ascending rank order on every rank, so the contacts complete whatever
+    order each rank posted its batch in. Posted op by op, the same rotated batches make
+    their contacts in a cycle (the gap session 51 noted for 3 or more hosts)."""
+    batches = [_rotated(hosts, r) for r in range(hosts)]
+    plain = [_rank(r, hosts) for r in range(hosts)]
+    _run(plain, batches)
+    assert not _contacts_finish(plain), [_contacts(g) for g in plain]
+    groups = [_rank(r, hosts) for r in range(hosts)]
+    _run_batched(groups, batches)
+    for g in groups:
+        assert _contacts(g) == sorted(_contacts(g)), g.log
+        assert len(g.log) == len(batches[g._rank]) + 2 * (hosts - 1), g.log
+    assert _contacts_finish(groups)
+    _check_matched(groups)
+
+
+def test_a_batchs_host_pairs_wait_for_its_contacts_across_hosts():
+    """2 hosts x 2 ranks, each receiving from every rank, itself included, then sending
+    (torch's conformance batch, session 51's hang at 2 x 2): no op with a rank of the same
+    host is posted before the batch's first contacts across hosts, and every held Work
+    joins its op."""
+    groups = [_rank(r, 4, per_host=2) for r in range(4)]
+    batches = [[("recv", p) for p in range(4)] + [("send", p) for p in range(4)] for _ in range(4)]
+    held, ends = _run_batched(groups, batches)
+    for g in groups:
+        far = sorted(p for p in range(4) if p // 2 != g._rank // 2)
+        assert _contacts(g) == far
+        # the contacts (a byte each way per peer) open the log: no op of the host before them
+        assert [p for _, _, p in g.log[:2 * len(far)]] == [p for p in far for _ in "ab"], g.log
+    assert all(len(w._works) == 1 for ws in held for w in ws)
+    assert [len(e._works) for e in ends] == [8] * 4
+    assert _contacts_finish(groups)
+
+
+def test_a_batch_checks_its_ops_when_posted_and_opens_once():
+    """A batch's send to a rank out of range raises at its post, as outside a batch; a
+    second start_coalescing, or an end without a start, is refused."""
+    g = _rank(0, 2)
+    g.start_coalescing()
+    with pytest.raises(ValueError, match="out of range"):
+        g.send([torch.empty(4, device="meta")], 5, 0)
+    with pytest.raises(ValueError, match="already open"):
+        g.start_coalescing()
+    assert len(g.end_coalescing()._works) == 0
+    with pytest.raises(ValueError, match="without start_coalescing"):
+        g.end_coalescing()

@@ -134,7 +134,7 @@ class HierGroup(HierAlgorithms):
                 t.copy_(flat[off:off + t.numel()].view(t.shape))
                 off += t.numel()
 
-        return self._post("all_reduce_coalesced", tensors, tensors, run)
+        return self._in_batch(self._post("all_reduce_coalesced", tensors, tensors, run))
 
     def reduce(self, tensors, opts=None):
         opts = opts or _c10d.ReduceOptions()
@@ -215,7 +215,7 @@ class HierGroup(HierAlgorithms):
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return _joined(works, outputs)
+        return self._in_batch(_joined(works, outputs))
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         opts = opts or _c10d.ReduceScatterOptions()
@@ -262,7 +262,7 @@ class HierGroup(HierAlgorithms):
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         pairs = zip(outputs, inputs, strict=True)
         works = [self._reduce_scatter_base(o, i, opts) for o, i in pairs]
-        return _joined(works, outputs)
+        return self._in_batch(_joined(works, outputs))
 
     # ---- all_to_all, gather, scatter: the flat inter-host group ------------------------
 
@@ -447,10 +447,81 @@ class HierGroup(HierAlgorithms):
         return self._cpu_p2p_local or peer == self._rank or not t.is_cpu
 
     def send(self, tensors, dstRank, tag):  # noqa: N803 - torch's names
-        return self._p2p("send", tensors, dstRank, tag, False)
+        return self._p2p_or_held("send", tensors, dstRank, tag, False)
 
     def recv(self, tensors, srcRank, tag):  # noqa: N803
-        return self._p2p("recv", tensors, srcRank, tag, True)
+        return self._p2p_or_held("recv", tensors, srcRank, tag, True)
+
+    # ---- batches (torch's batch_isend_irecv) -------------------------------------------
+
+    # torch's batch_isend_irecv hands a batch to a backend that supports coalescing as one
+    # (start_coalescing, the ops, end_coalescing), and to any other op by op
+    supports_coalescing = True
+    _batch = None  # the sends and receives held since start_coalescing
+    _batch_colls = ()  # the Works of the coalesced collectives posted since (_in_batch)
+
+    def _in_batch(self, work):
+        """work, of a coalesced collective (all_reduce, all_gather_into_tensor or
+        reduce_scatter_tensor: torch's _coalescing_manager gathers those of its body into
+        one call), joined to the open batch's Work too: the manager keeps the batch's Work
+        (end_coalescing's) in its place, as ProcessGroupNCCL's covers the whole group."""
+        if self._batch is not None and work is not None:
+            self._batch_colls.append(work)
+        return work
+
+    def _p2p_or_held(self, what, tensors, peer, tag, recv):
+        """A send or recv posted now, or, inside a batch, checked now and held for
+        end_coalescing: its Work joins the op's once the batch is posted."""
+        if self._batch is None:
+            return self._p2p(what, tensors, peer, tag, recv)
+        peer = self._peer(peer, what)
+        _one(tensors, what)
+        held = JoinedWork([], tensors)
+        self._batch.append((what, tensors, peer, tag, recv, held))
+        return held
+
+    def start_coalescing(self):
+        """Opens a batch: the sends and receives posted until end_coalescing are held, so
+        that the batch's first contacts across hosts are made before any of its ops runs
+        (end_coalescing). Collectives posted meanwhile (_coalescing_manager's own
+        *_coalesced calls) run as they come."""
+        if self._batch is not None:
+            raise ValueError("gosym: start_coalescing: a batch is already open on this group")
+        self._batch, self._batch_colls = [], []
+
+    def end_coalescing(self):
+        """Posts the batch's sends and receives in their order and returns one Work for all.
+        First, every CUDA peer across hosts that this rank has not met yet is met
+        (_p2p_connect), in ascending rank order, before any op of the batch is posted. Made
+        op by op, a first contact could wait on a receive of the batch already spinning on
+        the GPU: NCCL's making of a communicator waits for the device while a gosym kernel
+        of the process spins (session 52's probe: rank 0's first contact with rank 2 took
+        the 8 s that its receive from rank 1 spun; its setup's stream sync waited), and in a
+        batch where rank 1 sends to rank 0 only after its own first contacts, one of which
+        needs rank 0, that is a cycle (session 51's conformance batch at 2 x 2 hung). In
+        ascending order on every rank, the pair made first among those left is one whose
+        ranks both come to it: no cycle."""
+        batch, colls, self._batch, self._batch_colls = self._batch, self._batch_colls, None, ()
+        if batch is None:
+            raise ValueError("gosym: end_coalescing without start_coalescing")
+        meet = {}  # peer -> device
+        for what, ts, peer, _, _, _ in batch:
+            t = _one(ts, what)
+            if not t.is_cpu and self._where[peer][0] != self._host and peer not in self._p2p_peers:
+                meet.setdefault(peer, t.device)
+        for peer in sorted(meet):
+            self._usable("send/recv")
+            try:
+                self._p2p_connect(peer, meet[peer])
+            except Exception as e:
+                raise self._p2p_failed(f"first contact with rank {peer}")(e) from e
+            self._p2p_peers.add(peer)
+        works = []
+        for what, tensors, peer, tag, recv, held in batch:
+            w = self._p2p(what, tensors, peer, tag, recv)
+            held._works.append(w)
+            works.append(w)
+        return JoinedWork(colls + works, [t for _, ts, _, _, _, _ in batch for t in ts])
 
     def recv_anysource(self, tensors, tag):
         """recv from any source (dist.recv(t) without src) into a CPU tensor: Gloo's own

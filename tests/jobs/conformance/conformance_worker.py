@@ -269,6 +269,46 @@ def self_p2p(ck, rank, world, dev, case):
     dist.barrier()
 
 
+def coalesced(ck, rank, world, dev, case):
+    """torch's _coalescing_manager, on a group whose backend coalesces (a group across
+    hosts; NCCL's does): two all_reduces in one (waited through the manager's Work, the only
+    one it keeps), two all_gather_into_tensors in another (waited at its exit), each against
+    float64 references. A group that does not coalesce (one host) refuses it clearly, as
+    torch refuses it for any backend without it."""
+    manager = dist.distributed_c10d._coalescing_manager
+    backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+    if not backend.supports_coalescing:
+        def enter():
+            with manager(None, dev):
+                pass
+        e = ck.expect_error(f"{case}: refused", enter)
+        ck.check(f"{case}: names the backend", e is not None and "gosym" in str(e), str(e))
+        # torch's manager registers the group as coalescing before asking the backend, and a
+        # refusal leaves it so: every later all_reduce on the group would be held, never run
+        dist.distributed_c10d._world.pg_coalesce_state.pop(
+            dist.distributed_c10d._get_default_group(), None)
+        return
+    sizes = {"a": 7, "b": 5}
+    mine = {k: ints(f"{case}/{k}", rank, n, dev) for k, n in sizes.items()}
+    with manager(None, dev, async_ops=True) as cm:
+        for t in mine.values():
+            dist.all_reduce(t)
+    cm.wait()
+    for k, n in sizes.items():
+        want = sum(ints(f"{case}/{k}", r, n, dev) for r in range(world))
+        why = wc.compare(mine[k], want)
+        ck.check(f"{case}: all_reduce {k}", why is None, why or "")
+    ins = {k: ints(f"{case}/g{k}", rank, n, dev) for k, n in sizes.items()}
+    outs = {k: torch.full((world * n,), float("nan"), dtype=torch.float64, device=dev)
+            for k, n in sizes.items()}
+    with manager(None, dev):
+        for k in sizes:
+            dist.all_gather_into_tensor(outs[k], ins[k])
+    for k, n in sizes.items():
+        why = wc.compare(outs[k], torch.cat([ints(f"{case}/g{k}", r, n, dev) for r in range(world)]))
+        ck.check(f"{case}: all_gather_into_tensor {k}", why is None, why or "")
+
+
 def ddp_join(ck, rank, world, dev, case):
     """DDP under join() with uneven inputs (rank 0 stops two steps early): with
     divide_by_initial_world_size=False the grad is every active rank's mean, with True the
@@ -308,7 +348,7 @@ def cuda_cases(ck, rank, world, dev):
         torch.cuda.synchronize(dev)
     names = [e.name for e in p.events() if e.name.startswith("gosym:")]
     ck.check("cuda ranges", sorted(names) == ["gosym:all_reduce", "gosym:broadcast"], str(names))
-    for part in (call_forms, uneven, self_p2p, ddp_join):
+    for part in (call_forms, uneven, self_p2p, coalesced, ddp_join):
         ck.run(f"cuda/{part.__name__}", part, ck, rank, world, dev, f"cuda/{part.__name__}")
         torch.cuda.synchronize(dev)
 
@@ -337,7 +377,7 @@ def main():
                        ("monitored_barrier", monitored), ("profiler", profiled), ("timeout", timeout_error)):
         if name not in skip:
             ck.run(name, part, ck, rank, world, name)
-    for part in (call_forms, uneven, self_p2p, ddp_join):
+    for part in (call_forms, uneven, self_p2p, coalesced, ddp_join):
         if part.__name__ not in skip:
             ck.run(part.__name__, part, ck, rank, world, torch.device("cpu"), part.__name__)
     wc.print_summary(ck, "conformance")

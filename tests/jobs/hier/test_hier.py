@@ -400,20 +400,16 @@ def test_conformance_across_hosts(choice, outdir):
 
 
 @pytest.mark.gpu
-def test_cuda_conformance_across_hosts(outdir, request):
+def test_cuda_conformance_across_hosts(outdir):
     """The one-host conformance checks of CUDA on two simulated hosts of half the GPUs each:
     a receive from any source refused as NCCL refuses it, one gosym:<op> range per CUDA op,
     torch's short call forms, unequal sizes, send/recv to the rank itself, DDP under join().
-    Known to hang at 2 x 2 ranks (session 51, 4 ranks on one H200, twice): in self_p2p's
-    batch (every rank receives from every rank, itself included, then sends), rank 0's
-    first NCCL send across hosts (_p2p_connect with rank 2) never returns while its
-    receive from rank 1 through the host's gosym group spins on the GPU; loading NCCL's
-    kernels first did not change it. Not yet run on 4 GPUs, so whether ranks sharing one
-    GPU cause it is open (docs/BENCHMARKS.md, session 51)."""
+    At 2 x 2 ranks self_p2p's batch (every rank receives from every rank, itself included,
+    then sends) hung in session 51: a first contact across hosts made while a receive of the
+    host spun waited for the device (session 52's probe), and the receive's sender came to
+    it only after its own first contacts. Batches are now coalesced, their first contacts
+    made before any op (HierGroup.end_coalescing)."""
     per = gpus_per_host()
-    if per >= 2:
-        request.applymarker(pytest.mark.xfail(reason="session 51: self_p2p's batch hangs at "
-                                              "2 x 2 (see the docstring)", strict=False))
     res = run_hosts((per, per), "conformance_worker", ["--timeout", 60, "--cuda"], outdir,
                     timeout=300, gpus=True, kind=ANY_HOSTS)
     res.assert_ok()
