@@ -554,6 +554,20 @@ def check_p2p(ck, rank, world, gloo, counts):
         for p in peers:
             why = wc.compare(got[p], make_input(f"p2p all {n}", p, n, torch.float32).to(DEVICE))
             ck.check(f"batch, sends first, n={n} from {p}", why is None, why or "")
+    # a batch each rank posts in its own rotated order: receive from r-1, r-2, ..., then send
+    # to r+1, r+2, ... (a pipeline's exchange, every rank starting at its neighbour). Made op
+    # by op, the first contacts of three or more hosts' pairs would wait on each other in a
+    # cycle; a coalesced batch makes them first, in one order (HierGroup.end_coalescing)
+    steps = range(1, world)
+    mine = make_input("p2p rotated", rank, 257, torch.float32).to(DEVICE)
+    got = {(rank - k) % world: poison_like(mine) for k in steps}
+    ops = ([dist.P2POp(dist.irecv, got[(rank - k) % world], (rank - k) % world) for k in steps]
+           + [dist.P2POp(dist.isend, mine, (rank + k) % world) for k in steps])
+    for q in dist.batch_isend_irecv(ops):
+        q.wait()
+    for p, t in got.items():
+        why = wc.compare(t, make_input("p2p rotated", p, 257, torch.float32).to(DEVICE))
+        ck.check(f"batch, rotated order, from {p}", why is None, why or "")
     # blocking send/recv, even ranks first (non-contiguous receive buffer)
     t = torch.zeros(6, 4, device=DEVICE)[:, 1]
     if rank % 2 == 0:

@@ -300,6 +300,21 @@ def test_cuda_across_hosts(outdir):
 
 
 @pytest.mark.gpu
+def test_cuda_p2p_across_three_hosts(outdir):
+    """Three simulated hosts of one GPU each: CUDA sends and receives, the batches in every
+    rank's own rotated order included, whose first contacts across hosts, made op by op,
+    would wait on each other in a cycle (HierGroup.end_coalescing makes them first)."""
+    gpus = cuda_ranks()
+    if gpus < 3:
+        pytest.skip(f"needs 3 GPUs, found {gpus}")
+    res = run_hosts((1, 1, 1), "hier_worker", ["--hosts", "1,1,1", "--device", "cuda",
+                                               "--parts", "p2p", "--timeout", 120],
+                    outdir, timeout=600, gpus=True, kind=ANY_HOSTS)
+    res.assert_ok()
+    assert all(r["passed"] >= 20 for r in res.results), [r["passed"] for r in res.results]
+
+
+@pytest.mark.gpu
 def test_cuda_flat_across_hosts(outdir):
     """The same ops with GOSYM_HIER_CHOICE=flat: every op the flat NCCL group's, which the
     C++ backend (gosym._c10d.Hier) issues where it takes the op, against flat NCCL on the
