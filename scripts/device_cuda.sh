@@ -260,9 +260,14 @@ for s in "${steps[@]}"; do
 		# peer? (scripts/first_contact_probe.py; session 51's hang of the conformance batch
 		# across 2 x 2 hosts): NCCL alone, then gosym across hosts; 4 ranks (GPUs times
 		# GOSYM_TEST_RANKS_PER_GPU); contact_s near delay_s on rank 0 means it waited
-		echo "== first contact while a receive spins: NCCL alone (torchrun, 4 ranks)"
-		timeout 90 torchrun --nproc-per-node 4 scripts/first_contact_probe.py --backend nccl --delay 8 2>&1 \
-			| grep -E '^\{|Error|error' | cut -c1-300 | head -12
+		# variants: any long kernel (sleep), a gosym receive beside NCCL's world group (gosym),
+		# and the same with the world's communicator made at init and the contact a batch
+		# (only the pair's connection new)
+		for v in "" "--spin sleep" "--spin gosym" "--spin gosym --eager --contact batch"; do
+			echo "== first contact while a receive spins: NCCL alone (torchrun, 4 ranks) ${v:-}"
+			timeout 90 torchrun --nproc-per-node 4 scripts/first_contact_probe.py --backend nccl --delay 8 $v 2>&1 \
+				| grep -E '^\{|Error|error' | cut -c1-300 | head -12
+		done
 		echo "== the same on gosym across 2 x 2 simulated hosts"
 		PYTHONPATH=python:tests/jobs/common GOSYM_TEST_OUT="$out/contact" timeout 90 python3 tests/jobs/hier/simhosts.py --hosts 2,2 --gpus --timeout 80 -- \
 			python3 scripts/first_contact_probe.py --backend gosym --delay 8 2>&1 | grep -E '^\{|Error|error' | cut -c1-300 | head -12 ;;
