@@ -412,11 +412,15 @@ class HierGroup(HierAlgorithms):
         op makes both, in one order on both ranks (_p2p_connect)."""
         if t.is_cpu:
             return self._group("flat", "cpu")
-        if peer not in self._p2p_peers:
-            self._p2p_connect(peer, t.device)
-            self._p2p_peers.add(peer)
+        self._meet(peer, t.device)
         sender, receiver = (peer, self._rank) if recv else (self._rank, peer)
         return self._group("flat" if sender < receiver else "down", "cuda")
+
+    def _meet(self, peer, device):
+        """Makes the pair's CUDA communicators with peer (_p2p_connect) unless made before."""
+        if peer not in self._p2p_peers:
+            self._p2p_connect(peer, device)
+            self._p2p_peers.add(peer)
 
     def _p2p_connect(self, peer, device):
         """Makes the pair's NCCL communicators of both directions, the lower rank to the
@@ -512,10 +516,9 @@ class HierGroup(HierAlgorithms):
         for peer in sorted(meet):
             self._usable("send/recv")
             try:
-                self._p2p_connect(peer, meet[peer])
+                self._meet(peer, meet[peer])
             except Exception as e:
                 raise self._p2p_failed(f"first contact with rank {peer}")(e) from e
-            self._p2p_peers.add(peer)
         works = []
         for what, tensors, peer, tag, recv, held in batch:
             w = self._p2p(what, tensors, peer, tag, recv)
